@@ -1,0 +1,56 @@
+"""User-facing errors.
+
+Every error a user can cause (bad file, bad flag, corrupt bundle) is an `EdgekitError`: the CLI prints it as one
+line naming the file and the reason and exits non-zero; the daemon maps its `code` to a 4xx JSON error. Anything
+else escaping is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class EdgekitError(Exception):
+    """An error caused by user input. `code` is stable (API clients switch on it); `path` names the culprit."""
+
+    code = "invalid_input"
+    http_status = 400
+
+    def __init__(self, reason: str, path: str | Path | None = None, *, code: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.path = str(path) if path is not None else None
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
+
+    def to_json(self) -> dict:
+        out = {"code": self.code, "message": self.reason}
+        if self.path:
+            out["file"] = Path(self.path).name  # a basename only: full paths can carry patient names
+        return out
+
+
+class StudyError(EdgekitError):
+    """A study (DICOM file, series folder, archive or video) that cannot be read."""
+
+    code = "invalid_study"
+
+
+class UnsupportedTransferSyntaxError(StudyError):
+    code = "unsupported_transfer_syntax"
+    http_status = 415
+
+
+class BundleError(EdgekitError):
+    """A bundle that is missing, corrupt, truncated or from a newer schema."""
+
+    code = "invalid_bundle"
+
+
+class ConfigError(EdgekitError):
+    """A bad flag, recipe, machine description or config file."""
+
+    code = "invalid_config"
