@@ -1,0 +1,163 @@
+"""`edgekit eval`: a bundle's reports on the synthetic test split, scored with intervals.
+
+Every figure names its split and sample count. A study that cannot be read is recorded as a failure and the run
+goes on: one bad file never loses the rest of an evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.errors import EdgekitError
+from edgekit.eval.bootstrap import bootstrap_ci
+from edgekit.eval.finding_metrics import prf, score_study
+from edgekit.eval.text_metrics import bleu_from_statistics, bleu_statistics, rouge_l
+
+TEST_SPLIT_SIZE = 240
+
+
+def _finding(d: dict):
+    from edgekit.models.synth import Finding
+
+    return Finding(**d)
+
+
+def load_split(data_dir: Path) -> list[dict]:
+    index = data_dir / "studies.jsonl"
+    if not index.is_file():
+        raise EdgekitError("no studies.jsonl here; write a split with `edgekit data synth`", data_dir)
+    return [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
+
+
+def default_test_split(cache_root: Path | None = None, count: int = TEST_SPLIT_SIZE) -> Path:
+    """The synthetic test split, generated once (deterministically) into the cache."""
+    from edgekit.models.synth import write_split
+    from edgekit.models.synth.generator import GENERATOR_VERSION
+
+    root = cache_root or Path.home() / ".cache" / "edgekit"
+    out = root / f"synth-test-v{GENERATOR_VERSION}-{count}"
+    if not (out / "studies.jsonl").is_file():
+        write_split(out, "test", count)
+    return out
+
+
+def _rows(studies: list[dict], include_video: bool) -> list[tuple[dict, str, str]]:
+    rows = []
+    for s in studies:
+        rows.append((s, s["path"], "dicom"))
+        if include_video and s.get("video_path"):
+            rows.append((s, s["video_path"], "video"))
+    return rows
+
+
+def _summarise(records: list[dict], *, resamples: int, seed: int) -> dict:
+    ok = [r for r in records if r.get("error") is None]
+    if not ok:
+        return {"n": 0, "failed": len(records)}
+    counts = np.array([[r["score"]["tp"], r["score"]["fp"], r["score"]["fn"]] for r in ok], dtype=np.float64)
+    p, rec, f1 = prf(*counts.sum(0))
+    f1_ci = bootstrap_ci(counts, lambda c: prf(*c.sum(0))[2], resamples=resamples, seed=seed)
+    stats = bleu_statistics([r["text"] for r in ok], [r["references"] for r in ok])
+    bleu = bleu_from_statistics(stats)
+    bleu_ci = bootstrap_ci(stats, bleu_from_statistics, resamples=resamples, seed=seed)
+    rl = np.array([r["rouge_l"] for r in ok])
+    rl_ci = bootstrap_ci(rl[:, None], lambda x: float(x.mean()), resamples=resamples, seed=seed)
+    predicted = sum(r["score"]["predicted"] for r in ok)
+    tp = counts[:, 0].sum()
+    sizes = [e for r in ok for e in r["score"]["size_abs_err_mm"]]
+    total_ms = np.array([r["timings"]["total_ms"] for r in ok])
+    tps = np.array([r["timings"].get("decode_tokens_per_s", 0.0) for r in ok])
+    return {
+        "n": len(ok),
+        "failed": len(records) - len(ok),
+        "finding_f1": {"value": f1, "ci95": f1_ci},
+        "finding_precision": p,
+        "finding_recall": rec,
+        "hallucinated_finding_rate": sum(r["score"]["hallucinated"] for r in ok) / predicted if predicted else 0.0,
+        "reports_with_hallucination": float(np.mean([r["score"]["hallucinated"] > 0 for r in ok])),
+        "contradiction_rate": float(np.mean([r["score"]["contradictions"] > 0 for r in ok])),
+        "count_accuracy": sum(r["score"]["count_correct"] for r in ok) / tp if tp else None,
+        "size_mae_mm": float(np.mean(sizes)) if sizes else None,
+        "bleu4": {"value": bleu, "ci95": bleu_ci},
+        "rouge_l": {"value": float(rl.mean()), "ci95": rl_ci},
+        "latency_ms": {"p50": float(np.percentile(total_ms, 50)), "p95": float(np.percentile(total_ms, 95))},
+        "decode_tokens_per_s": float(tps.mean()),
+    }
+
+
+def evaluate(
+    reporter,
+    data_dir: Path,
+    *,
+    limit: int | None = None,
+    include_video: bool = True,
+    resamples: int = 1000,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Generate a report for every study of the split and score it. Returns the JSON-ready result."""
+    from edgekit.models.synth import parse_report
+
+    studies = load_split(data_dir)
+    if limit:
+        studies = studies[:limit]
+    rows = _rows(studies, include_video)
+    records: list[dict] = []
+    t0 = time.perf_counter()
+    for i, (s, rel, source) in enumerate(rows):
+        rec = {"id": s["id"], "kind": s["modality"], "source": source, "error": None}
+        try:
+            rep = reporter.report(data_dir / rel, prompt=s.get("indication", ""))
+        except EdgekitError as e:  # one unreadable study is a finding of the run, not its end
+            rec["error"] = {"code": e.code, "message": str(e)}
+            records.append(rec)
+            if progress:
+                progress(i + 1, len(rows))
+            continue
+        parsed = parse_report(rep.text)
+        truth = [_finding(f) for f in s["findings"]]
+        score = score_study(truth, s["negatives"], list(parsed.findings), list(parsed.negatives))
+        rec.update(
+            text=rep.text,
+            references=s["references"],
+            score=asdict(score),
+            rouge_l=rouge_l(rep.text, s["references"]),
+            timings=rep.timings,
+        )
+        records.append(rec)
+        if progress:
+            progress(i + 1, len(rows))
+    wall = time.perf_counter() - t0
+
+    dicom = [r for r in records if r["source"] == "dicom"]
+    by_kind = {}
+    for kind in sorted({r["kind"] for r in dicom}):
+        by_kind[kind] = _summarise([r for r in dicom if r["kind"] == kind], resamples=resamples, seed=seed)
+    video = [r for r in records if r["source"] == "video"]
+    return {
+        "bundle": reporter.bundle.name,
+        "target": reporter.bundle.target,
+        "split": "test",
+        "data": str(data_dir),
+        "studies": len(studies),
+        "overall": _summarise(dicom, resamples=resamples, seed=seed),
+        "by_kind": by_kind,
+        "video": _summarise(video, resamples=resamples, seed=seed) if video else None,
+        "wall_s": wall,
+        "machine": {"python": platform.python_version(), "processor": platform.machine()},
+        "notes": {
+            "finding_match": "a finding matches on (type, location); count and size scored among matches",
+            "hallucination": "a predicted finding whose type the study does not have",
+            "contradiction": "a report stating absent a finding the study has",
+            "bleu4": "sacrebleu corpus BLEU-4 against every reference phrasing",
+            "ci95": f"percentile bootstrap over studies, {resamples} resamples, seed {seed}",
+        },
+        "records": records,
+    }

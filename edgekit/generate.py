@@ -1,0 +1,161 @@
+"""Autoregressive generation over any backend (cpu/ORT, the x1 emulator, the torch reference).
+
+The loop is the same everywhere, so targets differ only in the math of their three calls: image features are put
+in front of the prompt's embeddings, one prefill call fills the KV cache, then one decode call per new token.
+Greedy at temperature 0; otherwise temperature + top-p (nucleus) sampling from a seeded numpy Generator, so a
+seed reproduces a report on every target.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from edgekit.errors import ConfigError, EdgekitError
+
+KV = list[tuple[np.ndarray, np.ndarray]]
+
+
+class Backend(Protocol):
+    def encode_images(self, pixel_values: np.ndarray) -> np.ndarray: ...
+
+    def embed(self, input_ids: np.ndarray) -> np.ndarray: ...
+
+    def decode(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+               past: KV | None) -> tuple[np.ndarray, KV]: ...
+
+
+@dataclass
+class GenerationOptions:
+    """`temperature == 0` is greedy. `top_p` keeps the smallest set of most likely tokens whose mass reaches it.
+    `stop_token_ids` end a sequence; the stop token itself is not part of `token_ids`."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: Sequence[int] = field(default_factory=list)
+    pad_token_id: int = 0  # fed to rows of a batch that already stopped
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Timings:
+    encode_ms: float
+    prefill_ms: float
+    decode_ms: float
+    decode_tokens_per_s: float  # tokens from decode calls (all but the first, which prefill yields) per second
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    stop_reason: str  # "stop_token" | "max_new_tokens"
+    timings: Timings
+
+
+def next_tokens(logits: np.ndarray, options: GenerationOptions, rng: np.random.Generator) -> np.ndarray:
+    """One token per row of `logits` (batch, vocab): argmax, or a temperature/top-p sample."""
+    if options.temperature == 0:
+        return logits.argmax(-1)
+    out = np.empty(logits.shape[0], dtype=np.int64)
+    for row, z in enumerate(logits.astype(np.float64) / options.temperature):
+        order = np.argsort(-z, kind="stable")  # ties go to the lower id, as argmax does
+        p = np.exp(z[order] - z[order[0]])
+        p /= p.sum()
+        # keep tokens until the mass before them reaches top_p: the top token always stays
+        keep = min(len(p), int(np.searchsorted(np.cumsum(p), options.top_p, side="left")) + 1)
+        p = p[:keep] / p[:keep].sum()
+        out[row] = order[rng.choice(keep, p=p)]
+    return out
+
+
+def _as_batch(prompt_ids, pixel_values) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.asarray(prompt_ids, dtype=np.int64)
+    if ids.ndim == 1:
+        ids = ids[None]
+    pv = np.asarray(pixel_values, dtype=np.float32)
+    if ids.ndim != 2 or ids.shape[1] == 0:
+        raise EdgekitError(f"prompt_ids must be (batch, seq) with seq >= 1, got shape {ids.shape}")
+    if pv.ndim != 5 or pv.shape[0] != ids.shape[0]:
+        raise EdgekitError(f"pixel_values must be (batch, frames, 1, H, W) matching the prompt batch "
+                           f"{ids.shape[0]}, got shape {pv.shape}")
+    return ids, pv
+
+
+def generate_batch(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions,
+                   prompt_attention_mask: np.ndarray | None = None) -> list[GenerationResult]:
+    """Generate for a batch. Prompts of different lengths are left-padded, with `prompt_attention_mask` 0 on the
+    padding; positions count only kept tokens, as in training. All rows share one timing."""
+    options.validate()
+    ids, pv = _as_batch(prompt_ids, pixel_values)
+    batch = ids.shape[0]
+    stops = np.asarray(list(options.stop_token_ids), dtype=np.int64)
+    rng = np.random.default_rng(options.seed)
+
+    t0 = time.perf_counter()
+    image = backend.encode_images(pv)
+    t1 = time.perf_counter()
+    x = np.concatenate([image, backend.embed(ids)], axis=1)
+    text_mask = np.ones_like(ids) if prompt_attention_mask is None else np.asarray(prompt_attention_mask, np.int64)
+    if text_mask.shape != ids.shape:
+        raise EdgekitError(f"prompt_attention_mask shape {text_mask.shape} != prompt_ids shape {ids.shape}")
+    mask = np.concatenate([np.ones((batch, image.shape[1]), np.int64), text_mask], axis=1)
+    positions = np.maximum(mask.cumsum(-1) - 1, 0)
+    logits, past = backend.decode(x, mask, positions, None)
+    token = next_tokens(logits[:, -1], options, rng)
+    t2 = time.perf_counter()
+
+    generated = [[] for _ in range(batch)]
+    reasons: list[str | None] = [None] * batch
+    last_pos = positions[:, -1:]
+    steps = 0
+    while True:
+        for row in range(batch):
+            if reasons[row] is None:
+                if token[row] in stops:
+                    reasons[row] = "stop_token"
+                else:
+                    generated[row].append(int(token[row]))
+                    if len(generated[row]) >= options.max_new_tokens:
+                        reasons[row] = "max_new_tokens"
+        if all(r is not None for r in reasons):
+            break
+        fed = np.where([r is None for r in reasons], token, options.pad_token_id).astype(np.int64)[:, None]
+        mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+        last_pos = last_pos + 1
+        logits, past = backend.decode(backend.embed(fed), mask, last_pos, past)
+        token = next_tokens(logits[:, -1], options, rng)
+        steps += 1
+    t3 = time.perf_counter()
+
+    decode_s = t3 - t2
+    timings = Timings(
+        encode_ms=(t1 - t0) * 1e3,
+        prefill_ms=(t2 - t1) * 1e3,
+        decode_ms=decode_s * 1e3,
+        decode_tokens_per_s=steps / decode_s if steps and decode_s > 0 else 0.0,
+    )
+    return [GenerationResult(generated[r], reasons[r], timings) for r in range(batch)]
+
+
+def generate(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions) -> GenerationResult:
+    """Generate one report: `pixel_values` (1, frames, 1, H, W), `prompt_ids` (1, seq) or (seq,)."""
+    ids = np.asarray(prompt_ids)
+    if ids.ndim == 2 and ids.shape[0] != 1:
+        raise EdgekitError(f"generate takes one prompt, got a batch of {ids.shape[0]}: use generate_batch")
+    return generate_batch(backend, pixel_values, prompt_ids, options)[0]

@@ -1,0 +1,129 @@
+"""The `cpu` target: the three exported graphs in ONNX Runtime, behind the generation backend protocol.
+
+The backend reads layer count and KV shapes from the decoder graph's own inputs, so it serves any export with the
+Hugging Face VLM names, not just radreport-tiny. The KV cache stays a list of numpy (key, value) pairs that the
+caller threads from one `decode` to the next (ORT's CPU outputs are numpy arrays already: no copies to manage).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from edgekit.errors import BundleError, ConfigError
+
+from .threads import physical_cores
+
+VISION_ENCODER = "vision_encoder.onnx"
+EMBED_TOKENS = "embed_tokens.onnx"
+DECODER = "decoder_model_merged.onnx"
+
+KV = list[tuple[np.ndarray, np.ndarray]]
+
+
+def session_options(*, intra_op_threads: int | None = None, profile_prefix: str | Path | None = None,
+                    ) -> ort.SessionOptions:
+    """ORT_ENABLE_ALL, intra-op threads = physical cores unless given, optional chrome-trace profiling."""
+    if intra_op_threads is not None and intra_op_threads < 1:
+        raise ConfigError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = physical_cores() if intra_op_threads is None else intra_op_threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile_prefix)
+    return so
+
+
+def _open(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    if not path.is_file():
+        raise BundleError("ONNX graph not found", path)
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises Fail/InvalidGraph/InvalidProtobuf for corrupt or foreign files
+        raise BundleError(f"ONNX Runtime cannot load this graph ({type(exc).__name__})", path) from exc
+
+
+class CpuBackend:
+    """`encode_images`, `embed`, `decode` over three ORT InferenceSessions."""
+
+    def __init__(self, vision_encoder: str | Path, embed_tokens: str | Path, decoder: str | Path, *,
+                 intra_op_threads: int | None = None, profile_dir: str | Path | None = None):
+        self.profile_dir = Path(profile_dir) if profile_dir is not None else None
+        if self.profile_dir is not None:
+            self.profile_dir.mkdir(parents=True, exist_ok=True)
+        if intra_op_threads is not None and intra_op_threads < 1:
+            raise ConfigError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+        self.intra_op_threads = physical_cores() if intra_op_threads is None else intra_op_threads
+
+        def opts(name: str) -> ort.SessionOptions:
+            prefix = self.profile_dir / name if self.profile_dir is not None else None
+            return session_options(intra_op_threads=self.intra_op_threads, profile_prefix=prefix)
+
+        self.vision = _open(Path(vision_encoder), opts("vision_encoder"))
+        self.embed_session = _open(Path(embed_tokens), opts("embed_tokens"))
+        self.decoder = _open(Path(decoder), opts("decoder"))
+        self._decoder_path = Path(decoder)
+        self._read_decoder_signature()
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, **kwargs) -> "CpuBackend":
+        """A folder holding the three graphs under their standard names (what `export_default` writes)."""
+        d = Path(model_dir)
+        return cls(d / VISION_ENCODER, d / EMBED_TOKENS, d / DECODER, **kwargs)
+
+    def _read_decoder_signature(self) -> None:
+        inputs = {i.name: i for i in self.decoder.get_inputs()}
+        needed = {"inputs_embeds", "attention_mask", "position_ids"}
+        if not needed <= inputs.keys():
+            raise BundleError(f"decoder graph lacks inputs {sorted(needed - inputs.keys())}", self._decoder_path)
+        self.num_layers = sum(1 for n in inputs if n.startswith("past_key_values.") and n.endswith(".key"))
+        if self.num_layers == 0:
+            raise BundleError("decoder graph has no past_key_values inputs", self._decoder_path)
+        _, self.kv_heads, _, self.head_dim = inputs["past_key_values.0.key"].shape
+        self.hidden = inputs["inputs_embeds"].shape[2]
+        self._output_names = [o.name for o in self.decoder.get_outputs()]
+
+    # the backend protocol ------------------------------------------------------------------------------------
+    def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
+        """(batch, frames, 1, H, W) float32 -> image features (batch, num_image_tokens, hidden)."""
+        pv = np.ascontiguousarray(pixel_values, dtype=np.float32)
+        return self.vision.run(None, {"pixel_values": pv})[0]
+
+    def embed(self, input_ids: np.ndarray) -> np.ndarray:
+        """(batch, seq) int64 -> (batch, seq, hidden)."""
+        return self.embed_session.run(None, {"input_ids": np.ascontiguousarray(input_ids, dtype=np.int64)})[0]
+
+    def empty_past(self, batch: int) -> KV:
+        z = np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)
+        return [(z, z) for _ in range(self.num_layers)]
+
+    def decode(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+               past: KV | None = None) -> tuple[np.ndarray, KV]:
+        """One decoder call: prefill (`past` None) or decode. Returns logits (batch, seq, vocab) and the new cache."""
+        x = np.ascontiguousarray(inputs_embeds, dtype=np.float32)
+        if past is None:
+            past = self.empty_past(x.shape[0])
+        feeds = {
+            "inputs_embeds": x,
+            "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
+            "position_ids": np.ascontiguousarray(position_ids, dtype=np.int64),
+        }
+        for i, (k, v) in enumerate(past):
+            feeds[f"past_key_values.{i}.key"] = k
+            feeds[f"past_key_values.{i}.value"] = v
+        outs = dict(zip(self._output_names, self.decoder.run(self._output_names, feeds)))
+        present = [(outs[f"present.{i}.key"], outs[f"present.{i}.value"]) for i in range(self.num_layers)]
+        return outs["logits"], present
+
+    # profiling ------------------------------------------------------------------------------------------------
+    def end_profiling(self) -> list[Path]:
+        """Stop profiling and return the chrome-trace JSON files (one per graph); empty when not profiling."""
+        if self.profile_dir is None:
+            return []
+        return [Path(s.end_profiling()) for s in (self.vision, self.embed_session, self.decoder)]
+
