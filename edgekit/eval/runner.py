@@ -112,7 +112,7 @@ def evaluate(
     records: list[dict] = []
     t0 = time.perf_counter()
     for i, (s, rel, source) in enumerate(rows):
-        rec = {"id": s["id"], "kind": s["modality"], "source": source, "error": None}
+        rec = {"id": s["id"], "kind": s.get("kind", s["modality"]), "source": source, "error": None}
         try:
             rep = reporter.report(data_dir / rel, prompt=s.get("indication", ""))
         except EdgekitError as e:  # one unreadable study is a finding of the run, not its end

@@ -1,0 +1,289 @@
+"""Write and load bundles: a directory (or one stored `.ekb` zip) of model files plus a checked manifest.
+
+Writes are atomic (a temp directory renamed into place, manifest last) so a crash never leaves something that
+looks like a complete bundle; loads verify every byte so a corrupt download fails here, not mid-inference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from edgekit.bundle.manifest import (
+    MANIFEST_NAME,
+    REQUIRED_ROLES,
+    Component,
+    Manifest,
+    read_manifest,
+)
+from edgekit.errors import BundleError
+
+ARCHIVE_SUFFIX = ".ekb"
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions of what produced a bundle, for provenance (absent packages are left out)."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("edgekit", "onnx", "onnxruntime", "numpy", "tokenizers"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+@dataclass
+class Bundle:
+    """A loaded, verified bundle. `root` is its directory (for an archive, the extracted cache copy)."""
+
+    manifest: Manifest
+    root: Path
+    source: Path  # what the user named: the directory or the .ekb file
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def target(self) -> str:
+        return self.manifest.target
+
+    @property
+    def roles(self) -> list[str]:
+        return sorted(self.manifest.components)
+
+    def component(self, role: str) -> Path:
+        try:
+            entry = self.manifest.components[role]
+        except KeyError:
+            raise BundleError(f"bundle has no {role!r} component", self.source) from None
+        return self.root / entry.path
+
+
+# --- writing --------------------------------------------------------------------------------------------------
+
+def _check_figures(figures: dict[str, Any]) -> None:
+    for key, value in figures.items():
+        if not isinstance(value, dict) or not isinstance(value.get("source"), str):
+            raise BundleError(f"figure {key!r} must be an object with a 'source' note saying how it was measured")
+
+
+def write_bundle(
+    out: str | os.PathLike,
+    components: dict[str, str | os.PathLike],
+    *,
+    name: str,
+    target: str,
+    provenance: dict[str, Any] | None = None,
+    figures: dict[str, Any] | None = None,
+    archive: bool = False,
+    required_roles: tuple[str, ...] = REQUIRED_ROLES,
+) -> Path:
+    """Copy `components` ({role: file}) into a new bundle at `out`; returns the directory or `.ekb` path.
+
+    An existing bundle at `out` is replaced only once the new one is complete.
+    """
+    out = Path(out)
+    if archive and out.suffix != ARCHIVE_SUFFIX:
+        out = out.with_name(out.name + ARCHIVE_SUFFIX)
+    missing = [r for r in required_roles if r not in components]
+    if missing:
+        raise BundleError(f"missing required component(s): {', '.join(missing)}", out)
+    figures = dict(figures or {})
+    _check_figures(figures)
+    names: dict[str, str] = {}
+    for role, src in components.items():
+        src = Path(src)
+        if not src.is_file():
+            raise BundleError(f"component {role!r}: no such file", src)
+        if src.name == MANIFEST_NAME or src.name in names:
+            raise BundleError(f"component {role!r}: file name {src.name!r} is already taken in the bundle", src)
+        names[src.name] = role
+
+    if not archive and out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+        raise BundleError("exists and is not a bundle; refusing to replace it", out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        entries: dict[str, Component] = {}
+        for role, src in components.items():
+            dst = tmp / Path(src).name
+            shutil.copyfile(src, dst)
+            entries[role] = Component(dst.name, sha256_file(dst), dst.stat().st_size)
+        prov = dict(provenance or {})
+        prov.setdefault("passes", [])
+        prov["tools"] = {**tool_versions(), **prov.get("tools", {})}
+        figures.setdefault(
+            "size_bytes", {"value": sum(c.bytes for c in entries.values()), "source": "sum of component file sizes"}
+        )
+        manifest = Manifest(
+            name=name,
+            target=target,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            components=entries,
+            provenance=prov,
+            figures=figures,
+        )
+        _write_text_synced(tmp / MANIFEST_NAME, manifest.to_json())  # last: its presence means "complete"
+        if archive:
+            _zip_dir(tmp, out)
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_text_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _replace_dir(new: Path, out: Path) -> None:
+    """Move `new` to `out`; an existing `out` is moved aside first and deleted only after the swap."""
+    if out.exists() and not out.is_dir():
+        raise BundleError("exists and is not a directory", out)
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+        raise BundleError("exists and is not a bundle; refusing to replace it", out)
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    try:
+        os.replace(new, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _zip_dir(root: Path, out: Path) -> None:
+    """Stored (uncompressed) zip written to a temp file then renamed: ONNX weights do not compress anyway,
+    and stored members can be checked and extracted fast."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(tmp_name, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            files = sorted(p for p in root.rglob("*") if p.is_file())
+            for p in files:
+                if p.name != MANIFEST_NAME:
+                    zf.write(p, p.relative_to(root).as_posix())
+            zf.write(root / MANIFEST_NAME, MANIFEST_NAME)
+        with open(tmp_name, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_name, out)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+# --- loading --------------------------------------------------------------------------------------------------
+
+def verify_dir(root: Path, *, required_roles: tuple[str, ...] = REQUIRED_ROLES) -> Manifest:
+    """Check the manifest and every component file under `root`; raise BundleError naming the bad file."""
+    manifest = read_manifest(root)
+    missing = [r for r in required_roles if r not in manifest.components]
+    if missing:
+        raise BundleError(f"manifest lacks required component(s): {', '.join(missing)}", root / MANIFEST_NAME)
+    for role, entry in sorted(manifest.components.items()):
+        path = root / entry.path
+        if not path.is_file():
+            raise BundleError(f"missing component file ({role})", path)
+        size = path.stat().st_size
+        if size < entry.bytes:
+            raise BundleError(f"truncated: {size} of {entry.bytes} bytes ({role})", path)
+        if size > entry.bytes:
+            raise BundleError(f"size mismatch: {size} bytes, manifest says {entry.bytes} ({role})", path)
+        if sha256_file(path) != entry.sha256:
+            raise BundleError(f"checksum mismatch: sha256 differs from the manifest ({role})", path)
+    return manifest
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("EDGEKIT_CACHE")
+    return Path(base) if base else Path.home() / ".cache" / "edgekit"
+
+
+def _extract_archive(path: Path) -> Path:
+    """Extract an `.ekb` once into a cache directory keyed by the archive's sha256, atomically."""
+    digest = sha256_file(path)
+    final = cache_dir() / "bundles" / digest[:32]
+    if (final / MANIFEST_NAME).is_file():
+        return final
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise BundleError("not a valid .ekb archive (bad zip)", path) from None
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        with zf:
+            for info in zf.infolist():
+                parts = PurePosixPath(info.filename).parts
+                if info.filename.startswith(("/", "\\")) or ".." in parts or "\\" in info.filename or (
+                    parts and ":" in parts[0]
+                ):
+                    raise BundleError(f"archive entry {info.filename!r} escapes the bundle", path)
+            try:
+                zf.extractall(tmp)
+            except (zipfile.BadZipFile, OSError, EOFError) as err:
+                raise BundleError(f"corrupt archive: {type(err).__name__}: {err}", path) from None
+        if not (tmp / MANIFEST_NAME).is_file():
+            raise BundleError(f"archive holds no {MANIFEST_NAME}", path)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / MANIFEST_NAME).is_file():  # not a concurrent extract winning the race
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_bundle(path: str | os.PathLike, *, required_roles: tuple[str, ...] = REQUIRED_ROLES) -> Bundle:
+    """Open a bundle directory or `.ekb` archive and verify it completely."""
+    path = Path(path)
+    if not path.exists():
+        raise BundleError("no such bundle (directory or .ekb file)", path)
+    if path.is_dir():
+        root = path
+    elif zipfile.is_zipfile(path):
+        root = _extract_archive(path)
+    else:
+        raise BundleError("not a bundle: neither a directory nor an .ekb (zip) archive", path)
+    try:
+        manifest = verify_dir(root, required_roles=required_roles)
+    except BundleError as err:
+        if root is not path:  # name the archive, not our cache, and drop a cache copy that went bad
+            shutil.rmtree(root, ignore_errors=True)
+            inner = Path(err.path).relative_to(root).as_posix() if err.path and Path(err.path).is_relative_to(root) else None
+            raise BundleError(f"{inner}: {err.reason}" if inner else err.reason, path) from None
+        raise
+    return Bundle(manifest=manifest, root=root, source=path)

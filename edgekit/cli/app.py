@@ -1,0 +1,167 @@
+"""The `edgekit` command: a thin frame that finds subcommands and turns user errors into one clear line.
+
+Modelled on Polygraphy: each subcommand lives in its own small module, `edgekit/cli/<name>_cmd.py`, exposing
+`app = typer.Typer(...)`. Modules are imported only when their subcommand runs (or help is shown), so a slow
+import (onnxruntime, torch) never slows down another subcommand, and a module not written yet is simply absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from edgekit import __version__
+from edgekit.cli.common import state
+from edgekit.errors import EdgekitError
+
+# typer >= 0.2x vendors its own click; take click's classes from typer so either kind works.
+_Command = next(c for c in TyperGroup.__mro__ if c.__name__ == "Command")
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_COMPLETION_PARAMS = {"install_completion", "show_completion"}
+
+# name -> one-line help shown before the module is imported. Order is the order of `edgekit --help`.
+SUBCOMMANDS: dict[str, str] = {
+    "data": "Generate and inspect synthetic studies and datasets.",
+    "convert": "Convert a trained model to ONNX graphs.",
+    "optimize": "Apply optimisation passes (quantisation, fusion) to ONNX graphs.",
+    "build": "Build a deployable bundle for a target.",
+    "run": "Generate a report for a study with a bundle.",
+    "eval": "Evaluate a bundle's reports against references.",
+    "profile": "Measure latency and memory of a bundle on a target.",
+    "bundle": "Inspect, verify, pack and unpack bundles.",
+}
+
+
+def _module_name(name: str) -> str:
+    return f"edgekit.cli.{name}_cmd"
+
+
+def _available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(_module_name(name)) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _load(name: str) -> Any:
+    module_name = _module_name(name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name == module_name:  # not written yet: the subcommand is simply not offered
+            return None
+        raise  # a missing dependency inside the module is a real bug: let it show
+    sub = getattr(module, "app", None)
+    if isinstance(sub, typer.Typer):
+        command = typer.main.get_command(sub)
+    elif isinstance(sub, _Command):
+        command = sub
+    else:
+        raise RuntimeError(f"{module_name} defines no `app` (a typer.Typer)")
+    command.name = name
+    # shell completion belongs to the top-level command only
+    command.params = [p for p in command.params if p.name not in _COMPLETION_PARAMS]
+    if not command.help and not getattr(command, "short_help", None):
+        command.help = SUBCOMMANDS.get(name)
+    return command
+
+
+class LazyGroup(TyperGroup):
+    """A group whose subcommands are imported on first use from `edgekit.cli.<name>_cmd`."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        eager = super().list_commands(ctx)
+        return eager + [n for n in SUBCOMMANDS if n not in eager and _available(n)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in SUBCOMMANDS:
+            command = _load(cmd_name)
+            if command is not None:
+                self.add_command(command, cmd_name)
+        return command
+
+
+app = typer.Typer(
+    name="edgekit",
+    cls=LazyGroup,
+    help="Compress, compile and serve vision-language report models on edge devices.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"edgekit {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show full tracebacks for errors (also EDGEKIT_DEBUG=1).")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True),
+    ] = False,
+) -> None:
+    """Compress, compile and serve vision-language report models on edge devices."""
+    if debug:
+        state.debug = True
+
+
+def _env_debug() -> bool:
+    return os.environ.get("EDGEKIT_DEBUG", "") not in ("", "0", "false", "False")
+
+
+def _debug_requested(argv: list[str]) -> bool:
+    if _env_debug():
+        return True
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    return state.debug or "--debug" in args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry: run the app, map user errors to one stderr line and exit 2; Ctrl-C exits 130."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    state.debug = _env_debug()  # a fresh run: earlier in-process calls must not leave --debug on
+    try:
+        result: Any = app(args=argv, prog_name="edgekit", standalone_mode=False)
+    except EdgekitError as err:
+        if _debug_requested(argv):
+            traceback.print_exc()
+        sys.stderr.write(f"error: {err}\n")
+        sys.stderr.flush()
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    except typer.Abort as err:
+        if isinstance(err.__context__, KeyboardInterrupt) or isinstance(err.__cause__, KeyboardInterrupt):
+            sys.stderr.write("interrupted\n")
+            return 130
+        sys.stderr.write("aborted\n")
+        return 1
+    except typer.Exit as err:
+        return int(err.exit_code)
+    except _ClickException as err:  # usage errors: click's own message, exit 2
+        err.show()
+        return int(err.exit_code)
+    if isinstance(result, int) and not isinstance(result, bool):
+        return result
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

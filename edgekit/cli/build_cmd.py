@@ -1,0 +1,49 @@
+"""`edgekit build`: weights in, a verified bundle for one target out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgekit.cli.common import JsonOption, emit, err_console
+
+app = typer.Typer(
+    help="Build a deployable bundle for a target.",
+    epilog=(
+        "Examples:\n\n"
+        "  edgekit build --target cpu -o out/radreport-tiny-cpu          # the embedded default model\n\n"
+        "  edgekit build runs/my-model --target cpu -o out/my.ekb --archive\n\n"
+        "  edgekit build --target cpu -o out/b --eval out/test-split --json"
+    ),
+)
+
+
+@app.command()
+def build(
+    model: Annotated[
+        Path | None, typer.Argument(help="Model directory (model.safetensors, config.json, tokenizer.json, ...). "
+                                         "Default: the embedded radreport-tiny.", show_default=False)
+    ] = None,
+    target: Annotated[str, typer.Option("--target", "-t", help="cpu (ONNX Runtime); x1 and orin as they land.")] = "cpu",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle directory, or .ekb file with --archive.")] = Path(
+        "out/bundle"),
+    archive: Annotated[bool, typer.Option("--archive", help="Write one .ekb file instead of a directory.")] = False,
+    name: Annotated[str | None, typer.Option(help="Model name stamped into the manifest.")] = None,
+    parity: Annotated[bool, typer.Option(help="Measure ONNX-vs-PyTorch parity (needs the train extra).")] = True,
+    eval_data: Annotated[Path | None, typer.Option("--eval", help="Evaluate on this split (from `edgekit data "
+                                                    "synth`) and stamp the quality into the manifest.")] = None,
+    eval_limit: Annotated[int | None, typer.Option(help="Evaluate only the first N studies.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Export the model's graphs, check them, and write a bundle with provenance and measured figures."""
+    from edgekit.build import build as run_build
+
+    def say(msg: str) -> None:
+        if not as_json:
+            err_console.print(f"[dim]{msg}[/dim]")
+
+    result = run_build(target, out, model_dir=model, name=name, archive=archive, parity=parity,
+                       eval_data=eval_data, eval_limit=eval_limit, progress=say)
+    emit({"bundle": str(result.bundle), "target": target, "figures": result.figures}, as_json)

@@ -1,0 +1,87 @@
+"""`edgekit eval`: a bundle's reports on the synthetic test split, scored with 95% intervals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgekit.cli.common import JsonOption, console, emit, progress
+
+app = typer.Typer(
+    help="Evaluate a bundle's reports against references.",
+    epilog=(
+        "Examples:\n\n"
+        "  edgekit eval out/radreport-tiny-cpu                    # the 240-study synthetic test split\n\n"
+        "  edgekit eval out/b --data out/test --limit 40 --out results.json\n\n"
+        "  edgekit eval out/b --json | jq .overall.finding_f1"
+    ),
+)
+
+
+def _fmt(metric: dict | float | None, scale: float = 1.0) -> str:
+    if metric is None:
+        return "-"
+    if isinstance(metric, dict):
+        lo, hi = metric["ci95"]
+        return f"{metric['value'] * scale:.3g} [{lo * scale:.3g}, {hi * scale:.3g}]"
+    return f"{metric * scale:.3g}"
+
+
+def table_rows(result: dict) -> list[dict]:
+    groups = [("all (DICOM)", result["overall"]), *result["by_kind"].items()]
+    if result.get("video"):
+        groups.append(("video (MP4)", result["video"]))
+    rows = []
+    for name, s in groups:
+        if not s.get("n"):
+            rows.append({"subset": name, "n": 0, "failed": s.get("failed", 0)})
+            continue
+        rows.append({
+            "subset": name,
+            "n": s["n"],
+            "finding F1 [95% CI]": _fmt(s["finding_f1"]),
+            "P": _fmt(s["finding_precision"]),
+            "R": _fmt(s["finding_recall"]),
+            "halluc.": _fmt(s["hallucinated_finding_rate"]),
+            "BLEU-4 [95% CI]": _fmt(s["bleu4"]),
+            "ROUGE-L": _fmt(s["rouge_l"]["value"]),
+            "p50 ms": f"{s['latency_ms']['p50']:.0f}",
+            "decode tok/s": f"{s['decode_tokens_per_s']:.0f}",
+            "failed": s["failed"],
+        })
+    return rows
+
+
+@app.command()
+def eval(  # noqa: A001 - the subcommand's name
+    bundle: Annotated[Path, typer.Argument(help="Bundle directory or .ekb file.", show_default=False)],
+    data: Annotated[Path | None, typer.Option(help="A split written by `edgekit data synth` (default: the "
+                                              "240-study test split, generated once into the cache).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Only the first N studies.")] = None,
+    video: Annotated[bool, typer.Option(help="Also score cine studies from their MP4 copies.")] = True,
+    out: Annotated[Path | None, typer.Option(help="Write the full result (with per-study records) as JSON.")] = None,
+    threads: Annotated[int | None, typer.Option(help="Intra-op threads (default: physical cores).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Finding-level P/R/F1, hallucination rate, BLEU-4 and ROUGE-L with bootstrap intervals, and latency."""
+    from edgekit.eval.runner import default_test_split, evaluate
+    from edgekit.reporter import Reporter
+
+    data_dir = data if data is not None else default_test_split()
+    reporter = Reporter.from_bundle(bundle, threads=threads)
+    with progress("reports", as_json=as_json) as task:
+        result = evaluate(reporter, data_dir, limit=limit, include_video=video,
+                          progress=lambda done, total: task.update(completed=done, total=total))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+    summary = {k: v for k, v in result.items() if k != "records"}
+    if as_json:
+        emit(summary, True)
+        return
+    emit(table_rows(result), False,
+         title=f"{result['bundle']} on {result['target']}: synthetic test split, {result['studies']} studies")
+    console.print(f"[dim]{result['notes']['ci95']}; eval wall time {result['wall_s']:.1f} s[/dim]")

@@ -1,0 +1,122 @@
+"""`load_study(path)`: pick the reader for a DICOM file, a series folder, a zip of a series or a video."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
+
+from edgekit.errors import StudyError
+from edgekit.ingest.dicom import DicomDirectory, DicomImage, NotDicom, inspect_image, read_dataset
+from edgekit.ingest.phi import phi_guard
+from edgekit.ingest.series import assemble
+from edgekit.ingest.study import IngestLimits, Study
+from edgekit.ingest.video import VIDEO_SUFFIXES, load_video
+
+# Files that series exports carry beside the images; skipped without a word.
+_SILENT = {"DICOMDIR", "Thumbs.db"}
+
+
+def load_study(path: str | os.PathLike, *, limits: IngestLimits | None = None) -> Study:
+    """Read one study; any problem with the input is a `StudyError` naming the file and the reason."""
+    limits = limits or IngestLimits()
+    path = Path(path)
+    if not path.exists():
+        raise StudyError("no such file or directory", path)
+    with phi_guard() as captured:
+        if path.is_dir():
+            study = _load_entries(_folder_entries(path, limits), path, limits)
+        elif path.suffix.lower() == ".zip":
+            study = _load_zip(path, limits)
+        elif path.suffix.lower() in VIDEO_SUFFIXES:
+            study = load_video(path, limits)
+        else:
+            study = _load_file(path, limits)
+    study.warnings.extend(captured.unique())
+    return study
+
+
+def _load_file(path: Path, limits: IngestLimits) -> Study:
+    try:
+        ds = read_dataset(path, str(path))
+    except NotDicom:
+        raise StudyError("not a DICOM file (no DICM preamble)", path) from None
+    except DicomDirectory:
+        raise StudyError("is a DICOMDIR media index, not an image; pass the series folder", path) from None
+    return assemble([inspect_image(ds, str(path), limits)], str(path), limits, [])
+
+
+Entry = tuple[str, Callable[[], "Path | bytes"]]
+
+
+def _folder_entries(folder: Path, limits: IngestLimits) -> Iterator[Entry]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    if len(files) > limits.max_files:
+        raise StudyError(f"{len(files)} files exceed the limit of {limits.max_files}", folder)
+    total = sum(p.stat().st_size for p in files)
+    if total > limits.max_bytes:
+        raise StudyError(f"{total} bytes exceed the limit of {limits.max_bytes}", folder)
+    for p in files:
+        yield str(p), (lambda p=p: p)
+
+
+def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits) -> Study:
+    images: list[DicomImage] = []
+    warnings: list[str] = []
+    seen = 0
+    for name, opener in entries:
+        seen += 1
+        base = PurePosixPath(name.replace(os.sep, "/")).name
+        if base in _SILENT:
+            continue
+        if base.startswith("."):
+            warnings.append(f"skipped hidden file {base}")
+            continue
+        try:
+            ds = read_dataset(opener(), name)
+        except DicomDirectory:
+            continue
+        except NotDicom:
+            warnings.append(f"skipped {base}: not a DICOM file")
+            continue
+        if not any(tag in ds for tag in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
+            warnings.append(f"skipped {base}: DICOM object without pixel data")
+            continue
+        images.append(inspect_image(ds, name, limits))
+    if seen == 0:
+        raise StudyError("is empty", label)
+    if not images:
+        raise StudyError(f"no DICOM image found among {seen} file(s)", label)
+    return assemble(images, str(label), limits, warnings)
+
+
+def _load_zip(path: Path, limits: IngestLimits) -> Study:
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise StudyError("not a valid zip archive", path) from None
+    with archive:
+        members = [m for m in archive.infolist() if not m.is_dir()]
+        for m in archive.infolist():
+            parts = PurePosixPath(m.filename.replace("\\", "/")).parts
+            if m.filename.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
+                raise StudyError(f"zip entry {m.filename!r} escapes the archive (path traversal)", path)
+        members = [m for m in members if not m.filename.startswith("__MACOSX/")]
+        if len(members) > limits.max_files:
+            raise StudyError(f"{len(members)} files exceed the limit of {limits.max_files}", path)
+        total = sum(m.file_size for m in members)
+        if total > limits.max_bytes:
+            raise StudyError(f"{total} uncompressed bytes exceed the limit of {limits.max_bytes}", path)
+
+        def read(m: zipfile.ZipInfo) -> bytes:
+            try:
+                data = archive.read(m)
+            except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as err:
+                raise StudyError(f"corrupt zip entry {m.filename!r}: {type(err).__name__}", path) from None
+            except NotImplementedError:
+                raise StudyError(f"zip entry {m.filename!r} uses an unsupported compression method", path) from None
+            return data
+
+        entries = ((f"{path}!{m.filename}", (lambda m=m: read(m))) for m in sorted(members, key=lambda m: m.filename))
+        return _load_entries(entries, path, limits)

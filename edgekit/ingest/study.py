@@ -1,0 +1,50 @@
+"""The `Study` every reader returns and the `IngestLimits` every reader obeys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import ConfigError
+
+
+@dataclass
+class Study:
+    """Display frames of one series plus non-identifying facts about it.
+
+    `frames` is float32 (n, H, W) in [0, 1]; `meta` never holds names, IDs or dates; `warnings` are scrubbed.
+    """
+
+    frames: np.ndarray
+    modality: str
+    uid_hash: str
+    source: str  # "dicom" | "video"
+    meta: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.frames.shape[0])
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    """Upper bounds that stop a hostile or mistaken input from exhausting memory; exceeding one is a StudyError.
+
+    `video_max_frames` is not a limit but a sampling target: longer videos keep that many evenly spaced frames.
+    """
+
+    max_files: int = 4000
+    max_frames: int = 4000
+    max_pixels: int = 4096 * 4096  # per frame (rows x columns)
+    max_total_pixels: int = 256 * 1024 * 1024  # all frames together (1 GiB as float32)
+    max_bytes: int = 4 * 1024**3  # uncompressed bytes read from a zip or folder
+    video_max_frames: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("max_files", "max_frames", "max_pixels", "max_total_pixels", "max_bytes", "video_max_frames"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"IngestLimits.{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,123 @@
+"""Study in, report out: the one path that the CLI, `edgekit eval` and the daemon all share.
+
+ingest (DICOM or video) -> display values -> model input -> image features + prompt -> generation on the bundle's
+target backend -> text -> structured findings. Each stage is timed so that latency figures say where time went.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.bundle import Bundle, load_bundle
+from edgekit.generate import GenerationOptions, generate
+from edgekit.ingest import Study, load_study
+from edgekit.preprocess import PreprocessConfig, preprocess_frames
+from edgekit.targets import load_backend
+
+_SECTION = re.compile(r"\b(FINDINGS|IMPRESSION)\s*:\s*", re.IGNORECASE)
+
+
+@dataclass
+class Report:
+    text: str
+    findings_text: str
+    impression: str
+    findings: list[dict]
+    negatives: list[str]
+    modality: str
+    study: str  # hashed study UID: safe to log
+    model: str
+    target: str
+    stop_reason: str
+    timings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def split_sections(text: str) -> tuple[str, str]:
+    """(findings, impression) of a "FINDINGS: ... IMPRESSION: ..." report; the whole text is findings otherwise."""
+    parts = _SECTION.split(text)
+    sections = {parts[i].upper(): parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
+    if not sections:
+        return text.strip(), ""
+    return sections.get("FINDINGS", ""), sections.get("IMPRESSION", "")
+
+
+class Reporter:
+    """A loaded bundle ready to write reports. Loading is the expensive part; reuse one per process."""
+
+    def __init__(self, bundle: Bundle, *, threads: int | None = None, backend=None):
+        from tokenizers import Tokenizer
+
+        self.bundle = bundle
+        self.backend = backend if backend is not None else load_backend(bundle, threads=threads)
+        self.tokenizer = Tokenizer.from_file(str(bundle.component("tokenizer")))
+        self.generation_config = json.loads(bundle.component("generation_config").read_text())
+        self.preprocess_config = PreprocessConfig.load(bundle.component("preprocessor_config"))
+
+    @classmethod
+    def from_bundle(cls, path: str | Path | Bundle, **kw) -> "Reporter":
+        return cls(path if isinstance(path, Bundle) else load_bundle(path), **kw)
+
+    @property
+    def default_options(self) -> GenerationOptions:
+        g = self.generation_config
+        return GenerationOptions(max_new_tokens=g.get("max_new_tokens", 128), stop_token_ids=[g["eos_token_id"]])
+
+    def prompt_ids(self, modality: str, prompt: str) -> np.ndarray:
+        g = self.generation_config
+        text = g.get("prompt_template", "{modality}: {prompt}").format(
+            modality=modality, prompt=prompt.strip() or g.get("default_prompt", "Not given.")
+        )
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return np.asarray([[g["bos_token_id"], *ids, g["sep_token_id"]]], dtype=np.int64)
+
+    def pixel_values(self, study: Study) -> np.ndarray:
+        return preprocess_frames(study.frames, self.preprocess_config)[None]
+
+    def report(self, study: Study | str | Path, prompt: str = "", options: GenerationOptions | None = None) -> Report:
+        from edgekit.models.synth import parse_report
+
+        t0 = time.perf_counter()
+        if not isinstance(study, Study):
+            study = load_study(study)
+        t1 = time.perf_counter()
+        pixels = self.pixel_values(study)
+        ids = self.prompt_ids(study.modality, prompt)
+        t2 = time.perf_counter()
+        opts = options or self.default_options
+        if not opts.stop_token_ids:
+            opts.stop_token_ids = [self.generation_config["eos_token_id"]]
+        result = generate(self.backend, pixels, ids, opts)
+        t3 = time.perf_counter()
+        text = self.tokenizer.decode([int(t) for t in result.token_ids], skip_special_tokens=True).strip()
+        findings_text, impression = split_sections(text)
+        parsed = parse_report(text)
+        timings = {
+            "ingest_ms": (t1 - t0) * 1e3,
+            "preprocess_ms": (t2 - t1) * 1e3,
+            **{k: v for k, v in asdict(result.timings).items()},
+            "generate_ms": (t3 - t2) * 1e3,
+            "total_ms": (t3 - t0) * 1e3,
+            "new_tokens": len(result.token_ids),
+        }
+        return Report(
+            text=text,
+            findings_text=findings_text,
+            impression=impression,
+            findings=[asdict(f) for f in parsed.findings],
+            negatives=list(parsed.negatives),
+            modality=study.modality,
+            study=study.uid_hash,
+            model=self.bundle.name,
+            target=self.bundle.target,
+            stop_reason=result.stop_reason,
+            timings=timings,
+        )

@@ -1,0 +1,63 @@
+"""The committed sample studies under `models/samples/`: small, real files for docs, demos and smoke tests.
+
+They come from the "sample" split, so regenerating them (`python -m edgekit.models.synth.samples`) rewrites the
+same bytes. Each folder holds a `study.json` with the ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pydicom.uid import JPEG2000Lossless, JPEGBaseline8Bit, RLELossless
+
+from .dicom_writer import write_dicom
+from .generator import SynthStudy, generate_study
+from .splits import study_record
+from .video_writer import write_mp4
+
+SAMPLES_DIR = Path(__file__).resolve().parent.parent / "samples"
+SAMPLE_SPLIT = "sample"
+
+
+def _wanted(kind: str, study: SynthStudy) -> bool:
+    """A sample should show something: findings, and a compressed transfer syntax to exercise the decoders."""
+    if kind == "ct_chest":
+        return len(study.findings) >= 2 and study.transfer_syntax in (str(RLELossless), str(JPEG2000Lossless))
+    if kind == "cr_chest":
+        return len(study.findings) >= 2 and study.transfer_syntax == str(JPEG2000Lossless)
+    return len(study.findings) >= 1 and study.transfer_syntax == str(JPEGBaseline8Bit)
+
+
+def pick_samples(kinds=("ct_chest", "cr_chest", "us_cardiac"), limit: int = 400) -> dict[str, SynthStudy]:
+    picked: dict[str, SynthStudy] = {}
+    for i in range(limit):
+        study = generate_study(i, SAMPLE_SPLIT)
+        if study.kind in kinds and study.kind not in picked and _wanted(study.kind, study):
+            picked[study.kind] = study
+        if len(picked) == len(kinds):
+            break
+    return picked
+
+
+def regenerate_samples(dest: str | Path = SAMPLES_DIR) -> list[Path]:
+    """(Re)write the sample studies into `dest/<kind>/`; returns every file written."""
+    dest = Path(dest)
+    written: list[Path] = []
+    for kind, study in pick_samples().items():
+        folder = dest / kind
+        if folder.exists():
+            shutil.rmtree(folder)
+        files = write_dicom(study, folder)
+        video = write_mp4(study.stored, folder / "cine.mp4", study.fps) if study.is_cine else None
+        path = "." if study.modality in ("CT", "MR") else files[0].name
+        rec = study_record(study, path, video.name if video else None, len(files) + (1 if video else 0))
+        (folder / "study.json").write_text(json.dumps(rec, indent=2) + "\n")
+        written += files + ([video] if video else []) + [folder / "study.json"]
+    return written
+
+
+if __name__ == "__main__":
+    for p in regenerate_samples():
+        print(p)
