@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, str] = {
     "eval": "Evaluate a bundle's reports against references.",
     "profile": "Measure latency and memory of a bundle on a target.",
     "bundle": "Inspect, verify, pack and unpack bundles.",
+    "x1": "The X1 edge NPU: cost estimates from a model config (compiler and emulator to come).",
 }
 
 

@@ -1,0 +1,64 @@
+"""`edgekit x1`: tools for the X1 NPU target. `estimate` budgets a model from its shape alone (no weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgekit.cli.common import JsonOption, console, emit
+
+app = typer.Typer(
+    help="The X1 edge NPU: analytic estimates (and, as they land, compile / inspect / emulate).",
+    no_args_is_help=True,
+    epilog=(
+        "Examples:\n\n"
+        "  edgekit x1 estimate --model qwen2-7b --weights int4 --head-sparsity 0.38 --context 1024\n\n"
+        "  edgekit x1 estimate --model radreport-tiny --json"
+    ),
+)
+
+
+@app.callback()
+def _x1() -> None:
+    """The X1 edge NPU (docs/x1/)."""
+
+
+@app.command()
+def estimate(
+    model: Annotated[str, typer.Option("--model", "-m", help="qwen2-7b, radreport-tiny, smollm2-135m, or a "
+                                       "config.json path.")] = "radreport-tiny",
+    weights: Annotated[str, typer.Option("--weights", "-w", help="Weight format: int4, int8 or fp16.")] = "int4",
+    head_sparsity: Annotated[float, typer.Option("--head-sparsity", "-s",
+                                                 help="DSS target: fraction of attention heads skipped per "
+                                                      "token.")] = 0.0,
+    context: Annotated[int, typer.Option("--context", "-c", help="KV-cache length when the token is made.")] = 1024,
+    machine: Annotated[Path | None, typer.Option("--machine", help="Machine description TOML (default: the "
+                                                 "bundled x1-default.toml).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Per-token decode latency and energy from the analytic cost model, by op type, with the bound type."""
+    from edgekit.targets.x1.costmodel import Workload, estimate_decode
+    from edgekit.targets.x1.machine import load_machine
+    from edgekit.targets.x1.model_configs import resolve
+
+    shape = resolve(model)
+    mach = load_machine(machine)
+    result = estimate_decode(shape, mach, Workload(weights=weights, head_sparsity=head_sparsity, context=context))
+    if as_json:
+        emit(result.to_dict(), True)
+        return
+    rows = [{"op": r["op"], "unit": r["unit"], "n": r["count"], "us/token": round(r["time_us"], 1),
+             "time %": round(r["time_pct"], 1), "uJ/token": round(r["energy_uj"], 1),
+             "energy %": round(r["energy_pct"], 1), "bound": r["bound"]} for r in result.by_kind()]
+    emit(rows, False, title=f"{shape.name} on {mach.machine.name}: {weights}, head sparsity {head_sparsity:g}, "
+                            f"context {context}")
+    t = result.totals()
+    emit({"ms/token": round(t["ms_per_token"], 3), "J/token": round(t["j_per_token"], 4),
+          "tokens/s": round(t["tokens_per_s"], 1), "average power W": round(t["avg_power_w"], 2),
+          "weights streamed MB/token": round(t["weight_bytes_per_token"] / 1e6, 1),
+          "of which from DRAM MB": round(t["weights_from_dram_bytes"] / 1e6, 1),
+          "KV window / spilled tokens": f"{t['kv_window_tokens']} / {t['kv_spilled_tokens']}",
+          "memory-bound time %": round(t["memory_bound_pct"], 1)}, False, title="per token")
+    console.print(f"machine {mach.machine.name} {mach.short_hash} · analytic model, no weights read", markup=False)

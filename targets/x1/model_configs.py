@@ -1,0 +1,111 @@
+"""Decoder shapes the X1 cost model reads: everything it needs to count bytes and MACs, and nothing else.
+
+The analytic mode budgets a model before any weights exist, so a shape is just numbers: the calibration target
+(Qwen2-7B), the default model (radreport-tiny, from its `ModelConfig`) and a small public LLM (SmolLM2-135M).
+A Hugging Face `config.json` (LLaMA/Qwen2 keys) or edgekit's own `config.json` is read too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from edgekit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """A LLaMA-style decoder (RMSNorm, RoPE, GQA, SwiGLU MLP) as the cost model sees it."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for field_name in ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"model shape field '{field_name}' must be a positive integer, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"model shape field 'kv_heads': {self.heads} heads do not split into "
+                              f"{self.kv_heads} KV groups")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads sharing one K/V head (GQA); 1 for multi-head attention."""
+        return self.heads // self.kv_heads
+
+    def linear_params(self) -> int:
+        """Weights of every matmul run per token (decoder layers + LM head), which decode streams once each."""
+        per_layer = (self.hidden * self.heads * self.head_dim * 2
+                     + self.hidden * self.kv_heads * self.head_dim * 2
+                     + self.hidden * self.intermediate * 3)
+        return per_layer * self.layers + self.hidden * self.vocab
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+QWEN2_7B = DecoderShape(name="qwen2-7b", hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
+                        intermediate=18944, vocab=152064, tied_embeddings=False)
+SMOLLM2_135M = DecoderShape(name="smollm2-135m", hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64,
+                            intermediate=1536, vocab=49152, tied_embeddings=True)
+
+
+def radreport_tiny(config=None) -> DecoderShape:
+    """The default model's decoder; `config` is a `ModelConfig` (the default one when omitted)."""
+    from edgekit.models.radreport_tiny.config import ModelConfig
+
+    c = config or ModelConfig()
+    return DecoderShape(name="radreport-tiny", hidden=c.hidden, layers=c.layers, heads=c.heads,
+                        kv_heads=c.kv_heads, head_dim=c.head_dim, intermediate=c.intermediate,
+                        vocab=c.vocab_size, tied_embeddings=False)
+
+
+KNOWN = {"qwen2-7b": lambda: QWEN2_7B, "smollm2-135m": lambda: SMOLLM2_135M, "radreport-tiny": radreport_tiny}
+
+
+def _from_json(path: Path) -> DecoderShape:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read model config: {err}", path) from err
+    if not isinstance(d, dict):
+        raise ConfigError("model config is not a JSON object", path)
+    if "hidden_size" in d:  # Hugging Face LLaMA / Qwen2 / SmolLM keys
+        keys = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+                "intermediate": "intermediate_size", "vocab": "vocab_size"}
+        missing = [v for v in keys.values() if v not in d]
+        if missing:
+            raise ConfigError(f"model config lacks field '{missing[0]}'", path)
+        heads = d["num_attention_heads"]
+        return DecoderShape(
+            name=path.parent.name or path.stem, hidden=d["hidden_size"], layers=d["num_hidden_layers"],
+            heads=heads, kv_heads=d.get("num_key_value_heads", heads),
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads, intermediate=d["intermediate_size"],
+            vocab=d["vocab_size"], tied_embeddings=bool(d.get("tie_word_embeddings", False)))
+    from edgekit.models.radreport_tiny.config import ModelConfig
+
+    try:
+        return radreport_tiny(ModelConfig.from_dict(d))
+    except TypeError as err:
+        raise ConfigError(f"not a model config: {err}", path) from err
+
+
+def resolve(model: str) -> DecoderShape:
+    """A known name (`qwen2-7b`, `radreport-tiny`, `smollm2-135m`) or a path to a `config.json`."""
+    if model in KNOWN:
+        return KNOWN[model]()
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return _from_json(path)
+    raise ConfigError(f"unknown model '{model}' (known: {', '.join(KNOWN)}; or a path to a config.json)")
