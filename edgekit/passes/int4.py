@@ -1,0 +1,221 @@
+"""INT4 weight-only quantization of every weight MatMul: RTN or AWQ-style activation-aware scaling, block-wise
+along K, with mixed precision by measured sensitivity, written in the target's encoding (`int4_encode.py`).
+
+Why these pieces:
+- RTN with an optional per-block range-shrink search (`clip`) is the weight-only baseline.
+- `method=awq` measures calibration activations, scales each input channel by `mean|x|^alpha` (alpha searched per
+  group of MatMuls sharing an input, on their real output error), folds the inverse scale into the RMSNorm weight
+  in front when there is one (else a Mul), and weights the range search by each channel's activation energy.
+  This is what protects the few outlier channels real LLMs have.
+- `mixed=N` quantizes each MatMul alone, measures its output error on the calibration activations, and keeps the
+  N most sensitive at `keep_bits` (8, or 32 = untouched); `keep=lm_head` pins modules by name. The choice and the
+  measured errors go into the report.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from edgekit.errors import ConfigError
+
+from .base import (
+    GraphPass, PassChanges, PassConfig, PassContext, WeightMatMul, matches_any, param, remove_if_unused,
+    require_weight_matmuls,
+)
+from .calibration import capture_values, embedding_table, sample_feeds
+from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
+
+AWQ_MAX_TOKENS = 512
+
+
+@dataclass
+class Int4Config(PassConfig):
+    block: int = param(32, choices=(16, 32, 64, 128), help="block size along K")
+    symmetric: bool = param(True, help="symmetric (no zero points; required for orin/x1) or asymmetric")
+    method: str = param("rtn", choices=("rtn", "awq"), help="rtn: round to nearest; awq: activation-aware scaling")
+    target: str = param("cpu", choices=("cpu", "orin", "x1"),
+                        help="encoding: cpu=MatMulNBits, orin/x1=blocked DequantizeLinear INT4")
+    clip: int = param(0, min=0, max=50, help="range-shrink search steps per block (0: plain RTN; awq uses 10 if 0)")
+    accuracy_level: int = param(0, choices=(0, 1, 2, 3, 4), help="MatMulNBits accuracy_level (cpu only)")
+    mixed: int = param(0, min=0, max=1000, help="keep the N most sensitive MatMuls at keep_bits")
+    keep: list[str] = param([], help="module-name patterns always kept at keep_bits (e.g. lm_head)")
+    keep_bits: int = param(8, choices=(8, 32), help="precision of kept MatMuls (8 or 32 = float)")
+    exclude: list[str] = param([], help="module-name patterns left untouched")
+    calib: int = param(8, min=1, max=4096, help="calibration samples when none are given")
+    seq: int = param(32, min=1, max=4096, help="tokens per generated calibration sample")
+    awq_grid: int = param(10, min=1, max=100, help="alpha grid points in [0, 1] for awq")
+
+    def validate(self, where: str) -> None:
+        if self.target in ("orin", "x1") and not self.symmetric:
+            raise ConfigError(f"{where}.symmetric: target {self.target} takes symmetric INT4 only "
+                              "(TensorRT 10 refuses zero points)")
+
+
+class Int4Pass(GraphPass):
+    name = "int4"
+    Config = Int4Config
+
+    def preconditions(self, model: ir.Model) -> None:
+        mms = [m for m in require_weight_matmuls(model, self.name, self.context.graph)
+               if not matches_any(m.name, self.config.exclude)]
+        if not mms:
+            raise ConfigError(f"int4.exclude: every weight MatMul is excluded, nothing to quantize")
+        for m in mms:  # refuse before touching anything
+            check_block(m.k, self.config.block, m.weight.name)
+
+    # ---------------------------------------------------------------------------------------------------------
+    def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
+        cfg = self.config
+        mms = [m for m in require_weight_matmuls(model, self.name, ctx.graph) if not matches_any(m.name, cfg.exclude)]
+        needs_data = cfg.method == "awq" or cfg.mixed > 0
+        acts: dict[str, np.ndarray] = {}
+        if needs_data:
+            feeds = ctx.feeds() or sample_feeds(model, cfg.calib, seq=cfg.seq, seed=ctx.seed,
+                                                embeddings=embedding_table(ctx.model_dir))
+            names = sorted({m.activation.name for m in mms})
+            acts = {k: _subsample(v, ctx.seed) for k, v in capture_values(model, names, feeds).items()}
+
+        scales = self._awq_scales(mms, acts) if cfg.method == "awq" else {}
+        weights = {id(m): m.kn().T for m in mms}  # (N, K)
+        act_of = {id(m): m.activation.name for m in mms}  # fixed now: applying scales re-points activations
+        clip = cfg.clip or (10 if cfg.method == "awq" else 0)
+
+        def quantize(m: WeightMatMul, bits: int) -> QuantizedWeight:
+            s = scales.get(act_of[id(m)])
+            w = weights[id(m)] if s is None else weights[id(m)] * s[None, :]
+            imp = None
+            if act_of[id(m)] in acts and cfg.method == "awq":
+                x = acts[act_of[id(m)]] if s is None else acts[act_of[id(m)]] / s
+                imp = (x.astype(np.float64) ** 2).mean(0)
+            return quantize_blocks(w, cfg.block, bits=bits, symmetric=cfg.symmetric, importance=imp,
+                                   clip_grid=clip, name=m.weight.name)
+
+        sensitivity = self._sensitivity(mms, acts, quantize, scales) if cfg.mixed > 0 else {}
+        ranked = sorted(sensitivity, key=sensitivity.get, reverse=True)
+        kept = set(ranked[: cfg.mixed]) | {m.name for m in mms if matches_any(m.name, cfg.keep)}
+
+        changes = PassChanges()
+        folded = self._apply_scales(model, mms, scales, changes)
+        encoder = ENCODERS[cfg.target]
+        opts = {"accuracy_level": cfg.accuracy_level if cfg.target == "cpu" else 0}
+        counts = defaultdict(int)
+        for m in mms:
+            transpose = m.transpose
+            if m.name in kept and cfg.keep_bits == 32:
+                s = scales.get(act_of[id(m)])
+                kn = m.kn() if s is None else m.kn() * s[:, None]
+                value = _new_initializer(model.graph, kn, f"{m.name}.weight_kn")
+                m.node.replace_input_with(1, value)
+                counts["fp32"] += 1
+            else:
+                bits = cfg.keep_bits if m.name in kept else 4
+                changes.nodes_added += encoder(model, m.node, quantize(m, bits), m.name, opts)
+                if cfg.target == "cpu":
+                    changes.nodes_removed += 1  # the MatMul itself became MatMulNBits
+                counts[f"int{bits}"] += 1
+            changes.initializers_touched.append(m.weight.name)
+            changes.nodes_removed += remove_if_unused(model, transpose)
+            if m.weight.is_initializer() and not m.weight.uses():
+                model.graph.initializers.pop(m.weight.name, None)
+        changes.notes = {
+            "encoding": {"cpu": "MatMulNBits", "orin": "DequantizeLinear-int4", "x1": "DequantizeLinear-int4"}[
+                cfg.target],
+            "matmuls": dict(counts),
+            "kept": sorted(kept),
+            "sensitivity_top": {n: round(sensitivity[n], 6) for n in ranked[: max(cfg.mixed, 5)]},
+            "awq_groups": len(scales),
+            "awq_folded_into_norm": folded,
+        }
+        return changes
+
+    # ---------------------------------------------------------------------------------------------------------
+    def _awq_scales(self, mms: list[WeightMatMul], acts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Per activation (shared by a group of MatMuls): s = mean|x|^alpha, alpha chosen on output error."""
+        cfg = self.config
+        groups: dict[str, list[WeightMatMul]] = defaultdict(list)
+        for m in mms:
+            groups[m.activation.name].append(m)
+        out = {}
+        for act_name, members in groups.items():
+            x = acts[act_name]
+            mean_abs = np.abs(x).mean(0) + 1e-8
+            ref = [x @ m.kn() for m in members]
+            best, best_err = None, np.inf
+            for alpha in np.linspace(0.0, 1.0, cfg.awq_grid + 1):
+                s = mean_abs ** alpha
+                s = s / np.sqrt(s.max() * s.min())
+                err = 0.0
+                for m, y in zip(members, ref):
+                    qw = quantize_blocks(m.kn().T * s[None, :], cfg.block, symmetric=cfg.symmetric,
+                                         name=m.weight.name)
+                    err += float(((x @ (qw.dequantize().T / s[:, None]) - y) ** 2).mean())
+                if err < best_err:
+                    best, best_err = s, err
+            if best is not None and not np.allclose(best, 1.0):
+                out[act_name] = best.astype(np.float32)
+        return out
+
+    def _sensitivity(self, mms, acts, quantize, scales) -> dict[str, float]:
+        """Relative output error of each MatMul quantized alone (on its own calibration activations)."""
+        out = {}
+        for m in mms:
+            x = acts[m.activation.name]
+            y = x @ m.kn()
+            s = scales.get(m.activation.name)
+            wq = quantize(m, 4).dequantize().T
+            if s is not None:
+                wq = wq / s[:, None]
+            out[m.name] = float(np.linalg.norm(x @ wq - y) / (np.linalg.norm(y) + 1e-12))
+        return out
+
+    def _apply_scales(self, model: ir.Model, mms, scales, changes: PassChanges) -> int:
+        """x -> x / s in front of each scaled group: folded into a norm's weight when that Mul is theirs alone."""
+        folded = 0
+        for act_name, s in scales.items():
+            members = [m for m in mms if m.activation.name == act_name]
+            act = members[0].activation
+            producer = act.producer()
+            gamma = _norm_weight(producer, act, s.shape[0])
+            if gamma is not None:
+                gamma.const_value = ir.Tensor((gamma.const_value.numpy() / s).astype(np.float32), name=gamma.name)
+                changes.initializers_touched.append(gamma.name)
+                folded += 1
+                continue
+            inv = _new_initializer(model.graph, (1.0 / s).astype(np.float32), f"{members[0].name}.awq_inv_scale")
+            mul = ir.node("Mul", [act, inv], name=f"{members[0].node.name}_awq_scale")
+            mul.outputs[0].name = f"{act_name}_awq"
+            if act.dtype is not None:
+                mul.outputs[0].dtype = act.dtype
+            model.graph.insert_before(members[0].node, mul)
+            for m in members:
+                m.node.replace_input_with(0, mul.outputs[0])
+            changes.nodes_added += 1
+        return folded
+
+
+def _norm_weight(producer: ir.Node | None, act: ir.Value, k: int) -> ir.Value | None:
+    """The 1-D weight initializer of a `Mul(normed, weight)` producing `act`, if nothing else reads either."""
+    if producer is None or producer.op_type != "Mul" or act.is_graph_output():
+        return None
+    for v in producer.inputs:
+        if (v is not None and v.is_initializer() and v.const_value is not None and v.shape is not None
+                and list(v.shape) == [k] and len(v.uses()) == 1):
+            return v
+    return None
+
+
+def _new_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
+    from .int4_encode import _initializer
+
+    return _initializer(graph, np.ascontiguousarray(array, dtype=np.float32), name)
+
+
+def _subsample(x: np.ndarray, seed: int) -> np.ndarray:
+    if x.shape[0] <= AWQ_MAX_TOKENS:
+        return x
+    idx = np.random.default_rng(seed).choice(x.shape[0], AWQ_MAX_TOKENS, replace=False)
+    return x[np.sort(idx)]

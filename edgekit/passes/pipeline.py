@@ -1,0 +1,146 @@
+"""Run a list of passes over a model directory (the three graphs) and write the result atomically.
+
+Why atomic: a quantization that fails half way must not leave a folder that looks like a finished model. All
+output goes to a hidden sibling temp folder that is renamed onto `out` only when every pass and check succeeded.
+Each pass on each graph gets its own numerical check against the model just before it; the reports are what
+`edgekit build` stamps into bundle provenance (`PipelineResult.provenance()`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from edgekit.errors import BundleError, ConfigError
+from edgekit.export.save import save_model
+
+from .base import ALL_GRAPHS, GraphPass, OutputError, PassContext, PassFailedError, PassReport
+from .calibration import embedding_table, sample_feeds
+from .check import check_models
+
+ROLE_FILES = {"decoder": "decoder_model_merged.onnx", "vision_encoder": "vision_encoder.onnx",
+              "embed_tokens": "embed_tokens.onnx"}
+
+
+@dataclass
+class PipelineResult:
+    out: Path
+    reports: list[PassReport]
+    end_to_end: dict[str, list[OutputError]] = field(default_factory=dict)  # original vs final, per graph
+    seconds: float = 0.0
+
+    def provenance(self) -> dict[str, Any]:
+        return {"passes": [r.to_dict() for r in self.reports],
+                "end_to_end_error": {g: [e.to_dict() for e in errs] for g, errs in self.end_to_end.items()}}
+
+
+def resolve_source(path: str | Path) -> Path:
+    """A model directory with the standard graph names, or a bundle (dir or .ekb) whose graphs are used."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("model directory or bundle not found", path)
+    if path.is_dir() and any((path / g).is_file() for g in ALL_GRAPHS) and not (path / "manifest.json").is_file():
+        return path
+    if (path / "manifest.json").is_file() or path.suffix == ".ekb":
+        from edgekit.bundle import load_bundle
+
+        bundle = load_bundle(path)
+        for role, name in ROLE_FILES.items():
+            if role in bundle.roles and bundle.component(role).name != name:
+                raise BundleError(f"bundle component {role} is not named {name}; run optimize on the model "
+                                  "directory instead", path)
+        return bundle.root
+    raise ConfigError(f"no ONNX graphs ({', '.join(ALL_GRAPHS)}) in this folder", path)
+
+
+def run_pipeline(source: str | Path, out: str | Path, passes: Sequence[GraphPass], *,
+                 calibration: dict[str, list[dict[str, np.ndarray]]] | None = None, check: bool = True,
+                 check_samples: int = 4, overwrite: bool = False, seed: int = 0,
+                 on_pass: Callable[[GraphPass, str, str], None] | None = None) -> PipelineResult:
+    """Apply `passes` (in order) to each graph they apply to; write graphs and every other file of `source`
+    to `out`. `on_pass(pass, graph, "start"|"done")` drives progress bars."""
+    if not passes:
+        raise ConfigError("no passes given (use --pass NAME[:k=v,...] or --recipe FILE.toml)")
+    src, out = resolve_source(source), Path(out)
+    if out.resolve() == src.resolve():
+        raise ConfigError("output must differ from the input (the input is never modified)", out)
+    if out.exists() and not overwrite:
+        raise ConfigError("output already exists (use --force to replace it)", out)
+    graphs = [g for g in ALL_GRAPHS if (src / g).is_file()]
+    if not any(p.applies_to(g) for p in passes for g in graphs):
+        raise ConfigError(f"none of the passes applies to the graphs in {src.name} ({', '.join(graphs)})", src)
+
+    start = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    reports: list[PassReport] = []
+    end_to_end: dict[str, list[OutputError]] = {}
+    try:
+        _copy_other_files(src, tmp)
+        embeddings = embedding_table(src)
+        for graph in graphs:
+            mine = [p for p in passes if p.applies_to(graph)]
+            if not mine:
+                _copy_graph(src / graph, tmp / graph)
+                continue
+            model = ir.load(src / graph)
+            feeds = (calibration or {}).get(graph) or sample_feeds(model, check_samples, seed=seed,
+                                                                  embeddings=embeddings)
+            original = ir.to_proto(model).SerializeToString() if check else None
+            for p in mine:
+                ctx = PassContext(graph=graph, model_dir=src, calibration=dict(calibration or {}), seed=seed)
+                p.context = ctx
+                if on_pass:
+                    on_pass(p, graph, "start")
+                before = ir.to_proto(model).SerializeToString() if check else None
+                report = p.apply(model, ctx)
+                if check:
+                    report.check = check_models(before, model, feeds)
+                    report.check_samples = len(feeds)
+                    worst = report.worst()
+                    if p.max_rel_error is not None and worst is not None and worst.rel_l2 > p.max_rel_error:
+                        raise PassFailedError(f"{p.name} on {graph}: output {worst.name} relative error "
+                                              f"{worst.rel_l2:.3g} exceeds {p.max_rel_error}")
+                reports.append(report)
+                if on_pass:
+                    on_pass(p, graph, "done")
+            if check and len(mine) > 1:
+                end_to_end[graph] = check_models(original, model, feeds)
+            save_model(model, tmp / graph)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PipelineResult(out=out, reports=reports, end_to_end=end_to_end, seconds=time.perf_counter() - start)
+
+
+def _copy_graph(src: Path, dst: Path) -> None:
+    shutil.copy2(src, dst)
+    data = src.with_name(src.name + ".data")
+    if data.is_file():
+        shutil.copy2(data, dst.with_name(dst.name + ".data"))
+
+
+def _copy_other_files(src: Path, dst: Path) -> None:
+    """Tokenizer, configs and the like travel with the graphs; a bundle's manifest does not (its checksums
+    describe the old graphs: `edgekit build` writes a new one)."""
+    skip = set(ALL_GRAPHS) | {g + ".data" for g in ALL_GRAPHS} | {"manifest.json"}
+    for item in src.iterdir():
+        if item.name in skip or item.name.startswith("."):
+            continue
+        if item.is_file():
+            shutil.copy2(item, dst / item.name)
+        elif item.is_dir():
+            shutil.copytree(item, dst / item.name)

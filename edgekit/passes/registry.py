@@ -1,0 +1,64 @@
+"""Pass names -> pass classes, so recipes and `--pass int4:block=32` resolve to code.
+
+Built-in passes register lazily (by module path) so importing the registry does not import every pass's
+dependencies; other engineers' passes (`lora`, `prune`, `sparse24`, `heads`) add themselves the same way.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from edgekit.errors import ConfigError
+
+from .base import GraphPass
+
+# name -> "module:Class" (imported on first use) or the class itself once loaded
+_PASSES: dict[str, str | type[GraphPass]] = {
+    "int4": "edgekit.passes.int4:Int4Pass",
+    "fp16": "edgekit.passes.fp16:Fp16Pass",
+    "int8": "edgekit.passes.int8:Int8Pass",
+    "lora": "edgekit.passes.lora:LoraMergePass",
+    "prune": "edgekit.passes.sparsity:PrunePass",
+    "sparse24": "edgekit.passes.sparsity:Sparse24Pass",
+    "heads": "edgekit.passes.heads:HeadPrunePass",
+}
+
+
+def register_pass(cls: type[GraphPass], name: str | None = None) -> type[GraphPass]:
+    """Register (or replace) a pass class under `name` (default `cls.name`); usable as a decorator."""
+    _PASSES[name or cls.name] = cls
+    return cls
+
+
+def _resolve(name: str) -> type[GraphPass] | None:
+    entry = _PASSES.get(name)
+    if entry is None or not isinstance(entry, str):
+        return entry
+    module_name, cls_name = entry.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name == module_name:  # announced but not written yet
+            return None
+        raise
+    cls = getattr(module, cls_name, None)
+    if cls is not None:
+        _PASSES[name] = cls
+    return cls
+
+
+def available_passes() -> list[str]:
+    return sorted(n for n in _PASSES if _resolve(n) is not None)
+
+
+def get_pass_class(name: str) -> type[GraphPass]:
+    cls = _resolve(name)
+    if cls is None:
+        raise ConfigError(f"unknown pass {name!r}; available: {', '.join(available_passes())}")
+    return cls
+
+
+def make_pass(spec: str) -> GraphPass:
+    """`int4:block=32,method=awq` (or just `fp16`) -> a configured pass instance."""
+    name, _, params = spec.partition(":")
+    return get_pass_class(name.strip()).from_string(params)

@@ -1,0 +1,57 @@
+"""FP16 and INT8 passes: the models run in ORT with the same FP32 interface and bounded error."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+import pytest
+
+from edgekit.export import DecoderSpec, build_decoder, build_embed_tokens, random_weights
+from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.passes import PassPreconditionError, make_pass
+from edgekit.passes.calibration import sample_feeds
+from edgekit.passes.check import check_models
+
+SMALL = ModelConfig(vocab_size=256, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)
+SPEC = DecoderSpec.from_model_config(SMALL)
+
+
+def _io(model):
+    return ([(v.name, v.dtype) for v in model.graph.inputs], [(v.name, v.dtype) for v in model.graph.outputs])
+
+
+def test_fp16_keeps_fp32_io_and_sensitive_ops():
+    model = build_decoder(random_weights(SMALL, 0), SPEC)
+    io, before = _io(model), ir.to_proto(model).SerializeToString()
+    report = make_pass("fp16").apply(model)
+    assert _io(model) == io
+    assert 0.45 < report.size_after / report.size_before < 0.55
+    f16 = ir.DataType.FLOAT16
+    for node in model.graph:  # norms and softmax still read FP32
+        if node.op_type in ("Softmax", "ReduceMean", "Sqrt"):
+            assert all(v is None or v.dtype != f16 for v in node.inputs)
+    errs = {e.name: e for e in check_models(before, model, sample_feeds(model, 3))}
+    assert errs["logits"].rel_l2 < 5e-3
+
+
+def test_fp16_embedding_table():
+    model = build_embed_tokens(random_weights(SMALL, 0), SPEC)
+    before = ir.to_proto(model).SerializeToString()
+    report = make_pass("fp16").apply(model)
+    assert report.size_after * 2 == report.size_before
+    assert check_models(before, model, sample_feeds(model, 2))[0].rel_l2 < 1e-3
+
+
+def test_int8_dynamic():
+    model = build_decoder(random_weights(SMALL, 0), SPEC)
+    io, before = _io(model), ir.to_proto(model).SerializeToString()
+    report = make_pass("int8").apply(model)
+    assert _io(model) == io and report.size_after < 0.3 * report.size_before
+    assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in model.graph)
+    errs = {e.name: e for e in check_models(before, model, sample_feeds(model, 3))}
+    assert errs["logits"].rel_l2 < 0.05
+
+
+def test_int8_precondition():
+    model = build_embed_tokens(random_weights(SMALL, 0), SPEC)
+    with pytest.raises(PassPreconditionError, match="no MatMul"):
+        make_pass("int8").apply(model)

@@ -1,0 +1,143 @@
+"""INT4: the quantizer, both encodings' packing against a numpy dequantization, and the pass end to end."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from edgekit.errors import ConfigError
+from edgekit.export import DecoderSpec, build_decoder, random_weights
+from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.passes import find_weight_matmuls, make_pass
+from edgekit.passes.calibration import sample_feeds
+from edgekit.passes.check import check_models, run_all, session
+from edgekit.passes.int4_encode import (
+    dequantize_matmulnbits, matmulnbits_tensors, pack_nibbles, qdq_tensors, quantize_blocks, unpack_nibbles,
+)
+
+SMALL = ModelConfig(vocab_size=256, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)
+
+
+def _decoder(seed=0):
+    return build_decoder(random_weights(SMALL, seed), DecoderSpec.from_model_config(SMALL))
+
+
+def test_nibble_packing_round_trips():
+    codes = np.random.default_rng(0).integers(0, 16, (3, 5, 32)).astype(np.uint8)
+    packed = pack_nibbles(codes)
+    assert packed.shape == (3, 5, 16)
+    assert packed[0, 0, 0] == (codes[0, 0, 0] | (codes[0, 0, 1] << 4))  # element 0 in the low nibble
+    np.testing.assert_array_equal(unpack_nibbles(packed, 32), codes)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("block", [16, 32, 64])
+def test_quantizer_error_is_bounded_by_half_a_step(symmetric, block):
+    w = np.random.default_rng(1).standard_normal((24, 128)).astype(np.float32)
+    qw = quantize_blocks(w, block, symmetric=symmetric)
+    err = np.abs(qw.dequantize() - w).reshape(24, -1, block)
+    assert (err <= qw.scales[..., None] / 2 + 1e-6).all()
+    assert (qw.zero_points is None) == symmetric
+
+
+def test_matmulnbits_layout_matches_numpy():
+    k, n, block = 128, 24, 32
+    w_kn = np.random.default_rng(2).standard_normal((k, n)).astype(np.float32)
+    for symmetric in (True, False):
+        qw = quantize_blocks(w_kn.T, block, symmetric=symmetric)
+        b, scales, zp = matmulnbits_tensors(qw)
+        assert b.shape == (n, k // block, block // 2) and scales.shape == (n, k // block)
+        np.testing.assert_allclose(dequantize_matmulnbits(b, scales, zp, k=k, bits=4, block=block),
+                                   qw.dequantize().T, rtol=0, atol=1e-6)
+
+
+def test_matmulnbits_node_runs_in_ort_like_numpy():
+    model = _decoder()
+    make_pass("int4:block=32").apply(model)
+    nodes = [nd for nd in model.graph if nd.op_type == "MatMulNBits"]
+    assert len(nodes) == 2 * 7 + 1 and not [nd for nd in model.graph if nd.op_type == "Transpose" and
+                                           nd.inputs[0].is_initializer()]
+    nd = nodes[0]
+    b, s = nd.inputs[1].const_value.numpy(), nd.inputs[2].const_value.numpy()
+    w = dequantize_matmulnbits(b, s, None, k=nd.attributes["K"].as_int(), bits=4, block=32)
+    x = ir.val("x", ir.DataType.FLOAT, [3, w.shape[0]])
+    single = ir.node("MatMulNBits", [x, *[ir.Value(name=v.name, const_value=v.const_value) for v in nd.inputs[1:]]],
+                     {a: nd.attributes[a].value for a in ("K", "N", "bits", "block_size")}, domain="com.microsoft")
+    single.outputs[0].name, single.outputs[0].dtype = "y", ir.DataType.FLOAT
+    g = ir.Graph([x], single.outputs, nodes=[single], initializers=[v for v in single.inputs[1:]],
+                 opset_imports={"": 21, "com.microsoft": 1})
+    feed = np.random.default_rng(3).standard_normal((3, w.shape[0])).astype(np.float32)
+    (y,) = session(ir.Model(g, ir_version=10)).run(None, {"x": feed})
+    np.testing.assert_allclose(y, feed @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_qdq_encoding_is_symmetric_blocked_int4_and_matches_numpy():
+    model = _decoder()
+    make_pass("int4:block=32,target=orin").apply(model)
+    dqs = [nd for nd in model.graph if nd.op_type == "DequantizeLinear"]
+    assert len(dqs) == 15
+    for dq in dqs:
+        w, s = dq.inputs[0].const_value, dq.inputs[1].const_value
+        assert w.dtype == ir.DataType.INT4 and len(dq.inputs) == 2  # no zero point: TensorRT 10's form
+        assert dq.attributes["axis"].as_int() == 0 and dq.attributes["block_size"].as_int() == 32
+        k, n = w.shape
+        assert tuple(s.shape) == (k // 32, n)
+    assert model.opset_imports[""] == 21 and "com.microsoft" not in model.opset_imports
+    qw = quantize_blocks(np.random.default_rng(4).standard_normal((8, 64)).astype(np.float32), 32)
+    wq, sc = qdq_tensors(qw)
+    np.testing.assert_allclose(wq.astype(np.float32) * np.repeat(sc, 32, axis=0), qw.dequantize().T, atol=1e-6)
+    assert wq.dtype == ml_dtypes.int4
+
+
+def test_orin_refuses_asymmetric():
+    with pytest.raises(ConfigError, match="symmetric"):
+        make_pass("int4:target=orin,symmetric=false")
+
+
+@pytest.mark.parametrize("spec", ["int4:block=32", "int4:block=32,target=orin", "int4:block=64,symmetric=false",
+                                  "int4:block=32,method=awq,mixed=2,calib=4,awq_grid=5"])
+def test_int4_logits_error_is_small(spec):
+    model = _decoder()
+    before = ir.to_proto(model).SerializeToString()
+    report = make_pass(spec).apply(model)
+    errs = {e.name: e for e in check_models(before, model, sample_feeds(model, 3, seed=5))}
+    assert errs["logits"].rel_l2 < 0.15
+    assert report.size_after < 0.2 * report.size_before
+    if "mixed=2" in spec:
+        assert len(report.notes["kept"]) == 2 and report.notes["matmuls"]["int8"] == 2
+
+
+def test_awq_beats_rtn_with_outlier_channels():
+    """Real LLM activations have a few channels 10-50x larger; activation-aware scaling must pay off there."""
+    rng = np.random.default_rng(0)
+    k, n = 128, 64
+    x = rng.standard_normal((256, k)).astype(np.float32)
+    outliers = rng.choice(k, 4, replace=False)
+    x[:, outliers] *= 30
+    w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+    xv = ir.val("x", ir.DataType.FLOAT, [256, k])
+    wv = ir.Value(name="proj.weight", const_value=ir.Tensor(w, name="proj.weight"), shape=ir.Shape([n, k]))
+    wv.dtype = ir.DataType.FLOAT
+    t = ir.node("Transpose", [wv], {"perm": [1, 0]})
+    mm = ir.node("MatMul", [xv, t.outputs[0]])
+    mm.outputs[0].name, mm.outputs[0].dtype = "y", ir.DataType.FLOAT
+
+    g = ir.Graph([xv], mm.outputs, nodes=[t, mm], initializers=[wv], opset_imports={"": 21})
+    proto = ir.to_proto(ir.Model(g, ir_version=10))
+
+    def model():
+        return ir.from_proto(proto)
+
+    feeds = [{"x": x}]
+    errors = {}
+    for method in ("rtn", "awq"):
+        m = model()
+        before = ir.to_proto(m).SerializeToString()
+        p = make_pass(f"int4:block=32,method={method}")
+        p.context.calibration = {p.context.graph: feeds}
+        p.apply(m)
+        errors[method] = check_models(before, m, feeds)[0].rel_l2
+    assert errors["awq"] < 0.8 * errors["rtn"], errors
+    assert len(find_weight_matmuls(model())) == 1
