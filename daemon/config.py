@@ -1,0 +1,201 @@
+"""edgekitd's configuration: one TOML file, every key with a default, command-line overrides on top.
+
+Kept apart from the server so that tests, the bench script and SIGHUP reloads read config the same way. The
+commented example with every key is `packaging/edgekitd.toml`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/edgekit/edgekitd.toml")
+DEFAULT_STATE_DIR = Path("/var/lib/edgekit")
+DEFAULT_SOCKET = Path("/run/edgekit/edgekitd.sock")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named bundle the daemon can serve."""
+
+    name: str
+    bundle: Path
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    state_dir: Path = DEFAULT_STATE_DIR
+    socket: Path = DEFAULT_SOCKET
+    socket_mode: int = 0o660
+    socket_group: str | None = None
+    tcp_enabled: bool = False
+    tcp_host: str = "127.0.0.1"
+    tcp_port: int = 8471
+    tcp_token_file: Path | None = None  # the bearer token TCP clients must send; required when tcp is on
+    variants: tuple[Variant, ...] = ()
+    active_variant: str | None = None
+    default_model_dir: Path | None = None  # source weights of the embedded default model (None: the packaged ones)
+    threads: int | None = None  # ONNX Runtime intra-op threads per loaded variant (None: physical cores)
+    workers: int = 1
+    max_queue: int = 16
+    retry_after_s: int = 5
+    sync_timeout_s: float = 300.0
+    drain_timeout_s: float = 30.0
+    job_retention_s: float = 7 * 24 * 3600.0
+    max_upload_bytes: int = 512 * 1024 * 1024
+    max_files: int = 4000
+    max_frames: int = 4000
+    max_pixels: int = 4096 * 4096
+    video_max_frames: int = 64
+    max_new_tokens_limit: int = 512
+    log_level: str = "info"
+    source: Path | None = None  # the file this was read from (None: defaults only)
+
+    def variant(self, name: str) -> Variant | None:
+        return next((v for v in self.variants if v.name == name), None)
+
+
+# TOML section.key -> DaemonConfig field, with the type each must have.
+_KEYS: dict[tuple[str, str], tuple[str, type | tuple[type, ...]]] = {
+    ("daemon", "state_dir"): ("state_dir", str),
+    ("daemon", "log_level"): ("log_level", str),
+    ("daemon", "threads"): ("threads", int),
+    ("listen", "socket"): ("socket", str),
+    ("listen", "socket_mode"): ("socket_mode", (int, str)),
+    ("listen", "socket_group"): ("socket_group", str),
+    ("listen", "tcp"): ("tcp_enabled", bool),
+    ("listen", "tcp_host"): ("tcp_host", str),
+    ("listen", "tcp_port"): ("tcp_port", int),
+    ("listen", "tcp_token_file"): ("tcp_token_file", str),
+    ("scheduler", "workers"): ("workers", int),
+    ("scheduler", "max_queue"): ("max_queue", int),
+    ("scheduler", "retry_after_s"): ("retry_after_s", int),
+    ("scheduler", "sync_timeout_s"): ("sync_timeout_s", (int, float)),
+    ("scheduler", "drain_timeout_s"): ("drain_timeout_s", (int, float)),
+    ("jobs", "retention_s"): ("job_retention_s", (int, float)),
+    ("limits", "max_upload_bytes"): ("max_upload_bytes", int),
+    ("limits", "max_files"): ("max_files", int),
+    ("limits", "max_frames"): ("max_frames", int),
+    ("limits", "max_pixels"): ("max_pixels", int),
+    ("limits", "video_max_frames"): ("video_max_frames", int),
+    ("limits", "max_new_tokens"): ("max_new_tokens_limit", int),
+    ("models", "active"): ("active_variant", str),
+    ("models", "default_model_dir"): ("default_model_dir", str),
+}
+_PATHS = {"state_dir", "socket", "tcp_token_file", "default_model_dir"}
+_POSITIVE = {"workers", "max_queue", "max_upload_bytes", "max_files", "max_frames", "max_pixels",
+             "video_max_frames", "max_new_tokens_limit", "retry_after_s"}
+_LOG_LEVELS = {"debug", "info", "warning", "error"}
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> DaemonConfig:
+    """Defaults <- the TOML file (if `path` is None, the default path when it exists) <- `overrides` by field name."""
+    values: dict[str, Any] = {}
+    source = None
+    if path is not None or DEFAULT_CONFIG_PATH.is_file():
+        source = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+        values = _read_toml(source)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in {f.name for f in fields(DaemonConfig)}:
+            raise ConfigError(f"unknown setting {key!r}")
+        values[key] = Path(value) if key in _PATHS else value
+    cfg = replace(DaemonConfig(), **values, source=source)
+    _check(cfg, source)
+    return cfg
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("config file not found", path) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"not valid TOML ({exc})", path) from None
+    out: dict[str, Any] = {}
+    for section, table in data.items():
+        if section == "variants":
+            out["variants"] = _variants(table, path)
+            continue
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}] must be a table", path)
+        for key, value in table.items():
+            spec = _KEYS.get((section, key))
+            if spec is None:
+                raise ConfigError(f"unknown key {section}.{key}", path)
+            name, kind = spec
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ConfigError(f"{section}.{key} has the wrong type ({type(value).__name__})", path)
+            if name == "socket_mode":
+                value = _mode(value, path)
+            out[name] = _resolve(Path(value), path) if name in _PATHS else value
+    return out
+
+
+def _variants(table: Any, path: Path) -> tuple[Variant, ...]:
+    if not isinstance(table, list):
+        raise ConfigError("variants must be an array of tables: [[variants]] name = ..., bundle = ...", path)
+    out = []
+    for i, item in enumerate(table):
+        if not isinstance(item, dict) or set(item) - {"name", "bundle"} or not all(
+                isinstance(item.get(k), str) and item.get(k) for k in ("name", "bundle")):
+            raise ConfigError(f"variants[{i}] needs exactly a string name and a string bundle", path)
+        out.append(Variant(item["name"], _resolve(Path(item["bundle"]), path)))
+    return tuple(out)
+
+
+def _resolve(value: Path, config_path: Path) -> Path:
+    """Relative paths in a config file are relative to the file, as a reader of the file would expect."""
+    return value if value.is_absolute() else (config_path.parent / value).resolve()
+
+
+def _mode(value: int | str, path: Path) -> int:
+    try:
+        return int(value, 8) if isinstance(value, str) else value
+    except ValueError:
+        raise ConfigError(f"listen.socket_mode must be octal like \"0660\", got {value!r}", path) from None
+
+
+def _check(cfg: DaemonConfig, path: Path | None) -> None:
+    for name in _POSITIVE:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}", path)
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ConfigError(f"threads must be >= 1, got {cfg.threads}", path)
+    for name in ("sync_timeout_s", "drain_timeout_s", "job_retention_s"):
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"{name} must be > 0", path)
+    if not 0 <= cfg.socket_mode <= 0o777:
+        raise ConfigError(f"socket_mode must be within 0o000..0o777, got {oct(cfg.socket_mode)}", path)
+    if not 0 < cfg.tcp_port < 65536:
+        raise ConfigError(f"tcp_port must be 1..65535, got {cfg.tcp_port}", path)
+    if cfg.tcp_enabled and cfg.tcp_token_file is None:
+        raise ConfigError("listen.tcp = true needs listen.tcp_token_file (TCP clients must send a bearer token)",
+                          path)
+    if cfg.log_level not in _LOG_LEVELS:
+        raise ConfigError(f"log_level must be one of {sorted(_LOG_LEVELS)}, got {cfg.log_level!r}", path)
+    names = [v.name for v in cfg.variants]
+    if len(set(names)) != len(names):
+        raise ConfigError("variant names must be unique", path)
+    if cfg.active_variant is not None and cfg.variants and cfg.active_variant not in names:
+        raise ConfigError(f"models.active names an unknown variant {cfg.active_variant!r}", path)
+
+
+def read_token(cfg: DaemonConfig) -> str | None:
+    """The TCP bearer token, read from its file (kept out of the config so the config can be world-readable)."""
+    if not cfg.tcp_enabled or cfg.tcp_token_file is None:
+        return None
+    try:
+        token = cfg.tcp_token_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the TCP token file ({exc.strerror})", cfg.tcp_token_file) from None
+    if len(token) < 16:
+        raise ConfigError("the TCP token must be at least 16 characters", cfg.tcp_token_file)
+    return token

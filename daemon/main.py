@@ -1,0 +1,125 @@
+"""`edgekitd`: parse flags, read the config, open the sockets, serve; systemd-style signals and notifications.
+
+SIGTERM/SIGINT: STOPPING=1, stop accepting, let in-flight requests and running reports finish (drain timeout),
+leave queued jobs in the store. SIGHUP: reload the config file. Exit status 0 after a clean stop, 1 when the
+model could not be loaded, 2 for a bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from edgekit.errors import EdgekitError
+
+from .config import DEFAULT_CONFIG_PATH, load_config, read_token
+
+log = logging.getLogger("edgekitd")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="edgekitd", description="edgekit's on-device report daemon")
+    p.add_argument("--config", "-c", help=f"TOML config file (default {DEFAULT_CONFIG_PATH} when it exists)")
+    p.add_argument("--state-dir", help="jobs, built bundles (default /var/lib/edgekit)")
+    p.add_argument("--socket", help="Unix socket path (default /run/edgekit/edgekitd.sock)")
+    p.add_argument("--tcp", action=argparse.BooleanOptionalAction, default=None, help="also listen on TCP")
+    p.add_argument("--tcp-host")
+    p.add_argument("--tcp-port", type=int)
+    p.add_argument("--tcp-token-file")
+    p.add_argument("--default-model-dir", help="weights of the default model served when no variant is configured")
+    p.add_argument("--workers", type=int)
+    p.add_argument("--max-queue", type=int)
+    p.add_argument("--threads", type=int, help="ONNX Runtime threads per variant")
+    p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--check-config", action="store_true", help="validate the config, print it, exit")
+    return p.parse_args(argv)
+
+
+def overrides_from(args: argparse.Namespace) -> dict:
+    return {"state_dir": args.state_dir, "socket": args.socket, "tcp_enabled": args.tcp, "tcp_host": args.tcp_host,
+            "tcp_port": args.tcp_port, "tcp_token_file": args.tcp_token_file,
+            "default_model_dir": args.default_model_dir, "workers": args.workers, "max_queue": args.max_queue,
+            "threads": args.threads, "drain_timeout_s": args.drain_timeout_s, "log_level": args.log_level}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides = overrides_from(args)
+    try:
+        cfg = load_config(args.config, overrides)
+        token = read_token(cfg)
+    except EdgekitError as err:
+        print(f"edgekitd: error: {err}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
+                        format="edgekitd[%(process)d] %(levelname)s %(message)s")
+    if args.check_config:
+        print(cfg)
+        return 0
+    return serve(cfg, overrides, token)
+
+
+def serve(cfg, overrides: dict, token: str | None) -> int:
+    import uvicorn
+
+    from .api import create_app
+    from .listen import open_listeners
+    from .service import Daemon
+
+    try:
+        daemon = Daemon(cfg, overrides=overrides)
+        sockets, how = open_listeners(cfg)
+    except EdgekitError as err:
+        log.error("%s", err)
+        return 2
+    app = create_app(daemon, token=token)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # STOPPING=1 at once, not after the connections drained
+            daemon.ready = False
+            daemon.notifier.stopping()
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, lifespan="on", access_log=False, log_level=cfg.log_level, loop="asyncio",
+                                   http="h11", timeout_graceful_shutdown=int(cfg.drain_timeout_s) or 1))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        loop = asyncio.get_running_loop()
+
+        async def heartbeat():
+            while True:
+                daemon.beat()
+                await asyncio.sleep(1.0)
+
+        def started(fut):
+            if fut.exception() is not None:
+                server.should_exit = True
+
+        beat = loop.create_task(heartbeat())
+        loop.run_in_executor(None, daemon.start).add_done_callback(started)
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, daemon.reload))
+        log.info("listening on %s", how)
+        try:
+            yield
+        finally:
+            beat.cancel()
+            await asyncio.to_thread(daemon.stop)
+
+    app.router.lifespan_context = lifespan
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises these after its shutdown: make that a no-op
+        signal.signal(sig, lambda *_: None)
+    server.run(sockets=sockets)
+    if cfg.socket and not how.startswith("socket activation"):
+        with contextlib.suppress(OSError):
+            cfg.socket.unlink()
+    return 1 if daemon.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

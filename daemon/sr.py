@@ -1,0 +1,125 @@
+"""DICOM Structured Report output: the report as a TID 2000-shaped Enhanced SR a PACS can store.
+
+Title LN 18748-4 "Diagnostic Imaging Report"; sections LN 59776-5 Findings (DCM 121071 Finding items) and
+LN 19005-8 Impressions (DCM 121073 Impression); the generating algorithm per TID 4019 (name, version, parameters)
+with a device observer context (TID 1002). The SR joins the source study (its Study Instance UID and patient
+module come from the evidence headers) and lists every source instance as evidence.
+
+Evidence is kept as a few header attributes per source instance (no pixels), because the SR must copy the patient
+and study identity; it lives only in the private state directory and is never logged.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+from pathlib import Path
+
+import pydicom
+from pydicom.dataset import Dataset
+
+from edgekit.errors import EdgekitError
+
+# What an SR needs from its source to be filed in the same study (patient, study, series, instance identity).
+EVIDENCE_KEYWORDS = (
+    "PatientName", "PatientID", "PatientBirthDate", "PatientSex", "StudyInstanceUID", "StudyDate", "StudyTime",
+    "StudyID", "AccessionNumber", "ReferringPhysicianName", "SeriesInstanceUID", "Modality", "SOPClassUID",
+    "SOPInstanceUID", "SpecificCharacterSet",
+)
+MAX_EVIDENCE = 10000
+
+
+class SrUnavailableError(EdgekitError):
+    code = "sr_unavailable"
+    http_status = 409
+
+
+def collect_evidence(study_path: Path) -> list[dict]:
+    """Header attributes of every DICOM instance in a file, folder or zip, as DICOM JSON; [] for a video."""
+    from edgekit.ingest import phi_guard
+
+    def read(src) -> dict | None:
+        try:
+            ds = pydicom.dcmread(src, stop_before_pixels=True, specific_tags=list(EVIDENCE_KEYWORDS))
+        except Exception:  # non-DICOM members were already reported (or skipped) by ingest
+            return None
+        if "SOPInstanceUID" not in ds or "StudyInstanceUID" not in ds:
+            return None
+        keep = Dataset()
+        for kw in EVIDENCE_KEYWORDS:
+            if kw in ds:
+                setattr(keep, kw, ds.data_element(kw).value)
+        return keep.to_json_dict()
+
+    out: list[dict] = []
+    with phi_guard():
+        if study_path.is_dir():
+            sources = (p for p in sorted(study_path.rglob("*")) if p.is_file())
+            out = [d for p in sources if (d := read(p)) is not None]
+        elif study_path.suffix.lower() == ".zip":
+            with zipfile.ZipFile(study_path) as zf:
+                for m in zf.infolist():
+                    if not m.is_dir() and len(out) < MAX_EVIDENCE:
+                        d = read(io.BytesIO(zf.read(m)))
+                        if d is not None:
+                            out.append(d)
+        else:
+            d = read(study_path)
+            out = [d] if d is not None else []
+    return out[:MAX_EVIDENCE]
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in re.split(r"(?<=\.)\s+", text) if s.strip()]
+
+
+def build_sr(report: dict, evidence: list[dict], *, algorithm_version: str, series_number: int = 901) -> Dataset:
+    """An Enhanced SR of `report` (the daemon's JSON report) in the source study given by `evidence`."""
+    import highdicom as hd
+    from highdicom.sr import (
+        AlgorithmIdentification, CodedConcept, ContainerContentItem, DeviceObserverIdentifyingAttributes,
+        ObserverContext, RelationshipTypeValues, TextContentItem,
+    )
+    from pydicom.sr.codedict import codes
+
+    if not evidence:
+        raise SrUnavailableError("a DICOM SR needs a DICOM source study; this report was made from a video")
+    sources = [Dataset.from_json(d) for d in evidence]
+    study_uids = {str(ds.StudyInstanceUID) for ds in sources}
+    if len(study_uids) != 1:
+        raise SrUnavailableError(f"the source instances belong to {len(study_uids)} studies; an SR references one")
+
+    contains = RelationshipTypeValues.CONTAINS
+    root = ContainerContentItem(name=CodedConcept("18748-4", "LN", "Diagnostic Imaging Report"), template_id="2000")
+    device = ObserverContext(
+        observer_type=codes.DCM.Device,
+        observer_identifying_attributes=DeviceObserverIdentifyingAttributes(
+            uid=hd.UID(), name="edgekitd", model_name=str(report.get("model", "edgekit"))),
+    )
+    algorithm = AlgorithmIdentification(
+        name=str(report.get("model", "edgekit")), version=algorithm_version,
+        parameters=[f"variant={report.get('variant', '')}", f"target={report.get('target', '')}"],
+    )
+    findings = ContainerContentItem(name=CodedConcept("59776-5", "LN", "Findings"), relationship_type=contains)
+    findings.ContentSequence = [
+        TextContentItem(name=CodedConcept("121071", "DCM", "Finding"), value=s[:1024], relationship_type=contains)
+        for s in (_sentences(report.get("findings_text", "")) or ["No findings reported."])
+    ]
+    impressions = ContainerContentItem(name=CodedConcept("19005-8", "LN", "Impressions"), relationship_type=contains)
+    impressions.ContentSequence = [
+        TextContentItem(name=CodedConcept("121073", "DCM", "Impression"), value=s[:1024], relationship_type=contains)
+        for s in (_sentences(report.get("impression", "")) or ["No impression reported."])
+    ]
+    root.ContentSequence = [*device, *algorithm, findings, impressions]
+    return hd.sr.EnhancedSR(
+        evidence=sources, content=root, series_instance_uid=hd.UID(), series_number=series_number,
+        sop_instance_uid=hd.UID(), instance_number=1, manufacturer="edgekit",
+        is_complete=True, is_final=False, is_verified=False,  # machine-written drafts: a clinician verifies them
+    )
+
+
+def sr_bytes(ds: Dataset) -> bytes:
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    return buf.getvalue()

@@ -1,0 +1,113 @@
+"""Helpers for tests and the bench: a tiny random-weights model directory and a daemon in a subprocess.
+
+Until the trained radreport-tiny weights are committed (and to keep tests fast after), tests serve a small model
+with random weights; the daemon builds it into a bundle the same way it builds the embedded default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .client import Client
+
+TINY = dict(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
+            vision_mlp=64, hidden=48, layers=2, heads=4, kv_heads=2, intermediate=96, max_positions=128)
+
+
+def write_tiny_model(out: Path, *, seed: int = 0, max_new_tokens: int = 24, full_size: bool = False) -> Path:
+    """A model directory `edgekit.build.build` accepts: random weights, a real tokenizer, the three configs.
+    `full_size`: radreport-tiny's real architecture (for timing), else a much smaller one (for fast tests)."""
+    from safetensors.numpy import save_file
+
+    from edgekit.export import random_weights
+    from edgekit.models.radreport_tiny.config import ModelConfig
+    from edgekit.models.radreport_tiny.tokenizer import EOS_ID, PAD_ID, PROMPT_TEMPLATE, SEP_ID, BOS_ID, \
+        train_tokenizer
+    from edgekit.models.synth import generate_study
+    from edgekit.preprocess import PreprocessConfig
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    texts = [r for i in range(12) for r in generate_study(i, "train").references]
+    tok = train_tokenizer(texts + ["CT: Follow-up.", "DX: Cough."], vocab_size=256)
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), **({} if full_size else TINY))
+    save_file(random_weights(cfg, seed), str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg.to_dict()))
+    tok.save(str(out / "tokenizer.json"))
+    (out / "generation_config.json").write_text(json.dumps({
+        "prompt_template": PROMPT_TEMPLATE, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "sep_token_id": SEP_ID,
+        "pad_token_id": PAD_ID, "max_new_tokens": max_new_tokens}))
+    PreprocessConfig(image_size=cfg.image_size, num_frames=cfg.num_frames).save(out / "preprocessor_config.json")
+    return out
+
+
+class DaemonProcess:
+    """`python -m edgekit.daemon` with a private state dir and socket; `stop()` sends SIGTERM, `kill()` SIGKILL."""
+
+    def __init__(self, state_dir: Path, model_dir: Path | None = None, *, config: Path | None = None,
+                 extra_args: list[str] = (), env: dict[str, str] | None = None, socket_path: Path | None = None):
+        self.state_dir = Path(state_dir)
+        self.socket = Path(socket_path) if socket_path else self.state_dir / "edgekitd.sock"
+        self.args = [sys.executable, "-m", "edgekit.daemon", "--state-dir", str(self.state_dir),
+                     "--socket", str(self.socket), "--threads", "1"]
+        if model_dir is not None:
+            self.args += ["--default-model-dir", str(model_dir)]
+        if config is not None:
+            self.args += ["--config", str(config)]
+        self.args += list(extra_args)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.client = Client(self.socket, timeout=60)
+        self.log = self.state_dir / "daemon.log"
+
+    def start(self, *, wait_ready: float | None = 90.0, **popen) -> "DaemonProcess":
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(popen.pop("args", self.args), env=self.env, stdout=self._logf,
+                                     stderr=subprocess.STDOUT, **popen)
+        if wait_ready:
+            self.wait_ready(wait_ready)
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"edgekitd exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if self.client.get("/v2/health/ready", timeout=5).status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"edgekitd not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._logf.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self._logf.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.stop(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()

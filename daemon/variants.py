@@ -1,0 +1,148 @@
+"""Variants: the named bundles the daemon serves, loaded and warmed on demand, one of them active.
+
+Switching loads and warms the new variant beside the old one before the active name moves, and a running report
+keeps the `Reporter` it started with, so no request is dropped or served half by one and half by the other.
+With no variant configured, the embedded default model is built once into the state directory and served.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.errors import BundleError, EdgekitError
+
+from .config import DaemonConfig, Variant
+
+log = logging.getLogger("edgekitd")
+
+DEFAULT_VARIANT = "default"
+
+
+class UnknownVariantError(EdgekitError):
+    code = "unknown_variant"
+    http_status = 404
+
+
+@dataclass
+class Loaded:
+    name: str
+    reporter: object  # edgekit.reporter.Reporter
+    load_ms: float
+    warm_ms: float
+
+
+def default_bundle(cfg: DaemonConfig, say=lambda _m: None) -> Path:
+    """The embedded model's cpu bundle in the state dir, rebuilt only when the source weights changed."""
+    from edgekit.build import build, default_model_dir
+    from edgekit.bundle import load_bundle, sha256_file
+
+    source = Path(cfg.default_model_dir) if cfg.default_model_dir else default_model_dir()
+    out = Path(cfg.state_dir) / "bundles" / "default-cpu"
+    weights = source / "model.safetensors"
+    if not weights.is_file():
+        raise BundleError("no variant is configured and the default model's weights are missing", weights)
+    if (out / "manifest.json").is_file():
+        try:
+            if load_bundle(out).manifest.provenance.get("source_weights_sha256") == sha256_file(weights):
+                return out
+        except BundleError:
+            log.warning("default bundle in the state dir is damaged; rebuilding it")
+    say("building the default model for cpu")
+    build("cpu", out, model_dir=source, parity=False, progress=lambda m: log.info("build: %s", m))
+    return out
+
+
+def warm(reporter) -> float:
+    """One short generation on a blank study so the first real request does not pay for lazy initialisation."""
+    from edgekit.generate import GenerationOptions
+    from edgekit.ingest import Study
+
+    size = reporter.preprocess_config.image_size
+    study = Study(frames=np.zeros((1, size, size), np.float32), modality="CT", uid_hash="uid:warmup", source="dicom")
+    t0 = time.perf_counter()
+    reporter.report(study, "warm-up", GenerationOptions(max_new_tokens=2))
+    return (time.perf_counter() - t0) * 1e3
+
+
+class VariantRegistry:
+    def __init__(self, cfg: DaemonConfig, say=lambda _m: None):
+        self._say = say
+        self._lock = threading.RLock()
+        self._loading: dict[str, threading.Lock] = {}
+        self.loaded: dict[str, Loaded] = {}
+        self.configure(cfg)
+
+    def configure(self, cfg: DaemonConfig) -> None:
+        """(Re)read the variant list; loaded variants that are still listed stay loaded."""
+        self.threads = cfg.threads
+        specs = {v.name: v for v in cfg.variants}
+        if not specs:
+            specs = {DEFAULT_VARIANT: Variant(DEFAULT_VARIANT, default_bundle(cfg, self._say))}
+        with self._lock:
+            self.specs = specs
+            for name in list(self.loaded):
+                if name not in specs:
+                    del self.loaded[name]
+            current = getattr(self, "active", None)
+            if cfg.active_variant in specs:
+                self.active = cfg.active_variant  # the config file wins on reload
+            elif current not in specs:
+                self.active = next(iter(specs))
+
+    def get(self, name: str | None = None) -> Loaded:
+        """The loaded variant `name` (default: the active one), loading and warming it first if needed."""
+        with self._lock:
+            name = name or self.active
+            if name not in self.specs:
+                raise UnknownVariantError(f"unknown variant {name!r} (known: {', '.join(sorted(self.specs))})")
+            if name in self.loaded:
+                return self.loaded[name]
+            gate = self._loading.setdefault(name, threading.Lock())
+        with gate:  # one load per variant; other variants keep serving meanwhile
+            with self._lock:
+                if name in self.loaded:
+                    return self.loaded[name]
+                spec = self.specs[name]
+            loaded = self._load(spec)
+            with self._lock:
+                self.loaded[name] = loaded
+            return loaded
+
+    def _load(self, spec: Variant) -> Loaded:
+        from edgekit.reporter import Reporter
+
+        self._say(f"loading variant {spec.name}")
+        t0 = time.perf_counter()
+        reporter = Reporter.from_bundle(spec.bundle, threads=self.threads)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        self._say(f"warming variant {spec.name}")
+        warm_ms = warm(reporter)
+        log.info("variant %s loaded in %.0f ms, warmed in %.0f ms", spec.name, load_ms, warm_ms)
+        return Loaded(spec.name, reporter, load_ms, warm_ms)
+
+    def activate(self, name: str) -> Loaded:
+        """Load and warm `name` beside the current one, then make it active."""
+        loaded = self.get(name)
+        with self._lock:
+            self.active = name
+        return loaded
+
+    def describe(self) -> list[dict]:
+        with self._lock:
+            out = []
+            for name, spec in sorted(self.specs.items()):
+                item = {"name": name, "bundle": str(spec.bundle), "active": name == self.active,
+                        "loaded": name in self.loaded}
+                if name in self.loaded:
+                    r = self.loaded[name].reporter
+                    item.update(model=r.bundle.name, target=r.bundle.target,
+                                load_ms=round(self.loaded[name].load_ms, 1),
+                                warm_ms=round(self.loaded[name].warm_ms, 1))
+                out.append(item)
+            return out

@@ -1,0 +1,221 @@
+"""edgekitd's HTTP API, served for real over its Unix socket by a daemon subprocess on a tiny random model."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from edgekit.daemon.client import study_files  # noqa: E402
+from edgekit.daemon.testing import DaemonProcess, write_tiny_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "models" / "samples"
+LIMIT = 4 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    root = tmp_path_factory.mktemp("edgekitd")
+    model = write_tiny_model(root / "model")
+    config = root / "edgekitd.toml"
+    config.write_text(f"[limits]\nmax_upload_bytes = {LIMIT}\n")
+    with DaemonProcess(root / "state", model, config=config).start() as d:
+        yield d
+
+
+def _ok_report(reply):
+    assert reply.status == 200, reply.body[:500]
+    body = reply.json()
+    for key in ("text", "findings_text", "impression", "findings", "variant", "timings", "study"):
+        assert key in body
+    assert body["variant"] == "default" and body["study"].startswith("uid:")
+    assert body["timings"]["new_tokens"] >= 1 and body["timings"]["total_ms"] > 0
+    return body
+
+
+def test_report_from_one_dicom_file(daemon):
+    body = _ok_report(daemon.client.report(SAMPLES / "cr_chest" / "image.dcm", "Cough."))
+    assert body["modality"] == "DX"
+
+
+def test_report_from_several_dicom_files_of_a_series(daemon):
+    assert _ok_report(daemon.client.report(SAMPLES / "ct_chest", "Follow-up."))["modality"] == "CT"
+
+
+def test_report_from_a_zip_of_a_series(daemon):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for p in sorted((SAMPLES / "ct_chest").glob("*.dcm")):
+            zf.write(p, f"series/{p.name}")
+    reply = daemon.client.post_study("/v1/reports", [("series.zip", buf.getvalue(), "application/zip")])
+    assert _ok_report(reply)["modality"] == "CT"
+
+
+def test_report_from_an_mp4(daemon):
+    assert _ok_report(daemon.client.report(SAMPLES / "us_cardiac" / "cine.mp4"))["modality"] == "XC"
+
+
+def test_same_input_same_report_and_text_format(daemon):
+    a = daemon.client.report(SAMPLES / "cr_chest" / "image.dcm", "Cough.").json()["text"]
+    files = study_files(SAMPLES / "cr_chest" / "image.dcm")
+    text = daemon.client.post_study("/v1/reports?format=text", files, {"prompt": "Cough."})
+    assert text.status == 200 and text.body.decode().strip() == a.strip()
+
+
+def test_sr_from_the_synchronous_route_reads_back(daemon):
+    import pydicom
+
+    reply = daemon.client.post_study("/v1/reports?format=sr", study_files(SAMPLES / "cr_chest" / "image.dcm"))
+    assert reply.status == 200 and reply.headers["content-type"] == "application/dicom"
+    ds = pydicom.dcmread(io.BytesIO(reply.body))
+    source = pydicom.dcmread(SAMPLES / "cr_chest" / "image.dcm", stop_before_pixels=True)
+    assert ds.Modality == "SR" and ds.StudyInstanceUID == source.StudyInstanceUID
+
+
+def _dicom_bytes(**change) -> bytes:
+    import pydicom
+
+    ds = pydicom.dcmread(SAMPLES / "cr_chest" / "image.dcm")
+    for k, v in change.items():
+        setattr(ds.file_meta, k, v)
+    buf = io.BytesIO()
+    ds.save_as(buf)
+    return buf.getvalue()
+
+
+def _empty_zip() -> bytes:
+    buf = io.BytesIO()
+    zipfile.ZipFile(buf, "w").close()
+    return buf.getvalue()
+
+
+CT1 = (SAMPLES / "ct_chest" / "IM0001.dcm").read_bytes()
+BAD_UPLOADS = {
+    "truncated_dicom": ([("a.dcm", CT1[:3000], "application/dicom")], {}, 400, "invalid_study"),
+    "not_dicom": ([("notes.dcm", b"hello, not dicom", "application/dicom")], {}, 400, "invalid_study"),
+    "unsupported_ts": ([("m.dcm", _dicom_bytes(TransferSyntaxUID="1.2.840.10008.1.2.4.100"), "application/dicom")],
+                       {}, 415, "unsupported_transfer_syntax"),
+    "oversized": ([("big.dcm", b"\0" * (LIMIT + (2 << 20)), "application/dicom")], {}, 413, "upload_too_large"),
+    "empty_zip": ([("s.zip", _empty_zip(), "application/zip")], {}, 400, "invalid_study"),
+    "corrupt_zip": ([("s.zip", b"PK\x03\x04" + b"junk" * 50, "application/zip")], {}, 400, "invalid_study"),
+    "corrupt_video": ([("v.mp4", b"\0\0\0\x18ftypmp42" + b"junk" * 100, "video/mp4")], {}, 400, "invalid_study"),
+    "mixed_upload": ([("a.dcm", CT1, "application/dicom"), ("v.mp4", b"x", "video/mp4")], {}, 400, "invalid_study"),
+    "unknown_variant": ([("a.dcm", CT1, "application/dicom")], {"variant": "nope"}, 404, "unknown_variant"),
+    "bad_temperature": ([("a.dcm", CT1, "application/dicom")], {"temperature": "hot"}, 422, "validation_error"),
+    "nan_temperature": ([("a.dcm", CT1, "application/dicom")], {"temperature": "nan"}, 422, "validation_error"),
+    "too_many_tokens": ([("a.dcm", CT1, "application/dicom")], {"max_new_tokens": "100000"}, 400,
+                        "validation_error"),
+    "no_files": ([], {"prompt": "x"}, 422, "validation_error"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_UPLOADS))
+@pytest.mark.parametrize("route", ["/v1/reports", "/v1/jobs"])
+def test_bad_input_is_a_4xx_json_error_and_the_daemon_stays_healthy(daemon, case, route):
+    files, fields, status, code = BAD_UPLOADS[case]
+    reply = daemon.client.post_study(route, files, fields)
+    assert (reply.status, reply.error_code) == (status, code), reply.body[:300]
+    assert reply.json()["error"]["message"]
+    assert daemon.client.get("/v2/health/ready").status == 200
+
+
+@pytest.mark.parametrize("method, url, body, headers, status, code", [
+    ("PUT", "/v1/variants/active", b"{not json", {"Content-Type": "application/json"}, 422, "validation_error"),
+    ("PUT", "/v1/variants/active", b'{"name": "nope"}', {"Content-Type": "application/json"}, 404,
+     "unknown_variant"),
+    ("PUT", "/v1/variants/active", b'[1, 2]', {"Content-Type": "application/json"}, 422, "validation_error"),
+    ("GET", "/v1/jobs/../../etc/passwd", None, {}, 404, "not_found"),
+    ("GET", "/v1/jobs/0123456789abcdef0123456789abcdef", None, {}, 404, "job_not_found"),
+    ("GET", "/v1/jobs/zzz/sr", None, {}, 404, "job_not_found"),
+    ("POST", "/v1/reports", b"garbage", {"Content-Type": "multipart/form-data; boundary=x"}, 400,
+     "bad_request"),
+    ("POST", "/v1/reports", b"{}", {"Content-Type": "application/json"}, 422, "validation_error"),
+    ("DELETE", "/v1/variants", None, {}, 405, "method_not_allowed"),
+])
+def test_bad_requests_are_json_errors(daemon, method, url, body, headers, status, code):
+    reply = daemon.client.request(method, url, body=body, headers=headers)
+    assert (reply.status, reply.error_code) == (status, code), reply.body[:300]
+
+
+def test_bad_idempotency_key_is_refused(daemon):
+    reply = daemon.client.post_study("/v1/jobs", study_files(SAMPLES / "cr_chest" / "image.dcm"),
+                                     headers={"Idempotency-Key": "no spaces/allowed"})
+    assert (reply.status, reply.error_code) == (400, "invalid_idempotency_key")
+
+
+def _wait_job(client, job_id, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["state"] in ("succeeded", "failed"):
+            return job
+        time.sleep(0.05)
+    raise TimeoutError(job_id)
+
+
+def test_job_with_idempotency_key_runs_once_and_gives_report_stream_and_sr(daemon):
+    import pydicom
+
+    files = study_files(SAMPLES / "ct_chest")
+    first = daemon.client.post_study("/v1/jobs", files, {"prompt": "Follow-up."}, headers={"Idempotency-Key": "k-1"})
+    assert first.status == 202 and first.headers["location"] == f"/v1/jobs/{first.json()['id']}"
+    again = daemon.client.post_study("/v1/jobs", files, {"prompt": "Follow-up."}, headers={"Idempotency-Key": "k-1"})
+    assert again.status == 200 and again.json()["id"] == first.json()["id"]
+    other = daemon.client.post_study("/v1/jobs", files, {"prompt": "Other."}, headers={"Idempotency-Key": "k-1"})
+    assert (other.status, other.error_code) == (409, "idempotency_key_reused")
+    job_id = first.json()["id"]
+    stream = daemon.client.get(f"/v1/jobs/{job_id}/stream")
+    events = [json.loads(x) for x in stream.body.decode().splitlines()]
+    assert stream.headers["content-type"].startswith("application/x-ndjson")
+    assert events[-1]["state"] == "succeeded" and events[-1]["report"]["text"] is not None
+    job = _wait_job(daemon.client, job_id)
+    assert job["attempts"] == 1 and job["report"]["modality"] == "CT" and "prompt" not in job
+    sr = daemon.client.get(f"/v1/jobs/{job_id}/sr")
+    assert sr.status == 200
+    ds = pydicom.dcmread(io.BytesIO(sr.body))
+    assert ds.StudyInstanceUID == pydicom.dcmread(SAMPLES / "ct_chest" / "IM0001.dcm").StudyInstanceUID
+    sse = daemon.client.get(f"/v1/jobs/{job_id}/stream?format=sse")
+    assert sse.body.decode().startswith("data: {")
+
+
+def test_sr_of_a_video_job_is_409(daemon):
+    reply = daemon.client.post_study("/v1/jobs", study_files(SAMPLES / "us_cardiac" / "cine.mp4"))
+    job = _wait_job(daemon.client, reply.json()["id"])
+    assert job["state"] == "succeeded"
+    sr = daemon.client.get(f"/v1/jobs/{job['id']}/sr")
+    assert (sr.status, sr.error_code) == (409, "sr_unavailable")
+
+
+def test_variants_health_metrics_and_openapi(daemon):
+    variants = daemon.client.get("/v1/variants").json()
+    assert variants["active"] == "default" and variants["variants"][0]["loaded"]
+    assert daemon.client.put_json("/v1/variants/active", {"name": "default"}).status == 200
+    assert daemon.client.get("/v2/health/live").json() == {"live": True}
+    metrics = daemon.client.get("/metrics").body.decode()
+    for name in ("edgekitd_requests_total", "edgekitd_queue_depth", "edgekitd_request_latency_seconds_bucket",
+                 "edgekitd_generated_tokens_total", 'edgekitd_reports_total{outcome="ok",variant="default"}'):
+        assert name in metrics
+    paths = daemon.client.get("/openapi.json").json()["paths"]
+    assert {"/v1/reports", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/stream", "/v1/variants",
+            "/v1/variants/active", "/v2/health/live", "/v2/health/ready", "/metrics"} <= set(paths)
+
+
+def test_no_patient_data_in_the_log(daemon):
+    import pydicom
+
+    daemon.client.report(SAMPLES / "cr_chest" / "image.dcm", "Cough.")
+    log = daemon.log.read_text()
+    for f in (SAMPLES / "cr_chest" / "image.dcm", SAMPLES / "ct_chest" / "IM0001.dcm"):
+        ds = pydicom.dcmread(f, stop_before_pixels=True)
+        for value in (str(ds.PatientName), ds.PatientID, ds.PatientBirthDate, ds.StudyInstanceUID,
+                      ds.AccessionNumber):
+            assert value not in log
+    assert "Cough." not in log and "Follow-up." not in log

@@ -1,0 +1,183 @@
+"""edgekitd under a (played) systemd: NOTIFY_SOCKET readiness/watchdog/stopping, socket activation on fd 3 and
+through `systemd-socket-activate`, SIGHUP reload, the Unix socket's mode, and the token-guarded TCP listener."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from edgekit.daemon.client import Client  # noqa: E402
+from edgekit.daemon.testing import DaemonProcess, write_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("model") / "m")
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory, model):
+    """A state dir whose default bundle is built once, shared so each daemon here starts in about a second."""
+    root = tmp_path_factory.mktemp("shared-state")
+    with DaemonProcess(root, model).start():
+        pass
+    return root
+
+
+def _copy_state(state: Path, dest: Path) -> Path:
+    shutil.copytree(state / "bundles", dest / "bundles")
+    return dest
+
+
+def _read(listener, until: str, timeout: float = 60) -> list[str]:
+    """Datagrams until one contains `until`; each as its list of lines."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listener.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            msg = listener.recv(4096).decode()
+        except TimeoutError:
+            break
+        got.append(msg)
+        if until in msg.splitlines():
+            return got
+    raise AssertionError(f"no {until} in {got}")
+
+
+def test_notify_ready_status_watchdog_and_stopping(tmp_path, state, model):
+    name = f"@edgekit-notify-{uuid.uuid4().hex}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(b"\0" + name[1:].encode())
+    env = {"NOTIFY_SOCKET": name, "WATCHDOG_USEC": "400000"}
+    d = DaemonProcess(_copy_state(state, tmp_path / "s"), model, env=env)
+    d.start(wait_ready=None)
+    try:
+        before = _read(listener, "READY=1")
+        statuses = [line for m in before for line in m.splitlines() if line.startswith("STATUS=")]
+        assert any("warming" in s for s in statuses) and any("loading" in s for s in statuses)
+        # READY=1 only once the model is warm: the ready endpoint already answers 200 at that point
+        assert d.client.get("/v2/health/ready").status == 200
+        t0 = time.monotonic()
+        pings = [m for m in _read(listener, "WATCHDOG=1") + _read(listener, "WATCHDOG=1")]
+        assert "WATCHDOG=1" in pings and time.monotonic() - t0 < 3
+        d.proc.send_signal(signal.SIGHUP)
+        reload_msgs = _read(listener, "READY=1")
+        assert any("RELOADING=1" in m for m in reload_msgs)
+        d.proc.send_signal(signal.SIGTERM)
+        assert any("STOPPING=1" in m for m in _read(listener, "STOPPING=1"))
+        assert d.proc.wait(30) == 0
+    finally:
+        d.kill()
+        listener.close()
+
+
+def _activated(tmp_path, state, model, sock: socket.socket) -> DaemonProcess:
+    """Start the daemon with `sock` as fd 3 and LISTEN_PID set to its own pid, as systemd does."""
+    d = DaemonProcess(_copy_state(state, tmp_path / "s"), model, socket_path=tmp_path / "unused.sock")
+    fd = sock.fileno()
+    args = ["/bin/sh", "-c", 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"', "sh", *d.args]
+    d.start(wait_ready=None, args=args, pass_fds=(3,), preexec_fn=lambda: os.dup2(fd, 3))
+    return d
+
+
+def test_socket_activation_serves_the_passed_fd(tmp_path, state, model):
+    path = tmp_path / "activated.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(16)
+    d = _activated(tmp_path, state, model, sock)
+    try:
+        d.client = Client(path)
+        d.wait_ready()
+        assert d.client.get("/v2/health/live").status == 200
+        assert not (tmp_path / "unused.sock").exists()  # it did not bind its own socket
+    finally:
+        d.stop()
+        sock.close()
+
+
+def test_systemd_socket_activate(tmp_path, state, model):
+    tool = shutil.which("systemd-socket-activate")
+    if tool is None:
+        pytest.skip("systemd-socket-activate is not installed (apt-get install systemd)")
+    path = tmp_path / "ssa.sock"
+    d = DaemonProcess(_copy_state(state, tmp_path / "s"), model, socket_path=tmp_path / "unused.sock")
+    d.start(wait_ready=None, args=[tool, "-l", str(path), *d.args])
+    try:
+        deadline = time.monotonic() + 10
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        d.client = Client(path)
+        d.wait_ready()  # the first connection makes the tool exec edgekitd with the socket as fd 3
+        assert d.client.get("/v1/variants").json()["active"] == "default"
+    finally:
+        d.stop()
+
+
+def test_unix_socket_mode_and_sighup_reload(tmp_path, state, model):
+    config = tmp_path / "edgekitd.toml"
+    config.write_text("[scheduler]\nmax_queue = 3\n")
+    d = DaemonProcess(_copy_state(state, tmp_path / "s"), model, config=config)
+    with d.start():
+        assert stat.S_IMODE(d.socket.stat().st_mode) == 0o660
+        assert d.client.get("/v2/health/ready").json()["max_queue"] == 3
+        config.write_text("[scheduler]\nmax_queue = 7\n")
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while d.client.get("/v2/health/ready").json().get("max_queue") != 7:
+            assert time.monotonic() < deadline, "config not reloaded"
+            time.sleep(0.1)
+    assert d.proc.returncode == 0 and not d.socket.exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tcp_listener_needs_the_bearer_token(tmp_path, state, model):
+    token = tmp_path / "token"
+    token.write_text("t0ken-" + uuid.uuid4().hex)
+    port = _free_port()
+    d = DaemonProcess(_copy_state(state, tmp_path / "s"), model,
+                      extra_args=["--tcp", "--tcp-port", str(port), "--tcp-token-file", str(token)])
+
+    def get(headers):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", "/v1/variants", headers=headers)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    with d.start():
+        assert get({})[0] == 401
+        assert get({"Authorization": "Bearer wrong"})[0] == 401
+        assert get({"Authorization": f"Bearer {token.read_text()}"})[0] == 200
+        assert d.client.get("/v1/variants").status == 200  # the Unix socket needs no token
+
+
+def test_bad_config_exits_2_with_one_line(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("[scheduler]\nworkers = 0\n")
+    out = subprocess.run([sys.executable, "-m", "edgekit.daemon", "--config", str(config)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "workers must be a positive integer" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
