@@ -23,7 +23,7 @@ WEIGHT_FILES = {
     "generation_config": "generation_config.json",
     "preprocessor_config": "preprocessor_config.json",
 }
-BUILDABLE_TARGETS = ("cpu",)
+BUILDABLE_TARGETS = ("cpu", "x1")
 
 
 def default_model_dir() -> Path:
@@ -80,6 +80,7 @@ def build(
     eval_data: Path | None = None,
     eval_limit: int | None = None,
     progress: Callable[[str], None] | None = None,
+    machine: Path | None = None,
 ) -> BuildResult:
     """Build a bundle of `model_dir` (default: the embedded radreport-tiny) for `target` at `out`."""
     if target not in BUILDABLE_TARGETS:
@@ -96,6 +97,11 @@ def build(
         graphs = export_default(model_dir, onnx_dir)
         steps.append({"name": "export", "params": {"opset": 21, "format": "onnx", "dtype": "float32"}})
         figures: dict = {}
+        x1_components: dict = {}
+        if target == "x1":
+            x1_components = _build_x1(onnx_dir, Path(tmp), figures, steps, say, machine)
+            graphs = type(graphs)(**{f: Path(tmp) / "x1-int4" / Path(getattr(graphs, f)).name
+                                     for f in ("vision_encoder", "embed_tokens", "decoder")})
         if parity:
             say("parity: ONNX Runtime against the PyTorch reference")
             figures["parity"] = measure_parity_figure(onnx_dir, model_dir)
@@ -104,6 +110,7 @@ def build(
             "embed_tokens": graphs.embed_tokens,
             "decoder": graphs.decoder,
             **{role: model_dir / fname for role, fname in WEIGHT_FILES.items()},
+            **x1_components,
         }
         size = sum(Path(p).stat().st_size for p in components.values())
         figures["size"] = {"bytes": size, "source": "sum of the bundle's component files"}
@@ -139,3 +146,57 @@ def measure_quality(bundle_path: Path, eval_data: Path, limit: int | None, say) 
         "n": o["n"],
         "source": f"edgekit eval on {eval_data.name} ({o['n']} studies), 95% bootstrap intervals",
     }
+
+
+def _int4_block(onnx_dir: Path) -> int:
+    """32 (the x1 default) when it divides every weight MatMul's K, else the largest block that does."""
+    import onnx
+
+    ks = set()
+    for f in onnx_dir.glob("*.onnx"):
+        m = onnx.load(str(f), load_external_data=False)
+        dims = {t.name: list(t.dims) for t in m.graph.initializer}
+        for n in m.graph.node:
+            if n.op_type == "Transpose" and n.input[0] in dims and len(dims[n.input[0]]) == 2:
+                ks.add(dims[n.input[0]][1])
+    return next((b for b in (32, 16) if all(k % b == 0 for k in ks)), 16)
+
+
+def _build_x1(onnx_dir: Path, tmp: Path, figures: dict, steps: list, say, machine_path: Path | None) -> dict:
+    """export -> INT4 (target x1) -> compile; returns the x1 components and stamps the figures."""
+    import time
+
+    from edgekit.passes.pipeline import run_pipeline
+    from edgekit.passes.registry import make_pass
+    from edgekit.targets.x1.backend import MACHINE_ROLE, PROGRAM_FILES, PROGRAM_ROLES
+    from edgekit.targets.x1.compiler import compile_model
+    from edgekit.targets.x1.machine import DEFAULT_MACHINE, load_machine
+
+    block = _int4_block(onnx_dir)
+    spec = f"int4:block={block},target=x1"
+    say(f"passes: {spec}")
+    result = run_pipeline(onnx_dir, tmp / "x1-int4", [make_pass(spec)], overwrite=True)
+    steps.append({"name": "int4", "params": {"block": block, "target": "x1"}, "seconds": round(result.seconds, 3)})
+    mach = load_machine(machine_path)
+    say(f"compile: X1 programs for machine {mach.machine.name} ({mach.short_hash})")
+    t0 = time.perf_counter()
+    programs = compile_model(tmp / "x1-int4", mach)
+    seconds = time.perf_counter() - t0
+    out = tmp / "x1-programs"
+    out.mkdir()
+    components, sizes = {}, {}
+    for graph, prog in programs.items():
+        path = prog.save(out / PROGRAM_FILES[graph])
+        components[PROGRAM_ROLES[graph]] = path
+        sizes[graph] = path.stat().st_size
+    machine_file = Path(machine_path) if machine_path else DEFAULT_MACHINE
+    components[MACHINE_ROLE] = machine_file
+    steps.append({"name": "x1_compile", "params": {"machine": mach.machine.name, "machine_hash": mach.hash}})
+    figures["x1_compile"] = {
+        "machine": mach.machine.name, "machine_hash": mach.hash, "compile_seconds": round(seconds, 3),
+        "program_bytes": sizes,
+        "host_partitions": {g: p.meta["host_partitions"] for g, p in programs.items()},
+        "instructions": {g: len(p.instructions) for g, p in programs.items()},
+        "source": "measured during this build: wall time of compile_model on the INT4 graphs; program file sizes",
+    }
+    return components

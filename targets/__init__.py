@@ -26,6 +26,10 @@ def load_backend(bundle, *, threads: int | None = None, profile_dir: str | Path 
             intra_op_threads=threads,
             profile_dir=profile_dir,
         )
+    if target == "x1":
+        from edgekit.targets.x1.backend import X1Backend
+
+        return X1Backend(bundle)
     if target in TARGETS:
         raise ConfigError(f"bundles for target '{target}' cannot run on this machine yet", bundle.root)
     raise ConfigError(f"unknown target '{target}' (known: {', '.join(TARGETS)})", bundle.root)

@@ -62,3 +62,51 @@ def estimate(
           "KV window / spilled tokens": f"{t['kv_window_tokens']} / {t['kv_spilled_tokens']}",
           "memory-bound time %": round(t["memory_bound_pct"], 1)}, False, title="per token")
     console.print(f"machine {mach.machine.name} {mach.short_hash} · analytic model, no weights read", markup=False)
+
+
+@app.command()
+def compile(  # noqa: A001 - the subcommand's name
+    model_dir: Annotated[Path, typer.Argument(help="Folder with the ONNX graphs (after the INT4 pass, target x1).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the .x1 programs.")] = Path("out/x1"),
+    machine: Annotated[Path | None, typer.Option("--machine", help="Machine description TOML (default: the "
+                                                 "bundled x1-default.toml).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Refuse nodes that would run on the host.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Compile the graphs of MODEL_DIR into X1 programs (one .x1 file per graph)."""
+    from edgekit.targets.x1.backend import PROGRAM_FILES
+    from edgekit.targets.x1.compiler import compile_model
+    from edgekit.targets.x1.machine import load_machine
+
+    mach = load_machine(machine)
+    programs = compile_model(model_dir, mach, strict=strict)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for graph, prog in programs.items():
+        path = prog.save(out / PROGRAM_FILES[graph])
+        rows.append({"graph": graph, "program": str(path), "bytes": path.stat().st_size,
+                     "instructions": len(prog.instructions), "host_partitions": prog.meta["host_partitions"],
+                     "compile_s": round(prog.meta["compile_seconds"], 3),
+                     "act_peak_kib": round(prog.memory_plan["act_peak_bytes"] / 1024, 1)})
+    emit(rows, as_json, title=f"X1 programs for {mach.machine.name} ({mach.short_hash})")
+
+
+@app.command()
+def inspect(
+    program: Annotated[Path, typer.Argument(help="An .x1 program file.")],
+    machine: Annotated[Path | None, typer.Option("--machine", help="Machine description TOML the program was "
+                                                 "compiled for (default: x1-default.toml).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Disassemble a program: one line per instruction (mnemonic, operands, ONNX symbol)."""
+    from edgekit.targets.x1.machine import load_machine
+    from edgekit.targets.x1.program import disassemble, load_program
+
+    prog = load_program(program, load_machine(machine))
+    rows = disassemble(prog)
+    if as_json:
+        emit({"header": prog.header, "meta": prog.meta, "host": prog.host, "instructions": rows}, True)
+        return
+    emit([{"#": r["index"], "mnemonic": r["mnemonic"], "queue": r["queue"], "operands": " ".join(r["operands"]),
+           "symbol": r["symbol"]} for r in rows], False,
+         title=f"{program.name}: ISA {prog.header['isa_version']}, machine {prog.machine_hash[:16]}")

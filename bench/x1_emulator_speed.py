@@ -1,0 +1,93 @@
+"""X1 emulator vs ONNX Runtime on the same INT4 bundle, side by side: wall time per report (the issue's <= 2x),
+greedy report identity, compile time, and the emulated time and energy per report.
+
+    python bench/x1_emulator_speed.py [--model-dir DIR] [--studies 4] [--json out/x1_emulator_speed.json]
+
+Without --model-dir it uses the committed radreport-tiny weights when present, else a random-weights model of
+radreport-tiny's real architecture (`write_tiny_model(full_size=True)`): timing is what this bench is for.
+The cpu side runs the very INT4 graphs the x1 programs were compiled from (blocked DequantizeLinear in ORT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-dir", type=Path)
+    ap.add_argument("--studies", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1, help="ORT intra-op threads (the emulator is single-threaded)")
+    ap.add_argument("--json", type=Path, default=Path("out/x1_emulator_speed.json"))
+    args = ap.parse_args()
+
+    from edgekit.build import build, default_model_dir
+    from edgekit.bundle import load_bundle, write_bundle
+    from edgekit.models.synth import write_split
+    from edgekit.reporter import Reporter
+
+    tmp = Path(tempfile.mkdtemp(prefix="x1-speed-"))
+    model_dir = args.model_dir
+    if model_dir is None:
+        model_dir = default_model_dir()
+        if not (model_dir / "model.safetensors").is_file():
+            from edgekit.daemon.testing import write_tiny_model
+
+            model_dir = write_tiny_model(tmp / "model", full_size=True, max_new_tokens=48)
+    t0 = time.perf_counter()
+    x1_path = build("x1", tmp / "x1", model_dir=model_dir, parity=False).bundle
+    build_s = time.perf_counter() - t0
+    x1 = load_bundle(x1_path)
+    cpu_roles = ("vision_encoder", "embed_tokens", "decoder", "tokenizer", "generation_config",
+                 "preprocessor_config", "model_config")
+    cpu_path = write_bundle(tmp / "cpu", {r: x1.component(r) for r in cpu_roles}, name=x1.name, target="cpu")
+    write_split(tmp / "data", "test", args.studies)
+    studies = [json.loads(line) for line in (tmp / "data" / "studies.jsonl").read_text().splitlines()]
+
+    rows, results = [], {}
+    for target, path in (("cpu", cpu_path), ("x1", x1_path)):
+        kw = {"threads": args.threads} if target == "cpu" else {}
+        rep = Reporter.from_bundle(path, **kw)
+        rep.report(tmp / "data" / studies[0]["path"])  # warm-up (first-call allocations)
+        if target == "x1":
+            rep.backend.history.clear()
+        texts, walls = [], []
+        for s in studies:
+            t = time.perf_counter()
+            r = rep.report(tmp / "data" / s["path"])
+            walls.append(time.perf_counter() - t)
+            texts.append(r.text)
+        results[target] = {"texts": texts, "wall_s": walls}
+        if target == "x1":
+            tot = rep.backend.totals()
+            results[target]["emulated_ms_per_report"] = tot["seconds"] * 1e3 / len(studies)
+            results[target]["emulated_mj_per_report"] = tot["energy_j"] * 1e3 / len(studies)
+    identical = sum(a == b for a, b in zip(results["cpu"]["texts"], results["x1"]["texts"]))
+    wall = {t: sum(results[t]["wall_s"]) / len(studies) for t in results}
+    ratio = wall["x1"] / wall["cpu"]
+    fig = x1.manifest.figures["x1_compile"]
+    summary = {
+        "model": str(model_dir), "studies": len(studies), "ort_threads": args.threads,
+        "wall_ms_per_report": {t: round(v * 1e3, 2) for t, v in wall.items()},
+        "emulator_vs_ort_ratio": round(ratio, 3), "greedy_reports_identical": f"{identical}/{len(studies)}",
+        "compile_seconds": fig["compile_seconds"], "build_seconds": round(build_s, 2),
+        "program_bytes": fig["program_bytes"], "machine_hash": fig["machine_hash"],
+        "emulated_ms_per_report": round(results["x1"]["emulated_ms_per_report"], 4),
+        "emulated_mj_per_report": round(results["x1"]["emulated_mj_per_report"], 4),
+    }
+    print(f"{'target':8} {'wall ms/report':>15}")
+    for t in ("cpu", "x1"):
+        print(f"{t:8} {wall[t] * 1e3:15.1f}")
+    print(f"emulator / ORT wall ratio: {ratio:.2f}x   greedy identical: {identical}/{len(studies)}   "
+          f"compile: {fig['compile_seconds']:.2f} s   emulated: {summary['emulated_ms_per_report']:.3f} ms, "
+          f"{summary['emulated_mj_per_report']:.3f} mJ per report")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({**summary, "texts": {t: results[t]["texts"] for t in results}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
