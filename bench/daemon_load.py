@@ -2,7 +2,9 @@
 
 Latency p50/p95/p99 and throughput at concurrency 1, 4 and 16 (synchronous POST /v1/reports of one DICOM file),
 and the daemon's overhead at concurrency 1: p50(daemon) / p50(in-process Reporter.report on the same bundle and
-file) - 1. Both sides use one ONNX Runtime thread and one model worker. Prints a table, writes JSON.
+file) - 1. Both sides use one ONNX Runtime thread and one model worker. Then the faults, counted: `kill -9` with
+durable jobs accepted and a restart (every accepted job must complete), and overload at 4x capacity (answers must
+be 2xx or 503 only; the daemon's RSS before/after and its peak; healthy afterwards). Prints tables, writes JSON.
 
     python bench/daemon_load.py [--model-dir DIR] [--requests 30] [--out bench/daemon_load.json]
 
@@ -37,19 +39,29 @@ def stats(latencies_s: list[float], wall_s: float) -> dict:
             "throughput_rps": len(ms) / wall_s}
 
 
-def in_process(bundle: Path, n: int) -> dict:
+def interleaved_c1(d: DaemonProcess, bundle: Path, n: int) -> tuple[dict, dict]:
+    """Concurrency 1, side by side: each round one request to the daemon, then the same report in-process, so both
+    see the same background load (measured minutes apart on a shared machine, the ratio was mostly noise)."""
     from edgekit.reporter import Reporter
 
+    files = study_files(STUDY)
     reporter = Reporter.from_bundle(bundle, threads=1)
     for _ in range(3):
         reporter.report(STUDY)
-    lat = []
-    t0 = time.perf_counter()
+        d.client.post_study("/v1/reports", files)
+    lat_in, lat_d, wall_in, wall_d, split = [], [], 0.0, 0.0, []
     for _ in range(n):
         t = time.perf_counter()
+        r = d.client.post_study("/v1/reports", files)
+        lat_d.append(time.perf_counter() - t)
+        split.append(r.json()["timings"])
+        t = time.perf_counter()
         reporter.report(STUDY)
-        lat.append(time.perf_counter() - t)
-    return stats(lat, time.perf_counter() - t0)
+        lat_in.append(time.perf_counter() - t)
+    inproc, daemon = stats(lat_in, sum(lat_in)), stats(lat_d, sum(lat_d))
+    daemon["server_split_p50_ms"] = {k: float(np.median([s[k] for s in split]))
+                                     for k in ("queue_ms", "generate_ms", "total_ms")}
+    return inproc, daemon
 
 
 def over_socket(d: DaemonProcess, n: int, concurrency: int) -> dict:
@@ -57,8 +69,8 @@ def over_socket(d: DaemonProcess, n: int, concurrency: int) -> dict:
 
     def one(_):
         t = time.perf_counter()
-        r = d.client.post_study("/v1/reports", files)
-        return time.perf_counter() - t, r.status
+        r = d.client.post_study("/v1/reports", files, timeout=600)
+        return time.perf_counter() - t, r.status, r.json().get("timings", {}) if r.status == 200 else {}
 
     for _ in range(3):
         one(0)
@@ -66,9 +78,81 @@ def over_socket(d: DaemonProcess, n: int, concurrency: int) -> dict:
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(one, range(n)))
     wall = time.perf_counter() - t0
-    out = stats([lat for lat, _ in results], wall)
-    out["statuses"] = {str(s): sum(1 for _, x in results if x == s) for s in {x for _, x in results}}
+    out = stats([lat for lat, _, _ in results], wall)
+    out["statuses"] = {str(s): sum(1 for _, x, _ in results if x == s) for s in {x for _, x, _ in results}}
+    out["server_split_p50_ms"] = {k: float(np.median([t[k] for _, _, t in results if t]))
+                                  for k in ("queue_ms", "generate_ms", "total_ms")}
     return out
+
+
+def rss_kib(pid: int) -> dict:
+    """Resident set now and its peak (VmHWM), from /proc."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {"rss_kib": int(fields["VmRSS"].split()[0]), "peak_kib": int(fields["VmHWM"].split()[0])}
+
+
+def kill9_recovery(state: Path, model: Path, n_jobs: int) -> dict:
+    """Accept `n_jobs` durable jobs, SIGKILL the daemon at once, restart on the same state dir, count them done."""
+    files = study_files(STUDY)
+    d = DaemonProcess(state, model, extra_args=["--max-queue", str(n_jobs)]).start(wait_ready=600)
+    ids = []
+    for i in range(n_jobs):
+        r = d.client.post_study("/v1/jobs", files, {"prompt": f"job {i}"}, headers={"Idempotency-Key": f"k9-{i}"})
+        assert r.status == 202, r.body
+        ids.append(r.json()["id"])
+    done_before = sum(d.client.get(f"/v1/jobs/{j}").json()["state"] == "succeeded" for j in ids)
+    d.kill()
+    t0 = time.perf_counter()
+    d2 = DaemonProcess(state, model).start(wait_ready=600)
+    ready_s = time.perf_counter() - t0
+    try:
+        recovered = d2.client.get("/v2/health/ready").json()["recovered_jobs"]
+        deadline = time.monotonic() + 600
+        while True:
+            states = [d2.client.get(f"/v1/jobs/{j}").json()["state"] for j in ids]
+            if all(s in ("succeeded", "failed") for s in states) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        all_done_s = time.perf_counter() - t0
+    finally:
+        d2.stop()
+    return {"accepted": n_jobs, "finished_before_kill": done_before, "recovered_on_restart": recovered,
+            "succeeded": states.count("succeeded"), "failed": states.count("failed"),
+            "lost": n_jobs - states.count("succeeded") - states.count("failed"),
+            "restart_to_ready_s": ready_s, "restart_to_all_done_s": all_done_s}
+
+
+def overload(state: Path, model: Path, max_queue: int, waves: int) -> dict:
+    """4x capacity (one worker + `max_queue` waiting) at once, `waves` times; statuses, RSS, health after."""
+    files = study_files(STUDY)
+    capacity = 1 + max_queue
+    d = DaemonProcess(state, model, extra_args=["--max-queue", str(max_queue), "--workers", "1"]).start(
+        wait_ready=600)
+    try:
+        for _ in range(2):
+            d.client.post_study("/v1/reports", files)
+        before = rss_kib(d.proc.pid)
+
+        def one(_):
+            r = d.client.post_study("/v1/reports", files, timeout=600)
+            return r.status, r.headers.get("retry-after")
+
+        statuses: dict[str, int] = {}
+        t0 = time.perf_counter()
+        for _ in range(waves):
+            with ThreadPoolExecutor(4 * capacity) as pool:
+                for status, _ra in pool.map(one, range(4 * capacity)):
+                    statuses[str(status)] = statuses.get(str(status), 0) + 1
+        wall = time.perf_counter() - t0
+        after = rss_kib(d.proc.pid)
+        ready = d.client.get("/v2/health/ready")
+        healthy = ready.status == 200 and ready.json()["queue_depth"] == 0 and \
+            d.client.post_study("/v1/reports", files).status == 200
+    finally:
+        d.stop()
+    return {"capacity": capacity, "concurrency": 4 * capacity, "requests": 4 * capacity * waves, "statuses": statuses,
+            "only_2xx_503": set(statuses) <= {"200", "503"}, "wall_s": wall, "rss_before_kib": before["rss_kib"],
+            "rss_after_kib": after["rss_kib"], "rss_peak_kib": after["peak_kib"], "healthy_after": healthy}
 
 
 def main() -> None:
@@ -76,6 +160,9 @@ def main() -> None:
     ap.add_argument("--model-dir", type=Path)
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--tiny", action="store_true", help="the small test architecture instead of radreport-tiny's")
+    ap.add_argument("--kill9-jobs", type=int, default=12)
+    ap.add_argument("--overload-queue", type=int, default=4, help="max_queue of the overload run (capacity - 1)")
+    ap.add_argument("--overload-waves", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "daemon_load.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="edgekitd-bench-") as tmp:
@@ -86,22 +173,39 @@ def main() -> None:
                                    else write_tiny_model(tmp / "random", full_size=not args.tiny, max_new_tokens=96))
         d = DaemonProcess(tmp / "state", model, extra_args=["--max-queue", "64"]).start(wait_ready=600)
         try:
-            rows = {"in-process c=1": in_process(tmp / "state" / "bundles" / "default-cpu", args.requests)}
-            for c in (1, 4, 16):
+            rows = dict(zip(("in-process c=1", "daemon c=1"),
+                            interleaved_c1(d, tmp / "state" / "bundles" / "default-cpu", args.requests)))
+            for c in (4, 16):
                 rows[f"daemon c={c}"] = over_socket(d, args.requests * (1 if c == 1 else 2), c)
         finally:
             d.stop()
+        faults = {"kill9": kill9_recovery(tmp / "state", model, args.kill9_jobs),
+                  "overload": overload(tmp / "state", model, args.overload_queue, args.overload_waves)}
     base = rows["in-process c=1"]["p50_ms"]
     overhead = rows["daemon c=1"]["p50_ms"] / base - 1
-    result = {"model": str(model.name), "study": STUDY.name, "threads": 1, "workers": 1, "rows": rows,
+    trained = model == default_model_dir()
+    result = {"model": str(model.name), "weights": "trained" if trained else "random (radreport-tiny shape)"
+              if not args.tiny else "random (tiny test shape)", "study": STUDY.name, "threads": 1, "workers": 1,
+              "rows": rows, "faults": faults,
               "overhead_c1_p50": overhead,
               "overhead_c1_mean": rows["daemon c=1"]["mean_ms"] / rows["in-process c=1"]["mean_ms"] - 1}
-    print(f"{'mode':<16}{'n':>5}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'req/s':>9}{'x in-proc p50':>15}")
+    print(f"{'mode':<16}{'n':>5}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'req/s':>9}{'x in-proc p50':>15}"
+          f"{'gen p50 ms':>12}{'queue p50 ms':>14}")
     for name, r in rows.items():
+        split = r.get("server_split_p50_ms", {})
         print(f"{name:<16}{r['n']:>5}{r['p50_ms']:>10.1f}{r['p95_ms']:>10.1f}{r['p99_ms']:>10.1f}"
-              f"{r['throughput_rps']:>9.2f}{r['p50_ms'] / base:>15.2f}")
+              f"{r['throughput_rps']:>9.2f}{r['p50_ms'] / base:>15.2f}"
+              f"{split.get('generate_ms', float('nan')):>12.1f}{split.get('queue_ms', float('nan')):>14.1f}")
     print(f"daemon overhead at concurrency 1: {overhead * 100:+.1f}% (p50), "
           f"{result['overhead_c1_mean'] * 100:+.1f}% (mean); model {result['model']}")
+    k, o = faults["kill9"], faults["overload"]
+    print(f"kill -9: {k['accepted']} accepted, {k['finished_before_kill']} finished before the kill, "
+          f"{k['recovered_on_restart']} recovered on restart, {k['succeeded']} succeeded, {k['failed']} failed, "
+          f"{k['lost']} lost; ready {k['restart_to_ready_s']:.1f} s after restart, all done "
+          f"{k['restart_to_all_done_s']:.1f} s")
+    print(f"overload: {o['requests']} requests at concurrency {o['concurrency']} (4x capacity {o['capacity']}): "
+          f"{o['statuses']}; RSS {o['rss_before_kib'] / 1024:.0f} -> {o['rss_after_kib'] / 1024:.0f} MiB "
+          f"(peak {o['rss_peak_kib'] / 1024:.0f}); healthy after: {o['healthy_after']}")
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -7,6 +7,7 @@ is 503 with Retry-After. Logs carry the route, the status and the hashed study i
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -14,6 +15,7 @@ import re
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +31,7 @@ from edgekit.errors import EdgekitError
 from .jobs import TERMINAL, Job
 from .scheduler import Work
 from .service import Daemon
+from .streams import TokenStream
 from .sr import build_sr, collect_evidence, sr_bytes
 from .uploads import SavedStudy, UploadTooLargeError, save_uploads
 
@@ -39,6 +42,7 @@ JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 DICOM_MEDIA_TYPE = "application/dicom"
 Format = Literal["json", "text", "sr"]
 StreamFormat = Literal["ndjson", "sse"]
+STREAM_MEDIA = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
 
 
 class NotReadyError(EdgekitError):
@@ -187,6 +191,10 @@ def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
     app.build_middleware_stack = build_stack
 
     # --- helpers ------------------------------------------------------------------------------------------------
+    # Ingest (pydicom, PyAV) is partly pure Python: a few threads, not one per waiting upload, so a burst of uploads
+    # does not take the GIL from the model workers (measured: 16 parallel ingests slowed generation under load).
+    ingest_pool = ThreadPoolExecutor(max_workers=max(1, daemon.cfg.workers), thread_name_prefix="edgekitd-ingest")
+
     def scheduler():
         if not daemon.ready or daemon.scheduler is None:
             raise NotReadyError("the model is still loading; retry shortly")
@@ -206,8 +214,10 @@ def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
         request.scope["edgekit.saved"] = saved
         from edgekit.ingest import load_study
 
-        study = await asyncio.to_thread(load_study, saved.path, limits=daemon.limits())
-        evidence = await asyncio.to_thread(collect_evidence, saved.path) if keep_evidence else None
+        loop = asyncio.get_running_loop()
+        study = await loop.run_in_executor(ingest_pool, functools.partial(load_study, saved.path,
+                                                                          limits=daemon.limits()))
+        evidence = await loop.run_in_executor(ingest_pool, collect_evidence, saved.path) if keep_evidence else None
         return saved, study, evidence
 
     def render(report: dict, fmt: str, evidence: list[dict] | None) -> Response:
@@ -230,9 +240,13 @@ def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
         top_p: float = Form(1.0, gt=0.0, le=1.0),
         seed: int | None = Form(None, ge=0, le=2**32 - 1),
         format: Format = Query("json"),
+        stream: StreamFormat | None = Query(None, description="Stream the text as it is generated (json only)"),
     ):
         sched = scheduler()
         opts = options(max_new_tokens, temperature, top_p, seed)
+        if stream is not None and format != "json":
+            raise EdgekitError("stream needs format=json", code="validation_error")
+        variant = variant or daemon.registry.active  # a switch during the upload does not move this request
         sched.reserve()
         tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
         try:
@@ -241,8 +255,11 @@ def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
             except BaseException:
                 sched.release()
                 raise
-            work = Work(study_path=saved.path, prompt=prompt, options=opts, variant=variant, study=study)
+            work = Work(study_path=saved.path, prompt=prompt, options=opts, variant=variant, study=study,
+                        stream=TokenStream() if stream else None)
             future = sched.submit(work, reserved=True)
+            if stream:  # the study is in memory already: the upload folder can go now
+                return StreamingResponse(report_events(work, stream), media_type=STREAM_MEDIA[stream])
             try:
                 report = await asyncio.wait_for(asyncio.wrap_future(future), daemon.cfg.sync_timeout_s)
             except TimeoutError:
@@ -250,6 +267,29 @@ def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
             return render(report, format, evidence)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    async def report_events(work: Work, fmt: str):
+        """`token` events, then one `report` event (or an `error` event: the status line has already gone)."""
+        cursor = 0
+        deadline = time.monotonic() + daemon.cfg.sync_timeout_s
+        while not work.future.done() and time.monotonic() < deadline:
+            for delta in work.stream.since(cursor):
+                yield _event(fmt, {"event": "token", "index": cursor, "text": delta})
+                cursor += 1
+            await work.stream.wait(0.25)
+        for delta in work.stream.since(cursor):
+            yield _event(fmt, {"event": "token", "index": cursor, "text": delta})
+            cursor += 1
+        if not work.future.done():
+            yield _event(fmt, {"event": "error", "error": {"code": "timeout", "message": "no report in time"}})
+        elif isinstance(work.future.exception(), EdgekitError):
+            err = work.future.exception()
+            yield _event(fmt, {"event": "error", "status": err.http_status, "error": err.to_json()})
+        elif work.future.exception() is not None:
+            yield _event(fmt, {"event": "error", "status": 500,
+                               "error": {"code": "internal_error", "message": "internal error; the daemon logged it"}})
+        else:
+            yield _event(fmt, {"event": "report", "report": work.future.result()})
 
     # --- jobs ---------------------------------------------------------------------------------------------------
     @app.post("/v1/jobs", status_code=202, tags=["jobs"], summary="Queue a report (asynchronous, durable)")
@@ -327,26 +367,41 @@ def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
     async def get_job_sr(job_id: str):
         return await get_job(job_id, "sr")
 
-    @app.get("/v1/jobs/{job_id}/stream", tags=["jobs"], summary="State changes, then the report (NDJSON or SSE)")
+    @app.get("/v1/jobs/{job_id}/stream", tags=["jobs"],
+             summary="State changes, the report's text as it is generated, then the report (NDJSON or SSE)")
     async def stream_job(job_id: str, format: StreamFormat = Query("ndjson")):
         find(job_id)
+        return StreamingResponse(job_events(job_id, format), media_type=STREAM_MEDIA[format])
 
-        async def events():
-            last = None
-            while True:
-                job = await asyncio.to_thread(daemon.store.get, job_id)
-                if job is None:
-                    return
-                if job.state != last:
-                    last = job.state
-                    event = {"event": "state", **job.public()}
-                    yield (f"data: {json.dumps(event)}\n\n" if format == "sse" else json.dumps(event) + "\n")
-                if job.state in TERMINAL:
-                    return
+    async def job_events(job_id: str, fmt: str):
+        """`state` events as the job moves, a `token` event per text delta, and the final state with the report.
+        Deltas joined are the report's text; a job no longer streamed from memory replays it as one delta."""
+        last, cursor = None, 0
+        while True:
+            stream = daemon.streams.get(job_id)
+            seen = len(stream.since(0)) if stream is not None else 0  # before the state: tokens imply running
+            job = await asyncio.to_thread(daemon.store.get, job_id)
+            if job is None:
+                return
+            if job.state in TERMINAL:
+                rest = stream.since(cursor) if stream is not None else []
+                if stream is None and cursor == 0 and job.result:
+                    rest = [job.result["text"]]
+                for delta in rest:
+                    yield _event(fmt, {"event": "token", "index": cursor, "text": delta})
+                    cursor += 1
+                yield _event(fmt, {"event": "state", **job.public()})
+                return
+            if job.state != last:
+                last = job.state
+                yield _event(fmt, {"event": "state", **job.public()})
+            if stream is not None:
+                for delta in stream.since(cursor)[:seen - cursor]:
+                    yield _event(fmt, {"event": "token", "index": cursor, "text": delta})
+                    cursor += 1
+                await stream.wait(0.25)
+            else:
                 await asyncio.sleep(0.1)
-
-        media = "text/event-stream" if format == "sse" else "application/x-ndjson"
-        return StreamingResponse(events(), media_type=media)
 
     # --- variants -----------------------------------------------------------------------------------------------
     @app.get("/v1/variants", tags=["variants"])
@@ -381,6 +436,13 @@ def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
         return Response(daemon.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def _event(fmt: str, event: dict) -> str:
+    """One NDJSON line or one SSE message; SSE messages stay unnamed (the kind is in the JSON), so a browser's
+    EventSource.onmessage sees them all."""
+    data = json.dumps(event)
+    return f"data: {data}\n\n" if fmt == "sse" else data + "\n"
 
 
 def _job_links(public: dict) -> dict:

@@ -6,6 +6,7 @@ commented example with every key is `packaging/edgekitd.toml`.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, fields, replace
@@ -40,6 +41,7 @@ class DaemonConfig:
     variants: tuple[Variant, ...] = ()
     active_variant: str | None = None
     default_model_dir: Path | None = None  # source weights of the embedded default model (None: the packaged ones)
+    keep_alive_s: float = 300.0  # idle non-active variants unload after this long (< 0: never), as Ollama's 5 min
     threads: int | None = None  # ONNX Runtime intra-op threads per loaded variant (None: physical cores)
     workers: int = 1
     max_queue: int = 16
@@ -86,6 +88,7 @@ _KEYS: dict[tuple[str, str], tuple[str, type | tuple[type, ...]]] = {
     ("limits", "max_new_tokens"): ("max_new_tokens_limit", int),
     ("models", "active"): ("active_variant", str),
     ("models", "default_model_dir"): ("default_model_dir", str),
+    ("models", "keep_alive_s"): ("keep_alive_s", (int, float)),
 }
 _PATHS = {"state_dir", "socket", "tcp_token_file", "default_model_dir"}
 _POSITIVE = {"workers", "max_queue", "max_upload_bytes", "max_files", "max_frames", "max_pixels",
@@ -130,7 +133,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
             if spec is None:
                 raise ConfigError(f"unknown key {section}.{key}", path)
             name, kind = spec
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
                 raise ConfigError(f"{section}.{key} has the wrong type ({type(value).__name__})", path)
             if name == "socket_mode":
                 value = _mode(value, path)
@@ -172,6 +175,9 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
     for name in ("sync_timeout_s", "drain_timeout_s", "job_retention_s"):
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name} must be > 0", path)
+    if not math.isfinite(cfg.keep_alive_s):
+        raise ConfigError(f"keep_alive_s must be a number of seconds (negative: never unload), got "
+                          f"{cfg.keep_alive_s!r}", path)
     if not 0 <= cfg.socket_mode <= 0o777:
         raise ConfigError(f"socket_mode must be within 0o000..0o777, got {oct(cfg.socket_mode)}", path)
     if not 0 < cfg.tcp_port < 65536:

@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-queue", type=int)
     p.add_argument("--threads", type=int, help="ONNX Runtime threads per variant")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s")
+    p.add_argument("--keep-alive", type=float, dest="keep_alive_s",
+                   help="seconds before an idle non-active variant unloads (negative: never; default 300)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--check-config", action="store_true", help="validate the config, print it, exit")
     return p.parse_args(argv)
@@ -44,7 +46,8 @@ def overrides_from(args: argparse.Namespace) -> dict:
     return {"state_dir": args.state_dir, "socket": args.socket, "tcp_enabled": args.tcp, "tcp_host": args.tcp_host,
             "tcp_port": args.tcp_port, "tcp_token_file": args.tcp_token_file,
             "default_model_dir": args.default_model_dir, "workers": args.workers, "max_queue": args.max_queue,
-            "threads": args.threads, "drain_timeout_s": args.drain_timeout_s, "log_level": args.log_level}
+            "threads": args.threads, "drain_timeout_s": args.drain_timeout_s, "log_level": args.log_level,
+            "keep_alive_s": args.keep_alive_s}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +74,11 @@ def serve(cfg, overrides: dict, token: str | None) -> int:
     from .listen import open_listeners
     from .service import Daemon
 
+    # The model worker gives the GIL up in every ONNX Runtime call and must win it back ~200 times a report; with
+    # uploads parsed beside it, each wait can last the whole switch interval (default 5 ms). bench/daemon_load.py
+    # saw generation p50 rise 138 -> 231 ms at concurrency 4 with 5 ms, and throughput at c=4/16 +10-15% with 1 ms
+    # (on a busy shared 2-core machine: indicative, not settled).
+    sys.setswitchinterval(0.001)
     try:
         daemon = Daemon(cfg, overrides=overrides)
         sockets, how = open_listeners(cfg)

@@ -25,5 +25,12 @@ class Metrics:
         self.report_latency = Histogram("edgekitd_report_latency_seconds", "Study-to-report time by variant",
                                         ["variant"], buckets=LATENCY_BUCKETS, registry=r)
 
+        self.variant_loaded = Gauge("edgekitd_variant_loaded", "1 while a variant is loaded (keep-alive unloads)",
+                                    ["variant"], registry=r)
+
+    def set_loaded(self, loaded: set[str], known: set[str]) -> None:
+        for name in known:
+            self.variant_loaded.labels(name).set(1 if name in loaded else 0)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -47,6 +47,7 @@ class Work:
     study: object | None = None  # the already-ingested Study, when the route validated it up front
     limits: object | None = None
     cleanup: Path | None = None  # removed after the work ends (a durable job's input files)
+    stream: object | None = None  # a streams.TokenStream fed with text deltas as the report is generated
     future: cf.Future = field(default_factory=cf.Future)
     accepted: float = field(default_factory=time.perf_counter)
 
@@ -97,7 +98,10 @@ class Scheduler:
             self.metrics.queue_depth.set(self._pending)
 
     def submit(self, work: Work, *, reserved: bool = False, force: bool = False) -> cf.Future:
-        """Queue `work` in a slot from `reserve()`, or take one now (`force`: recovered jobs, past the bound)."""
+        """Queue `work` in a slot from `reserve()`, or take one now (`force`: recovered jobs, past the bound).
+        Work without a variant is pinned to the one active now: a switch does not move accepted work."""
+        if work.variant is None:
+            work.variant = self.registry.active
         if not reserved:
             with self._lock:
                 if not force and self._pending >= self.max_queue:
@@ -151,47 +155,63 @@ class Scheduler:
                     self._idle.notify_all()
 
     def _run(self, work: Work) -> None:
-        from edgekit.generate import GenerationOptions
-        from edgekit.ingest import load_study
-
         self.metrics.queue_wait.observe(time.perf_counter() - work.accepted)
         if work.job_id:
             self.store.mark_running(work.job_id)
-        variant = "-"  # a metrics label only once the name is known to be configured
-        t0 = time.perf_counter()
         try:
-            loaded = self.registry.get(work.variant)
-            variant = loaded.name
-            study = work.study if work.study is not None else load_study(work.study_path, limits=work.limits)
-            reporter = loaded.reporter
-            gen = reporter.generation_config
-            opts = GenerationOptions(**{"max_new_tokens": gen.get("max_new_tokens", 128), **work.options})
-            if not opts.stop_token_ids:
-                opts.stop_token_ids = [reporter.generation_config["eos_token_id"]]
-            report = reporter.report(study, work.prompt, opts)
-            out = {**report.to_dict(), "variant": variant}
-            out["timings"]["queue_ms"] = (t0 - work.accepted) * 1e3
-            self.metrics.reports.labels(variant, "ok").inc()
-            self.metrics.tokens.labels(variant).inc(report.timings.get("new_tokens", 0))
-            self.metrics.report_latency.labels(variant).observe(time.perf_counter() - t0)
-            log.info("report %s variant=%s study=%s tokens=%d total_ms=%.0f", work.job_id or "sync", variant,
-                     report.study, report.timings.get("new_tokens", 0), out["timings"]["total_ms"])
+            with self.registry.hold(work.variant) as loaded:
+                out = self._report(work, loaded)
             if work.job_id:
                 self.store.finish(work.job_id, result=out)
             work.future.set_result(out)
         except EdgekitError as err:
-            self.metrics.reports.labels(variant, err.code).inc()
+            self.metrics.reports.labels(self._label(work), err.code).inc()
             log.info("report %s failed: %s", work.job_id or "sync", err.code)  # the code only: reasons may name files
             if work.job_id:
                 self.store.finish(work.job_id, error={**err.to_json(), "status": err.http_status})
             work.future.set_exception(err)
         except Exception as exc:  # a bug: keep the traceback in the log, give the client a stable code
-            self.metrics.reports.labels(variant, "internal_error").inc()
+            self.metrics.reports.labels(self._label(work), "internal_error").inc()
             log.exception("report %s crashed", work.job_id or "sync")
             if work.job_id:
                 self.store.finish(work.job_id, error={"code": "internal_error", "message": type(exc).__name__,
                                                       "status": 500})
             work.future.set_exception(exc)
         finally:
+            if work.stream is not None:
+                work.stream.close()  # after an error too: readers then see the job's final state
             if work.cleanup is not None:
                 shutil.rmtree(work.cleanup, ignore_errors=True)
+
+    def _label(self, work: Work) -> str:
+        """A metrics label only once the name is known to be configured (clients choose the name)."""
+        return work.variant if work.variant in self.registry.specs else "-"
+
+    def _report(self, work: Work, loaded) -> dict:
+        from edgekit.generate import GenerationOptions
+        from edgekit.ingest import load_study
+
+        from .streams import token_sink
+
+        t0 = time.perf_counter()
+        variant = loaded.name
+        study = work.study if work.study is not None else load_study(work.study_path, limits=work.limits)
+        reporter = loaded.reporter
+        gen = reporter.generation_config
+        opts = GenerationOptions(**{"max_new_tokens": gen.get("max_new_tokens", 128), **work.options})
+        if not opts.stop_token_ids:
+            opts.stop_token_ids = [gen["eos_token_id"]]
+        on_token = finish = None
+        if work.stream is not None:
+            on_token, finish = token_sink(reporter.tokenizer, work.stream)
+        report = reporter.report(study, work.prompt, opts, on_token=on_token)
+        out = {**report.to_dict(), "variant": variant}
+        out["timings"]["queue_ms"] = (t0 - work.accepted) * 1e3
+        self.metrics.reports.labels(variant, "ok").inc()
+        self.metrics.tokens.labels(variant).inc(report.timings.get("new_tokens", 0))
+        self.metrics.report_latency.labels(variant).observe(time.perf_counter() - t0)
+        log.info("report %s variant=%s study=%s tokens=%d total_ms=%.0f", work.job_id or "sync", variant,
+                 report.study, report.timings.get("new_tokens", 0), out["timings"]["total_ms"])
+        if finish is not None:
+            finish(report.text)  # the last delta (if any) and done, before the job reads as finished
+        return out

@@ -17,6 +17,7 @@ from .jobs import JobStore
 from .metrics import Metrics
 from .notify import Notifier
 from .scheduler import Scheduler, Work
+from .streams import StreamHub
 from .variants import VariantRegistry
 
 log = logging.getLogger("edgekitd")
@@ -35,8 +36,10 @@ class Daemon:
         self.ready = False
         self.failed: str | None = None
         self.recovered = 0
+        self.streams = StreamHub()
         self._heartbeat = time.monotonic()
         self._reload_lock = threading.Lock()
+        self._stopped = threading.Event()
 
     # --- status -------------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -55,7 +58,7 @@ class Daemon:
     def start(self) -> None:
         """Blocking: build/load/warm the active variant, start workers, requeue unfinished jobs, then READY=1."""
         try:
-            self.registry = VariantRegistry(self.cfg, say=self.say)
+            self.registry = VariantRegistry(self.cfg, say=self.say, on_change=self._loaded_changed)
             self.registry.get()
             self.scheduler = Scheduler(self.registry, self.store, self.metrics, workers=self.cfg.workers,
                                        max_queue=self.cfg.max_queue)
@@ -72,10 +75,21 @@ class Daemon:
         self.ready = True
         self.notifier.ready(self.summary(f"recovered {self.recovered} job(s), purged {purged}"))
         self.notifier.start_watchdog(self.loop_alive)
+        threading.Thread(target=self._keep_alive, name="edgekitd-keep-alive", daemon=True).start()
+
+    def _keep_alive(self) -> None:
+        """Unload idle variants; checks a few times per keep-alive period (at most every 5 s)."""
+        while not self._stopped.wait(min(5.0, max(0.05, abs(self.cfg.keep_alive_s) / 4))):
+            for name in self.registry.unload_idle():
+                self.notifier.status(self.summary(f"unloaded idle variant {name}"))
+
+    def _loaded_changed(self, loaded: set[str]) -> None:
+        self.metrics.set_loaded(loaded, set(self.registry.specs) if self.registry else loaded)
 
     def work_for(self, job) -> Work:
         return Work(study_path=Path(job.input), prompt=job.prompt, options=job.options, variant=job.variant,
-                    job_id=job.id, limits=self.limits(), cleanup=self.store.job_dir(job.id) / "input")
+                    job_id=job.id, limits=self.limits(), cleanup=self.store.job_dir(job.id) / "input",
+                    stream=self.streams.open(job.id))
 
     def limits(self):
         from edgekit.ingest import IngestLimits
@@ -105,6 +119,7 @@ class Daemon:
 
     def stop(self) -> None:
         self.ready = False
+        self._stopped.set()
         self.notifier.stopping()
         if self.scheduler is not None:
             drained = self.scheduler.drain(self.cfg.drain_timeout_s)

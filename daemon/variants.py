@@ -3,14 +3,18 @@
 Switching loads and warms the new variant beside the old one before the active name moves, and a running report
 keeps the `Reporter` it started with, so no request is dropped or served half by one and half by the other.
 With no variant configured, the embedded default model is built once into the state directory and served.
+
+Keep-alive (as Ollama's): a variant nobody has used for `keep_alive_s` is unloaded and loads again on the next
+request that names it. The active variant is pinned, so readiness keeps meaning "a warm model answers now".
 """
 
 from __future__ import annotations
 
 import logging
+import contextlib
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +39,8 @@ class Loaded:
     reporter: object  # edgekit.reporter.Reporter
     load_ms: float
     warm_ms: float
+    in_use: int = 0  # reports running on it now: never unloaded while > 0
+    last_used: float = field(default_factory=time.monotonic)
 
 
 def default_bundle(cfg: DaemonConfig, say=lambda _m: None) -> Path:
@@ -71,8 +77,9 @@ def warm(reporter) -> float:
 
 
 class VariantRegistry:
-    def __init__(self, cfg: DaemonConfig, say=lambda _m: None):
+    def __init__(self, cfg: DaemonConfig, say=lambda _m: None, on_change=None):
         self._say = say
+        self.on_change = on_change
         self._lock = threading.RLock()
         self._loading: dict[str, threading.Lock] = {}
         self.loaded: dict[str, Loaded] = {}
@@ -81,6 +88,7 @@ class VariantRegistry:
     def configure(self, cfg: DaemonConfig) -> None:
         """(Re)read the variant list; loaded variants that are still listed stay loaded."""
         self.threads = cfg.threads
+        self.keep_alive_s = cfg.keep_alive_s
         specs = {v.name: v for v in cfg.variants}
         if not specs:
             specs = {DEFAULT_VARIANT: Variant(DEFAULT_VARIANT, default_bundle(cfg, self._say))}
@@ -95,24 +103,67 @@ class VariantRegistry:
             elif current not in specs:
                 self.active = next(iter(specs))
 
-    def get(self, name: str | None = None) -> Loaded:
-        """The loaded variant `name` (default: the active one), loading and warming it first if needed."""
+    def get(self, name: str | None = None, *, hold: bool = False) -> Loaded:
+        """The loaded variant `name` (default: the active one), loading and warming it first if needed.
+        `hold`: count it in use (under the same lock that unloading takes), to be given back by `release`."""
         with self._lock:
             name = name or self.active
             if name not in self.specs:
                 raise UnknownVariantError(f"unknown variant {name!r} (known: {', '.join(sorted(self.specs))})")
             if name in self.loaded:
-                return self.loaded[name]
+                return self._touch(self.loaded[name], hold)
             gate = self._loading.setdefault(name, threading.Lock())
         with gate:  # one load per variant; other variants keep serving meanwhile
             with self._lock:
                 if name in self.loaded:
-                    return self.loaded[name]
+                    return self._touch(self.loaded[name], hold)
                 spec = self.specs[name]
             loaded = self._load(spec)
             with self._lock:
                 self.loaded[name] = loaded
-            return loaded
+                self._on_change()
+                return self._touch(loaded, hold)
+
+    @staticmethod
+    def _touch(loaded: Loaded, hold: bool) -> Loaded:
+        loaded.last_used = time.monotonic()
+        loaded.in_use += hold
+        return loaded
+
+    def release(self, loaded: Loaded) -> None:
+        with self._lock:
+            loaded.in_use -= 1
+            loaded.last_used = time.monotonic()
+
+    @contextlib.contextmanager
+    def hold(self, name: str | None = None):
+        """The variant for one report: loaded on demand, kept loaded until the report is done."""
+        loaded = self.get(name, hold=True)
+        try:
+            yield loaded
+        finally:
+            self.release(loaded)
+
+    def unload_idle(self, now: float | None = None) -> list[str]:
+        """Unload variants idle for the keep-alive (never the active one, never one in use); their names."""
+        if self.keep_alive_s < 0:
+            return []
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            idle = [name for name, item in self.loaded.items() if name != self.active and item.in_use == 0
+                    and now - item.last_used >= self.keep_alive_s]
+            for name in idle:
+                del self.loaded[name]  # a report that still holds its Reporter keeps it alive until it ends
+            if idle:
+                self._on_change()
+        for name in idle:
+            log.info("variant %s unloaded after %.0f s idle", name, self.keep_alive_s)
+        return idle
+
+    def _on_change(self) -> None:
+        """Hook for metrics: called under the lock whenever the set of loaded variants changes."""
+        if self.on_change is not None:
+            self.on_change(set(self.loaded))
 
     def _load(self, spec: Variant) -> Loaded:
         from edgekit.reporter import Reporter
@@ -128,21 +179,26 @@ class VariantRegistry:
 
     def activate(self, name: str) -> Loaded:
         """Load and warm `name` beside the current one, then make it active."""
-        loaded = self.get(name)
-        with self._lock:
-            self.active = name
+        with self.hold(name) as loaded:  # held: the keep-alive cannot unload it before it is active
+            with self._lock:
+                self.active = name
         return loaded
+
+    def _is_loading(self, name: str) -> bool:
+        gate = self._loading.get(name)
+        return gate is not None and gate.locked() and name not in self.loaded
 
     def describe(self) -> list[dict]:
         with self._lock:
             out = []
             for name, spec in sorted(self.specs.items()):
                 item = {"name": name, "bundle": str(spec.bundle), "active": name == self.active,
-                        "loaded": name in self.loaded}
+                        "loaded": name in self.loaded, "loading": self._is_loading(name)}
                 if name in self.loaded:
                     r = self.loaded[name].reporter
                     item.update(model=r.bundle.name, target=r.bundle.target,
                                 load_ms=round(self.loaded[name].load_ms, 1),
-                                warm_ms=round(self.loaded[name].warm_ms, 1))
+                                warm_ms=round(self.loaded[name].warm_ms, 1), in_use=self.loaded[name].in_use,
+                                idle_s=round(time.monotonic() - self.loaded[name].last_used, 1))
                 out.append(item)
             return out

@@ -9,7 +9,7 @@ seed reproduces a report on every target.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,6 +18,7 @@ import numpy as np
 from edgekit.errors import ConfigError, EdgekitError
 
 KV = list[tuple[np.ndarray, np.ndarray]]
+OnToken = Callable[[int, int], None]  # (token_id, index in the generated text), called as each token is kept
 
 
 class Backend(Protocol):
@@ -98,12 +99,16 @@ def _as_batch(prompt_ids, pixel_values) -> tuple[np.ndarray, np.ndarray]:
 
 
 def generate_batch(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions,
-                   prompt_attention_mask: np.ndarray | None = None) -> list[GenerationResult]:
+                   prompt_attention_mask: np.ndarray | None = None,
+                   on_token: OnToken | None = None) -> list[GenerationResult]:
     """Generate for a batch. Prompts of different lengths are left-padded, with `prompt_attention_mask` 0 on the
-    padding; positions count only kept tokens, as in training. All rows share one timing."""
+    padding; positions count only kept tokens, as in training. All rows share one timing. `on_token` (one-row
+    batches only) sees each kept token as soon as it is chosen, so a server can stream the report."""
     options.validate()
     ids, pv = _as_batch(prompt_ids, pixel_values)
     batch = ids.shape[0]
+    if on_token is not None and batch != 1:
+        raise EdgekitError(f"on_token streams one sequence, got a batch of {batch}")
     stops = np.asarray(list(options.stop_token_ids), dtype=np.int64)
     rng = np.random.default_rng(options.seed)
 
@@ -131,6 +136,8 @@ def generate_batch(backend: Backend, pixel_values, prompt_ids, options: Generati
                     reasons[row] = "stop_token"
                 else:
                     generated[row].append(int(token[row]))
+                    if on_token is not None:
+                        on_token(generated[row][-1], len(generated[row]) - 1)
                     if len(generated[row]) >= options.max_new_tokens:
                         reasons[row] = "max_new_tokens"
         if all(r is not None for r in reasons):
@@ -153,9 +160,11 @@ def generate_batch(backend: Backend, pixel_values, prompt_ids, options: Generati
     return [GenerationResult(generated[r], reasons[r], timings) for r in range(batch)]
 
 
-def generate(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions) -> GenerationResult:
-    """Generate one report: `pixel_values` (1, frames, 1, H, W), `prompt_ids` (1, seq) or (seq,)."""
+def generate(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions,
+             on_token: OnToken | None = None) -> GenerationResult:
+    """Generate one report: `pixel_values` (1, frames, 1, H, W), `prompt_ids` (1, seq) or (seq,).
+    `on_token(token_id, index)` is called for every token that ends up in `token_ids`, in order."""
     ids = np.asarray(prompt_ids)
     if ids.ndim == 2 and ids.shape[0] != 1:
         raise EdgekitError(f"generate takes one prompt, got a batch of {ids.shape[0]}: use generate_batch")
-    return generate_batch(backend, pixel_values, prompt_ids, options)[0]
+    return generate_batch(backend, pixel_values, prompt_ids, options, on_token=on_token)[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.bundle import Bundle, load_bundle
-from edgekit.generate import GenerationOptions, generate
+from edgekit.generate import GenerationOptions, OnToken, generate
 from edgekit.ingest import Study, load_study
 from edgekit.preprocess import PreprocessConfig, preprocess_frames
 from edgekit.targets import load_backend
@@ -82,7 +82,9 @@ class Reporter:
     def pixel_values(self, study: Study) -> np.ndarray:
         return preprocess_frames(study.frames, self.preprocess_config)[None]
 
-    def report(self, study: Study | str | Path, prompt: str = "", options: GenerationOptions | None = None) -> Report:
+    def report(self, study: Study | str | Path, prompt: str = "", options: GenerationOptions | None = None,
+               on_token: OnToken | None = None) -> Report:
+        """`on_token(token_id, index)` sees each report token as it is generated (the daemon streams them)."""
         from edgekit.models.synth import parse_report
 
         t0 = time.perf_counter()
@@ -95,7 +97,7 @@ class Reporter:
         opts = options or self.default_options
         if not opts.stop_token_ids:
             opts.stop_token_ids = [self.generation_config["eos_token_id"]]
-        result = generate(self.backend, pixels, ids, opts)
+        result = generate(self.backend, pixels, ids, opts, on_token=on_token)
         t3 = time.perf_counter()
         text = self.tokenizer.decode([int(t) for t in result.token_ids], skip_special_tokens=True).strip()
         findings_text, impression = split_sections(text)

@@ -29,7 +29,7 @@ def test_the_example_config_parses_and_matches_the_defaults(tmp_path):
     cfg = load_config(REPO / "packaging" / "edgekitd.toml")
     defaults = DaemonConfig()
     for name in ("socket", "socket_mode", "tcp_enabled", "tcp_host", "workers", "max_queue", "max_upload_bytes",
-                 "state_dir", "job_retention_s", "drain_timeout_s"):
+                 "state_dir", "job_retention_s", "drain_timeout_s", "keep_alive_s"):
         assert getattr(cfg, name) == getattr(defaults, name), name
 
 
@@ -48,6 +48,8 @@ def test_config_file_values_relative_paths_and_overrides(tmp_path):
     ("[scheduler]\nworkers = \"two\"\n", "scheduler.workers has the wrong type"),
     ("[scheduler]\nworkers = 0\n", "workers must be a positive integer"),
     ("[listen]\ntcp = true\n", "tcp_token_file"),
+    ("[models]\nkeep_alive_s = true\n", "models.keep_alive_s has the wrong type"),
+    ("[models]\nkeep_alive_s = nan\n", "keep_alive_s must be a number of seconds"),
     ("[listen\n", "not valid TOML"),
     ("[[variants]]\nname = \"a\"\n", "variants[0] needs"),
     ("[models]\nactive = \"zz\"\n[[variants]]\nname = \"a\"\nbundle = \"x\"\n", "unknown variant"),
@@ -192,3 +194,28 @@ def test_unit_files_verify():
                           str(units / "edgekitd.service")], capture_output=True, text=True, timeout=60)
     bad = [x for x in out.stderr.splitlines() if "edgekitd" in x and "Command" not in x and "executable" not in x]
     assert not bad, out.stderr
+
+
+# --- keep-alive -----------------------------------------------------------------------------------------------------
+def test_keep_alive_unloads_only_idle_non_active_variants_not_in_use(tmp_path):
+    from edgekit.daemon.config import Variant
+    from edgekit.daemon.variants import Loaded, VariantRegistry
+
+    cfg = DaemonConfig(state_dir=tmp_path, keep_alive_s=10.0, active_variant="a",
+                       variants=tuple(Variant(n, tmp_path / n) for n in "abc"))
+    changes = []
+    reg = VariantRegistry(cfg, on_change=changes.append)
+    for name in "abc":  # stand-ins for loaded reporters: unloading never touches them
+        reg.loaded[name] = Loaded(name, reporter=object(), load_ms=0.0, warm_ms=0.0, last_used=100.0)
+    held = reg.get("b", hold=True)  # b is serving a report
+    held.last_used = 100.0
+    assert reg.unload_idle(now=105.0) == []  # nobody idle for 10 s yet
+    assert reg.unload_idle(now=111.0) == ["c"]  # a is active, b is in use
+    assert changes[-1] == {"a", "b"}
+    reg.release(held)  # released now (monotonic clock), so b is fresh again
+    assert reg.unload_idle() == []
+    assert reg.unload_idle(now=held.last_used + 10.0) == ["b"]
+    assert set(reg.loaded) == {"a"}
+    reg.keep_alive_s = -1  # negative: never
+    reg.loaded["b"] = Loaded("b", reporter=object(), load_ms=0.0, warm_ms=0.0, last_used=0.0)
+    assert reg.unload_idle(now=1e9) == []
