@@ -64,7 +64,7 @@ def test_sampling_is_reproducible_with_a_seed(bundle_dir, capsys):
 def test_eval_on_a_small_split_scores_with_intervals(bundle_dir, tmp_path, capsys):
     from edgekit.models.synth import write_split
 
-    data = write_split(tmp_path / "split", "test", 16)
+    data = write_split(tmp_path / "split", "test", 16).parent
     out = tmp_path / "result.json"
     assert main(["eval", str(bundle_dir), "--data", str(data), "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -81,7 +81,7 @@ def test_eval_on_a_small_split_scores_with_intervals(bundle_dir, tmp_path, capsy
 def test_eval_records_an_unreadable_study_and_goes_on(bundle_dir, tmp_path, capsys):
     from edgekit.models.synth import write_split
 
-    data = write_split(tmp_path / "split", "test", 4)
+    data = write_split(tmp_path / "split", "test", 4).parent
     rows = [json.loads(x) for x in (data / "studies.jsonl").read_text().splitlines()]
     victim = data / rows[0]["path"]
     for f in (victim.rglob("*.dcm") if victim.is_dir() else [victim]):

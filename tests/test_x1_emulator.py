@@ -172,3 +172,146 @@ def test_kv_spill_gives_identical_results_and_counts_dram(int4_dir):
     assert dram > 0
     loads = [r for r in runs["small"][2] if r.mnemonic == "KVLD"]
     assert all(r.queue == "LOAD" for r in loads)
+
+
+# --- the speed work must not change numerics or emulated figures ---------------------------------------------
+def _fp16_reference(x):
+    return np.clip(x, -65504.0, 65504.0).astype(np.float16).astype(np.float32)
+
+
+def test_to_fp16_bit_arithmetic_is_identical_to_numpy_float16():
+    from edgekit.targets.x1.kernels import to_fp16
+
+    rng = np.random.default_rng(11)
+    bits = rng.integers(0, 2 ** 32, 400_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    scaled = np.concatenate([(rng.standard_normal(20_000) * 2.0 ** e).astype(np.float32) for e in range(-28, 18)])
+    h = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = h[np.abs(h.astype(np.float32)) < 65504]  # finite, with a finite FP16 neighbour above
+    up = np.nextafter(h, np.float16(np.inf)).astype(np.float64)
+    mid = ((h.astype(np.float64) + up) / 2).astype(np.float32)  # exact halfway points: ties to even
+    mid = mid[np.isfinite(mid)]
+    for x in (bits[~np.isnan(bits)], scaled, mid, np.nextafter(mid, np.float32(0)), h.astype(np.float32)):
+        assert x.size >= 2048  # the bit-arithmetic path
+        np.testing.assert_array_equal(to_fp16(x).view(np.uint32), _fp16_reference(x).view(np.uint32))
+
+
+def test_quantize_rows_fast_path_matches_the_plain_formula():
+    rng = np.random.default_rng(12)
+    rows = [rng.standard_normal((1, 64)), np.zeros((1, 64)), np.full((1, 64), 1e-41), rng.standard_normal((5, 64)),
+            np.concatenate([np.zeros((1, 64)), rng.standard_normal((1, 64)) * 1e-39])]
+    for x in rows:
+        x = x.astype(np.float32)
+        q, s = quantize_rows_int8(x)
+        s_ref = (np.abs(x).max(axis=-1, keepdims=True) / np.float32(127.0)).astype(np.float32)
+        q_ref = np.clip(np.rint(x / np.where(s_ref == 0, np.float32(1.0), s_ref)), -127, 127).astype(np.float32)
+        np.testing.assert_array_equal(s, s_ref)
+        np.testing.assert_array_equal(q.view(np.uint32), q_ref.view(np.uint32))
+
+
+def test_fused_int_gemm_columns_are_bit_identical_to_separate_gemms():
+    rng = np.random.default_rng(13)
+    k, g = 96, 32
+    parts = [IntGemm(rng.integers(-8, 8, (k, n)).astype(np.float32),
+                     (rng.random((n, k // g)) * 0.05 + 0.01).astype(np.float16), g) for n in (48, 16, 16)]
+    fused = IntGemm.fused(parts)
+    for m in (1, 7):
+        x = rng.standard_normal((1, m, k)).astype(np.float32)
+        mask = (rng.random(48) > 0.5).astype(np.float32)
+        whole = fused(x, np.concatenate([mask, np.ones(32, np.float32)]))
+        sep = [parts[0](x, mask), parts[1](x), parts[2](x)]
+        np.testing.assert_array_equal(whole.view(np.uint32), np.concatenate(sep, axis=-1).view(np.uint32))
+
+
+def test_erf_matches_the_plain_expression():
+    from edgekit.targets.x1.kernels import erf
+
+    x = np.random.default_rng(14).standard_normal(5000).astype(np.float32) * 3
+    a = np.abs(x).astype(np.float64)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t \
+        * np.exp(-a * a)
+    np.testing.assert_array_equal(erf(x), (np.sign(x) * y).astype(np.float32))
+
+
+# Totals of the fixed scenario below, recorded with the emulator before the speed work (per-instruction
+# interpretation, eager records): [cycles, energy_j, costed instructions] per call. The speed work (bound
+# closures, memoised costs, fused GEMMs, lazy records) must reproduce them exactly.
+PRE_OPTIMISATION_TOTALS = {
+    "default": [
+        [12065.87890625, 2.5795323433179002e-05, 59], [11859.183593749998, 2.5288195476543205e-05, 59],
+        [11859.546874999998, 2.5289042609722216e-05, 59], [11854.864062499999, 2.5179021813734566e-05, 59],
+        [11860.273437499998, 2.529073687608024e-05, 59], [11860.636718749998, 2.5291584009259256e-05, 59],
+        [11855.567187499999, 2.5180670989660484e-05, 59], [11861.363281249998, 2.5293278275617274e-05, 59],
+        [11861.726562499998, 2.5294125408796292e-05, 59], [11856.270312499999, 2.5182320165586416e-05, 59],
+        [11862.453124999998, 2.529581967515431e-05, 59], [11862.816406249998, 2.5296666808333325e-05, 59],
+        [11856.973437499999, 2.518396934151234e-05, 59], [7316.448958333333, 1.6513622080864197e-05, 35],
+        [200.5625, 4.015565111111111e-07, 1]],
+    "small_kv": [
+        [13688.791666666668, 2.904114895401234e-05, 59], [12053.40208333333, 2.567663245570987e-05, 59],
+        [12065.943749999997, 2.5701836359722215e-05, 59], [12005.710416666665, 2.5480714522067893e-05, 59],
+        [12091.02708333333, 2.5752244167746904e-05, 59], [12103.568749999997, 2.577744807175926e-05, 59],
+        [12029.460416666665, 2.5528457447993812e-05, 59], [12128.65208333333, 2.5827855879783938e-05, 59],
+        [12141.193749999997, 2.5853059783796292e-05, 59], [12454.804166666665, 2.7187581905401227e-05, 63],
+        [12567.87083333333, 2.75197430140432e-05, 63], [12580.412499999997, 2.754984080879629e-05, 63],
+        [12478.554166666665, 2.725000650354938e-05, 63], [10300.166666666668, 2.2481057497530863e-05, 35],
+        [206.0, 4.124315111111111e-07, 1]],
+}
+
+
+def _fixed_scenario(emu):
+    """Prefill 12 tokens, 12 decode steps (every third with heads masked), one vision and one embed call."""
+    rng = np.random.default_rng(7)
+    layers, heads = emu.layers, emu.heads
+    feeds = {"inputs_embeds": rng.standard_normal((1, 12, 48)).astype(np.float32),
+             "attention_mask": np.ones((1, 12), np.int64), "position_ids": np.arange(12)[None]}
+    for i in range(layers):
+        feeds[f"past_key_values.{i}.key"] = feeds[f"past_key_values.{i}.value"] = \
+            np.zeros((1, emu.kv_heads, 0, emu.head_dim), np.float32)
+    runs = [emu.run("decoder", feeds, kv_state=emu.new_kv(), want_present=False)]
+    kv = runs[0].kv_state
+    mask = np.ones((layers, heads), bool)
+    mask[0, 1] = mask[1, 3] = mask[1, 0] = False
+    for step in range(12):
+        pos = 12 + step
+        f = {"inputs_embeds": rng.standard_normal((1, 1, 48)).astype(np.float32),
+             "attention_mask": np.ones((1, pos + 1), np.int64), "position_ids": np.array([[pos]])}
+        runs.append(emu.run("decoder", f, kv_state=kv, want_present=False,
+                            head_mask=mask if step % 3 == 2 else None))
+        kv = runs[-1].kv_state
+    runs.append(emu.run("vision_encoder", {"pixel_values": rng.standard_normal((1, 2, 1, 32, 32)).astype(np.float32)}))
+    runs.append(emu.run("embed_tokens", {"input_ids": np.array([[1, 2, 3]], np.int64)}))
+    return runs
+
+
+@pytest.mark.parametrize("machine_kind", ["default", "small_kv"])
+def test_emulated_totals_are_those_recorded_before_the_speed_work(int4_dir, machine_kind):
+    m = load_machine() if machine_kind == "default" else _small_kv_machine(load_machine())
+    emu = Emulator(compile_model(int4_dir, m), m)
+    runs = _fixed_scenario(emu)
+    got = [[r.totals["cycles"], r.totals["energy_j"], r.totals["instructions"]] for r in runs]
+    assert got == PRE_OPTIMISATION_TOTALS[machine_kind]  # exact: same costs, same summation order
+    # records are built only when read, and agree with the running totals
+    r = runs[3]
+    assert r._records is None
+    assert len(r.records) == r.totals["instructions"]
+    assert max(x.start_cycle + x.cycles for x in r.records) == r.totals["cycles"]
+    assert sum(sum(x.energy_pj.values()) for x in r.records) * 1e-12 == r.totals["energy_j"]
+
+
+def test_overrides_replace_a_produced_value_before_its_consumers(int4_dir):
+    m = load_machine()
+    emu = Emulator(compile_model(int4_dir, m), m)
+    f = _feeds(np.random.default_rng(15), 5, 48, emu.layers, emu.kv_heads, emu.head_dim)
+    ids = emu.prepared["decoder"].ids
+    produced = {i for st in emu.prepared["decoder"].steps for i in st.out_ids}
+    name = next(n for n in ids if n.startswith("/model/layers.1/") and n.endswith("output_0") and ids[n] in produced
+                and "mlp" in n)
+    base = emu.run("decoder", f, capture={name})
+    value = base.captured[name]
+    same = emu.run("decoder", f, capture={name}, overrides={name: value.astype(np.float64)})
+    assert same.overridden == [name]
+    np.testing.assert_array_equal(same.outputs["logits"], base.outputs["logits"])
+    zero = emu.run("decoder", f, capture={name}, overrides={name: np.zeros_like(value), "not/a/value": value})
+    assert zero.overridden == [name] and not np.any(zero.captured[name])
+    assert not np.array_equal(zero.outputs["logits"], base.outputs["logits"])
+    assert zero.totals == {**base.totals, "host_partitions_s": zero.totals["host_partitions_s"]}

@@ -23,8 +23,11 @@ F32, I64 = ir.DataType.FLOAT, ir.DataType.INT64
 def rope_cos_sin(b: GraphBuilder, position_ids: ir.Value, spec: DecoderSpec) -> tuple[ir.Value, ir.Value]:
     """cos/sin (batch, 1, seq, head_dim) from position ids; HF LLaMA layout (frequencies repeated, not interleaved)."""
     scope = "/model/rotary_emb"
-    exponents = np.arange(0, spec.head_dim, 2, dtype=np.float32) / np.float32(spec.head_dim)
-    inv_freq = (1.0 / (float(spec.rope_theta) ** exponents.astype(np.float64))).astype(np.float32)
+    if spec.rope_inv_freq is not None:
+        inv_freq = np.asarray(spec.rope_inv_freq, np.float32)
+    else:
+        exponents = np.arange(0, spec.head_dim, 2, dtype=np.float32) / np.float32(spec.head_dim)
+        inv_freq = (1.0 / (float(spec.rope_theta) ** exponents.astype(np.float64))).astype(np.float32)
     pos = b.op(scope, "Unsqueeze", [b.op(scope, "Cast", [position_ids], {"to": F32}), b.const([-1])])
     freqs = b.op(scope, "Mul", [pos, b.const(inv_freq, np.float32)])  # (b, s, hd/2)
     emb = b.op(scope, "Concat", [freqs, freqs], {"axis": -1})

@@ -12,6 +12,8 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
+from edgekit.errors import EdgekitError
+
 EXTERNAL_DATA_THRESHOLD_BYTES = 1_500_000_000
 
 
@@ -31,6 +33,26 @@ def save_model(model: ir.Model, path: str | Path, *,
     else:
         ir.save(model, path)
     return path
+
+
+def check_external_data(model: ir.Model, path: str | Path) -> None:
+    """Refuse a graph whose external weights file is missing or shorter than its tensors claim, naming the file,
+    before anything reads it (ORT and onnx_ir would otherwise fail late, or deep inside a pass)."""
+    sizes: dict[Path, int] = {}
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if not isinstance(tensor, ir.ExternalTensor):
+            continue
+        data = Path(tensor.path)
+        if data not in sizes:
+            if not data.is_file():
+                raise EdgekitError(f"external data file {data.name} is missing (it holds this graph's weights)",
+                                   path, code="missing_external_data")
+            sizes[data] = data.stat().st_size
+        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
+        if sizes[data] < end:
+            raise EdgekitError(f"external data file {data.name} is truncated ({sizes[data]} bytes, tensor "
+                               f"{value.name} ends at {end})", path, code="missing_external_data")
 
 
 def non_default_domains(model: onnx.ModelProto) -> set[str]:

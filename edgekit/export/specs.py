@@ -30,6 +30,8 @@ class DecoderSpec:
     embed_tokens: str = "model.embed_tokens"
     final_norm: str = "model.norm"
     lm_head: str = "lm_head"  # "model.embed_tokens" for tied embeddings
+    # Rotary inverse frequencies when a rope scaling (linear, llama3) changes them; None: theta^(-2i/head_dim)
+    rope_inv_freq: tuple[float, ...] | None = None
 
     @classmethod
     def from_model_config(cls, c: ModelConfig) -> "DecoderSpec":

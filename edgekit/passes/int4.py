@@ -80,13 +80,14 @@ class Int4Pass(GraphPass):
             acts = {k: _subsample(v, ctx.seed) for k, v in capture_values(model, names, feeds).items()}
 
         scales = self._awq_scales(mms, acts) if cfg.method == "awq" else {}
-        weights = {id(m): m.kn().T for m in mms}  # (N, K)
+        # Weights are read per MatMul when quantized and released after (see `_release`), never all at once:
+        # with external data this keeps the pass at about one float weight in memory, whatever the model size.
         act_of = {id(m): m.activation.name for m in mms}  # fixed now: applying scales re-points activations
         clip = cfg.clip or (10 if cfg.method == "awq" else 0)
 
         def quantize(m: WeightMatMul, bits: int) -> QuantizedWeight:
             s = scales.get(act_of[id(m)])
-            w = weights[id(m)] if s is None else weights[id(m)] * s[None, :]
+            w = m.kn().T if s is None else m.kn().T * s[None, :]  # (N, K)
             imp = None
             if act_of[id(m)] in acts and cfg.method == "awq":
                 x = acts[act_of[id(m)]] if s is None else acts[act_of[id(m)]] / s
@@ -121,6 +122,8 @@ class Int4Pass(GraphPass):
             changes.nodes_removed += remove_if_unused(model, transpose)
             if m.weight.is_initializer() and not m.weight.uses():
                 model.graph.initializers.pop(m.weight.name, None)
+            if not m.weight.uses():  # replaced (remove_if_unused may already have dropped the initializer)
+                _release(m.weight)
         changes.notes = {
             "encoding": {"cpu": "MatMulNBits", "orin": "DequantizeLinear-int4", "x1": "DequantizeLinear-int4"}[
                 cfg.target],
@@ -195,6 +198,16 @@ class Int4Pass(GraphPass):
                 m.node.replace_input_with(0, mul.outputs[0])
             changes.nodes_added += 1
         return folded
+
+
+def _release(weight: ir.Value) -> None:
+    """Unmap a replaced external weight now, so its pages leave the process instead of piling up."""
+    release = getattr(weight.const_value, "release", None)
+    if release is not None:
+        try:
+            release()
+        except BufferError:  # a numpy view is still alive somewhere: the mapping goes with it later
+            pass
 
 
 def _norm_weight(producer: ir.Node | None, act: ir.Value, k: int) -> ir.Value | None:

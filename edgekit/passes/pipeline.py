@@ -20,11 +20,15 @@ import numpy as np
 import onnx_ir as ir
 
 from edgekit.errors import BundleError, ConfigError
-from edgekit.export.save import save_model
+from edgekit.export.save import check_external_data, save_model
 
-from .base import ALL_GRAPHS, GraphPass, OutputError, PassContext, PassFailedError, PassReport
+from .base import ALL_GRAPHS, GraphPass, OutputError, PassContext, PassFailedError, PassReport, initializer_bytes
 from .calibration import embedding_table, sample_feeds
-from .check import check_models
+from .check import IN_MEMORY_LIMIT_BYTES, check_models, snapshot
+
+# Above this many bytes of weights the numerical check (two ORT sessions of the graph, one after the other) is
+# skipped and the reason recorded in each report's notes; pass `check_max_bytes` to move the line.
+CHECK_MAX_BYTES = 12_000_000_000
 
 ROLE_FILES = {"decoder": "decoder_model_merged.onnx", "vision_encoder": "vision_encoder.onnx",
               "embed_tokens": "embed_tokens.onnx"}
@@ -64,9 +68,14 @@ def resolve_source(path: str | Path) -> Path:
 def run_pipeline(source: str | Path, out: str | Path, passes: Sequence[GraphPass], *,
                  calibration: dict[str, list[dict[str, np.ndarray]]] | None = None, check: bool = True,
                  check_samples: int = 4, overwrite: bool = False, seed: int = 0,
-                 on_pass: Callable[[GraphPass, str, str], None] | None = None) -> PipelineResult:
+                 on_pass: Callable[[GraphPass, str, str], None] | None = None,
+                 check_max_bytes: int = CHECK_MAX_BYTES) -> PipelineResult:
     """Apply `passes` (in order) to each graph they apply to; write graphs and every other file of `source`
-    to `out`. `on_pass(pass, graph, "start"|"done")` drives progress bars."""
+    to `out`. `on_pass(pass, graph, "start"|"done")` drives progress bars.
+
+    Graphs with external data are loaded lazily (memory-mapped) and checked for a missing or truncated data
+    file first. Past 1.5 GB of weights the check compares through files rather than serialized bytes (the source
+    graph itself for the first pass); past `check_max_bytes` it is skipped, with the reason in the reports."""
     if not passes:
         raise ConfigError("no passes given (use --pass NAME[:k=v,...] or --recipe FILE.toml)")
     src, out = resolve_source(source), Path(out)
@@ -94,17 +103,31 @@ def run_pipeline(source: str | Path, out: str | Path, passes: Sequence[GraphPass
                 _copy_graph(src / graph, tmp / graph)
                 continue
             model = ir.load(src / graph)
+            check_external_data(model, src / graph)
             feeds = (calibration or {}).get(graph) or sample_feeds(model, check_samples, seed=seed,
                                                                   embeddings=embeddings)
-            original = ir.to_proto(model).SerializeToString() if check else None
-            for p in mine:
+            size = initializer_bytes(model)
+            big = size > IN_MEMORY_LIMIT_BYTES
+            if not big:  # small graphs live in memory (so they serialize); big ones stay memory-mapped
+                ir.external_data.load_to_model(model)
+            checking = check and size <= check_max_bytes
+            skip_reason = (None if checking or not check else
+                           f"numerical check skipped: {size / 1e9:.1f} GB of weights exceeds check_max_bytes "
+                           f"({check_max_bytes / 1e9:.1f} GB)")
+            scratch = tmp / ".check"
+            original = (src / graph if big else snapshot(model, scratch)) if checking else None
+            for i, p in enumerate(mine):
                 ctx = PassContext(graph=graph, model_dir=src, calibration=dict(calibration or {}), seed=seed)
                 p.context = ctx
                 if on_pass:
                     on_pass(p, graph, "start")
-                before = ir.to_proto(model).SerializeToString() if check else None
+                before = None
+                if checking:  # the unchanged source file is the "before" of a big graph's first pass
+                    before = original if i == 0 else snapshot(model, scratch, f"before-{i}-{graph}")
                 report = p.apply(model, ctx)
-                if check:
+                if skip_reason:
+                    report.notes["check_skipped"] = skip_reason
+                if checking:
                     report.check = check_models(before, model, feeds)
                     report.check_samples = len(feeds)
                     worst = report.worst()
@@ -114,8 +137,9 @@ def run_pipeline(source: str | Path, out: str | Path, passes: Sequence[GraphPass
                 reports.append(report)
                 if on_pass:
                     on_pass(p, graph, "done")
-            if check and len(mine) > 1:
+            if checking and len(mine) > 1:
                 end_to_end[graph] = check_models(original, model, feeds)
+            shutil.rmtree(scratch, ignore_errors=True)
             save_model(model, tmp / graph)
         if out.exists():
             shutil.rmtree(out)

@@ -15,10 +15,9 @@ it reads, or that are graph outputs.
 How the device side is driven: a runner is anything with `run(feeds, capture, overrides) -> {name: array}`.
 `OrtRunner` runs a copy of the ONNX graph with the captured values added as extra graph outputs and each
 overridden value turned into a graph input (its producer's result is dropped). `EmulatorRunner` calls
-`Emulator.run(graph, {**feeds, **overrides}, capture=...)`: overrides are ONNX value names passed in `feeds`,
-which the emulator substitutes for its own result of that value (the instruction whose symbol produces it still
-runs; its output is replaced before any consumer reads it), and `capture` returns the emulator's value of each
-layer output. The reference values come from ORT on the same graph (or another FP32 graph with the same value
+`Emulator.run(graph, feeds, capture=..., overrides=...)`: the emulator substitutes each overridden ONNX value for
+its own result of that value (the instruction producing it still runs; its output is replaced before any consumer
+reads it), and `capture` returns the emulator's value of each layer output. The reference values come from ORT on the same graph (or another FP32 graph with the same value
 names: the unquantised export, for instance).
 """
 
@@ -26,7 +25,6 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -179,15 +177,12 @@ class OrtRunner:
 
 
 class EmulatorRunner:
-    """The X1 emulator on one graph, through `Emulator.run(graph, feeds, capture=...)`.
+    """The X1 emulator on one graph, through `Emulator.run(graph, feeds, capture=..., overrides=...)`.
 
-    Overrides (single mode): `Emulator.run` takes graph inputs only, so for the duration of one run the
-    emulator's instruction executor is wrapped so that an instruction producing an overridden ONNX value hands
-    the reference value (cast to the dtype the emulator stores it in) to its consumers instead of its own. A
-    value the program does not materialise (fused away) or keeps quantised cannot be substituted; those are
-    listed in `last_not_substituted`."""
-
-    _lock = threading.Lock()
+    Overrides (single mode) use the emulator's public `overrides` argument: an instruction producing an
+    overridden ONNX value hands the reference value (cast to the dtype the emulator stores it in) to its
+    consumers instead of its own. A value the program does not materialise (fused away) or keeps quantised cannot
+    be substituted; those are listed in `last_not_substituted`."""
 
     def __init__(self, emulator, graph: str):
         self.emulator, self.graph = emulator, graph
@@ -195,42 +190,14 @@ class EmulatorRunner:
 
     def run(self, feeds: Mapping[str, np.ndarray], capture, overrides: Mapping[str, np.ndarray] | None = None
             ) -> dict[str, np.ndarray]:
-        if overrides:
-            with self._lock:
-                result = self._run_substituted(feeds, capture, overrides)
-        else:
-            result = self.emulator.run(self.graph, dict(feeds), capture=set(capture))
+        result = self.emulator.run(self.graph, dict(feeds), capture=set(capture),
+                                   overrides=dict(overrides) if overrides else None)
+        done = set(getattr(result, "overridden", []) or [])
+        self.last_not_substituted = sorted(n for n in (overrides or {}) if n not in done)
         got = dict(getattr(result, "captured", {}) or {})
         for name, value in (getattr(result, "outputs", {}) or {}).items():
             got.setdefault(name, value)
         return got
-
-    def _run_substituted(self, feeds, capture, overrides):
-        from . import emulator as emu
-
-        ids = self.emulator.prepared[self.graph].ids
-        by_id = {ids[n]: np.asarray(v) for n, v in overrides.items() if n in ids}
-        missing = {n for n in overrides if n not in ids}
-        seen: set[int] = set()
-        original = emu._RunContext.execute
-
-        def execute(ctx, mnem, attr, ins, bound):
-            outs, cost = original(ctx, mnem, attr, ins, bound)
-            outs = list(outs)
-            for k, tid in enumerate(attr["out_ids"][: len(outs)]):
-                if tid in by_id and isinstance(outs[k], np.ndarray):
-                    outs[k] = by_id[tid].astype(outs[k].dtype).reshape(outs[k].shape)
-                    seen.add(tid)
-            return outs, cost
-
-        emu._RunContext.execute = execute
-        try:
-            result = self.emulator.run(self.graph, dict(feeds), capture=set(capture))
-        finally:
-            emu._RunContext.execute = original
-        missing |= {n for n in overrides if n in ids and ids[n] not in seen}
-        self.last_not_substituted = sorted(missing)
-        return result
 
 
 # ------------------------------------------------------------------------------------------------------------

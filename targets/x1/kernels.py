@@ -10,15 +10,54 @@ from __future__ import annotations
 import numpy as np
 
 FP16_MAX = 65504.0
+_FP16_MIN_NORMAL = np.float32(2.0 ** -14)
+_FP16_SUBNORMAL_STEP, _INV_FP16_SUBNORMAL_STEP = np.float32(2.0 ** -24), np.float32(2.0 ** 24)
+_BITWISE_FP16_FROM = 2048  # elements: below this numpy's own conversion is cheaper than the bit arithmetic
+_clip = getattr(getattr(np, "_core", None), "umath", np).clip if hasattr(getattr(getattr(np, "_core", None), "umath",
+                                                                                  None), "clip") else np.clip
+_SAFE_SCALE = 2.0 ** -100  # a row scale at least this (and finite) makes x / scale lie within +-127 exactly
 
 
 def to_fp16(x: np.ndarray) -> np.ndarray:
-    """FP16 storage: round half to even, saturating to +-65504, read back as FP32."""
-    return np.clip(x, -FP16_MAX, FP16_MAX).astype(np.float16).astype(np.float32)
+    """FP16 storage: round half to even, saturating to +-65504, read back as FP32.
+
+    Large float32 arrays round in float32 bit arithmetic instead of through numpy's float16 type, whose
+    conversion is scalar code on many builds (~14 ns per element): in the FP16 normal range, round-half-even of
+    the 23-bit mantissa to 10 bits (add 0xFFF plus the lowest kept bit, clear the low 13 bits; a carry moves into
+    the exponent exactly as FP16 rounding does); below 2^-14 FP16 is subnormal with a fixed step of 2^-24, so
+    the value is rint(x * 2^24) * 2^-24 (both scalings exact). Bit-identical to `astype(float16)` (the kernel
+    tests check it against it on edge cases and random bit patterns)."""
+    x = _clip(x, -FP16_MAX, FP16_MAX)  # the ufunc np.clip calls, without its Python wrapper
+    if x.dtype != np.float32 or x.size < _BITWISE_FP16_FROM:
+        return x.astype(np.float16).astype(np.float32)
+    u = x.view(np.uint32)
+    r = u >> 13
+    r &= 1
+    r += 0xFFF
+    r += u
+    r &= 0xFFFFE000
+    y = r.view(np.float32)
+    small = np.abs(x) < _FP16_MIN_NORMAL
+    if small.any():
+        y[small] = np.rint(x[small] * _INV_FP16_SUBNORMAL_STEP) * _FP16_SUBNORMAL_STEP
+    return y
 
 
 def quantize_rows_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dynamic per-row INT8: a_s = max|x| / 127 (zero row -> 0), q = clip(rint(x / a_s), -127, 127)."""
+    if x.dtype == np.float32:  # the same operations, in place where that saves a copy
+        scale = np.maximum.reduce(np.abs(x), axis=-1, keepdims=True)
+        scale /= np.float32(127.0)
+        if scale.size == 1 and _SAFE_SCALE <= float(scale.reshape(-1)[0]) < np.inf:
+            # one row with a normal, finite scale: |x| / (max|x| / 127) rounds to at most 127, so the clip and
+            # the zero guard are no-ops and are skipped (a decode step's common case)
+            q = x / scale
+            np.rint(q, out=q)
+            return q, scale
+        q = x / np.where(scale == 0, np.float32(1.0), scale)
+        np.rint(q, out=q)
+        _clip(q, np.float32(-127.0), np.float32(127.0), out=q)
+        return q, scale
     amax = np.abs(x).max(axis=-1, keepdims=True)
     scale = (amax / np.float32(127.0)).astype(np.float32)
     safe = np.where(scale == 0, np.float32(1.0), scale)
@@ -67,10 +106,24 @@ class IntGemm:
         qa, a_s = quantize_rows_int8(x2)  # (M, K), (M, 1)
         acc = np.matmul(qa.reshape(-1, self.groups, self.group).transpose(1, 0, 2), self.codes)  # (G, M, N) exact
         # y = sum_j acc_j * (s16_j * a_s), accumulated in increasing j (reduction over the outer axis is sequential)
-        y = np.add.reduce(acc * (self.scales * a_s[None]), axis=0)
+        acc *= self.scales * a_s[None]
+        y = np.add.reduce(acc, axis=0)
         if col_mask is not None:
-            y = y * col_mask
+            y *= col_mask
         return to_fp16(y).reshape(*lead, self.n)
+
+    @classmethod
+    def fused(cls, parts: list["IntGemm"]) -> "IntGemm":
+        """One GEMM over the concatenated output columns of GEMMs that read the same activations (Q/K/V,
+        gate/up): every output column is computed independently (exact integer accumulation, then an
+        elementwise rescale), so the column slices are bit-identical to the separate GEMMs, for one
+        activation quantisation and one matmul instead of several."""
+        g = cls.__new__(cls)
+        g.k, g.group, g.groups = parts[0].k, parts[0].group, parts[0].groups
+        g.codes = np.ascontiguousarray(np.concatenate([p.codes for p in parts], axis=-1))
+        g.scales = np.ascontiguousarray(np.concatenate([p.scales for p in parts], axis=-1))
+        g.n = g.codes.shape[-1]
+        return g
 
 
 class F16Gemm:
@@ -89,13 +142,31 @@ class F16Gemm:
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7, below FP32 resolution of GELU's output)."""
+    """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7, below FP32 resolution of GELU's output).
+
+    Evaluated in FP64 as `1 - poly(t) * t * exp(-a*a)`, t = 1 / (1 + p*a), operation by operation in place (the
+    same IEEE operations in the same order as the plain expression, without a temporary per step)."""
     s = np.sign(x)
     a = np.abs(x).astype(np.float64)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t \
-        * np.exp(-a * a)
-    return (s * y).astype(np.float32)
+    t = a * 0.3275911
+    t += 1.0
+    np.divide(1.0, t, out=t)
+    y = t * 1.061405429
+    y -= 1.453152027
+    y *= t
+    y += 1.421413741
+    y *= t
+    y -= 0.284496736
+    y *= t
+    y += 0.254829592
+    y *= t
+    np.multiply(a, a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    y *= a
+    np.subtract(1.0, y, out=y)
+    y *= s
+    return y.astype(np.float32)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

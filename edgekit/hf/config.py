@@ -1,0 +1,136 @@
+"""Hugging Face `config.json` -> edgekit's graph specs, refusing what the graph builders do not implement.
+
+Why refuse instead of guess: an unsupported option (a rope scaling we do not compute, an o_proj bias) would give
+a graph that runs but answers differently from the checkpoint — the silent accuracy loss this tool exists to
+prevent. Each refusal is one line naming config.json and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import ConfigError
+from edgekit.export.specs import DecoderSpec
+
+DECODER_TYPES = ("llama", "qwen2")
+VISION_TYPES = ("vit", "siglip_vision_model", "siglip")
+SUPPORTED_MODEL_TYPES = DECODER_TYPES + VISION_TYPES
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError("config.json not found", path)
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"not valid JSON ({exc.__class__.__name__})", path) from None
+    if not isinstance(cfg, dict):
+        raise ConfigError("not a JSON object", path)
+    return cfg
+
+
+def is_hf_model_dir(model_dir: str | Path) -> bool:
+    """A Hugging Face directory says what it is in config.json's `model_type` (edgekit's own configs do not)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(cfg, dict) and "model_type" in cfg
+
+
+def model_kind(cfg: dict[str, Any], model_dir: str | Path) -> str:
+    """'decoder' or 'vision'; anything else is refused in one line."""
+    mt = cfg.get("model_type")
+    if mt in DECODER_TYPES:
+        return "decoder"
+    if mt in VISION_TYPES:
+        return "vision"
+    raise ConfigError(f"model_type {mt!r} is not supported; edgekit imports {', '.join(SUPPORTED_MODEL_TYPES)}",
+                      Path(model_dir) / "config.json")
+
+
+def _get(cfg: dict, key: str, where: Path, kind=int):
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(f"{key} is missing", where)
+    try:
+        return kind(cfg[key])
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected a number, got {cfg[key]!r}", where) from None
+
+
+def rope_parameters(cfg: dict) -> dict[str, Any]:
+    """transformers 5 writes `rope_parameters` (theta inside); 4.x wrote `rope_theta` + `rope_scaling`."""
+    params = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    return params
+
+
+def rope_inv_freq(params: dict[str, Any], head_dim: int, where: Path) -> tuple[float, ...] | None:
+    """The rotary inverse frequencies when they differ from plain `theta^(-2i/d)` (None when they do not),
+    following transformers' `ROPE_INIT_FUNCTIONS` for the types that only rescale frequencies."""
+    rope_type = params["rope_type"]
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(f"rope_parameters.rope_type {rope_type!r} is not supported "
+                          f"(edgekit computes {', '.join(ROPE_TYPES)})", where)
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ConfigError("partial_rotary_factor other than 1.0 is not supported", where)
+    theta = float(params["rope_theta"])
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim)
+    if rope_type == "default":
+        return None
+    factor = float(params.get("factor", 1.0))
+    if rope_type == "linear":
+        return tuple(float(x) for x in inv / factor)
+    # llama3: long wavelengths slowed by `factor`, short kept, a smooth blend between
+    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    old_ctx = float(params["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv
+    out = np.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    out = np.where(medium, smoothed, out)
+    return tuple(float(x) for x in out)
+
+
+def decoder_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[str]) -> DecoderSpec:
+    """LLaMA / Qwen2 config -> DecoderSpec. `names` (the checkpoint's tensors) decide tied vs untied lm_head."""
+    where = Path(model_dir) / "config.json"
+    mt = cfg.get("model_type")
+    hidden, heads = _get(cfg, "hidden_size", where), _get(cfg, "num_attention_heads", where)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    if heads % kv_heads:
+        raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}", where)
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"hidden_act {act!r} is not supported (edgekit's decoder is SwiGLU with silu)", where)
+    if mt == "llama" and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
+        raise ConfigError("attention_bias/mlp_bias = true is not supported for llama (o_proj/MLP biases)", where)
+    if mt == "qwen2" and cfg.get("use_sliding_window"):
+        raise ConfigError("use_sliding_window = true is not supported (edgekit attends over the full cache)", where)
+    params = rope_parameters(cfg)
+    inv_freq = rope_inv_freq(params, head_dim, where)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    lm_head = "model.embed_tokens" if tied or "lm_head.weight" not in names else "lm_head"
+    return DecoderSpec(
+        hidden=hidden, layers=_get(cfg, "num_hidden_layers", where), heads=heads, kv_heads=kv_heads,
+        head_dim=head_dim, intermediate=_get(cfg, "intermediate_size", where),
+        vocab_size=_get(cfg, "vocab_size", where), rms_eps=_get(cfg, "rms_norm_eps", where, float),
+        rope_theta=float(params["rope_theta"]), qkv_bias=mt == "qwen2", lm_head=lm_head, rope_inv_freq=inv_freq,
+    )

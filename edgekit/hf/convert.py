@@ -1,0 +1,130 @@
+"""Convert a local Hugging Face directory (config.json + safetensors) into edgekit's ONNX graphs.
+
+Decoders (LLaMA, Qwen2) give `embed_tokens.onnx` + `decoder_model_merged.onnx` with a KV cache, in the same
+signature as radreport-tiny's graphs, so generation, passes and bundles take them unchanged. Vision models
+(ViT, SigLIP) give `vision_encoder.onnx` (pixel_values -> last_hidden_state).
+
+Memory stays bounded by the largest tensor: graphs are built against shape-only stand-ins, each initializer
+is then pointed at its checkpoint tensor lazily, and the writer reads, writes and drops one tensor at a time
+(weights above `external_data_threshold_bytes` go to `<graph>.onnx.data`). Output is assembled in a hidden
+sibling folder and moved into place only when every graph was written (and checked), so a failure never
+leaves a folder that looks converted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx_ir as ir
+
+from edgekit.errors import ConfigError
+from edgekit.export.decoder import build_decoder
+from edgekit.export.default import DECODER, EMBED_TOKENS, VISION_ENCODER
+from edgekit.export.embed import build_embed_tokens
+from edgekit.export.save import EXTERNAL_DATA_THRESHOLD_BYTES, save_model, validate
+from edgekit.export.specs import DecoderSpec
+
+from .checkpoint import CheckpointError, SafetensorsCheckpoint, ShapeOnlyWeights, attach_lazy_weights
+from .config import decoder_spec, model_kind, read_hf_config
+from .vision_tower import VisionTowerSpec, build_vision_tower, vision_tower_spec
+
+# files copied next to the graphs (config.json is renamed: edgekit's own config.json means a ModelConfig)
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+              "preprocessor_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+HF_CONFIG = "hf_config.json"
+
+
+@dataclass
+class HfConversion:
+    kind: str  # "decoder" | "vision"
+    model_type: str
+    out: Path
+    graphs: list[Path] = field(default_factory=list)
+    spec: DecoderSpec | VisionTowerSpec | None = None
+
+
+def expected_decoder_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
+    h, hd = spec.hidden, spec.head_dim
+    shapes = {f"{spec.embed_tokens}.weight": (spec.vocab_size, h), f"{spec.final_norm}.weight": (h,),
+              f"{spec.lm_head}.weight": (spec.vocab_size, h)}
+    for i in range(spec.layers):
+        p = f"{spec.layer_prefix}.{i}"
+        shapes.update({
+            f"{p}.input_layernorm.weight": (h,), f"{p}.post_attention_layernorm.weight": (h,),
+            f"{p}.self_attn.q_proj.weight": (spec.heads * hd, h), f"{p}.self_attn.k_proj.weight": (spec.kv_heads * hd, h),
+            f"{p}.self_attn.v_proj.weight": (spec.kv_heads * hd, h), f"{p}.self_attn.o_proj.weight": (h, spec.heads * hd),
+            f"{p}.mlp.gate_proj.weight": (spec.intermediate, h), f"{p}.mlp.up_proj.weight": (spec.intermediate, h),
+            f"{p}.mlp.down_proj.weight": (h, spec.intermediate),
+        })
+        if spec.qkv_bias:
+            shapes.update({f"{p}.self_attn.q_proj.bias": (spec.heads * hd,),
+                           f"{p}.self_attn.k_proj.bias": (spec.kv_heads * hd,),
+                           f"{p}.self_attn.v_proj.bias": (spec.kv_heads * hd,)})
+    return shapes
+
+
+def check_shapes(expected: dict[str, tuple[int, ...]], ckpt: SafetensorsCheckpoint) -> None:
+    """Every tensor the graph needs, present and of the shape config.json implies, before anything is built."""
+    problems = []
+    for name, shape in expected.items():
+        if name not in ckpt.entries:
+            problems.append(f"{name} is missing")
+        elif ckpt.shape(name) != shape:
+            problems.append(f"{name} has shape {ckpt.shape(name)}, config.json implies {shape}")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointError("checkpoint does not match config.json: " + "; ".join(problems[:3]) + more, ckpt.dir)
+
+
+def _write(model: ir.Model, ckpt: SafetensorsCheckpoint, path: Path, threshold: int) -> Path:
+    attach_lazy_weights(model, ckpt)
+    return save_model(model, path, external_data_threshold_bytes=threshold)
+
+
+def convert_hf(model_dir: str | Path, out_dir: str | Path, *,
+               external_data_threshold_bytes: int = EXTERNAL_DATA_THRESHOLD_BYTES, check: bool = True) -> HfConversion:
+    """Convert the Hugging Face model in `model_dir` into graphs in `out_dir` (created or updated)."""
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if not model_dir.is_dir():
+        raise ConfigError("model directory not found", model_dir)
+    cfg = read_hf_config(model_dir)
+    kind = model_kind(cfg, model_dir)
+    ckpt = SafetensorsCheckpoint(model_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    result = HfConversion(kind=kind, model_type=str(cfg["model_type"]), out=out_dir)
+    try:
+        written: list[Path] = []
+        if kind == "decoder":
+            spec = decoder_spec(cfg, model_dir, ckpt.entries)
+            check_shapes(expected_decoder_shapes(spec), ckpt)
+            stand_ins = ShapeOnlyWeights(ckpt)
+            written.append(_write(build_embed_tokens(stand_ins, spec), ckpt, tmp / EMBED_TOKENS,
+                                  external_data_threshold_bytes))
+            written.append(_write(build_decoder(stand_ins, spec), ckpt, tmp / DECODER, external_data_threshold_bytes))
+        else:
+            spec = vision_tower_spec(cfg, model_dir, ckpt.entries)
+            written.append(_write(build_vision_tower(ShapeOnlyWeights(ckpt), spec), ckpt, tmp / VISION_ENCODER,
+                                  external_data_threshold_bytes))
+        result.spec = spec
+        if check:
+            for p in written:
+                validate(p)
+        for name in SIDE_FILES:
+            if (model_dir / name).is_file():
+                shutil.copy2(model_dir / name, tmp / name)
+        shutil.copy2(model_dir / "config.json", tmp / HF_CONFIG)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for item in sorted(tmp.iterdir()):
+            if item.suffix == ".onnx":  # a stale weights file from an earlier, larger export must not linger
+                (out_dir / (item.name + ".data")).unlink(missing_ok=True)
+            os.replace(item, out_dir / item.name)
+        result.graphs = [out_dir / p.name for p in written]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
