@@ -81,8 +81,13 @@ def build(
     eval_limit: int | None = None,
     progress: Callable[[str], None] | None = None,
     machine: Path | None = None,
+    recipe: str | Path | None = None,
 ) -> BuildResult:
-    """Build a bundle of `model_dir` (default: the embedded radreport-tiny) for `target` at `out`."""
+    """Build a bundle of `model_dir` (default: the embedded radreport-tiny) for `target` at `out`.
+
+    `recipe` (a TOML file or the name of one in models/radreport_tiny/recipes/) runs its passes on the exported
+    graphs before the target's own steps: that is how the daemon's variants (fp16, int8, int4, sparse) are built.
+    """
     if target not in BUILDABLE_TARGETS:
         raise ConfigError(f"target '{target}' is not buildable yet (buildable: {', '.join(BUILDABLE_TARGETS)})")
     model_dir = Path(model_dir) if model_dir else default_model_dir()
@@ -97,6 +102,9 @@ def build(
         graphs = export_default(model_dir, onnx_dir)
         steps.append({"name": "export", "params": {"opset": 21, "format": "onnx", "dtype": "float32"}})
         figures: dict = {}
+        extra_components: dict = {}
+        if recipe is not None:
+            onnx_dir, graphs = _apply_recipe(recipe, onnx_dir, Path(tmp), steps, figures, extra_components, say)
         x1_components: dict = {}
         if target == "x1":
             x1_components = _build_x1(onnx_dir, Path(tmp), figures, steps, say, machine)
@@ -111,6 +119,7 @@ def build(
             "decoder": graphs.decoder,
             **{role: model_dir / fname for role, fname in WEIGHT_FILES.items()},
             **x1_components,
+            **extra_components,
         }
         size = sum(Path(p).stat().st_size for p in components.values())
         figures["size"] = {"bytes": size, "source": "sum of the bundle's component files"}
@@ -129,6 +138,36 @@ def build(
             provenance=provenance, figures=figures, archive=archive,
         )
     return BuildResult(bundle=path, figures=figures, steps=steps)
+
+
+def _apply_recipe(recipe, onnx_dir: Path, tmp: Path, steps: list, figures: dict, components: dict, say):
+    """Run a recipe's passes over the exported graphs; record each pass report; keep head-importance scores."""
+    import json
+
+    from edgekit.export.default import DECODER, EMBED_TOKENS, VISION_ENCODER, ExportedGraphs
+    from edgekit.passes.pipeline import run_pipeline
+    from edgekit.passes.recipe import load_recipe
+
+    r = load_recipe(recipe)
+    say(f"passes: recipe {r.name} ({', '.join(p.name for p in r.passes)})")
+    out = tmp / "optimized"
+    result = run_pipeline(onnx_dir, out, r.passes, overwrite=True)
+    reports = [rep.to_dict() for rep in result.reports]
+    for rep in reports:
+        scores = rep.get("notes", {}).pop("head_importance", None)
+        if scores is not None:
+            path = tmp / "head_importance.json"
+            path.write_text(json.dumps(scores, indent=1))
+            components["head_importance"] = path
+    steps.append({"name": "recipe", "params": {"recipe": r.name}, "passes": reports,
+                  "seconds": round(result.seconds, 3)})
+    figures["recipe"] = {
+        "name": r.name,
+        "end_to_end_error": result.provenance()["end_to_end_error"],
+        "source": "ONNX Runtime, the graphs before and after the recipe's passes on the pipeline's check inputs",
+    }
+    graphs = ExportedGraphs(vision_encoder=out / VISION_ENCODER, embed_tokens=out / EMBED_TOKENS, decoder=out / DECODER)
+    return out, graphs
 
 
 def measure_quality(bundle_path: Path, eval_data: Path, limit: int | None, say) -> dict:

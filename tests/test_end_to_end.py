@@ -136,3 +136,17 @@ def test_sample_ground_truth_is_consistent():
         parsed = parse_report(meta["references"][0])
         assert {(f.type, f.location) for f in parsed.findings} == _truth(SAMPLES / sample)
         assert all(isinstance(Finding(**f), Finding) for f in meta["findings"])
+
+
+def test_build_with_a_recipe_records_its_passes_and_still_reports(tmp_path, capsys):
+    out = tmp_path / "int4"
+    rc = main(["build", "--target", "cpu", "--recipe", "int4", "--no-parity", "-o", str(out), "--json"])
+    assert rc == 0
+    m = load_bundle(out).manifest
+    recipe_steps = [s for s in m.provenance["passes"] if s["name"] == "recipe"]
+    assert recipe_steps and recipe_steps[0]["passes"][0]["name"] == "int4"
+    assert m.figures["recipe"]["end_to_end_error"]
+    assert m.components["decoder"].bytes < 0.3 * (default_model_dir() / "model.safetensors").stat().st_size
+    capsys.readouterr()
+    assert main(["run", str(out), "--study", str(SAMPLES / "cr_chest"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"].startswith("FINDINGS:")
