@@ -144,8 +144,9 @@ def test_build_with_a_recipe_records_its_passes_and_still_reports(tmp_path, caps
     assert rc == 0
     m = load_bundle(out).manifest
     recipe_steps = [s for s in m.provenance["passes"] if s["name"] == "recipe"]
-    assert recipe_steps and recipe_steps[0]["passes"][0]["name"] == "int4"
-    assert m.figures["recipe"]["end_to_end_error"]
+    assert recipe_steps and recipe_steps[0]["passes"][0]["pass_name"] == "int4"
+    logits = [e for e in m.figures["recipe"]["end_to_end_error"]["decoder_model_merged.onnx"] if e["name"] == "logits"]
+    assert 0 < logits[0]["rel_l2"] < 0.2
     assert m.components["decoder"].bytes < 0.3 * (default_model_dir() / "model.safetensors").stat().st_size
     capsys.readouterr()
     assert main(["run", str(out), "--study", str(SAMPLES / "cr_chest"), "--json"]) == 0

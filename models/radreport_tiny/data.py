@@ -1,0 +1,254 @@
+"""Training data for radreport-tiny: synthetic studies -> cached pixel tensors + tokenised prompts and reports.
+
+Pixels go through `to_display` and `preprocess_frames`, the functions inference uses, so the model trains on
+exactly what it will see. Everything is a pure function of (split, index, seed, epoch): two runs build
+bit-identical batches. Preprocessed pixels are rounded to float16 whether or not they come from the on-disk
+cache, so a warm cache never changes a run's result. No torch here: batches are numpy arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import pickle
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.ingest.pixels import to_display
+from edgekit.preprocess import PreprocessConfig, preprocess_frames
+
+from .tokenizer import EOS_ID, PAD_ID, encode_prompt, encode_text
+
+IGNORE = -100  # label of positions that carry no loss (prompt, padding)
+
+
+def _finding_labels() -> tuple[tuple[str, str | None], ...]:
+    from edgekit.models.synth.findings import KINDS
+
+    pairs = {(f.type, loc) for k in KINDS for f in k.findings for loc in (f.locations or (None,))}
+    return tuple(sorted(pairs, key=lambda p: (p[0], p[1] or "")))
+
+
+FINDING_LABELS = _finding_labels()  # (type, location) pairs: the targets of the training-only finding probe
+_LABEL_INDEX = {p: i for i, p in enumerate(FINDING_LABELS)}
+
+
+def finding_label_vector(findings) -> np.ndarray:
+    """Multi-hot (type, location) presence of one study's findings."""
+    v = np.zeros(len(FINDING_LABELS), np.float32)
+    for f in findings:
+        v[_LABEL_INDEX[(f.type, f.location)]] = 1.0
+    return v
+VIDEO_MODALITY = "XC"  # what a cine loop served as MP4 is called at inference
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StudyText:
+    """The text side of one study: what the prompt says and every accepted phrasing of its report."""
+
+    index: int
+    modality: str
+    indication: str
+    references: tuple[str, ...]
+    is_cine: bool
+    findings: tuple  # synth.Finding, for evaluation
+    negatives: tuple[str, ...]
+
+
+@dataclass
+class SplitData:
+    split: str
+    pixels: np.ndarray  # float16 (n, frames, 1, S, S)
+    texts: list[StudyText]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def digest(self) -> str:
+        """sha256 over pixels and text: names the exact data a model was trained on."""
+        h = hashlib.sha256(self.pixels.tobytes())
+        for t in self.texts:
+            h.update(json.dumps([t.modality, t.indication, list(t.references)]).encode())
+        return h.hexdigest()
+
+
+def _default_generate(index: int, split: str):
+    from edgekit.models.synth import generate_study
+
+    return generate_study(index, split)
+
+
+def is_cine(study) -> bool:
+    """Ultrasound loops (more than one frame) are the studies also served as MP4 video."""
+    return study.modality == "US" and np.asarray(study.stored).shape[0] > 1
+
+
+def study_pixels(study, cfg: PreprocessConfig) -> np.ndarray:
+    """Model input of one synthetic study, through the same two functions inference uses."""
+    display = to_display(
+        study.stored,
+        slope=study.slope,
+        intercept=study.intercept,
+        center=study.center,
+        width=study.width,
+        photometric=study.photometric,
+    )
+    return preprocess_frames(display, cfg)
+
+
+def _make_one(args) -> tuple[np.ndarray, StudyText]:
+    index, split, cfg, generate = args
+    study = (generate or _default_generate)(index, split)
+    text = StudyText(
+        index=index,
+        modality=study.modality,
+        indication=study.indication,
+        references=tuple(study.references),
+        is_cine=is_cine(study),
+        findings=tuple(study.findings),
+        negatives=tuple(study.negatives),
+    )
+    return study_pixels(study, cfg).astype(np.float16), text
+
+
+def build_split(
+    split: str,
+    n: int,
+    cfg: PreprocessConfig,
+    *,
+    cache_dir: str | Path | None = None,
+    workers: int = 1,
+    generate: Callable | None = None,
+) -> SplitData:
+    """Generate and preprocess studies 0..n-1 of `split` (or read them from `cache_dir` when built before)."""
+    cache = None
+    if cache_dir is not None and generate is None:
+        key = hashlib.sha256(json.dumps([CACHE_VERSION, split, n, cfg.to_dict(), source_digest()]).encode())
+        cache = Path(cache_dir) / f"{split}-{n}-{key.hexdigest()[:16]}"
+        if (cache / "pixels.npy").exists() and (cache / "texts.pkl").exists():
+            pixels = np.load(cache / "pixels.npy")
+            texts = pickle.loads((cache / "texts.pkl").read_bytes())
+            return SplitData(split, pixels, texts)
+    jobs = [(i, split, cfg, generate) for i in range(n)]
+    if workers > 1 and n > 1:
+        # spawn, not fork: the parent may already run torch's OpenMP pool, which does not survive a fork
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            made = list(pool.map(_make_one, jobs, chunksize=max(1, n // (8 * workers))))
+    else:
+        made = [_make_one(j) for j in jobs]
+    pixels = np.stack([m[0] for m in made]) if made else np.zeros((0, cfg.num_frames, 1, cfg.image_size,
+                                                                      cfg.image_size), np.float16)
+    data = SplitData(split, pixels, [m[1] for m in made])
+    if cache is not None:
+        tmp = cache.with_name(cache.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        np.save(tmp / "pixels.npy", pixels)
+        (tmp / "texts.pkl").write_bytes(pickle.dumps(data.texts))
+        shutil.rmtree(cache, ignore_errors=True)
+        tmp.rename(cache)  # a run killed mid-write leaves only the .tmp folder, never a half cache
+    return data
+
+
+def source_digest() -> str:
+    """sha256 of the code that makes the data (generator, display and preprocessing): a cache key part, so a
+    changed generator never serves stale pixels."""
+    import edgekit.ingest.pixels
+    import edgekit.models.synth
+    import edgekit.preprocess
+
+    files = sorted(Path(edgekit.models.synth.__file__).parent.glob("*.py"))
+    files += [Path(edgekit.ingest.pixels.__file__), Path(edgekit.preprocess.__file__)]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def tokenizer_corpus(data: SplitData) -> list[str]:
+    """Every reference phrasing, indication and modality name of a split: what the tokenizer is trained on."""
+    out = {VIDEO_MODALITY}
+    for t in data.texts:
+        out.add(t.modality)
+        out.add(t.indication)
+        out.update(t.references)
+    return sorted(out)
+
+
+@dataclass
+class EncodedSplit:
+    """Token ids, computed once: prompts per modality name the study may be shown with, and every reference."""
+
+    data: SplitData
+    prompts: list[dict[str, list[int]]]
+    references: list[list[list[int]]]
+
+
+def encode_split(tok, data: SplitData) -> EncodedSplit:
+    prompts, refs = [], []
+    for t in data.texts:
+        names = [t.modality] + ([VIDEO_MODALITY] if t.is_cine else [])
+        prompts.append({m: encode_prompt(tok, m, t.indication) for m in names})
+        refs.append([encode_text(tok, r) + [EOS_ID] for r in t.references])
+    return EncodedSplit(data, prompts, refs)
+
+
+def make_batch(enc: EncodedSplit, items: Sequence[tuple[int, str, int]]) -> dict[str, np.ndarray]:
+    """Items are (study, modality name, reference). Right-padded; labels are IGNORE except on report and <eos>.
+
+    `labels[b, t]` is the target of text position t itself (not shifted); the loss compares logits at t - 1.
+    """
+    seqs, starts = [], []
+    for i, modality, r in items:
+        prompt = enc.prompts[i][modality]
+        seqs.append(prompt + enc.references[i][r])
+        starts.append(len(prompt))
+    width = max(len(s) for s in seqs)
+    ids = np.full((len(seqs), width), PAD_ID, np.int64)
+    mask = np.zeros((len(seqs), width), np.int64)
+    labels = np.full((len(seqs), width), IGNORE, np.int64)
+    for b, (s, start) in enumerate(zip(seqs, starts)):
+        ids[b, : len(s)] = s
+        mask[b, : len(s)] = 1
+        labels[b, start : len(s)] = s[start:]
+    pixels = enc.data.pixels[[i for i, _, _ in items]].astype(np.float32)
+    findings = np.stack([finding_label_vector(enc.data.texts[i].findings) for i, _, _ in items])
+    return {"pixel_values": pixels, "input_ids": ids, "attention_mask": mask, "labels": labels,
+            "finding_labels": findings}
+
+
+def epoch_items(enc: EncodedSplit, seed: int, epoch: int, xc_share: float) -> list[tuple[int, str, int]]:
+    """A shuffled pass over the split: a random reference per study, and "XC" for `xc_share` of cine studies."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(enc.data))
+    pick_ref = rng.random(len(order))
+    pick_xc = rng.random(len(order))
+    items = []
+    for k, i in enumerate(order.tolist()):
+        t = enc.data.texts[i]
+        modality = VIDEO_MODALITY if t.is_cine and pick_xc[k] < xc_share else t.modality
+        items.append((i, modality, int(pick_ref[k] * len(enc.references[i]))))
+    return items
+
+
+def iterate_batches(
+    enc: EncodedSplit, *, batch_size: int, epochs: int, seed: int, xc_share: float = 0.3
+) -> Iterator[dict[str, np.ndarray]]:
+    """All training batches in order; the last short batch of an epoch is dropped so every step has equal weight."""
+    for epoch in range(epochs):
+        items = epoch_items(enc, seed, epoch, xc_share)
+        for start in range(0, len(items) - batch_size + 1, batch_size):
+            yield make_batch(enc, items[start : start + batch_size])
+
+
+def eval_items(enc: EncodedSplit) -> list[tuple[int, str, int]]:
+    """Every val study with its own modality name and first reference, plus the cine studies once more as XC."""
+    items = [(i, t.modality, 0) for i, t in enumerate(enc.data.texts)]
+    items += [(i, VIDEO_MODALITY, 0) for i, t in enumerate(enc.data.texts) if t.is_cine]
+    return items
