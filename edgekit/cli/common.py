@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -88,7 +89,7 @@ def emit(data: Any, as_json: bool, *, title: str | None = None) -> None:
         table.add_column(style="bold")
         table.add_column(overflow="fold")
         for key, value in _flatten(data):
-            table.add_row(key, _cell(value))
+            table.add_row(key, Text(_cell(value)))  # values are data, never rich markup
         console.print(table)
     elif isinstance(data, Sequence) and not isinstance(data, (str, bytes)) and data and all(
         isinstance(row, Mapping) for row in data
@@ -100,7 +101,7 @@ def emit(data: Any, as_json: bool, *, title: str | None = None) -> None:
         for col in columns:
             table.add_column(col, overflow="fold")
         for row in data:
-            table.add_row(*(_cell(row.get(c)) for c in columns))
+            table.add_row(*(Text(_cell(row.get(c))) for c in columns))
         console.print(table)
     else:
         console.print(_cell(data), markup=False)
