@@ -141,3 +141,63 @@ def test_awq_beats_rtn_with_outlier_channels():
         errors[method] = check_models(before, m, feeds)[0].rel_l2
     assert errors["awq"] < 0.8 * errors["rtn"], errors
     assert len(find_weight_matmuls(model())) == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the vision encoder (graphs=vision) and its other large float weights (other_bits)
+# ----------------------------------------------------------------------------------------------------------------
+def test_graphs_param_selects_the_vision_encoder_and_default_stays_decoder():
+    from edgekit.passes.base import DECODER, EMBED_TOKENS, VISION_ENCODER
+
+    default = make_pass("int4")
+    assert default.applies_to(DECODER) and not default.applies_to(VISION_ENCODER)
+    both = make_pass("int4:graphs=decoder;vision")
+    assert both.applies_to(DECODER) and both.applies_to(VISION_ENCODER) and not both.applies_to(EMBED_TOKENS)
+    with pytest.raises(ConfigError, match="int4.graphs"):
+        make_pass("int4:graphs=embed")
+
+
+def test_vision_int4_in_the_pipeline_checks_image_features(tmp_path):
+    from edgekit.export import export_model
+    from edgekit.passes.pipeline import run_pipeline
+
+    cfg = ModelConfig()
+    src = tmp_path / "src"
+    export_model(random_weights(cfg, 3), cfg, src, check=False)
+    res = run_pipeline(src, tmp_path / "out", [make_pass("int4:block=64,graphs=vision,other_bits=8,mixed=1")])
+    (report,) = res.reports
+    assert report.graph == "vision_encoder.onnx"
+    assert [e.name for e in report.check] == ["image_features"]
+    assert report.worst().rel_l2 < 0.1
+    assert report.notes["matmuls"]["int4"] > 0 and report.notes["matmuls"]["int8"] == 1  # mixed=1 on vision
+    assert sorted(report.notes["other_weights"]) == ["vision_model.embeddings.patch_embedding.weight",
+                                                     "vision_model.embeddings.position_embedding.weight"]
+    assert report.size_after < 0.2 * report.size_before
+    ops = {n.op_type for n in ir.load(tmp_path / "out" / "vision_encoder.onnx").graph}
+    assert {"MatMulNBits", "DequantizeLinear", "Conv"} <= ops
+    # the decoder was not asked for: copied byte for byte
+    assert (tmp_path / "out" / "decoder_model_merged.onnx").read_bytes() == \
+        (src / "decoder_model_merged.onnx").read_bytes()
+
+
+def test_vision_calibration_is_preprocessed_studies():
+    from edgekit.export import VisionSpec, build_vision_encoder
+    from edgekit.passes.int4 import vision_feeds
+
+    cfg = ModelConfig()
+    model = build_vision_encoder(random_weights(cfg, 0), VisionSpec.from_model_config(cfg))
+    feeds = vision_feeds(model, 2)
+    assert len(feeds) == 2
+    x = feeds[0]["pixel_values"]
+    assert x.shape[0] == 1 and x.shape[-1] == cfg.image_size and x.dtype == np.float32
+    assert not np.allclose(feeds[0]["pixel_values"], feeds[1]["pixel_values"])  # two different studies
+
+
+def test_fit_block_uses_the_largest_block_that_divides_each_k():
+    model = _decoder()  # hidden 64, intermediate 128: K is 64 or 128
+    with pytest.raises(ConfigError, match="does not divide"):
+        make_pass("int4:block=128").apply(_decoder())
+    make_pass("int4:block=128,fit_block=true").apply(model)
+    blocks = {int(n.attributes["K"].as_int()): int(n.attributes["block_size"].as_int())
+              for n in model.graph if n.op_type == "MatMulNBits"}
+    assert blocks == {64: 64, 128: 128}

@@ -10,6 +10,10 @@ Why these pieces:
 - `mixed=N` quantizes each MatMul alone, measures its output error on the calibration activations, and keeps the
   N most sensitive at `keep_bits` (8, or 32 = untouched); `keep=lm_head` pins modules by name. The choice and the
   measured errors go into the report.
+- `graphs=decoder;vision` extends the pass to the vision encoder's weight MatMuls (SigLIP layers and connector;
+  the patch Conv stays float). The default stays the decoder alone, which is what the x1 build and older recipes
+  expect. A recipe that wants different settings per graph lists the pass twice, each with its own `graphs`.
+  Calibration for the vision encoder is real preprocessed synthetic studies of the train split, not noise.
 """
 
 from __future__ import annotations
@@ -17,19 +21,21 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
 
 from .base import (
-    GraphPass, PassChanges, PassConfig, PassContext, WeightMatMul, matches_any, param, remove_if_unused,
+    DECODER, VISION_ENCODER, GraphPass, PassChanges, PassConfig, PassContext, WeightMatMul, matches_any, param, remove_if_unused,
     require_weight_matmuls,
 )
 from .calibration import capture_values, embedding_table, sample_feeds
 from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
 
 AWQ_MAX_TOKENS = 512
+GRAPH_FILES = {"decoder": DECODER, "vision": VISION_ENCODER}
 
 
 @dataclass
@@ -48,16 +54,29 @@ class Int4Config(PassConfig):
     calib: int = param(8, min=1, max=4096, help="calibration samples when none are given")
     seq: int = param(32, min=1, max=4096, help="tokens per generated calibration sample")
     awq_grid: int = param(10, min=1, max=100, help="alpha grid points in [0, 1] for awq")
+    graphs: list[str] = param(["decoder"], choices=tuple(GRAPH_FILES),
+                              help="graphs whose weight MatMuls are quantized (decoder;vision)")
+    fit_block: bool = param(False, help="use the largest block <= block that divides each K (e.g. 128 where K "
+                                        "allows, 64 for K=192) instead of refusing a K it does not divide")
+    other_bits: int = param(0, choices=(0, 4, 8),
+                            help="also store other large float weights (a patch Conv, a position table) at these "
+                                 "bits as blocked DequantizeLinear; 0 leaves them float")
 
     def validate(self, where: str) -> None:
         if self.target in ("orin", "x1") and not self.symmetric:
             raise ConfigError(f"{where}.symmetric: target {self.target} takes symmetric INT4 only "
                               "(TensorRT 10 refuses zero points)")
+        if not self.graphs:
+            raise ConfigError(f"{where}.graphs: name at least one of {', '.join(GRAPH_FILES)}")
 
 
 class Int4Pass(GraphPass):
     name = "int4"
     Config = Int4Config
+    graphs = tuple(GRAPH_FILES.values())  # the ones it can run on; `config.graphs` picks among them
+
+    def applies_to(self, graph: str) -> bool:
+        return graph in {GRAPH_FILES[g] for g in self.config.graphs}
 
     def preconditions(self, model: ir.Model) -> None:
         mms = [m for m in require_weight_matmuls(model, self.name, self.context.graph)
@@ -65,7 +84,15 @@ class Int4Pass(GraphPass):
         if not mms:
             raise ConfigError(f"int4.exclude: every weight MatMul is excluded, nothing to quantize")
         for m in mms:  # refuse before touching anything
-            check_block(m.k, self.config.block, m.weight.name)
+            check_block(m.k, self.block_for(m.k), m.weight.name)
+
+    def block_for(self, k: int) -> int:
+        """`block`, or with `fit_block` the largest allowed block <= it that divides K (checked by the caller)."""
+        if self.config.fit_block:
+            for b in (128, 64, 32, 16):
+                if b <= self.config.block and k % b == 0:
+                    return b
+        return self.config.block
 
     # ---------------------------------------------------------------------------------------------------------
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
@@ -74,8 +101,7 @@ class Int4Pass(GraphPass):
         needs_data = cfg.method == "awq" or cfg.mixed > 0
         acts: dict[str, np.ndarray] = {}
         if needs_data:
-            feeds = ctx.feeds() or sample_feeds(model, cfg.calib, seq=cfg.seq, seed=ctx.seed,
-                                                embeddings=embedding_table(ctx.model_dir))
+            feeds = ctx.feeds() or _calibration_feeds(model, ctx, cfg)
             names = sorted({m.activation.name for m in mms})
             acts = {k: _subsample(v, ctx.seed) for k, v in capture_values(model, names, feeds).items()}
 
@@ -92,7 +118,7 @@ class Int4Pass(GraphPass):
             if act_of[id(m)] in acts and cfg.method == "awq":
                 x = acts[act_of[id(m)]] if s is None else acts[act_of[id(m)]] / s
                 imp = (x.astype(np.float64) ** 2).mean(0)
-            return quantize_blocks(w, cfg.block, bits=bits, symmetric=cfg.symmetric, importance=imp,
+            return quantize_blocks(w, self.block_for(m.k), bits=bits, symmetric=cfg.symmetric, importance=imp,
                                    clip_grid=clip, name=m.weight.name)
 
         sensitivity = self._sensitivity(mms, acts, quantize, scales) if cfg.mixed > 0 else {}
@@ -124,7 +150,9 @@ class Int4Pass(GraphPass):
                 model.graph.initializers.pop(m.weight.name, None)
             if not m.weight.uses():  # replaced (remove_if_unused may already have dropped the initializer)
                 _release(m.weight)
+        others = (quantize_other_weights(model, cfg.other_bits, cfg.block, changes) if cfg.other_bits else [])
         changes.notes = {
+            "other_weights": others,
             "encoding": {"cpu": "MatMulNBits", "orin": "DequantizeLinear-int4", "x1": "DequantizeLinear-int4"}[
                 cfg.target],
             "matmuls": dict(counts),
@@ -153,7 +181,7 @@ class Int4Pass(GraphPass):
                 s = s / np.sqrt(s.max() * s.min())
                 err = 0.0
                 for m, y in zip(members, ref):
-                    qw = quantize_blocks(m.kn().T * s[None, :], cfg.block, symmetric=cfg.symmetric,
+                    qw = quantize_blocks(m.kn().T * s[None, :], self.block_for(m.k), symmetric=cfg.symmetric,
                                          name=m.weight.name)
                     err += float(((x @ (qw.dequantize().T / s[:, None]) - y) ** 2).mean())
                 if err < best_err:
@@ -198,6 +226,84 @@ class Int4Pass(GraphPass):
                 m.node.replace_input_with(0, mul.outputs[0])
             changes.nodes_added += 1
         return folded
+
+
+OTHER_MIN_ELEMENTS = 4096  # below this a float tensor (a norm, a bias) costs less than its DequantizeLinear node
+
+
+def quantize_other_weights(model: ir.Model, bits: int, block: int, changes: PassChanges) -> list[str]:
+    """Float initializers of >= OTHER_MIN_ELEMENTS that are not MatMul weights or Gather tables (a patch Conv's
+    kernel, an added position table) -> symmetric blocked DequantizeLinear along their flattened trailing axes,
+    reshaped back when they are not 2-D. Why: with the MatMuls at 4 bits these few float tensors are a visible
+    share of a small encoder. Consumers see the same shape and dtype."""
+    from .int4_encode import _initializer
+
+    done = []
+    for value in list(model.graph.initializers.values()):
+        arr = value.const_value.numpy() if value.const_value is not None else None
+        if (arr is None or value.dtype != ir.DataType.FLOAT or arr.ndim < 2 or arr.size < OTHER_MIN_ELEMENTS
+                or not value.uses()
+                or any(u.node.op_type in ("MatMul", "Gather", "Transpose") for u in value.uses())):
+            continue
+        flat = arr.reshape(arr.shape[0], -1).astype(np.float32)
+        b = int(np.gcd(block, flat.shape[1]))
+        qw = quantize_blocks(flat, b, bits=bits, symmetric=True, name=value.name)
+        signed = (qw.q.astype(np.int16) - 2 ** (bits - 1)).astype(ml_dtypes.int4 if bits == 4 else np.int8)
+        dq = ir.node("DequantizeLinear", [_initializer(model.graph, signed, f"{value.name}.q{bits}"),
+                                          _initializer(model.graph, qw.scales, f"{value.name}.scales")],
+                     {"axis": 1, "block_size": b}, name=f"{value.name}_DequantizeLinear")
+        out, nodes = dq.outputs[0], [dq]
+        out.name, out.dtype, out.shape = f"{value.name}_dq", ir.DataType.FLOAT, ir.Shape(list(flat.shape))
+        if arr.ndim != 2:
+            shape = _initializer(model.graph, np.asarray(arr.shape, np.int64), f"{value.name}.shape")
+            reshape = ir.node("Reshape", [out, shape], name=f"{value.name}_Reshape")
+            out = reshape.outputs[0]
+            out.name, out.dtype, out.shape = f"{value.name}_dqr", ir.DataType.FLOAT, ir.Shape(list(arr.shape))
+            nodes.append(reshape)
+        first = min((u.node for u in value.uses()), key=lambda n: list(model.graph).index(n))
+        for node in nodes:
+            model.graph.insert_before(first, node)
+        value.replace_all_uses_with(out)
+        model.graph.initializers.pop(value.name, None)
+        changes.nodes_added += len(nodes)
+        changes.initializers_touched.append(value.name)
+        done.append(value.name)
+    return done
+
+
+def _calibration_feeds(model: ir.Model, ctx: PassContext, cfg: Int4Config) -> list[dict[str, np.ndarray]]:
+    """Decoder: token-embedding rows as inputs. Vision encoder: preprocessed synthetic train studies, since
+    Gaussian pixels would calibrate the patch statistics of noise rather than of images."""
+    if ctx.graph == VISION_ENCODER:
+        feeds = vision_feeds(model, cfg.calib, seed=ctx.seed)
+        if feeds:
+            return feeds
+    return sample_feeds(model, cfg.calib, seq=cfg.seq, seed=ctx.seed, embeddings=embedding_table(ctx.model_dir))
+
+
+def vision_feeds(model: ir.Model, n: int, *, seed: int = 0) -> list[dict[str, np.ndarray]] | None:
+    """`n` `pixel_values` feeds from synthetic train studies, preprocessed as the reporter does; None when the
+    graph's input does not have the default model's shape (e.g. an imported Hugging Face encoder)."""
+    from edgekit.ingest.pixels import to_display
+    from edgekit.models.synth import generate_study
+    from edgekit.preprocess import PreprocessConfig, preprocess_frames
+
+    inputs = {v.name: v for v in model.graph.inputs}
+    value = inputs.get("pixel_values")
+    if value is None or value.shape is None:
+        return None
+    cfg = PreprocessConfig()
+    feeds = []
+    for i in range(seed, seed + n):
+        s = generate_study(i, "train")
+        frames = to_display(s.stored, slope=s.slope, intercept=s.intercept, center=s.center, width=s.width,
+                            photometric=s.photometric)
+        pixels = preprocess_frames(frames, cfg)[None].astype(np.float32)
+        dims = list(value.shape)
+        if len(dims) != pixels.ndim or any(isinstance(d, int) and d != p for d, p in zip(dims, pixels.shape)):
+            return None
+        feeds.append({"pixel_values": pixels})
+    return feeds
 
 
 def _release(weight: ir.Value) -> None:

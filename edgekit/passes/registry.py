@@ -15,6 +15,7 @@ from .base import GraphPass
 # name -> "module:Class" (imported on first use) or the class itself once loaded
 _PASSES: dict[str, str | type[GraphPass]] = {
     "int4": "edgekit.passes.int4:Int4Pass",
+    "qembed": "edgekit.passes.embed:EmbedQuantPass",
     "fp16": "edgekit.passes.fp16:Fp16Pass",
     "int8": "edgekit.passes.int8:Int8Pass",
     "lora": "edgekit.passes.lora:LoraMergePass",
