@@ -315,3 +315,199 @@ def test_overrides_replace_a_produced_value_before_its_consumers(int4_dir):
     assert zero.overridden == [name] and not np.any(zero.captured[name])
     assert not np.array_equal(zero.outputs["logits"], base.outputs["logits"])
     assert zero.totals == {**base.totals, "host_partitions_s": zero.totals["host_partitions_s"]}
+
+
+# --- the second speed pass: KV store, input-determined steps, in-place kernels (all bit-identical) -------------
+def test_kv_cache_grows_in_place_and_earlier_states_stay_valid():
+    from edgekit.targets.x1.emulator import KVCache
+
+    rng = np.random.default_rng(21)
+    rows = [rng.standard_normal((1, 2, n, 64)).astype(np.float32) for n in (5, 1, 1, 3)]
+    kv = KVCache(1, window=4, group=32)
+    states, seen = [], []
+    for r in rows:
+        kv = kv.copy()
+        kv.append(0, r, -r)
+        states.append(kv)
+        seen.append(r)
+        ref_k, ref_v = np.concatenate(seen, axis=2), -np.concatenate(seen, axis=2)
+        kq, ks, vq, vs = kv.full(0)
+        for got, want in ((kq, quantize_groups_int4(ref_k, 32)[0]), (ks, quantize_groups_int4(ref_k, 32)[1]),
+                          (vq, quantize_groups_int4(ref_v, 32)[0]), (vs, quantize_groups_int4(ref_v, 32)[1])):
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+        np.testing.assert_array_equal(kv.values(0), dequantize_groups(vq, vs, 32))
+        assert kv.length(0) == (min(ref_k.shape[2], 4), max(0, ref_k.shape[2] - 4))  # window 4, the rest spilled
+    assert len({id(s.rows[0]) for s in states}) == 1  # one growing buffer, no re-concatenation
+    # going back to an earlier state and appending something else leaves the later states untouched
+    before = [s.full(0) for s in states]
+    branch = states[1].copy()
+    other = rng.standard_normal((1, 2, 2, 64)).astype(np.float32)
+    branch.append(0, other, other)
+    assert branch.rows[0] is not states[1].rows[0]
+    for s, b in zip(states, before):
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(s.full(0), b))
+    want = quantize_groups_int4(np.concatenate([rows[0], rows[1], other], axis=2), 32)[0]
+    np.testing.assert_array_equal(branch.full(0)[0], want)
+
+
+def test_kv_codes_of_tiny_negative_values_are_positive_zero():
+    from edgekit.targets.x1.kernels import quantize_groups_int4_f32
+
+    x = np.full((1, 1, 1, 32), -1e-3, np.float32)
+    x[..., 0] = 5.0  # scale 5/7: -1e-3 rounds to a zero code
+    q, _ = quantize_groups_int4_f32(x, 32)
+    assert not np.signbit(q[..., 1:]).any()  # what an int8 code 0 reads back as
+
+
+def test_input_determined_steps_are_replayed_with_identical_results(int4_dir):
+    m = load_machine()
+    emu, fresh = Emulator(compile_model(int4_dir, m), m), Emulator(compile_model(int4_dir, m), m)
+    prep = emu.prepared["decoder"]
+    kinds = {prep.program.attrs[prep.program.instructions[st.index].operands[0]].get("op") for st in prep.static_steps}
+    assert {"Range", "Where", "Cos", "Sin"} <= kinds and "attention_mask" in prep.key_values
+    rng = np.random.default_rng(22)
+    f = _feeds(rng, 5, 48, emu.layers, emu.kv_heads, emu.head_dim)
+    first = emu.run("decoder", f)
+    assert len(prep.memo) == 1
+    again = emu.run("decoder", f)  # replayed: same outputs, same cost entries in the same order
+    for name in first.outputs:
+        assert first.outputs[name].tobytes() == again.outputs[name].tobytes()
+    assert {k: again.totals[k] for k in ("cycles", "energy_j", "instructions")} == \
+        {k: first.totals[k] for k in ("cycles", "energy_j", "instructions")}
+    # padding changes the mask: a new key, never a stale replay (same as an emulator that never saw the first)
+    padded = dict(f, attention_mask=np.array([[0, 1, 1, 1, 1]], np.int64))
+    a, b = emu.run("decoder", padded), fresh.run("decoder", padded)
+    assert len(prep.memo) == 2
+    assert a.outputs["logits"].tobytes() == b.outputs["logits"].tobytes()
+    assert a.outputs["logits"].tobytes() != first.outputs["logits"].tobytes()
+
+
+def test_rope_and_head_norms_follow_their_formulas(int4_dir):
+    m = load_machine()
+    emu = Emulator(compile_model(int4_dir, m), m)
+    names = {"x": "/model/layers.1/self_attn/Transpose_output_0", "cos": "/model/rotary_emb/Unsqueeze_1_output_0",
+             "sin": "/model/rotary_emb/Unsqueeze_2_output_0", "y": "/model/layers.1/self_attn/rotary_q/Add_output_0",
+             "o": "/model/layers.1/self_attn/MatMul_1_output_0"}
+    f = _feeds(np.random.default_rng(23), 4, 48, emu.layers, emu.kv_heads, emu.head_dim)
+    r = emu.run("decoder", f, capture=set(names.values()))
+    c = {k: r.captured[v] for k, v in names.items()}
+    half = c["x"].shape[-1] // 2
+    rot = np.concatenate([-c["x"][..., half:], c["x"][..., :half]], axis=-1)
+    assert c["y"].tobytes() == (c["x"] * c["cos"] + rot * c["sin"]).tobytes()
+    norms = np.linalg.norm(c["o"][0, :, :, -1, :], axis=-1).reshape(-1)
+    assert r.head_norms[1].tobytes() == norms.tobytes()
+
+
+def test_to_fp16_in_place_on_owned_arrays_is_bit_identical():
+    from edgekit.targets.x1.kernels import to_fp16
+
+    rng = np.random.default_rng(24)
+    x = np.concatenate([(rng.standard_normal(3000) * 2.0 ** e).astype(np.float32) for e in (-30, -20, -14, 0, 17)])
+    x[:4] = [np.inf, -np.inf, 70000.0, -0.0]
+    want = _fp16_reference(x)
+    own = x.copy()
+    got = to_fp16(own, owned=True)
+    assert got is own and got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    np.testing.assert_array_equal(to_fp16(x).view(np.uint32), want.view(np.uint32))  # x itself untouched
+    np.testing.assert_array_equal(to_fp16(x[::2]).view(np.uint32), want[::2].view(np.uint32))  # strided input
+
+
+def _batched_int_gemm(g: IntGemm, x: np.ndarray) -> np.ndarray:
+    """The general formula: every group's exact products in one (G, M, N) array, rescaled, summed in order j."""
+    x2 = x.reshape(-1, g.k)
+    qa, a_s = quantize_rows_int8(x2)
+    acc = np.matmul(qa.reshape(-1, g.groups, g.group).transpose(1, 0, 2), g.codes)
+    acc *= g.scales * a_s[None]
+    y = np.add.reduce(acc, axis=0)
+    return np.clip(y, -65504, 65504).astype(np.float16).astype(np.float32).reshape(*x.shape[:-1], g.n)
+
+
+def test_int_gemm_one_row_and_group_by_group_paths_match_the_batched_formula():
+    from edgekit.targets.x1 import kernels
+
+    rng = np.random.default_rng(25)
+    k, n, grp = 128, 1024, 32
+    g = IntGemm(rng.integers(-8, 8, (k, n)).astype(np.float32), (rng.random((n, k // grp)) * 0.05).astype(np.float16),
+                grp)
+    rows = int(np.ceil(kernels._GROUP_BY_GROUP_FROM / (g.groups * n))) + 3  # past the group-by-group threshold
+    for x in (rng.standard_normal((1, 1, k)), np.zeros((1, 1, k)), rng.standard_normal((1, rows, k)) * 40):
+        x = x.astype(np.float32)
+        assert g(x).tobytes() == _batched_int_gemm(g, x).tobytes()
+
+
+def test_by_row_blocks_is_bit_identical_to_the_whole_array():
+    from edgekit.targets.x1.kernels import BLOCK_ELEMENTS, by_row_blocks, erf, softmax
+
+    rng = np.random.default_rng(26)
+    x = rng.standard_normal((3, 4 * BLOCK_ELEMENTS // 96 + 5, 96)).astype(np.float32)
+    assert by_row_blocks(softmax, x).tobytes() == softmax(x).tobytes()
+    assert by_row_blocks(erf, x).tobytes() == erf(x).tobytes()
+    t = x.transpose(0, 2, 1)  # not C-contiguous: computed whole
+    assert by_row_blocks(softmax, t).tobytes() == softmax(t).tobytes()
+
+
+def test_a_run_leaves_the_blas_thread_count_as_it_was(int4_dir):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    libs = threadpoolctl.ThreadpoolController().select(user_api="blas").lib_controllers
+    if not libs:
+        pytest.skip("no BLAS library visible to threadpoolctl")
+    m = load_machine()
+    emu = Emulator(compile_model(int4_dir, m), m)
+    before = [lib.get_num_threads() for lib in libs]
+    emu.run("decoder", _feeds(np.random.default_rng(27), 3, 48, emu.layers, emu.kv_heads, emu.head_dim))
+    emu.run("embed_tokens", {"input_ids": np.array([[1, 2]], np.int64)})  # no BLAS in it: not even touched
+    assert [lib.get_num_threads() for lib in libs] == before
+
+
+def test_int4_quantisation_in_place_matches_the_copying_kernel():
+    from edgekit.targets.x1.kernels import quantize_groups_int4_f32, quantize_groups_int4_in_place
+
+    x = np.random.default_rng(28).standard_normal((2, 1, 2, 3, 64)).astype(np.float32) * 3
+    q, s = quantize_groups_int4_f32(x, 32)
+    buf = np.zeros((2, 1, 2, 8, 64), np.float32)
+    rows = buf[:, :, :, 2:5]  # a strided slice, like a KV store's new rows
+    rows[...] = x
+    s2 = quantize_groups_int4_in_place(rows, 32)
+    assert s2.tobytes() == s.tobytes() and rows.tobytes() == q.tobytes()
+    assert not buf[:, :, :, :2].any() and not buf[:, :, :, 5:].any()  # nothing outside the rows written
+    assert quantize_groups_int4_in_place(x.astype(np.float64), 32) is None
+
+
+def test_one_row_rmsnorm_matches_the_array_formula(int4_dir):
+    m = load_machine()
+    emu = Emulator(compile_model(int4_dir, m), m)
+    prog = emu.programs["decoder"]
+    attr = next(prog.attrs[i.operands[0]] for i in prog.instructions if i.mnemonic == "VRMSNORM"
+                and prog.attrs[i.operands[0]]["layer"] == 1)
+    names = {t: prog.memory_plan["tensors"][attr[f"{t}_ids"][0]]["name"] for t in ("in", "out")}
+    f = _feeds(np.random.default_rng(29), 1, 48, emu.layers, emu.kv_heads, emu.head_dim)
+    r = emu.run("decoder", f, capture=set(names.values()))
+    x, y = r.captured[names["in"]], r.captured[names["out"]]
+    assert x.size == x.shape[-1]  # the one-row path
+    ms = np.add.reduce(x * x, axis=-1, keepdims=True)
+    np.true_divide(ms, np.intp(x.shape[-1]), out=ms, casting="unsafe")
+    gamma = np.asarray(prog.weights[attr["gamma"]], np.float32)
+    want = x * (np.float32(1.0) / np.sqrt(ms + np.float32(attr["eps"]))) * gamma
+    assert y.tobytes() == want.tobytes()
+
+
+def test_nonzero_is_where_zero_then_one():
+    from edgekit.targets.x1.kernels import nonzero
+
+    s = np.array([0.0, -0.0, 1e-45, 3.5, np.inf, np.nan, 65504.0], np.float32).reshape(7, 1)
+    want = np.where(s == 0, np.float32(1.0), s)
+    assert nonzero(s).dtype == np.float32 and nonzero(s).tobytes() == want.tobytes()
+
+
+def test_memo_is_bounded_by_keys_and_bytes(int4_dir):
+    m = load_machine()
+    emu = Emulator(compile_model(int4_dir, m), m)
+    prep = emu.prepared["decoder"]
+    prep.MEMO_KEYS = 3
+    rng = np.random.default_rng(30)
+    for seq in (2, 3, 4, 5, 6):
+        emu.run("decoder", _feeds(rng, seq, 48, emu.layers, emu.kv_heads, emu.head_dim))
+    assert len(prep.memo) == 3 and prep.memo_bytes == sum(prep._memo_sizes.values())
+    prep.MEMO_BYTES = prep.memo_bytes  # no room for one more: the oldest go until it fits
+    emu.run("decoder", _feeds(rng, 7, 48, emu.layers, emu.kv_heads, emu.head_dim))
+    assert 1 <= len(prep.memo) < 3 and prep.memo_bytes <= prep.MEMO_BYTES

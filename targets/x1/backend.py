@@ -62,9 +62,26 @@ class X1Backend:
         self.num_layers = self.emulator.layers
         self.kv_heads, self.head_dim = self.emulator.kv_heads, self.emulator.head_dim
         self.heads = self.emulator.heads
-        self.layer_stats = np.full((self.num_layers, self.heads), np.nan, np.float32)
+        self._layer_stats = np.full((self.num_layers, self.heads), np.nan, np.float32)
+        self._unmerged: list[RunResult] = []  # decode results whose head norms are not in `layer_stats` yet
         self.last_mask: np.ndarray | None = None
         self._decode_steps = 0
+
+    @property
+    def layer_stats(self) -> np.ndarray:
+        """The latest norm of each (layer, head) (see the module docstring), merged from the decode results on
+        read: generation without a head-mask policy never computes them."""
+        for r in self._unmerged:
+            if r.head_norms is not None:
+                self._layer_stats = np.where(np.isnan(r.head_norms), self._layer_stats, r.head_norms).astype(
+                    np.float32)
+        self._unmerged.clear()
+        return self._layer_stats
+
+    @layer_stats.setter
+    def layer_stats(self, value) -> None:
+        self._unmerged.clear()
+        self._layer_stats = np.asarray(value, np.float32)
 
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
         r = self.emulator.run("vision_encoder", {"pixel_values": np.ascontiguousarray(pixel_values, np.float32)})
@@ -96,8 +113,7 @@ class X1Backend:
         self.last_mask = None if mask is None else np.asarray(mask, bool)
         r = self.emulator.run("decoder", feeds, head_mask=self.last_mask, kv_state=kv, want_present=False)
         self._decode_steps += 1
-        if r.head_norms is not None:
-            self.layer_stats = np.where(np.isnan(r.head_norms), self.layer_stats, r.head_norms).astype(np.float32)
+        self._unmerged.append(r)
         self.history.append(r)
         return r.outputs["logits"], r.kv_state
 

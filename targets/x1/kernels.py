@@ -7,6 +7,8 @@ exact INT32 accumulator values, in any summation order, at BLAS speed. Rescaling
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 FP16_MAX = 65504.0
@@ -15,10 +17,19 @@ _FP16_SUBNORMAL_STEP, _INV_FP16_SUBNORMAL_STEP = np.float32(2.0 ** -24), np.floa
 _BITWISE_FP16_FROM = 2048  # elements: below this numpy's own conversion is cheaper than the bit arithmetic
 _clip = getattr(getattr(np, "_core", None), "umath", np).clip if hasattr(getattr(getattr(np, "_core", None), "umath",
                                                                                   None), "clip") else np.clip
+_GROUP_BY_GROUP_FROM = 1 << 17  # G x M x N elements from which `IntGemm` accumulates group by group
 _SAFE_SCALE = 2.0 ** -100  # a row scale at least this (and finite) makes x / scale lie within +-127 exactly
+_I8_MIN, _I8_MAX, _I4_MIN, _I4_MAX = np.float32(-127.0), np.float32(127.0), np.float32(-8.0), np.float32(7.0)
 
 
-def to_fp16(x: np.ndarray) -> np.ndarray:
+def nonzero(scale: np.ndarray) -> np.ndarray:
+    """`np.where(scale == 0, 1, scale)` as one addition: s + (s == 0) is exactly 1 where s is zero and exactly s
+    elsewhere (s + 0 == s, NaN stays NaN), for about half the cost on the small arrays of a decode step."""
+    return np.add(scale, scale == 0)
+
+
+
+def to_fp16(x: np.ndarray, *, owned: bool = False) -> np.ndarray:
     """FP16 storage: round half to even, saturating to +-65504, read back as FP32.
 
     Large float32 arrays round in float32 bit arithmetic instead of through numpy's float16 type, whose
@@ -26,21 +37,70 @@ def to_fp16(x: np.ndarray) -> np.ndarray:
     the 23-bit mantissa to 10 bits (add 0xFFF plus the lowest kept bit, clear the low 13 bits; a carry moves into
     the exponent exactly as FP16 rounding does); below 2^-14 FP16 is subnormal with a fixed step of 2^-24, so
     the value is rint(x * 2^24) * 2^-24 (both scalings exact). Bit-identical to `astype(float16)` (the kernel
-    tests check it against it on edge cases and random bit patterns)."""
-    x = _clip(x, -FP16_MAX, FP16_MAX)  # the ufunc np.clip calls, without its Python wrapper
+    tests check it against it on edge cases and random bit patterns).
+
+    `owned=True` says the caller gives `x` away (a kernel's own fresh result): a large float32 one is then
+    rounded in place, saving the full-size temporaries that, on the vision encoder's activations, cost more in
+    page faults than the arithmetic."""
+    big = x.dtype == np.float32 and x.size >= _BITWISE_FP16_FROM
+    if owned and not big and x.dtype == np.float32 and isinstance(x, np.ndarray) and x.flags.writeable:
+        return _clip(x, -FP16_MAX, FP16_MAX, out=x).astype(np.float16).astype(np.float32)
+    if big and owned and x.flags.c_contiguous and x.flags.writeable:
+        _clip(x, -FP16_MAX, FP16_MAX, out=x)
+    else:
+        x = _clip(x, -FP16_MAX, FP16_MAX)  # the ufunc np.clip calls, without its Python wrapper
+        if not big:
+            return x.astype(np.float16).astype(np.float32)
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+    return _round_fp16_in_place(x)
+
+
+class _Scratch(threading.local):
+    """Per-thread flat buffers, one per named slot, grown on demand, for large temporaries that never leave a
+    kernel. Why: a fresh multi-hundred-KiB temporary is mapped from the OS and faulted in page by page on every
+    call (on the vision encoder that costs as much as the arithmetic); a reused one is already resident."""
+
+    def __init__(self):
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def get(self, slot: str, shape: tuple, dtype=np.float32) -> np.ndarray:
+        n = 1
+        for d in shape:
+            n *= d
+        buf = self.buffers.get(slot)
+        if buf is None or buf.size < n or buf.dtype != dtype:
+            buf = self.buffers[slot] = np.empty(max(n, 1), dtype)
+        return buf[:n].reshape(shape)
+
+
+_scratch = _Scratch()
+
+
+def to_fp16_scratch(x: np.ndarray) -> np.ndarray:
+    """`to_fp16(x)` into this thread's scratch buffer (valid until the next call): for a kernel's own operand,
+    such as the FP16 activations a GEMM reads."""
     if x.dtype != np.float32 or x.size < _BITWISE_FP16_FROM:
-        return x.astype(np.float16).astype(np.float32)
-    u = x.view(np.uint32)
-    r = u >> 13
+        return to_fp16(x)
+    y = _clip(x, -FP16_MAX, FP16_MAX, out=_scratch.get("fp16_operand", x.shape))
+    return _round_fp16_in_place(y)
+
+
+def _round_fp16_in_place(x: np.ndarray) -> np.ndarray:
+    """`to_fp16`'s bit arithmetic on a clipped, C-contiguous float32 array it may overwrite (scratch space for
+    the temporaries): the subnormal fix-ups are computed from the values before rounding."""
+    t = np.abs(x, out=_scratch.get("fp16_abs", x.shape))
+    small = np.less(t, _FP16_MIN_NORMAL, out=_scratch.get("fp16_small", x.shape, np.bool_))
+    fix = np.rint(x[small] * _INV_FP16_SUBNORMAL_STEP) * _FP16_SUBNORMAL_STEP if small.any() else None
+    u, r = x.view(np.uint32), t.view(np.uint32)
+    np.right_shift(u, 13, out=r)
     r &= 1
-    r += 0xFFF
-    r += u
-    r &= 0xFFFFE000
-    y = r.view(np.float32)
-    small = np.abs(x) < _FP16_MIN_NORMAL
-    if small.any():
-        y[small] = np.rint(x[small] * _INV_FP16_SUBNORMAL_STEP) * _FP16_SUBNORMAL_STEP
-    return y
+    u += 0xFFF
+    u += r
+    u &= 0xFFFFE000
+    if fix is not None:
+        x[small] = fix
+    return x
 
 
 def quantize_rows_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -54,9 +114,9 @@ def quantize_rows_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             q = x / scale
             np.rint(q, out=q)
             return q, scale
-        q = x / np.where(scale == 0, np.float32(1.0), scale)
+        q = x / nonzero(scale)
         np.rint(q, out=q)
-        _clip(q, np.float32(-127.0), np.float32(127.0), out=q)
+        _clip(q, _I8_MIN, _I8_MAX, out=q)
         return q, scale
     amax = np.abs(x).max(axis=-1, keepdims=True)
     scale = (amax / np.float32(127.0)).astype(np.float32)
@@ -68,12 +128,40 @@ def quantize_rows_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def quantize_groups_int4(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """KV rows: groups of `group` along the last axis, s = max|x| / 7 stored FP16, q = clip(rint(x / s16), -8, 7).
     Returns (q as int8 (..., D), s16 as float16 (..., D / group))."""
-    shape = x.shape
-    g = x.reshape(*shape[:-1], shape[-1] // group, group)
-    s16 = (np.abs(g).max(axis=-1) / np.float32(7.0)).astype(np.float16)
-    s = s16.astype(np.float32)[..., None]
-    q = np.clip(np.rint(g / np.where(s == 0, np.float32(1.0), s)), -8, 7).astype(np.int8)
-    return q.reshape(shape), s16
+    q, s = quantize_groups_int4_f32(x, group)
+    return q.astype(np.int8), s.astype(np.float16)
+
+
+def quantize_groups_int4_f32(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """`quantize_groups_int4` with the codes and the FP16 scales held in float32 (the same values, exactly):
+    what the emulator's KV store keeps, so attention reads the cache without converting it every step."""
+    g = x.reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    q = np.empty(g.shape, np.result_type(g.dtype, np.float32))  # float64 input: rounded in float64, as before
+    s = _int4_group_codes(g, q)
+    return q.reshape(x.shape), s
+
+
+def quantize_groups_int4_in_place(x: np.ndarray, group: int) -> np.ndarray | None:
+    """`quantize_groups_int4_f32` writing the codes over `x` (float32; a KV store's fresh rows), returning the
+    scales; None (x untouched) when `x`'s last axis cannot be split into groups without a copy."""
+    g = x.reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    if x.dtype != np.float32 or not np.may_share_memory(g, x):
+        return None
+    return _int4_group_codes(g, g)
+
+
+def _int4_group_codes(g: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Per group (last axis of `g`): s = FP16(max|x| / 7), codes = clip(rint(x / s), -8, 7) into `out`; returns
+    s as float32."""
+    s = np.maximum.reduce(np.abs(g), axis=-1)  # max|x| per group, as np.max computes it
+    s /= np.float32(7.0)
+    s = s.astype(np.float16).astype(np.float32)
+    s_b = s[..., None]
+    np.divide(g, nonzero(s_b), out=out)
+    np.rint(out, out=out)
+    _clip(out, _I4_MIN, _I4_MAX, out=out)
+    out += np.float32(0.0)  # -0.0 -> +0.0: the value an int8 code 0 converts to
+    return s
 
 
 def dequantize_groups(q: np.ndarray, s16: np.ndarray, group: int) -> np.ndarray:
@@ -102,15 +190,53 @@ class IntGemm:
 
     def __call__(self, x: np.ndarray, col_mask: np.ndarray | None = None) -> np.ndarray:
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.k)
-        qa, a_s = quantize_rows_int8(x2)  # (M, K), (M, 1)
-        acc = np.matmul(qa.reshape(-1, self.groups, self.group).transpose(1, 0, 2), self.codes)  # (G, M, N) exact
-        # y = sum_j acc_j * (s16_j * a_s), accumulated in increasing j (reduction over the outer axis is sequential)
-        acc *= self.scales * a_s[None]
-        y = np.add.reduce(acc, axis=0)
+        acc = self._one_row(x) if x.size == self.k and x.dtype == np.float32 else None
+        if acc is not None:
+            y = np.add.reduce(acc, axis=0)
+        else:
+            x2 = x.reshape(-1, self.k)
+            qa, a_s = quantize_rows_int8(x2)  # (M, K), (M, 1)
+            if self.groups * x2.shape[0] * self.n >= _GROUP_BY_GROUP_FROM:
+                y = self._group_by_group(qa, a_s)
+            else:
+                acc = np.matmul(qa.reshape(-1, self.groups, self.group).transpose(1, 0, 2), self.codes)  # (G, M, N)
+                # y = sum_j acc_j * (s16_j * a_s), accumulated in increasing j (the outer-axis reduction is
+                # sequential)
+                acc *= self.scales * a_s[None]
+                y = np.add.reduce(acc, axis=0)
         if col_mask is not None:
             y *= col_mask
-        return to_fp16(y).reshape(*lead, self.n)
+        return to_fp16(y, owned=True).reshape(*lead, self.n)
+
+    def _group_by_group(self, qa: np.ndarray, a_s: np.ndarray) -> np.ndarray:
+        """The general path for many rows (prefill): the same products and the same sum in increasing j, one
+        group at a time into (M, N) buffers instead of (G, M, N) temporaries that outgrow the caches."""
+        m = qa.shape[0]
+        y, t, acc = (np.empty((m, self.n), np.float32) for _ in range(3))
+        scales = self.scales[:, 0, :]
+        for j in range(self.groups):
+            out = y if j == 0 else acc
+            np.matmul(qa[:, j * self.group:(j + 1) * self.group], self.codes[j], out=out)  # exact
+            np.multiply(scales[j], a_s, out=t)
+            out *= t
+            if j:
+                y += out
+        return y
+
+    def _one_row(self, x: np.ndarray) -> np.ndarray | None:
+        """A decode step's single row: the same quantisation, integer matmul and rescale as the general path
+        with the row scale as a scalar (no keepdims reduction, transposes or broadcast shapes): the same IEEE
+        operations on the same values. None when the row's scale is zero, subnormal-small or not finite (the
+        general path handles those)."""
+        v = x.reshape(self.k)
+        a_s = np.maximum.reduce(np.abs(v)) / np.float32(127.0)
+        if not _SAFE_SCALE <= a_s < np.inf:
+            return None
+        q = v / a_s
+        np.rint(q, out=q)
+        acc = np.matmul(q.reshape(self.groups, 1, self.group), self.codes)  # (G, 1, N) exact
+        acc *= self.scales * a_s
+        return acc
 
     @classmethod
     def fused(cls, parts: list["IntGemm"]) -> "IntGemm":
@@ -133,12 +259,17 @@ class F16Gemm:
         self.w = w_kn16.astype(np.float32)
         self.k, self.n = self.w.shape
 
-    def __call__(self, x: np.ndarray, col_mask: np.ndarray | None = None) -> np.ndarray:
+    def rounded_operand(self, x: np.ndarray) -> np.ndarray:
+        """The FP16 activations as a GEMM reads them (2-D), in a fresh array: for an input several GEMMs share."""
+        return to_fp16(np.ascontiguousarray(x).reshape(-1, self.k))
+
+    def __call__(self, x: np.ndarray, col_mask: np.ndarray | None = None, rounded: np.ndarray | None = None):
         lead = x.shape[:-1]
-        y = (np.ascontiguousarray(to_fp16(x).reshape(-1, self.k)) @ self.w).reshape(*lead, self.n)  # 2-D: BLAS
+        xh = to_fp16_scratch(np.ascontiguousarray(x).reshape(-1, self.k)) if rounded is None else rounded
+        y = (xh @ self.w).reshape(*lead, self.n)  # 2-D: BLAS
         if col_mask is not None:
             y = y * col_mask
-        return to_fp16(y)
+        return to_fp16(y, owned=True)
 
 
 def erf(x: np.ndarray) -> np.ndarray:
@@ -169,6 +300,33 @@ def erf(x: np.ndarray) -> np.ndarray:
     return y.astype(np.float32)
 
 
+BLOCK_ELEMENTS = 16384  # 64 KiB of float32: a block's temporaries stay in cache and below malloc's mmap size
+
+
+def by_row_blocks(fn, x: np.ndarray) -> np.ndarray:
+    """`fn(x)` for a kernel that works row by row along the last axis (or element by element) and keeps the
+    shape, computed on blocks of whole rows of a C-contiguous `x`.
+
+    Why: on the vision encoder's activations (10^5..10^6 elements) each numpy step of a kernel allocates a fresh
+    full-size temporary, which malloc maps from the OS and the kernel faults in page by page; by blocks they are
+    small, reused and cache-resident. Each row still goes through exactly the same operations (a reduction along
+    a contiguous last axis is computed per row), so the result is bit-identical."""
+    if x.ndim == 0 or x.size <= 2 * BLOCK_ELEMENTS or not x.flags.c_contiguous:
+        return fn(x)
+    rows = x.reshape(-1, x.shape[-1])
+    step = max(1, BLOCK_ELEMENTS // x.shape[-1])
+    first = fn(rows[:step])
+    out = np.empty(rows.shape, first.dtype)
+    out[:step] = first
+    for i in range(step, rows.shape[0], step):
+        out[i:i + step] = fn(rows[i:i + step])
+    return out.reshape(x.shape)
+
+
 def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    """exp(x - max) / sum along the last axis, in one buffer (the same operations, without two more full-size
+    temporaries: the vision encoder's attention probabilities are megabytes)."""
+    e = x - np.maximum.reduce(x, axis=-1, keepdims=True)  # what x.max / e.sum call, without their wrappers
+    np.exp(e, out=e)
+    e /= np.add.reduce(e, axis=-1, keepdims=True)
+    return e
