@@ -34,6 +34,9 @@ SITE_REWRITES = (
     (" No ", " Negative for "),
 )
 DECODER_MODULES = r"model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
+# The LM head is adapted too: the site's words ("Negative for", "Conclusion") are token sequences the base model
+# had learned never to emit; without the head, 200 steps lowered BLEU-4 (14.7 -> 13.9) and F1 (0.95 -> 0.54).
+SITE_MODULES = DECODER_MODULES + r"|lm_head"
 
 
 def site_style(report: str) -> str:
@@ -54,15 +57,15 @@ def from_site_style(text: str) -> str:
 
 @dataclass
 class LoraRecipe:
-    train_studies: int = 400
+    train_studies: int = 1600
     val_studies: int = 64
-    epochs: int = 2
+    epochs: int = 3
     batch_size: int = 16
-    lr: float = 3e-3
-    r: int = 8
-    alpha: float = 16.0
+    lr: float = 2e-3
+    r: int = 16
+    alpha: float = 32.0
     rslora: bool = False
-    target_modules: str = DECODER_MODULES
+    target_modules: str = SITE_MODULES
     seed: int = 0
     threads: int = 2
     eval_batch: int = 32
