@@ -49,11 +49,11 @@ CODE_FILES = ("config.py", "modeling.py", "tokenizer.py", "data.py", "train.py")
 
 @dataclass
 class TrainOptions:
-    train_studies: int = 3000
+    train_studies: int = 6400
     val_studies: int = 200
-    epochs: int = 4
+    epochs: int = 6
     batch_size: int = 32
-    lr: float = 2e-3
+    lr: float = 3e-3
     min_lr_ratio: float = 0.05
     warmup_frac: float = 0.05
     weight_decay: float = 0.05
