@@ -76,7 +76,7 @@ def main() -> None:
                   f"{f['value']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]", f"{r['f1_delta_points']:+.1f}",
                   f"{r['bleu4']['value']:.1f}", f"{r['bleu4_delta']:+.2f}", f"{r['decode_tokens_per_s']:.0f}",
                   f"{r['speed_ratio']:.2f}")
-    Console().print(t)
+    Console(width=160).print(t)
     print(f"wrote {a.out}")
 
 
