@@ -112,6 +112,12 @@ class Scheduler:
         self._queue.put(work)
         return work.future
 
+    def stop_accepting(self) -> None:
+        """From the first SIGTERM on, start nothing new: queued durable jobs stay queued for the next start
+        (without this, queued jobs kept running while the HTTP server closed its connections)."""
+        with self._lock:
+            self._stopping = True
+
     def drain(self, timeout: float) -> bool:
         """Stop taking work, let running reports finish (up to `timeout`); queued durable jobs stay queued."""
         with self._lock:
