@@ -511,3 +511,40 @@ def test_memo_is_bounded_by_keys_and_bytes(int4_dir):
     prep.MEMO_BYTES = prep.memo_bytes  # no room for one more: the oldest go until it fits
     emu.run("decoder", _feeds(rng, 7, 48, emu.layers, emu.kv_heads, emu.head_dim))
     assert 1 <= len(prep.memo) < 3 and prep.memo_bytes <= prep.MEMO_BYTES
+
+
+def test_attention_probabilities_quantise_as_the_formula_with_the_zero_guard(int4_dir):
+    """The attention softmax divides by p_s without `nonzero`: a softmax row's max is >= 1/T, so p_s > 0 and the
+    guard is a no-op; checked here against the full formula on a prefill's real scores (one row each and many)."""
+    from edgekit.targets.x1.kernels import nonzero, softmax
+
+    m = load_machine()
+    emu = Emulator(compile_model(int4_dir, m), m)
+    prog = emu.programs["decoder"]
+    attr = next(prog.attrs[i.operands[0]] for i in prog.instructions if i.mnemonic == "VSOFTMAX"
+                and prog.attrs[i.operands[0]].get("attn"))
+    names = {t: prog.memory_plan["tensors"][attr[f"{t}_ids"][0]]["name"] for t in ("in", "out")}
+    r = emu.run("decoder", _feeds(np.random.default_rng(31), 5, 48, emu.layers, emu.kv_heads, emu.head_dim),
+                capture=set(names.values()))
+    s, (p_int, p_s) = r.captured[names["in"]], r.captured[names["out"]]
+    p = softmax(s.copy())
+    want_s = p.max(axis=-1, keepdims=True) / np.float32(127.0)
+    want = np.rint(p / nonzero(want_s))
+    assert p_s.tobytes() == want_s.tobytes() and p_int.tobytes() == want.tobytes()
+    assert (s < -1e38).any() and (p_int[s < -1e38] == 0).all()  # causal-masked entries: exact zeros
+
+
+def test_int_gemm_one_row_with_a_column_mask_matches_the_batched_formula():
+    rng = np.random.default_rng(32)
+    k, n, grp = 96, 48, 32
+    g = IntGemm(rng.integers(-8, 8, (k, n)).astype(np.float32), (rng.random((n, k // grp)) * 0.05).astype(np.float16),
+                grp)
+    mask = (rng.random(n) < 0.5).astype(np.float32)
+    x = (rng.standard_normal((1, 1, k)) * 3e4).astype(np.float32)  # large enough for the FP16 clip to matter
+    qa, a_s = quantize_rows_int8(x.reshape(1, k))
+    acc = np.matmul(qa.reshape(1, g.groups, grp).transpose(1, 0, 2), g.codes)
+    acc *= g.scales * a_s[None]
+    want = np.add.reduce(acc, axis=0) * mask
+    want = np.clip(want, -65504, 65504).astype(np.float16).astype(np.float32).reshape(1, 1, n)
+    assert (np.abs(want) == 65504).any() and (want == 0).any()
+    assert g(x, mask).tobytes() == want.tobytes()

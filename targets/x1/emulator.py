@@ -864,7 +864,9 @@ class _Binder:
             p = softmax(s)
             p_s = np.maximum.reduce(p, axis=-1, keepdims=True)  # p.max(axis=-1, keepdims=True)
             p_s /= c127
-            np.divide(p, nonzero(p_s), out=p)  # p is softmax's own array
+            # `nonzero(p_s)` is p_s itself here: a softmax row's largest entry is 1 / sum with 1 <= sum <= T, so
+            # p_s >= 1 / (127 T) > 0 (or NaN for an all -inf row, which nonzero leaves NaN as well)
+            np.divide(p, p_s, out=p)  # p is softmax's own array
             store[p_id] = (np.rint(p, out=p), p_s)
             return entry(s.size * ctx.frac_or_one(layer))
         return run

@@ -190,7 +190,16 @@ class IntGemm:
 
     def __call__(self, x: np.ndarray, col_mask: np.ndarray | None = None) -> np.ndarray:
         lead = x.shape[:-1]
-        acc = self._one_row(x) if x.size == self.k and x.dtype == np.float32 else None
+        if x.size == self.k and x.dtype == np.float32:
+            acc = self._one_row(x)
+            if acc is not None:  # a decode step: `to_fp16(y, owned=True)`'s small-array branch, inlined
+                y = np.add.reduce(acc, axis=0)
+                if col_mask is not None:
+                    y *= col_mask
+                _clip(y, -FP16_MAX, FP16_MAX, out=y)
+                return y.astype(np.float16).astype(np.float32).reshape(*lead, self.n)
+        else:
+            acc = None
         if acc is not None:
             y = np.add.reduce(acc, axis=0)
         else:
@@ -229,7 +238,7 @@ class IntGemm:
         operations on the same values. None when the row's scale is zero, subnormal-small or not finite (the
         general path handles those)."""
         v = x.reshape(self.k)
-        a_s = np.maximum.reduce(np.abs(v)) / np.float32(127.0)
+        a_s = np.maximum.reduce(np.abs(v)) / _I8_MAX
         if not _SAFE_SCALE <= a_s < np.inf:
             return None
         q = v / a_s
