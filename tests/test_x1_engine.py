@@ -1,17 +1,13 @@
 """X1Engine / SparseConfig (the seed's SDK snippet), the engine's DSS accounting, and x1 traces/reports.
 
-Where engineer A's emulator backend (`edgekit.targets.x1.backend.X1Backend`) is not in the tree yet, the engine
-tests run against a stand-in that follows the contract in the x1 interface notes (ONNX Runtime for the numbers,
-fabricated records for timing); once the real backend exists they run against it.
+The engine runs on the real emulator backend (`edgekit.targets.x1.backend.X1Backend`); the trace tests use
+hand-made instruction records so that their expected figures are known exactly.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import sys
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +27,7 @@ SMALL = ModelConfig(image_size=32, patch_size=8, num_frames=2, vision_hidden=32,
                     vision_mlp=64, vocab_size=97, hidden=48, layers=2, heads=4, kv_heads=2, intermediate=96)
 
 
-# --- the contract's records, for the trace tests and the stand-in ----------------------------------------------
+# --- hand-made instruction records, for the trace tests ----------------------------------------------
 @dataclass
 class Rec:
     index: int
@@ -75,56 +71,12 @@ def _run(records: list[Rec]) -> Run:
                                  "energy_j": sum(sum(r.energy_pj.values()) for r in records) * 1e-12})
 
 
-class StandInX1Backend:
-    """The X1Backend contract over ONNX Runtime: per-head statistics where head 0 of every layer is quiet."""
-
-    def __init__(self, bundle, machine=None, *, head_mask_fn=None):
-        from edgekit.targets.cpu import CpuBackend
-
-        self.cpu = CpuBackend(bundle.component("vision_encoder"), bundle.component("embed_tokens"),
-                              bundle.component("decoder"), intra_op_threads=1)
-        self.head_mask_fn = head_mask_fn
-        self.history: list[Run] = []
-        self.masks: list[np.ndarray] = []
-        self._stats = None
-
-    def encode_images(self, pv):
-        self.history.append(_run(_records(1, None)))
-        return self.cpu.encode_images(pv)
-
-    def embed(self, ids):
-        self.history.append(_run(_records(1, None)[:1]))
-        return self.cpu.embed(ids)
-
-    def decode(self, x, mask, pos, past):
-        head_mask = self.head_mask_fn(self._stats) if self.head_mask_fn else None
-        self.masks.append(head_mask)
-        logits, present = self.cpu.decode(x, mask, pos, past)
-        norms = np.ones((self.cpu.num_layers, 4))
-        norms[:, 0] = 1e-3
-        if head_mask is not None:
-            norms = np.where(head_mask, norms, 0.0)  # skipped heads write zeros
-        self._stats = norms
-        self.history.append(_run(_records(self.cpu.num_layers, head_mask)))
-        return logits, present
-
-
-def _real_backend_available() -> bool:
-    try:
-        importlib.import_module("edgekit.targets.x1.backend")
-        return True
-    except ImportError:
-        return False
-
-
 @pytest.fixture
-def x1_backend(monkeypatch):
-    if not _real_backend_available():
-        mod = types.ModuleType("edgekit.targets.x1.backend")
-        mod.X1Backend = StandInX1Backend
-        monkeypatch.setitem(sys.modules, "edgekit.targets.x1.backend", mod)
-        return "stand-in"
-    return "real"
+def x1_backend():
+    """The real emulator backend: these tests exercise edgekit's own X1Backend, never a stand-in."""
+    from edgekit.targets.x1.backend import X1Backend
+
+    return X1Backend
 
 
 def _tokenizer(path: Path, vocab: int) -> Path:
@@ -154,13 +106,12 @@ def x1_bundle(tmp_path_factory) -> Path:
                   "decoder": graphs.decoder, "tokenizer": _tokenizer(src / "tokenizer.json", SMALL.vocab_size),
                   "generation_config": src / "generation_config.json",
                   "preprocessor_config": src / "preprocessor_config.json", "model_config": src / "config.json"}
-    if _real_backend_available():  # the real backend runs compiled programs: compile them into the bundle
-        from edgekit.targets.x1.backend import PROGRAM_FILES, PROGRAM_ROLES
-        from edgekit.targets.x1.compiler import compile_model
-        from edgekit.targets.x1.machine import load_machine
+    from edgekit.targets.x1.backend import PROGRAM_FILES, PROGRAM_ROLES
+    from edgekit.targets.x1.compiler import compile_model
+    from edgekit.targets.x1.machine import load_machine
 
-        for graph, program in compile_model(src, load_machine()).items():
-            components[PROGRAM_ROLES[graph]] = program.save(src / PROGRAM_FILES[graph])
+    for graph, program in compile_model(src, load_machine()).items():  # the backend runs compiled programs
+        components[PROGRAM_ROLES[graph]] = program.save(src / PROGRAM_FILES[graph])
     return write_bundle(tmp / "tiny-x1", components, name="tiny", target="x1")
 
 
@@ -215,10 +166,6 @@ def test_dss_reaches_its_budget_when_every_head_is_a_candidate(x1_bundle, x1_bac
     # 9 decode calls: the first dense, the other 8 at the full budget
     assert dss["tokens"] == 9 and dss["heads_skipped"] == 8 * budget
     assert engine.last_stats["skip_rate"] == pytest.approx(8 * budget / (9 * SMALL.layers * SMALL.heads))
-    if x1_backend == "stand-in":
-        masks = engine.x1_backend.masks
-        assert masks[0].all() and masks[1].all()  # prefill and first decode token dense
-        assert all((~m).sum() == budget for m in masks[2:])
 
 
 def test_dss_off_costs_more_emulated_time_than_dss_on(x1_bundle, x1_backend):
@@ -304,8 +251,6 @@ def test_reports_and_plot(tmp_path):
 def test_edgekit_profile_on_an_x1_bundle_writes_trace_reports_and_plot(x1_bundle, x1_backend, tmp_path, capsys):
     from edgekit.cli.app import main
 
-    if x1_backend != "real":
-        pytest.skip("needs the x1 emulator backend (edgekit.targets.x1.backend), not in this tree yet")
     out = tmp_path / "prof"
     rc = main(["profile", str(x1_bundle), "--study", str(REPO / "models" / "samples" / "cr_chest"), "-o", str(out),
                "--json"])
@@ -321,8 +266,6 @@ def test_edgekit_profile_on_an_x1_bundle_writes_trace_reports_and_plot(x1_bundle
 
 
 def test_emulator_accuracy_analysis_single_mode_runs_layers_on_reference_inputs(x1_bundle, x1_backend):
-    if x1_backend != "real":
-        pytest.skip("needs the x1 emulator (edgekit.targets.x1.emulator), not in this tree yet")
     import onnx
 
     from edgekit.bundle import load_bundle
