@@ -103,8 +103,6 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Generate a report for every study of the split and score it. Returns the JSON-ready result."""
-    from edgekit.models.synth import parse_report
-
     studies = load_split(data_dir)
     if limit:
         studies = studies[:limit]
@@ -121,9 +119,8 @@ def evaluate(
             if progress:
                 progress(i + 1, len(rows))
             continue
-        parsed = parse_report(rep.text)
-        truth = [_finding(f) for f in s["findings"]]
-        score = score_study(truth, s["negatives"], list(parsed.findings), list(parsed.negatives))
+        truth = [_finding(f) for f in s["findings"]]  # the report is parsed once, by the reporter
+        score = score_study(truth, s["negatives"], [_finding(f) for f in rep.findings], list(rep.negatives))
         rec.update(
             text=rep.text,
             references=s["references"],
