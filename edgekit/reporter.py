@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -95,8 +95,8 @@ class Reporter:
         ids = self.prompt_ids(study.modality, prompt)
         t2 = time.perf_counter()
         opts = options or self.default_options
-        if not opts.stop_token_ids:
-            opts.stop_token_ids = [self.generation_config["eos_token_id"]]
+        if not opts.stop_token_ids:  # a copy: the caller's options stay as they were
+            opts = replace(opts, stop_token_ids=[self.generation_config["eos_token_id"]])
         result = generate(self.backend, pixels, ids, opts, on_token=on_token)
         t3 = time.perf_counter()
         text = self.tokenizer.decode([int(t) for t in result.token_ids], skip_special_tokens=True).strip()
