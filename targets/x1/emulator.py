@@ -39,8 +39,8 @@ import numpy as np
 from edgekit.errors import EdgekitError
 
 from .costmodel import KvPlacement, OpCost, Workload, _Builder
-from .kernels import F16Gemm, IntGemm, by_row_blocks, dequantize_groups, erf, nonzero, \
-    quantize_groups_int4_in_place, quantize_rows_int8, softmax, to_fp16, unpack_int4_weight
+from .kernels import F16Gemm, IntGemm, _native, _scratch, by_row_blocks, dequantize_groups, erf, native, \
+    nonzero, quantize_groups_int4_in_place, quantize_rows_int8, softmax, to_fp16, unpack_int4_weight
 from .machine import Machine
 from .program import QUEUES, Program
 
@@ -212,6 +212,10 @@ class KVCache:
         end = t + n
         new = np.empty((2, *k.shape), np.float32)  # contiguous: a strided slice of the store is slower to work in
         new[0], new[1] = k, v
+        if native.enabled:  # the same quantisation in C, written straight into the store's rows
+            _native.kv_append(new, rows.codes, rows.scales, rows.v, t, self.group)
+            rows.fill = self.lengths[layer] = end
+            return
         s = quantize_groups_int4_in_place(new, self.group)  # (2, b, kv, n, G); `new` now holds the codes
         rows.codes[:, :, :, t:end] = new
         rows.scales[:, :, :, t:end] = s
@@ -223,6 +227,14 @@ class KVCache:
         """K codes (b, kv, T, hd) and scales (b, kv, T, G), float32 views of all positions in order."""
         rows, t = self.rows[layer], self.lengths[layer]
         return rows.codes[0, :, :, :t], rows.scales[0, :, :, :t]
+
+    def key_store(self, layer: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """Batch item 0's whole K store for the C attention kernel: codes (kv, capacity, hd), scales
+        (kv, capacity) (one scale group per row) and how many rows hold data; None for other layouts."""
+        rows = self.rows[layer]
+        if rows is None or rows.codes.shape[1] != 1 or rows.scales.shape[-1] != 1:
+            return None
+        return rows.codes[0, 0], rows.scales[0, 0, :, :, 0], self.lengths[layer]
 
     def values(self, layer: int) -> np.ndarray:
         """Dequantised V (b, kv, T, hd): what XL_VMATMUL_PV reads."""
@@ -832,6 +844,16 @@ class _Binder:
         def run(store, ctx):
             q, mask = store[q_id], store[m_id]
             kv = ctx.kv
+            b, h, s_, d = q.shape
+            if native.enabled and b == 1 and s_ == 1 and q.dtype == np.float32 and mask.dtype == np.float32:
+                ks = kv.key_store(layer)
+                if ks is not None and mask.size == ks[2]:  # one query row over T keys: the C kernel
+                    t = ks[2]
+                    out = np.empty((1, kvh, h // kvh, 1, t), np.float32)
+                    _native.attn_scores(q.reshape(h, d) if q.flags.c_contiguous else np.ascontiguousarray(q).reshape(
+                        h, d), ks[0], ks[1], t, float(scale), mask.reshape(t), out, _scratch.get("attn_q", (d,)))
+                    store[s_id] = out
+                    return self._attn_entry("attn_scores", layer, ctx, t, 1)
             kf, ksf = kv.keys(layer)  # (b, kv, T, hd) INT4 codes, (b, kv, T, G) FP16 scales, as float32
             b, h, s_, d = q.shape
             qg = q.reshape(b, kvh, h // kvh, s_, d)  # (b, kv, g, s, hd)

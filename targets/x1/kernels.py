@@ -11,12 +11,18 @@ import threading
 
 import numpy as np
 
+try:  # the optional C kernels (setup.py); without a compiler at install time, numpy runs them, bit for bit
+    from . import _native
+except ImportError:  # pragma: no cover - depends on how the package was built
+    _native = None
+
 FP16_MAX = 65504.0
 _FP16_MIN_NORMAL = np.float32(2.0 ** -14)
 _FP16_SUBNORMAL_STEP, _INV_FP16_SUBNORMAL_STEP = np.float32(2.0 ** -24), np.float32(2.0 ** 24)
 _BITWISE_FP16_FROM = 2048  # elements: below this numpy's own conversion is cheaper than the bit arithmetic
 _clip = getattr(getattr(np, "_core", None), "umath", np).clip if hasattr(getattr(getattr(np, "_core", None), "umath",
                                                                                   None), "clip") else np.clip
+_NATIVE_ROWS = 4  # rows up to which `IntGemm` runs the C kernel; BLAS is faster on more (prefill)
 _GROUP_BY_GROUP_FROM = 1 << 17  # G x M x N elements from which `IntGemm` accumulates group by group
 _SAFE_SCALE = 2.0 ** -100  # a row scale at least this (and finite) makes x / scale lie within +-127 exactly
 _I8_MIN, _I8_MAX, _I4_MIN, _I4_MAX = np.float32(-127.0), np.float32(127.0), np.float32(-8.0), np.float32(7.0)
@@ -42,6 +48,13 @@ def to_fp16(x: np.ndarray, *, owned: bool = False) -> np.ndarray:
     `owned=True` says the caller gives `x` away (a kernel's own fresh result): a large float32 one is then
     rounded in place, saving the full-size temporaries that, on the vision encoder's activations, cost more in
     page faults than the arithmetic."""
+    if native.enabled and x.dtype == np.float32:
+        if owned and x.flags.c_contiguous and x.flags.writeable:
+            _native.fp16_round(x, x, True)
+            return x
+        out = np.empty(x.shape, np.float32)
+        _native.fp16_round(x if x.flags.c_contiguous else np.ascontiguousarray(x), out, True)
+        return out
     big = x.dtype == np.float32 and x.size >= _BITWISE_FP16_FROM
     if owned and not big and x.dtype == np.float32 and isinstance(x, np.ndarray) and x.flags.writeable:
         return _clip(x, -FP16_MAX, FP16_MAX, out=x).astype(np.float16).astype(np.float32)
@@ -77,11 +90,35 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
+class _NativeSwitch:
+    """Whether the compiled kernels run (`targets/x1/_native.c`). On when the module was built; `set(False)`
+    runs the numpy kernels instead (the tests and `bench/x1_emulator_speed.py --numpy` compare the two)."""
+
+    def __init__(self):
+        self.available = _native is not None
+        self.enabled = self.available
+
+    def set(self, on: bool) -> bool:
+        """Turn the native kernels on or off; returns the previous setting. Turning them on without the module
+        is refused."""
+        if on and not self.available:
+            raise RuntimeError("edgekit.targets.x1._native was not built (no C compiler at install time)")
+        prev, self.enabled = self.enabled, bool(on)
+        return prev
+
+
+native = _NativeSwitch()
+
+
 def to_fp16_scratch(x: np.ndarray) -> np.ndarray:
     """`to_fp16(x)` into this thread's scratch buffer (valid until the next call): for a kernel's own operand,
     such as the FP16 activations a GEMM reads."""
     if x.dtype != np.float32 or x.size < _BITWISE_FP16_FROM:
         return to_fp16(x)
+    if native.enabled:
+        y = _scratch.get("fp16_operand", x.shape)
+        _native.fp16_round(x if x.flags.c_contiguous else np.ascontiguousarray(x), y, True)
+        return y
     y = _clip(x, -FP16_MAX, FP16_MAX, out=_scratch.get("fp16_operand", x.shape))
     return _round_fp16_in_place(y)
 
@@ -187,9 +224,16 @@ class IntGemm:
         self.groups = k // group
         self.codes = np.ascontiguousarray(q_kn.reshape(self.groups, group, n))
         self.scales = np.ascontiguousarray(s16_ng.astype(np.float32).T[:, None, :])  # (G, 1, N)
+        self.codes_nk = self._native_codes()
 
     def __call__(self, x: np.ndarray, col_mask: np.ndarray | None = None) -> np.ndarray:
         lead = x.shape[:-1]
+        if native.enabled and x.dtype == np.float32 and x.shape[-1] == self.k and x.size <= self.k * _NATIVE_ROWS \
+                and (col_mask is None or col_mask.dtype == np.float32):
+            out = np.empty((*lead, self.n), np.float32)
+            _native.int_gemm(x if x.flags.c_contiguous else np.ascontiguousarray(x), self.codes_nk, self.scales,
+                             self.group, col_mask, out, _scratch.get("int_gemm", (self.groups * self.n + 2 * self.k,)))
+            return out
         if x.size == self.k and x.dtype == np.float32:
             acc = self._one_row(x)
             if acc is not None:  # a decode step: `to_fp16(y, owned=True)`'s small-array branch, inlined
@@ -204,6 +248,9 @@ class IntGemm:
             y = np.add.reduce(acc, axis=0)
         else:
             x2 = x.reshape(-1, self.k)
+            if native.enabled and x2.dtype == np.float32 and self.groups * x2.shape[0] * self.n \
+                    < _GROUP_BY_GROUP_FROM and (col_mask is None or col_mask.dtype == np.float32):
+                return self._native_rows(x2, col_mask).reshape(*lead, self.n)
             qa, a_s = quantize_rows_int8(x2)  # (M, K), (M, 1)
             if self.groups * x2.shape[0] * self.n >= _GROUP_BY_GROUP_FROM:
                 y = self._group_by_group(qa, a_s)
@@ -216,6 +263,27 @@ class IntGemm:
         if col_mask is not None:
             y *= col_mask
         return to_fp16(y, owned=True).reshape(*lead, self.n)
+
+    def _native_rows(self, x2: np.ndarray, col_mask: np.ndarray | None) -> np.ndarray:
+        """Many rows with the C kernels around BLAS: quantise the rows, take the exact integer products from
+        one batched float32 matmul (contiguous, so numpy hands each group to BLAS), rescale, sum and round."""
+        m = x2.shape[0]
+        x2 = x2 if x2.flags.c_contiguous else np.ascontiguousarray(x2)
+        qa = np.empty((self.groups, m, self.group), np.float32)  # group-major: each group a contiguous matrix
+        a_s = np.empty(m, np.float32)
+        q_rows = np.empty_like(x2)
+        _native.quant_rows(x2, q_rows, a_s)
+        qa[...] = q_rows.reshape(m, self.groups, self.group).transpose(1, 0, 2)
+        acc = np.matmul(qa, self.codes)  # (G, M, N), exact
+        out = np.empty((m, self.n), np.float32)
+        _native.gemm_epilogue(acc, self.scales, a_s, col_mask, out)
+        return out
+
+    def _native_codes(self) -> np.ndarray | None:
+        """The codes as the C kernel reads them: int8, output-major (N, K); None without the module."""
+        if not native.available:
+            return None
+        return np.ascontiguousarray(self.codes.reshape(self.k, self.n).T).astype(np.int8)
 
     def _group_by_group(self, qa: np.ndarray, a_s: np.ndarray) -> np.ndarray:
         """The general path for many rows (prefill): the same products and the same sum in increasing j, one
@@ -258,6 +326,7 @@ class IntGemm:
         g.codes = np.ascontiguousarray(np.concatenate([p.codes for p in parts], axis=-1))
         g.scales = np.ascontiguousarray(np.concatenate([p.scales for p in parts], axis=-1))
         g.n = g.codes.shape[-1]
+        g.codes_nk = g._native_codes()
         return g
 
 
