@@ -3,6 +3,8 @@ depend on whether the module was built. Every test runs both paths through the r
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -14,8 +16,8 @@ from edgekit.targets.x1.machine import load_machine
 
 from test_x1_emulator import _fixed_scenario, _small_kv_machine, tiny_int4_dir
 
-pytestmark = pytest.mark.skipif(not native.available,
-                                reason="edgekit.targets.x1._native was not built (no C compiler at install time)")
+needs_native = pytest.mark.skipif(not native.available,
+                                  reason="edgekit.targets.x1._native was not built (no C compiler at install time)")
 
 
 @pytest.fixture
@@ -43,6 +45,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return np.array_equal(a[keep].view(np.uint32), b[keep].view(np.uint32))
 
 
+@needs_native
 @pytest.mark.parametrize("k,n,group,bits", [(192, 320, 64, 4), (512, 192, 64, 4), (192, 588, 64, 8), (96, 40, 32, 4)])
 @pytest.mark.parametrize("rows", [1, 3, 29])
 def test_int_gemm_is_bit_identical_to_numpy(switch, k, n, group, bits, rows):
@@ -65,12 +68,14 @@ def test_int_gemm_is_bit_identical_to_numpy(switch, k, n, group, bits, rows):
         assert same_bits(a, b), f"trial {trial}"
 
 
+@needs_native
 def test_fused_gemm_and_int8_codes_stay_exact(switch):
     rng = np.random.default_rng(3)
     parts = [IntGemm(rng.integers(-8, 8, (128, n)).astype(np.float32), (rng.random((n, 2)) * 0.1).astype(np.float16),
                      64) for n in (96, 32, 32)]
     fused = IntGemm.fused(parts)
-    assert fused.codes_nk.dtype == np.int8 and fused.codes_nk.shape == (160, 128)
+    layout = {"nk8": (np.int8, (160, 128)), "pairs8": (np.int8, (64, 160, 2))}[kernels._native.gemm_layout]
+    assert (fused.codes_nk.dtype, fused.codes_nk.shape) == layout
     x = rng.standard_normal((1, 1, 128)).astype(np.float32)
     a, b = both(lambda: fused(x))
     assert same_bits(a, b)
@@ -78,6 +83,7 @@ def test_fused_gemm_and_int8_codes_stay_exact(switch):
     assert same_bits(np.concatenate([p(x) for p in parts], -1), b)
 
 
+@needs_native
 def test_fp16_rounding_is_numpys_on_random_bit_patterns_and_edges(switch):
     rng = np.random.default_rng(0)
     bits = rng.integers(0, 2 ** 32, 200_003, dtype=np.uint64).astype(np.uint32).view(np.float32)
@@ -95,6 +101,7 @@ def test_fp16_rounding_is_numpys_on_random_bit_patterns_and_edges(switch):
         assert same_bits(a, b)
 
 
+@needs_native
 def test_kv_append_stores_the_same_codes_scales_and_values(switch):
     rng = np.random.default_rng(5)
     steps = []
@@ -128,6 +135,7 @@ def int4_dir(tmp_path_factory):
     return tiny_int4_dir(tmp_path_factory.mktemp("x1n"))
 
 
+@needs_native
 @pytest.mark.parametrize("machine_kind", ["default", "small_kv"])
 def test_whole_programs_give_identical_outputs_and_totals(switch, int4_dir, machine_kind):
     """Prefill, decode with and without head masks (the attention kernel), KV spill, vision and embed programs."""
@@ -148,3 +156,9 @@ def test_switch_refuses_native_without_the_module(monkeypatch):
     monkeypatch.setattr(native, "available", False)
     with pytest.raises(RuntimeError, match="not built"):
         native.set(True)
+
+
+@pytest.mark.skipif(os.environ.get("EDGEKIT_REQUIRE_NATIVE") != "1", reason="EDGEKIT_REQUIRE_NATIVE=1 not set")
+def test_native_kernels_were_built_where_ci_requires_them():
+    """CI sets EDGEKIT_REQUIRE_NATIVE=1: a silently failed optional build would otherwise only show as skips."""
+    assert native.available and native.enabled

@@ -15,6 +15,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define FP16_MAX 65504.0f
@@ -129,7 +130,7 @@ static Py_ssize_t count(Buf *b) { return b->view.len / 4; }
 
 /* --- XL_GEMM.W4A8 / W8A8 ------------------------------------------------------------------------------------
  * int_gemm(x (M, K) f32, codes (N, K) int8, scales (G, N) f32, group, col_mask (N) f32 | None, out (M, N) f32,
- *          scratch (>= N + K) f32)
+ *          (working memory is allocated here: callers may run on several threads))
  * Per row m: a_s = max|x| / 127; q = clip(rint(x / nonzero(a_s)), -127, 127); acc_j = q_j . codes_j in int32
  * (exact, as the float32 BLAS sums are: |acc| < 2^24); y = sum_j acc_j * (scales_j * a_s), in increasing j;
  * y *= col_mask; out = FP16(clip(y)). (IntGemm: quantize_rows_int8, the batched matmul, `acc *= scales * a_s`,
@@ -170,6 +171,74 @@ static void int_gemm_rows(const float *X, const int8_t *W, const float *S, Py_ss
     }
 }
 
+#ifdef EK_HAVE_F16C_PATH
+/* The same GEMM with AVX2 integer dot products: codes as int8 pairs along K, (K/2, N, 2), widened to int16 on
+ * load, so one vpmaddwd multiplies two K positions of eight output columns by a broadcast pair of activations and
+ * adds the pairs in int32 (exact). The float rescale and the sum over groups run per column in the same order as
+ * above. int8 keeps a small decoder's weights in L2 from one token to the next. */
+__attribute__((target("avx2"))) static void int_gemm_rows_avx2(const float *X, const int8_t *W2, const float *S,
+                                                              Py_ssize_t m, Py_ssize_t n, Py_ssize_t groups,
+                                                              Py_ssize_t group, const float *CM, float *Y, float *t,
+                                                              float *qf, int32_t *qp) {
+    const Py_ssize_t k = groups * group, pairs = group / 2;
+    for (Py_ssize_t r = 0; r < m; r++) {
+        float *yr = Y + r * n;
+        const float a_s = quant_row(X + r * k, k, qf);
+        int finite = 1;
+        for (Py_ssize_t i = 0; i < k; i += 2) {
+            float lo = qf[i], hi = qf[i + 1];
+            finite &= (lo == lo) & (hi == hi);
+            int16_t l = (int16_t)(lo == lo ? lo : 0.0f), h = (int16_t)(hi == hi ? hi : 0.0f);
+            qp[i / 2] = (int32_t)((uint32_t)(uint16_t)l | ((uint32_t)(uint16_t)h << 16));
+        }
+        for (Py_ssize_t i = 0; i < groups * n; i++) t[i] = S[i] * a_s;
+        Py_ssize_t c = 0;
+        for (; c + 16 <= n; c += 16) {
+            __m256 y0 = _mm256_setzero_ps(), y1 = _mm256_setzero_ps();
+            for (Py_ssize_t j = 0; j < groups; j++) {
+                __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+                for (Py_ssize_t p = j * pairs; p < (j + 1) * pairs; p++) {
+                    const __m256i qv = _mm256_set1_epi32(qp[p]);
+                    const int8_t *w = W2 + (p * n + c) * 2;
+                    const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+                    const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+                    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(w0, qv));
+                    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(w1, qv));
+                }
+                const __m256 p0 = _mm256_mul_ps(_mm256_cvtepi32_ps(a0), _mm256_loadu_ps(t + j * n + c));
+                const __m256 p1 = _mm256_mul_ps(_mm256_cvtepi32_ps(a1), _mm256_loadu_ps(t + j * n + c + 8));
+                y0 = j ? _mm256_add_ps(y0, p0) : p0;
+                y1 = j ? _mm256_add_ps(y1, p1) : p1;
+            }
+            _mm256_storeu_ps(yr + c, y0);
+            _mm256_storeu_ps(yr + c + 8, y1);
+        }
+        for (; c < n; c++) {
+            float y = 0.0f;
+            for (Py_ssize_t j = 0; j < groups; j++) {
+                int32_t acc = 0;
+                for (Py_ssize_t p = j * pairs; p < (j + 1) * pairs; p++) {
+                    const int8_t *w = W2 + (p * n + c) * 2;
+                    acc += (int32_t)(int16_t)(qp[p] & 0xffff) * w[0] + (int32_t)(int16_t)(qp[p] >> 16) * w[1];
+                }
+                float pr = (float)acc * t[j * n + c];
+                y = j == 0 ? pr : y + pr;
+            }
+            yr[c] = y;
+        }
+        for (c = 0; c < n; c++) {
+            if (!finite) yr[c] = NAN; /* a NaN activation: numpy's float matmul spreads it to every output */
+            if (CM) yr[c] *= CM[c];
+        }
+        round_fp16_rows(yr, yr, n, 1);
+    }
+}
+#endif
+
+/* Which weight layout int_gemm reads, chosen once per process by the CPU: "pairs8" (K/2, N, 2) int8 for the
+ * AVX2 kernel, "nk8" (N, K) int8 for the portable one. */
+static int gemm_pairs8 = 0;
+
 static int get_i8(PyObject *obj, Buf *b, const char *what) {
     b->held = 0;
     if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
@@ -182,13 +251,13 @@ static int get_i8(PyObject *obj, Buf *b, const char *what) {
 }
 
 static PyObject *int_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Buf x, w, s, mask, out, scratch;
+    Buf x, w, s, mask, out;
     PyObject *result = NULL;
     long group;
     int has_mask;
-    x.held = w.held = s.held = mask.held = out.held = scratch.held = 0;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "int_gemm takes 7 arguments");
+    x.held = w.held = s.held = mask.held = out.held = 0;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "int_gemm takes 6 arguments");
         return NULL;
     }
     group = PyLong_AsLong(args[3]);
@@ -197,33 +266,44 @@ static PyObject *int_gemm(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     has_mask = args[4] != Py_None;
-    if (get_f32(args[0], &x, 0, "x") || get_i8(args[1], &w, "codes") || get_f32(args[2], &s, 0, "scales") ||
-        (has_mask && get_f32(args[4], &mask, 0, "col_mask")) || get_f32(args[5], &out, 1, "out") ||
-        get_f32(args[6], &scratch, 1, "scratch"))
+    if (get_f32(args[0], &x, 0, "x") || get_i8(args[1], &w, "codes") ||
+        get_f32(args[2], &s, 0, "scales") ||
+        (has_mask && get_f32(args[4], &mask, 0, "col_mask")) || get_f32(args[5], &out, 1, "out"))
         goto done;
     {
         Py_ssize_t n = out.view.ndim ? out.view.shape[out.view.ndim - 1] : 0, groups, k, m = 0;
         groups = n ? count(&s) / n : 0;
         k = groups * group;
-        if (n == 0 || k == 0 || count(&s) != groups * n || w.view.len != k * n || count(&x) % k != 0 ||
-            (m = count(&x) / k) * n != count(&out) || (has_mask && count(&mask) != n) ||
-            count(&scratch) < groups * n + 2 * k) {
+        if (n == 0 || k == 0 || count(&s) != groups * n || w.view.len != k * n ||
+            count(&x) % k != 0 || (gemm_pairs8 && group % 2) ||
+            (m = count(&x) / k) * n != count(&out) || (has_mask && count(&mask) != n)) {
             PyErr_SetString(PyExc_ValueError, "int_gemm: inconsistent shapes");
             goto done;
         }
-        float *t = scratch.view.buf, *qf = t + groups * n;
+        float *t = malloc(sizeof(float) * (size_t)(groups * n + 2 * k)), *qf;
+        if (t == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        qf = t + groups * n;
         int16_t *q = (int16_t *)(qf + k);
         const float *X = x.view.buf, *S = s.view.buf, *CM = has_mask ? (const float *)mask.view.buf : NULL;
-        const int8_t *W = w.view.buf;
+        const int8_t *W = (const int8_t *)w.view.buf;
         float *Y = out.view.buf;
         Py_BEGIN_ALLOW_THREADS
-        int_gemm_rows(X, W, S, m, n, groups, group, CM, Y, t, qf, q);
+#ifdef EK_HAVE_F16C_PATH
+        if (gemm_pairs8)
+            int_gemm_rows_avx2(X, W, S, m, n, groups, group, CM, Y, t, qf, (int32_t *)q);
+        else
+#endif
+            int_gemm_rows(X, W, S, m, n, groups, group, CM, Y, t, qf, q);
         Py_END_ALLOW_THREADS
+        free(t);
         Py_INCREF(Py_None);
         result = Py_None;
     }
 done:
-    release(&x); release(&w); release(&s); release(&mask); release(&out); release(&scratch);
+    release(&x); release(&w); release(&s); release(&mask); release(&out);
     return result;
 }
 
@@ -313,7 +393,7 @@ done:
 }
 
 /* --- XL_VMATMUL_CAUSAL (decode: one query row, one scale group per head) -------------------------------------
- * attn_scores(q (H, D), kcodes (KV, cap, D), kscales (KV, cap), T, scale, mask (T), out (H, T), qscratch (D))
+ * attn_scores(q (H, D), kcodes (KV, cap, D), kscales (KV, cap), T, scale, mask (T), out (H, T))
  * Per query head h of KV head h / (H / KV): q_s = max|q| / 127; qi = clip(rint(q / nonzero(q_s)), -127, 127);
  * out[h, t] = ((qi . kcodes[t]) * kscales[t]) * q_s / scale + mask[t].
  * (_Binder._scores with quantize_rows_int8 for batch 1, one new row, G == 1.) */
@@ -328,25 +408,27 @@ static void attn_scores_rows(const float *Q, const float *KC, const float *KS, c
         for (Py_ssize_t t = 0; t < T; t++) {
             const float *kt = K + t * D;
             float dot = 0.0f;
-            for (Py_ssize_t i = 0; i < D; i++) dot += qi[i] * kt[i]; /* exact: integers below 2^24 */
+            /* exact (integers below 2^24), so any summation order gives the same value: let it vectorise */
+#pragma omp simd reduction(+ : dot)
+            for (Py_ssize_t i = 0; i < D; i++) dot += qi[i] * kt[i];
             o[t] = dot * S[t] * q_s / scale + M[t];
         }
     }
 }
 
 static PyObject *attn_scores(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Buf q, kc, ks, mask, out, qs;
+    Buf q, kc, ks, mask, out;
     PyObject *result = NULL;
-    q.held = kc.held = ks.held = mask.held = out.held = qs.held = 0;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "attn_scores takes 8 arguments");
+    q.held = kc.held = ks.held = mask.held = out.held = 0;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "attn_scores takes 7 arguments");
         return NULL;
     }
     Py_ssize_t T = PyLong_AsSsize_t(args[3]);
     double scale_d = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred()) return NULL;
     if (get_f32(args[0], &q, 0, "q") || get_f32(args[1], &kc, 0, "kcodes") || get_f32(args[2], &ks, 0, "kscales") ||
-        get_f32(args[5], &mask, 0, "mask") || get_f32(args[6], &out, 1, "out") || get_f32(args[7], &qs, 1, "scratch"))
+        get_f32(args[5], &mask, 0, "mask") || get_f32(args[6], &out, 1, "out"))
         goto done;
     if (q.view.ndim != 2 || kc.view.ndim != 3 || ks.view.ndim != 2) {
         PyErr_SetString(PyExc_ValueError, "attn_scores: wrong ranks");
@@ -355,20 +437,25 @@ static PyObject *attn_scores(PyObject *self, PyObject *const *args, Py_ssize_t n
     {
         Py_ssize_t H = q.view.shape[0], D = q.view.shape[1], KV = kc.view.shape[0], cap = kc.view.shape[1];
         if (KV == 0 || H % KV || kc.view.shape[2] != D || ks.view.shape[0] != KV || ks.view.shape[1] != cap ||
-            T < 0 || T > cap || count(&mask) != T || count(&out) != H * T || count(&qs) < D) {
+            T < 0 || T > cap || count(&mask) != T || count(&out) != H * T) {
             PyErr_SetString(PyExc_ValueError, "attn_scores: inconsistent shapes");
             goto done;
         }
         const float *Q = q.view.buf, *KC = kc.view.buf, *KS = ks.view.buf, *M = mask.view.buf;
-        float *O = out.view.buf, *qi = qs.view.buf;
+        float *O = out.view.buf, *qi = malloc(sizeof(float) * (size_t)(D ? D : 1));
+        if (qi == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
         Py_BEGIN_ALLOW_THREADS
         attn_scores_rows(Q, KC, KS, M, O, qi, H, D, KV, cap, T, (float)scale_d);
         Py_END_ALLOW_THREADS
+        free(qi);
         Py_INCREF(Py_None);
         result = Py_None;
     }
 done:
-    release(&q); release(&kc); release(&ks); release(&mask); release(&out); release(&qs);
+    release(&q); release(&kc); release(&ks); release(&mask); release(&out);
     return result;
 }
 
@@ -495,6 +582,254 @@ fail:
     return NULL;
 }
 
+/* --- norms -------------------------------------------------------------------------------------------------
+ * numpy sums a contiguous float32 axis pairwise (eight running sums per block of at most 128, blocks split in
+ * halves on multiples of 8); the same order here makes the means bit-identical. A mean divides that float32
+ * sum by the count as an intp, which numpy computes in float64 and casts back. */
+static float pairwise_sum(const float *a, Py_ssize_t n) {
+    if (n < 8) {
+        float res = 0.0f;
+        for (Py_ssize_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        float r[8], res;
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+static inline float mean_of(const float *a, Py_ssize_t n) { return (float)((double)pairwise_sum(a, n) / (double)n); }
+
+/* VRMSNORM per row: ms = mean(x * x); y = x * (1 / sqrt(ms + eps)) * gamma. */
+EK_CLONES
+static void rmsnorm_rows(const float *X, const float *gamma, float eps, float *Y, float *sq, Py_ssize_t m,
+                         Py_ssize_t n) {
+    for (Py_ssize_t r = 0; r < m; r++) {
+        const float *x = X + r * n;
+        float *y = Y + r * n;
+        for (Py_ssize_t i = 0; i < n; i++) sq[i] = x[i] * x[i];
+        const float inv = 1.0f / sqrtf(mean_of(sq, n) + eps);
+        for (Py_ssize_t i = 0; i < n; i++) y[i] = x[i] * inv * gamma[i];
+    }
+}
+
+/* LayerNormalization over the last axis per row: d = x - mean(x); y = d / sqrt(mean(d * d) + eps) * scale
+ * (+ bias). */
+EK_CLONES
+static void layernorm_rows(const float *X, const float *scale, const float *bias, float eps, float *Y, float *sq,
+                           Py_ssize_t m, Py_ssize_t n) {
+    for (Py_ssize_t r = 0; r < m; r++) {
+        const float *x = X + r * n;
+        float *y = Y + r * n;
+        const float mean = mean_of(x, n);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            y[i] = x[i] - mean;
+            sq[i] = y[i] * y[i];
+        }
+        const float den = sqrtf(mean_of(sq, n) + eps);
+        if (bias)
+            for (Py_ssize_t i = 0; i < n; i++) y[i] = y[i] / den * scale[i] + bias[i];
+        else
+            for (Py_ssize_t i = 0; i < n; i++) y[i] = y[i] / den * scale[i];
+    }
+}
+
+/* norm(kind, x (M, n), weight (n), bias (n) | None, eps, out (M, n)); kind 0 RMS, 1 LayerNorm. */
+static PyObject *norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Buf x, w, b, out;
+    PyObject *result = NULL;
+    x.held = w.held = b.held = out.held = 0;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "norm takes 6 arguments");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    double eps = PyFloat_AsDouble(args[4]);
+    int has_bias = args[3] != Py_None;
+    if (PyErr_Occurred()) return NULL;
+    if (get_f32(args[1], &x, 0, "x") || get_f32(args[2], &w, 0, "weight") ||
+        (has_bias && get_f32(args[3], &b, 0, "bias")) || get_f32(args[5], &out, 1, "out"))
+        goto done;
+    {
+        Py_ssize_t n = count(&w), m = n ? count(&x) / n : 0;
+        if (n == 0 || m * n != count(&x) || count(&out) != count(&x) || (has_bias && count(&b) != n)) {
+            PyErr_SetString(PyExc_ValueError, "norm: inconsistent shapes");
+            goto done;
+        }
+        const float *X = x.view.buf, *W = w.view.buf, *B = has_bias ? (const float *)b.view.buf : NULL;
+        float *Y = out.view.buf, *S = malloc(sizeof(float) * (size_t)n);
+        if (S == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        if (kind == 0) rmsnorm_rows(X, W, (float)eps, Y, S, m, n);
+        else layernorm_rows(X, W, B, (float)eps, Y, S, m, n);
+        Py_END_ALLOW_THREADS
+        free(S);
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+done:
+    release(&x); release(&w); release(&b); release(&out);
+    return result;
+}
+
+/* --- XL_ROPE_ROTATE, one position: rope(x (H, D), cos (D), sin (D), out (H, D))
+ * y = x * cos + [x2, x1] * [-sin1, sin2] (products rounded, then added: as the numpy kernel). */
+EK_CLONES
+static void rope_rows(const float *X, const float *C, const float *S, float *Y, Py_ssize_t h, Py_ssize_t d) {
+    const Py_ssize_t half = d / 2;
+    for (Py_ssize_t r = 0; r < h; r++) {
+        const float *x = X + r * d;
+        float *y = Y + r * d;
+        for (Py_ssize_t i = 0; i < half; i++) {
+            float t = x[i + half] * -S[i];
+            y[i] = x[i] * C[i] + t;
+        }
+        for (Py_ssize_t i = half; i < d; i++) {
+            float t = x[i - half] * S[i];
+            y[i] = x[i] * C[i] + t;
+        }
+    }
+}
+
+static PyObject *rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Buf x, c, sn, out;
+    PyObject *result = NULL;
+    x.held = c.held = sn.held = out.held = 0;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "rope takes 4 arguments");
+        return NULL;
+    }
+    if (get_f32(args[0], &x, 0, "x") || get_f32(args[1], &c, 0, "cos") || get_f32(args[2], &sn, 0, "sin") ||
+        get_f32(args[3], &out, 1, "out"))
+        goto done;
+    {
+        Py_ssize_t d = count(&c), h = d ? count(&x) / d : 0;
+        if (d == 0 || d % 2 || count(&sn) != d || h * d != count(&x) || count(&out) != count(&x)) {
+            PyErr_SetString(PyExc_ValueError, "rope: inconsistent shapes");
+            goto done;
+        }
+        const float *X = x.view.buf, *C = c.view.buf, *S = sn.view.buf;
+        float *Y = out.view.buf;
+        rope_rows(X, C, S, Y, h, d);
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+done:
+    release(&x); release(&c); release(&sn); release(&out);
+    return result;
+}
+
+/* --- VGELU: x * 0.5 * (erf(x / sqrt 2) + 1), erf by Abramowitz & Stegun 7.1.26 in float64 ------------------
+ * numpy's exp is not libm's, so the exponential stays in numpy between two passes:
+ *   gelu_pre(x, e):  e = -(a * a), a = |x * inv_sqrt2| in float64      then numpy: np.exp(e, out=e)
+ *   gelu_post(x, e, out): the polynomial in t = 1 / (1 + p a), erf = sign * (1 - poly * e), the GELU product,
+ * each operation in the order of kernels.erf and the emulator's gelu. */
+#define GELU_INV_SQRT2 ((float)(1.0 / sqrt(2.0))) /* np.float32(1.0 / math.sqrt(2.0)) */
+EK_CLONES
+static void gelu_pre_rows(const float *X, double *E, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double a = (double)fabsf(X[i] * GELU_INV_SQRT2);
+        E[i] = -(a * a);
+    }
+}
+
+EK_CLONES
+static void gelu_post_rows(const float *X, const double *E, float *Y, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float xs = X[i] * GELU_INV_SQRT2;
+        const double a = (double)fabsf(xs);
+        const double s = xs > 0.0f ? 1.0 : (xs < 0.0f ? -1.0 : (xs == 0.0f ? 0.0 : (double)xs));
+        double t = a * 0.3275911;
+        t += 1.0;
+        t = 1.0 / t;
+        double y = t * 1.061405429;
+        y -= 1.453152027;
+        y *= t;
+        y += 1.421413741;
+        y *= t;
+        y -= 0.284496736;
+        y *= t;
+        y += 0.254829592;
+        y *= t;
+        y *= E[i];
+        y = 1.0 - y;
+        y *= s;
+        Y[i] = X[i] * 0.5f * ((float)y + 1.0f);
+    }
+}
+
+static PyObject *gelu_pre(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Buf x, e;
+    x.held = e.held = 0;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "gelu_pre takes 2 arguments");
+        return NULL;
+    }
+    if (get_f32(args[0], &x, 0, "x")) goto fail;
+    if (PyObject_GetBuffer(args[1], &e.view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) goto fail;
+    e.held = 1;
+    if (e.view.itemsize != 8 || strcmp(e.view.format, "d") != 0 || e.view.len / 8 != count(&x)) {
+        PyErr_SetString(PyExc_ValueError, "gelu_pre: e must be float64 of x's size");
+        goto fail;
+    }
+    {
+        const float *X = x.view.buf;
+        double *E = e.view.buf;
+        Py_ssize_t n = count(&x);
+        Py_BEGIN_ALLOW_THREADS
+        gelu_pre_rows(X, E, n);
+        Py_END_ALLOW_THREADS
+    }
+    release(&x); release(&e);
+    Py_RETURN_NONE;
+fail:
+    release(&x); release(&e);
+    return NULL;
+}
+
+static PyObject *gelu_post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Buf x, e, out;
+    x.held = e.held = out.held = 0;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "gelu_post takes 3 arguments");
+        return NULL;
+    }
+    if (get_f32(args[0], &x, 0, "x") || get_f32(args[2], &out, 1, "out")) goto fail;
+    if (PyObject_GetBuffer(args[1], &e.view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail;
+    e.held = 1;
+    if (e.view.itemsize != 8 || strcmp(e.view.format, "d") != 0 || e.view.len / 8 != count(&x) ||
+        count(&out) != count(&x)) {
+        PyErr_SetString(PyExc_ValueError, "gelu_post: inconsistent sizes");
+        goto fail;
+    }
+    {
+        const float *X = x.view.buf;
+        const double *E = e.view.buf;
+        float *Y = out.view.buf;
+        Py_ssize_t n = count(&x);
+        Py_BEGIN_ALLOW_THREADS
+        gelu_post_rows(X, E, Y, n);
+        Py_END_ALLOW_THREADS
+    }
+    release(&x); release(&e); release(&out);
+    Py_RETURN_NONE;
+fail:
+    release(&x); release(&e); release(&out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"int_gemm", (PyCFunction)(void (*)(void))int_gemm, METH_FASTCALL, "XL_GEMM.W4A8/W8A8 over rows."},
     {"kv_append", (PyCFunction)(void (*)(void))kv_append, METH_FASTCALL, "KVAPPEND: INT4 group quantisation."},
@@ -502,6 +837,10 @@ static PyMethodDef methods[] = {
     {"quant_rows", (PyCFunction)(void (*)(void))quant_rows, METH_FASTCALL, "Dynamic per-row INT8."},
     {"gemm_epilogue", (PyCFunction)(void (*)(void))gemm_epilogue, METH_FASTCALL, "Integer GEMM rescale."},
     {"fp16_round", (PyCFunction)(void (*)(void))fp16_round, METH_FASTCALL, "FP16 storage rounding."},
+    {"norm", (PyCFunction)(void (*)(void))norm, METH_FASTCALL, "RMSNorm / LayerNorm over the last axis."},
+    {"rope", (PyCFunction)(void (*)(void))rope, METH_FASTCALL, "Rotary embedding of one position."},
+    {"gelu_pre", (PyCFunction)(void (*)(void))gelu_pre, METH_FASTCALL, "GELU, up to the exponential."},
+    {"gelu_post", (PyCFunction)(void (*)(void))gelu_post, METH_FASTCALL, "GELU, after the exponential."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -512,6 +851,12 @@ PyMODINIT_FUNC PyInit__native(void) {
 #ifdef EK_HAVE_F16C_PATH
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) round_fp16_rows = round_fp16_f16c;
+    if (__builtin_cpu_supports("avx2")) gemm_pairs8 = 1;
 #endif
-    return PyModule_Create(&module);
+    PyObject *mod = PyModule_Create(&module);
+    if (mod && PyModule_AddStringConstant(mod, "gemm_layout", gemm_pairs8 ? "pairs8" : "nk8") < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
 }

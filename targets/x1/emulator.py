@@ -300,6 +300,14 @@ def _reduce(fn):
 
 def _layernorm(x, scale, bias=None, axis=-1, epsilon=1e-5, stash_type=1):
     ax = tuple(range(axis % x.ndim, x.ndim))
+    n = x.shape[-1] if x.ndim else 0
+    if native.enabled and len(ax) == 1 and x.dtype == np.float32 and all(
+            isinstance(o, np.ndarray) and o.dtype == np.float32 and o.size == n and o.shape[-1:] == (n,)
+            for o in ([scale] if bias is None else [scale, bias])):
+        y = np.empty(x.shape, np.float32)  # the same steps per row in C
+        _native.norm(1, x if x.flags.c_contiguous else np.ascontiguousarray(x), np.ascontiguousarray(scale),
+                     None if bias is None else np.ascontiguousarray(bias), float(np.float32(epsilon)), y)
+        return y
     mean = x.mean(axis=ax, keepdims=True)
     d = x - mean
     var = (d * d).mean(axis=ax, keepdims=True)
@@ -711,6 +719,10 @@ class _Binder:
         def run(store, ctx):
             x = store[x_id]
             n = x.shape[-1]
+            if native.enabled and x.dtype == np.float32 and n == gamma.size:
+                y = store[y_id] = np.empty(x.shape, np.float32)
+                _native.norm(0, x if x.flags.c_contiguous else np.ascontiguousarray(x), gamma, None, float(eps), y)
+                return entry(x.size)
             if x.size == n and x.dtype == np.float32:  # one row (decode): the same steps on numpy scalars
                 v = x.reshape(n)
                 ms = np.float32(np.add.reduce(v * v) / np.intp(n))  # float64 quotient cast back, as below
@@ -747,6 +759,14 @@ class _Binder:
 
         def run(store, ctx):
             x = store[x_id]
+            if native.enabled and x.dtype == np.float32:  # C around numpy's own exp (bit-identical)
+                x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+                e = _scratch.get("gelu_exp", (x.size,), np.float64)
+                _native.gelu_pre(x, e)
+                np.exp(e, out=e)
+                y = store[y_id] = np.empty(x.shape, np.float32)
+                _native.gelu_post(x, e, y)
+                return entry(x.size)
             store[y_id] = by_row_blocks(gelu, x)
             return entry(x.size)
         return run
@@ -762,7 +782,12 @@ class _Binder:
             x, sin = store[x_id], store[sin_id]
             d = x.shape[-1]
             half = d // 2
-            if d % 2 or sin.shape[-1] != d:
+            cos = store[cos_id]
+            if native.enabled and sin.size == d and cos.size == d and not d % 2 and x.dtype == np.float32 \
+                    and sin.dtype == np.float32 and cos.dtype == np.float32 and x.ndim >= cos.ndim:
+                y = store[y_id] = np.empty(x.shape, np.float32)  # one position (decode): the C kernel
+                _native.rope(x if x.flags.c_contiguous else np.ascontiguousarray(x), cos, sin, y)
+            elif d % 2 or sin.shape[-1] != d:
                 rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
                 store[y_id] = x * store[cos_id] + rot * sin
             else:
@@ -851,7 +876,7 @@ class _Binder:
                     t = ks[2]
                     out = np.empty((1, kvh, h // kvh, 1, t), np.float32)
                     _native.attn_scores(q.reshape(h, d) if q.flags.c_contiguous else np.ascontiguousarray(q).reshape(
-                        h, d), ks[0], ks[1], t, float(scale), mask.reshape(t), out, _scratch.get("attn_q", (d,)))
+                        h, d), ks[0], ks[1], t, float(scale), mask.reshape(t), out)
                     store[s_id] = out
                     return self._attn_entry("attn_scores", layer, ctx, t, 1)
             kf, ksf = kv.keys(layer)  # (b, kv, T, hd) INT4 codes, (b, kv, T, G) FP16 scales, as float32

@@ -228,11 +228,11 @@ class IntGemm:
 
     def __call__(self, x: np.ndarray, col_mask: np.ndarray | None = None) -> np.ndarray:
         lead = x.shape[:-1]
-        if native.enabled and x.dtype == np.float32 and x.shape[-1] == self.k and x.size <= self.k * _NATIVE_ROWS \
-                and (col_mask is None or col_mask.dtype == np.float32):
+        if native.enabled and self.codes_nk is not None and x.dtype == np.float32 and x.shape[-1] == self.k \
+                and x.size <= self.k * _NATIVE_ROWS and (col_mask is None or col_mask.dtype == np.float32):
             out = np.empty((*lead, self.n), np.float32)
             _native.int_gemm(x if x.flags.c_contiguous else np.ascontiguousarray(x), self.codes_nk, self.scales,
-                             self.group, col_mask, out, _scratch.get("int_gemm", (self.groups * self.n + 2 * self.k,)))
+                             self.group, col_mask, out)
             return out
         if x.size == self.k and x.dtype == np.float32:
             acc = self._one_row(x)
@@ -280,10 +280,16 @@ class IntGemm:
         return out
 
     def _native_codes(self) -> np.ndarray | None:
-        """The codes as the C kernel reads them: int8, output-major (N, K); None without the module."""
+        """The codes as the C kernel reads them (int8, in the layout `_native.gemm_layout` names); None without the
+        module."""
         if not native.available:
             return None
-        return np.ascontiguousarray(self.codes.reshape(self.k, self.n).T).astype(np.int8)
+        kn = self.codes.reshape(self.k, self.n)
+        if _native.gemm_layout == "pairs8":  # (K/2, N, 2): K positions paired (groups of odd size: numpy)
+            if self.group % 2:
+                return None
+            return np.ascontiguousarray(kn.reshape(self.k // 2, 2, self.n).transpose(0, 2, 1)).astype(np.int8)
+        return np.ascontiguousarray(kn.T).astype(np.int8)
 
     def _group_by_group(self, qa: np.ndarray, a_s: np.ndarray) -> np.ndarray:
         """The general path for many rows (prefill): the same products and the same sum in increasing j, one
