@@ -162,3 +162,13 @@ def test_switch_refuses_native_without_the_module(monkeypatch):
 def test_native_kernels_were_built_where_ci_requires_them():
     """CI sets EDGEKIT_REQUIRE_NATIVE=1: a silently failed optional build would otherwise only show as skips."""
     assert native.available and native.enabled
+
+
+def test_environment_switches_the_native_kernels_off():
+    import subprocess
+    import sys
+
+    code = "from edgekit.targets.x1.kernels import native; print(native.available, native.enabled)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "EDGEKIT_X1_NATIVE": "0"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[1] == "False"

@@ -7,6 +7,7 @@ exact INT32 accumulator values, in any summation order, at BLAS speed. Rescaling
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -91,12 +92,13 @@ _scratch = _Scratch()
 
 
 class _NativeSwitch:
-    """Whether the compiled kernels run (`targets/x1/_native.c`). On when the module was built; `set(False)`
-    runs the numpy kernels instead (the tests and `bench/x1_emulator_speed.py --numpy` compare the two)."""
+    """Whether the compiled kernels run (`targets/x1/_native.c`). On when the module was built, unless the
+    environment says EDGEKIT_X1_NATIVE=0; `set(False)` runs the numpy kernels instead (the tests and
+    `bench/x1_emulator_speed.py` compare the two). Results are the same either way; only speed differs."""
 
     def __init__(self):
         self.available = _native is not None
-        self.enabled = self.available
+        self.enabled = self.available and os.environ.get("EDGEKIT_X1_NATIVE", "1") != "0"
 
     def set(self, on: bool) -> bool:
         """Turn the native kernels on or off; returns the previous setting. Turning them on without the module
