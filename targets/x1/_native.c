@@ -129,13 +129,14 @@ static void release(Buf *b) {
 static Py_ssize_t count(Buf *b) { return b->view.len / 4; }
 
 /* --- XL_GEMM.W4A8 / W8A8 ------------------------------------------------------------------------------------
- * int_gemm(x (M, K) f32, codes (N, K) int8, scales (G, N) f32, group, col_mask (N) f32 | None, out (M, N) f32,
- *          (working memory is allocated here: callers may run on several threads))
+ * int_gemm(x (M, K) f32, codes int8 in the layout `gemm_layout` names, scales (G, N) f32, group,
+ *          col_mask (N) f32 | None, out (M, N) f32)
+ * Working memory is allocated per call: callers may run on several threads.
  * Per row m: a_s = max|x| / 127; q = clip(rint(x / nonzero(a_s)), -127, 127); acc_j = q_j . codes_j in int32
  * (exact, as the float32 BLAS sums are: |acc| < 2^24); y = sum_j acc_j * (scales_j * a_s), in increasing j;
  * y *= col_mask; out = FP16(clip(y)). (IntGemm: quantize_rows_int8, the batched matmul, `acc *= scales * a_s`,
- * add.reduce over axis 0, to_fp16.) Weights are read as int8, output-major, so each group's dot product is a
- * contiguous integer reduction the compiler vectorises (pmaddwd and the like) at a quarter of the float bytes. */
+ * add.reduce over axis 0, to_fp16.) This portable version reads the codes output-major, (N, K), so each group's
+ * dot product is a contiguous integer reduction the compiler vectorises. */
 EK_CLONES
 static void int_gemm_rows(const float *X, const int8_t *W, const float *S, Py_ssize_t m, Py_ssize_t n,
                           Py_ssize_t groups, Py_ssize_t group, const float *CM, float *Y, float *t, float *qf,
