@@ -28,6 +28,14 @@ def switch():
     native.set(prev)
 
 
+@pytest.fixture(params=["fastest", "portable"])
+def paths(request):
+    """The kernels this CPU picks (AVX2 / F16C on x86-64), then the portable ones an arm64 device runs."""
+    kernels._native.use_portable(request.param == "portable")
+    yield request.param
+    kernels._native.use_portable(False)
+
+
 def both(fn):
     native.set(False)
     a = fn()
@@ -48,7 +56,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 @needs_native
 @pytest.mark.parametrize("k,n,group,bits", [(192, 320, 64, 4), (512, 192, 64, 4), (192, 588, 64, 8), (96, 40, 32, 4)])
 @pytest.mark.parametrize("rows", [1, 3, 29])
-def test_int_gemm_is_bit_identical_to_numpy(switch, k, n, group, bits, rows):
+def test_int_gemm_is_bit_identical_to_numpy(switch, paths, k, n, group, bits, rows):
     rng = np.random.default_rng(k + n + rows)
     lim = 8 if bits == 4 else 128
     g = IntGemm(rng.integers(-lim, lim, (k, n)).astype(np.float32), (rng.random((n, k // group)) * 0.05)
@@ -69,7 +77,7 @@ def test_int_gemm_is_bit_identical_to_numpy(switch, k, n, group, bits, rows):
 
 
 @needs_native
-def test_fused_gemm_and_int8_codes_stay_exact(switch):
+def test_fused_gemm_and_int8_codes_stay_exact(switch, paths):
     rng = np.random.default_rng(3)
     parts = [IntGemm(rng.integers(-8, 8, (128, n)).astype(np.float32), (rng.random((n, 2)) * 0.1).astype(np.float16),
                      64) for n in (96, 32, 32)]
@@ -84,7 +92,7 @@ def test_fused_gemm_and_int8_codes_stay_exact(switch):
 
 
 @needs_native
-def test_fp16_rounding_is_numpys_on_random_bit_patterns_and_edges(switch):
+def test_fp16_rounding_is_numpys_on_random_bit_patterns_and_edges(switch, paths):
     rng = np.random.default_rng(0)
     bits = rng.integers(0, 2 ** 32, 200_003, dtype=np.uint64).astype(np.uint32).view(np.float32)
     edges = np.array([0.0, -0.0, 65504, 65519.99, 65520, -65520, 1e-8, 2.0 ** -14, 2.0 ** -24, 3 * 2.0 ** -25,
@@ -137,7 +145,7 @@ def int4_dir(tmp_path_factory):
 
 @needs_native
 @pytest.mark.parametrize("machine_kind", ["default", "small_kv"])
-def test_whole_programs_give_identical_outputs_and_totals(switch, int4_dir, machine_kind):
+def test_whole_programs_give_identical_outputs_and_totals(switch, paths, int4_dir, machine_kind):
     """Prefill, decode with and without head masks (the attention kernel), KV spill, vision and embed programs."""
     m = load_machine() if machine_kind == "default" else _small_kv_machine(load_machine())
     runs = {}

@@ -831,7 +831,34 @@ fail:
     return NULL;
 }
 
+/* use_portable(on): the portable GEMM layout and scalar FP16 rounding even where the CPU has AVX2 / F16C, so the
+ * tests can check the code path an arm64 device runs. Returns the layout now in force. */
+static void choose_paths(int portable) {
+    gemm_pairs8 = 0;
+    round_fp16_rows = round_fp16_scalar;
+#ifdef EK_HAVE_F16C_PATH
+    if (!portable) {
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) round_fp16_rows = round_fp16_f16c;
+        if (__builtin_cpu_supports("avx2")) gemm_pairs8 = 1;
+    }
+#endif
+}
+
+static PyObject *use_portable(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    choose_paths(on);
+    PyObject *layout = PyUnicode_FromString(gemm_pairs8 ? "pairs8" : "nk8");
+    if (layout == NULL || PyObject_SetAttrString(self, "gemm_layout", layout) < 0) {
+        Py_XDECREF(layout);
+        return NULL;
+    }
+    return layout;
+}
+
 static PyMethodDef methods[] = {
+    {"use_portable", use_portable, METH_O, "Force the portable paths (tests)."},
     {"int_gemm", (PyCFunction)(void (*)(void))int_gemm, METH_FASTCALL, "XL_GEMM.W4A8/W8A8 over rows."},
     {"kv_append", (PyCFunction)(void (*)(void))kv_append, METH_FASTCALL, "KVAPPEND: INT4 group quantisation."},
     {"attn_scores", (PyCFunction)(void (*)(void))attn_scores, METH_FASTCALL, "XL_VMATMUL_CAUSAL, one query row."},
@@ -849,11 +876,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "X1 emulat
                                     -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-#ifdef EK_HAVE_F16C_PATH
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) round_fp16_rows = round_fp16_f16c;
-    if (__builtin_cpu_supports("avx2")) gemm_pairs8 = 1;
-#endif
+    choose_paths(0);
     PyObject *mod = PyModule_Create(&module);
     if (mod && PyModule_AddStringConstant(mod, "gemm_layout", gemm_pairs8 ? "pairs8" : "nk8") < 0) {
         Py_DECREF(mod);
