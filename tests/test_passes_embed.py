@@ -78,3 +78,21 @@ def test_a_graph_without_an_embedding_table_is_refused():
     make_pass("qembed").apply(model)
     with pytest.raises(PassPreconditionError, match="no Gather"):
         make_pass("qembed").apply(model)  # already quantized: nothing float left to gather from
+
+
+@pytest.mark.parametrize("spec", ["qembed:block=32", "qembed:block=32,target=x1", "qembed:block=16,bits=8"])
+def test_calibration_reads_the_table_a_quantised_graph_gathers(tmp_path, spec):
+    """Calibration (AWQ, head scores) feeds real embeddings: after qembed the table is codes and scales, and
+    what calibration needs is what the graph gathers, not its first 2-D initializer."""
+    from edgekit.passes.base import EMBED_TOKENS
+    from edgekit.passes.calibration import embedding_table
+
+    model, table = _embed()
+    ir.save(model, tmp_path / EMBED_TOKENS)
+    assert np.array_equal(embedding_table(tmp_path), np.asarray(table, np.float32))
+    make_pass(spec).apply(model)
+    ir.save(model, tmp_path / EMBED_TOKENS)
+    got = embedding_table(tmp_path)
+    assert got.shape == (SMALL.vocab_size, SMALL.hidden) and got.dtype == np.float32
+    assert np.array_equal(got[IDS[0]], _run(model)[0])
+    assert np.abs(got - table).max() < np.abs(table).max() * 0.2  # dequantised values, not codes

@@ -26,14 +26,26 @@ _DIM_DEFAULTS = {"batch": 1, "frames": 8}
 
 
 def embedding_table(model_dir: str | Path | None) -> np.ndarray | None:
-    """The (vocab, hidden) table of `embed_tokens.onnx` in `model_dir`, if there is one."""
+    """The (vocab, hidden) float32 table of `embed_tokens.onnx` in `model_dir`, if there is one.
+
+    A plain `Gather` of a float initializer is read directly; a table that `qembed` stored quantised (INT4/INT8
+    codes and scales, through `GatherBlockQuantized` or `DequantizeLinear`) is what the graph computes, so the
+    graph is run in ONNX Runtime for every token id (reading its first 2-D initializer would return codes)."""
     if model_dir is None or not (Path(model_dir) / EMBED_TOKENS).is_file():
         return None
-    model = ir.load(Path(model_dir) / EMBED_TOKENS)
-    for v in model.graph.initializers.values():
-        if v.const_value is not None and v.shape is not None and len(v.shape) == 2:
-            return v.const_value.numpy().astype(np.float32)
-    return None
+    path = Path(model_dir) / EMBED_TOKENS
+    model = ir.load(path)
+    for node in model.graph:
+        table = node.inputs[0] if node.op_type == "Gather" and node.inputs else None
+        if table is not None and table.const_value is not None and table.dtype in (
+                ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE):
+            return table.const_value.numpy().astype(np.float32)
+    shapes = [v.shape for v in model.graph.initializers.values() if v.shape is not None and len(v.shape) == 2]
+    if not shapes or [i.name for i in model.graph.inputs] != ["input_ids"]:
+        return None
+    vocab = int(shapes[0][0])  # codes (vocab, hidden or hidden / 2) and scales (vocab, blocks) agree on it
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.asarray(sess.run(None, {"input_ids": np.arange(vocab, dtype=np.int64)[None]})[0][0], np.float32)
 
 
 def _np_dtype(dtype: ir.DataType):
