@@ -12,17 +12,7 @@ from edgekit.targets.x1.compiler import CompileError, compile_graph, compile_mod
 from edgekit.targets.x1.emulator import Emulator
 from edgekit.targets.x1.machine import load_machine
 
-
-def tiny_int4_dir(root: Path) -> Path:
-    from edgekit.daemon.testing import write_tiny_model
-    from edgekit.export import export_default
-    from edgekit.passes.pipeline import run_pipeline
-    from edgekit.passes.registry import make_pass
-
-    model = write_tiny_model(root / "model")
-    export_default(model, root / "onnx")
-    run_pipeline(root / "onnx", root / "int4", [make_pass("int4:block=16,target=x1")], overwrite=True)
-    return root / "int4"
+from test_x1_emulator import tiny_int4_dir
 
 
 @pytest.fixture(scope="module")
