@@ -1,4 +1,5 @@
-"""`edgekit x1`: tools for the X1 NPU target. `estimate` budgets a model from its shape alone (no weights)."""
+"""`edgekit x1`: tools for the X1 NPU target. `estimate` budgets a model from its shape alone (no weights);
+`compile` and `inspect` make and read X1 programs (the emulator runs them through `edgekit run` / `profile`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import typer
 from edgekit.cli.common import JsonOption, console, emit
 
 app = typer.Typer(
-    help="The X1 edge NPU: analytic estimates (and, as they land, compile / inspect / emulate).",
+    help="The X1 edge NPU: analytic estimates, compiling and disassembling programs (run them with "
+         "`edgekit run` / `edgekit profile` on an x1 bundle).",
     no_args_is_help=True,
     epilog=(
         "Examples:\n\n"
@@ -64,7 +66,10 @@ def estimate(
     console.print(f"machine {mach.machine.name} {mach.short_hash} · analytic model, no weights read", markup=False)
 
 
-@app.command()
+@app.command(epilog=(
+    "Examples:\n\n"
+    "  edgekit optimize out/onnx -o out/int4 --pass int4:target=x1 && edgekit x1 compile out/int4 -o out/x1\n\n"
+    "  edgekit x1 compile out/int4 --strict --json   (refuse host partitions; machine-readable summary)"))
 def compile(  # noqa: A001 - the subcommand's name
     model_dir: Annotated[Path, typer.Argument(help="Folder with the ONNX graphs (after the INT4 pass, target x1).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the .x1 programs.")] = Path("out/x1"),
@@ -91,7 +96,10 @@ def compile(  # noqa: A001 - the subcommand's name
     emit(rows, as_json, title=f"X1 programs for {mach.machine.name} ({mach.short_hash})")
 
 
-@app.command()
+@app.command(epilog=(
+    "Examples:\n\n"
+    "  edgekit x1 inspect out/radreport-tiny-x1/decoder_model_merged.x1\n\n"
+    "  edgekit x1 inspect out/x1/vision_encoder.x1 --json | jq '.instructions | length'"))
 def inspect(
     program: Annotated[Path, typer.Argument(help="An .x1 program file.")],
     machine: Annotated[Path | None, typer.Option("--machine", help="Machine description TOML the program was "
