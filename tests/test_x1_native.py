@@ -180,3 +180,24 @@ def test_environment_switches_the_native_kernels_off():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "EDGEKIT_X1_NATIVE": "0"},
                          capture_output=True, text=True, check=True).stdout.split()
     assert out[1] == "False"
+
+
+@needs_native
+def test_edge_layouts_and_signs_match_numpy(switch):
+    """From review: an all -0.0 row (numpy's sum starts at +0.0), transposed views (numpy reduces them in
+    another order, so they stay on numpy), zero-row GEMMs with an odd group, and empty KV appends."""
+    from edgekit.targets.x1.emulator import _layernorm
+
+    rng = np.random.default_rng(11)
+    scale = rng.standard_normal(16).astype(np.float32)
+    for x in (np.full((2, 16), -0.0, np.float32), rng.standard_normal((16, 40)).astype(np.float32).T[:, :16].copy(),
+              rng.standard_normal((40, 16)).astype(np.float32).T.T, rng.standard_normal((16, 16)).astype(np.float32).T):
+        a, b = both(lambda: _layernorm(x, scale))
+        assert same_bits(a, b)
+    g = IntGemm(rng.integers(-8, 8, (6, 17)).astype(np.float32), (rng.random((17, 2)) * 0.1).astype(np.float16), 3)
+    a, b = both(lambda: g(np.zeros((1, 0, 6), np.float32)))
+    assert a.shape == b.shape == (1, 0, 17)
+    kv = KVCache(1, 8, 4)
+    native.set(True)
+    kv.append(0, np.zeros((1, 1, 0, 8), np.float32), np.zeros((1, 1, 0, 8), np.float32))
+    assert kv.lengths == [0]

@@ -608,7 +608,10 @@ static float pairwise_sum(const float *a, Py_ssize_t n) {
     return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
 }
 
-static inline float mean_of(const float *a, Py_ssize_t n) { return (float)((double)pairwise_sum(a, n) / (double)n); }
+/* numpy's add.reduce starts from its identity, +0.0: an all -0.0 row sums to +0.0, as here */
+static inline float mean_of(const float *a, Py_ssize_t n) {
+    return (float)((double)(0.0f + pairwise_sum(a, n)) / (double)n);
+}
 
 /* VRMSNORM per row: ms = mean(x * x); y = x * (1 / sqrt(ms + eps)) * gamma. */
 EK_CLONES

@@ -201,6 +201,8 @@ class KVCache:
         """Quantise K and V (one call over both, in place in the store's new rows) after the layer's current
         positions."""
         n, t = k.shape[2], self.lengths[layer]
+        if n == 0:
+            return  # nothing to append (and an empty array shares no memory for the in-place kernel to use)
         rows = self.rows[layer]
         if rows is None or rows.fill != t or rows.capacity < t + n or rows.codes.shape[1:3] != k.shape[:2]:
             cap = max(self._MIN_CAPACITY, 2 * (t + n))
@@ -301,11 +303,12 @@ def _reduce(fn):
 def _layernorm(x, scale, bias=None, axis=-1, epsilon=1e-5, stash_type=1):
     ax = tuple(range(axis % x.ndim, x.ndim))
     n = x.shape[-1] if x.ndim else 0
-    if native.enabled and len(ax) == 1 and x.dtype == np.float32 and all(
+    # C-contiguous only: numpy reduces a transposed view in another order, which the C rows would not match
+    if native.enabled and len(ax) == 1 and x.dtype == np.float32 and x.flags.c_contiguous and all(
             isinstance(o, np.ndarray) and o.dtype == np.float32 and o.size == n and o.shape[-1:] == (n,)
-            for o in ([scale] if bias is None else [scale, bias])):
+            and o.ndim <= x.ndim for o in ([scale] if bias is None else [scale, bias])):
         y = np.empty(x.shape, np.float32)  # the same steps per row in C
-        _native.norm(1, x if x.flags.c_contiguous else np.ascontiguousarray(x), np.ascontiguousarray(scale),
+        _native.norm(1, x, np.ascontiguousarray(scale),
                      None if bias is None else np.ascontiguousarray(bias), float(np.float32(epsilon)), y)
         return y
     mean = x.mean(axis=ax, keepdims=True)
@@ -719,9 +722,9 @@ class _Binder:
         def run(store, ctx):
             x = store[x_id]
             n = x.shape[-1]
-            if native.enabled and x.dtype == np.float32 and n == gamma.size:
-                y = store[y_id] = np.empty(x.shape, np.float32)
-                _native.norm(0, x if x.flags.c_contiguous else np.ascontiguousarray(x), gamma, None, float(eps), y)
+            if native.enabled and x.dtype == np.float32 and n == gamma.size and x.flags.c_contiguous:
+                y = store[y_id] = np.empty(x.shape, np.float32)  # (a transposed view sums in another order: numpy)
+                _native.norm(0, x, gamma, None, float(eps), y)
                 return entry(x.size)
             if x.size == n and x.dtype == np.float32:  # one row (decode): the same steps on numpy scalars
                 v = x.reshape(n)
@@ -786,7 +789,8 @@ class _Binder:
             if native.enabled and sin.size == d and cos.size == d and not d % 2 and x.dtype == np.float32 \
                     and sin.dtype == np.float32 and cos.dtype == np.float32 and x.ndim >= cos.ndim:
                 y = store[y_id] = np.empty(x.shape, np.float32)  # one position (decode): the C kernel
-                _native.rope(x if x.flags.c_contiguous else np.ascontiguousarray(x), cos, sin, y)
+                _native.rope(x if x.flags.c_contiguous else np.ascontiguousarray(x), np.ascontiguousarray(cos),
+                             np.ascontiguousarray(sin), y)
             elif d % 2 or sin.shape[-1] != d:
                 rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
                 store[y_id] = x * store[cos_id] + rot * sin
@@ -876,7 +880,7 @@ class _Binder:
                     t = ks[2]
                     out = np.empty((1, kvh, h // kvh, 1, t), np.float32)
                     _native.attn_scores(q.reshape(h, d) if q.flags.c_contiguous else np.ascontiguousarray(q).reshape(
-                        h, d), ks[0], ks[1], t, float(scale), mask.reshape(t), out)
+                        h, d), ks[0], ks[1], t, float(scale), np.ascontiguousarray(mask).reshape(t), out)
                     store[s_id] = out
                     return self._attn_entry("attn_scores", layer, ctx, t, 1)
             kf, ksf = kv.keys(layer)  # (b, kv, T, hd) INT4 codes, (b, kv, T, G) FP16 scales, as float32
