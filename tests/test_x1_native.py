@@ -201,3 +201,20 @@ def test_edge_layouts_and_signs_match_numpy(switch):
     native.set(True)
     kv.append(0, np.zeros((1, 1, 0, 8), np.float32), np.zeros((1, 1, 0, 8), np.float32))
     assert kv.lengths == [0]
+
+
+@needs_native
+def test_weights_prepared_for_another_layout_are_refused_not_misread():
+    """use_portable() changes the layout the GEMM reads; weights prepared before it must fail loudly."""
+    g = IntGemm(np.ones((8, 4), np.float32), np.ones((4, 1), np.float16), 8)
+    x = np.ones((1, 8), np.float32)
+    prev = native.set(True)
+    try:
+        kernels._native.use_portable(kernels._native.gemm_layout == "pairs8")
+        if g.codes_nk is not None and g.codes_nk.ndim == (3 if kernels._native.gemm_layout == "pairs8" else 2):
+            pytest.skip("this CPU has only the portable layout")
+        with pytest.raises(ValueError, match="inconsistent shapes"):
+            g(x)
+    finally:
+        kernels._native.use_portable(False)
+        native.set(prev)

@@ -276,7 +276,7 @@ static PyObject *int_gemm(PyObject *self, PyObject *const *args, Py_ssize_t narg
         groups = n ? count(&s) / n : 0;
         k = groups * group;
         if (n == 0 || k == 0 || count(&s) != groups * n || w.view.len != k * n ||
-            count(&x) % k != 0 || (gemm_pairs8 && group % 2) ||
+            count(&x) % k != 0 || (gemm_pairs8 && group % 2) || w.view.ndim != (gemm_pairs8 ? 3 : 2) ||
             (m = count(&x) / k) * n != count(&out) || (has_mask && count(&mask) != n)) {
             PyErr_SetString(PyExc_ValueError, "int_gemm: inconsistent shapes");
             goto done;

@@ -644,6 +644,15 @@ class _Binder:
         role = attr.get("head_role") if emu.head_dim else None
         x_id, y_id = ins[0], outs[0]
         table: dict = {}
+
+        def entry(rows, frac):
+            """The cost at `rows` rows with `frac` of the heads active (DSS shrinks q_proj's N and o_proj's K)."""
+            e = table.get((rows, frac))
+            if e is None:
+                kk, nn = (k * frac, n) if role == "o_proj" else (k, n * frac if role == "q_proj" else n)
+                e = table[(rows, frac)] = costs.gemm(dtype, name, layer, rows, kk, nn)
+            return e
+
         fused = self.fused.get(id(attr))
         if fused is not None:
             first = fused.attrs[0] is attr
@@ -652,13 +661,7 @@ class _Binder:
                 if first:
                     fused.run(store, ctx)
                 frac = ctx.frac[layer] if role is not None and ctx.mask is not None and layer is not None else 1.0
-                rows = fused.rows
-                key = (rows, frac)
-                e = table.get(key)
-                if e is None:
-                    kk, nn = (k * frac, n) if role == "o_proj" else (k, n * frac if role == "q_proj" else n)
-                    e = table[key] = costs.gemm(dtype, name, layer, rows, kk, nn)
-                return e
+                return entry(fused.rows, frac)
             return run_fused
         if mnem in ("XL_GEMM.W4A8", "XL_GEMM.W8A8"):
             gemm = self._int_gemm(attr)
@@ -692,13 +695,7 @@ class _Binder:
             if im2col:
                 y = y.reshape(x.shape[0], h // kh, w_ // kw, n).transpose(0, 3, 1, 2)
             store[y_id] = y
-            rows = math.prod(x.shape[:-1])
-            key = (rows, frac)
-            e = table.get(key)
-            if e is None:
-                kk, nn = (k * frac, n) if role == "o_proj" else (k, n * frac if role == "q_proj" else n)
-                e = table[key] = costs.gemm(dtype, name, layer, rows, kk, nn)
-            return e
+            return entry(math.prod(x.shape[:-1]), frac)
         return run
 
     # -- vector unit -------------------------------------------------------------------------------------------

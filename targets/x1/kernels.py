@@ -226,13 +226,10 @@ class IntGemm:
         self.groups = k // group
         self.codes = np.ascontiguousarray(q_kn.reshape(self.groups, group, n))
         self.scales = np.ascontiguousarray(s16_ng.astype(np.float32).T[:, None, :])  # (G, 1, N)
-        self.layout = _native.gemm_layout if native.available else None
         self.codes_nk = self._native_codes()
 
     def __call__(self, x: np.ndarray, col_mask: np.ndarray | None = None) -> np.ndarray:
         lead = x.shape[:-1]
-        if native.enabled and self.layout != _native.gemm_layout:  # use_portable() switched layouts (tests)
-            self.layout, self.codes_nk = _native.gemm_layout, self._native_codes()
         if native.enabled and self.codes_nk is not None and x.dtype == np.float32 and x.shape[-1] == self.k \
                 and 0 < x.size <= self.k * _NATIVE_ROWS and (col_mask is None or col_mask.dtype == np.float32):
             out = np.empty((*lead, self.n), np.float32)
@@ -337,7 +334,6 @@ class IntGemm:
         g.codes = np.ascontiguousarray(np.concatenate([p.codes for p in parts], axis=-1))
         g.scales = np.ascontiguousarray(np.concatenate([p.scales for p in parts], axis=-1))
         g.n = g.codes.shape[-1]
-        g.layout = _native.gemm_layout if native.available else None
         g.codes_nk = g._native_codes()
         return g
 
