@@ -1,0 +1,55 @@
+"""The plug-in registries: deployment targets and model families, each named once, by module path.
+
+Why strings and not imports: the core (build, reporter, passes) must run any target and any model family without
+importing one. A target package exports `TARGET` (see `edgekit.target.Target`: a build side and a run side); a
+model family package exports `FAMILY` (see `edgekit.target.ModelFamily`: weights, recipes, calibration studies).
+Adding a target is its package plus one line in `TARGETS`; nothing else in the core changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from edgekit.errors import ConfigError
+
+TARGETS: dict[str, str] = {
+    "cpu": "edgekit.targets.cpu",
+    "x1": "edgekit.targets.x1",
+}
+MODEL_FAMILIES: dict[str, str] = {
+    "radreport-tiny": "edgekit.models.radreport_tiny",
+}
+DEFAULT_MODEL = "radreport-tiny"
+
+_loaded: dict[tuple[str, str], Any] = {}
+
+
+def _load(kind: str, table: dict[str, str], attr: str, name: str):
+    key = (kind, name)
+    if key not in _loaded:
+        if name not in table:
+            raise ConfigError(f"unknown {kind} '{name}' (known: {', '.join(sorted(table))})")
+        value = table[name]
+        _loaded[key] = getattr(importlib.import_module(value), attr) if isinstance(value, str) else value
+    return _loaded[key]
+
+
+def target_names() -> tuple[str, ...]:
+    return tuple(sorted(TARGETS))
+
+
+def get_target(name: str):
+    """The `Target` plug-in called `name`."""
+    return _load("target", TARGETS, "TARGET", name)
+
+
+def get_model_family(name: str = DEFAULT_MODEL):
+    """The `ModelFamily` plug-in called `name` (default: the embedded radreport-tiny)."""
+    return _load("model family", MODEL_FAMILIES, "FAMILY", name)
+
+
+def register_target(name: str, target) -> None:
+    """Add a target at run time (an object or a module path): for out-of-tree targets and tests."""
+    TARGETS[name] = target
+    _loaded.pop(("target", name), None)

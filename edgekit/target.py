@@ -1,0 +1,97 @@
+"""What a deployment target and a model family are to the core: small protocols, resolved through
+`edgekit.plugins`.
+
+A target has a **build side** (`prepare`: exported, recipe-optimised graphs in, the files, figures, steps and
+runtime settings of its bundle out, as data) and a **run side** (`load_backend`: a bundle in, a generation backend
+out). The generic build (`edgekit/build.py`) and the reporter only ever talk to these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """What the generic build hands a target after export and the recipe."""
+
+    graphs: Path  # folder with the three graphs (names in edgekit.names), after the recipe's passes
+    work: Path  # scratch folder the target may write into; removed after the build
+    model_dir: Path  # the source weights folder (config.json, tokenizer.json, ...)
+    recipe: str | None = None  # name of the recipe that produced `graphs`, None for plain export
+    recipe_passes: tuple[str, ...] = ()  # names of its passes, in order
+    machine: Path | None = None  # a machine description, for targets that take one
+    say: Callable[[str], None] = lambda _msg: None
+
+
+@dataclass
+class TargetBuild:
+    """What a target adds to a bundle. `graphs` is the folder whose three graphs the bundle ships."""
+
+    graphs: Path
+    components: dict[str, Path] = field(default_factory=dict)  # extra bundle files by role
+    figures: dict[str, dict] = field(default_factory=dict)  # each with a `source`
+    steps: list[dict] = field(default_factory=list)  # provenance entries, in order
+    runtime: dict[str, Any] = field(default_factory=dict)  # manifest["runtime"]: settings the run side reads
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How to run a bundle. `settings` are target-specific overrides of the bundle's `runtime` section (for x1:
+    `dss`, `sparsity_target`, `sensitivity_threshold`); a target refuses settings it does not know."""
+
+    threads: int | None = None
+    profile_dir: Path | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Target(Protocol):
+    name: str
+    takes_machine: bool  # whether `--machine` means anything here
+
+    def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
+        """Refuse, up front and in one line, a recipe this target cannot build."""
+
+    def prepare(self, inputs: BuildInputs) -> TargetBuild: ...
+
+    def load_backend(self, bundle, options: RuntimeOptions): ...
+
+
+@dataclass(frozen=True)
+class CalibrationStudy:
+    """Display-ready frames (T, H, W) float32 in [0, 1] and the modality, as the reporter would see a study."""
+
+    frames: Any
+    modality: str
+
+
+class ModelFamily(Protocol):
+    name: str
+
+    def weights_dir(self) -> Path:
+        """The family's default weights (a model directory), shipped as package data."""
+
+    def recipe_path(self, name: str) -> Path | None:
+        """A bundled recipe by name, None when there is none."""
+
+    def recipe_names(self) -> list[str]: ...
+
+    def calibration_studies(self, n: int, *, split: str = "train", start: int = 0) -> list[CalibrationStudy]:
+        """`n` studies for calibration-aware passes (deterministic)."""
+
+
+def runtime_settings(defaults: Mapping[str, Any], bundle_runtime: Mapping[str, Any],
+                     overrides: Mapping[str, Any], where) -> dict[str, Any]:
+    """The bundle's runtime section over the target's defaults, then the request's overrides; unknown keys are
+    refused by name (a typo must not silently run another configuration)."""
+    from edgekit.errors import ConfigError
+
+    for source in (bundle_runtime, overrides):
+        unknown = sorted(set(source) - set(defaults))
+        if unknown:
+            raise ConfigError(f"unknown runtime setting(s) {', '.join(unknown)} "
+                              f"(known: {', '.join(sorted(defaults))})", where)
+    return {**defaults, **bundle_runtime, **overrides}
