@@ -21,7 +21,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from edgekit.export import DecoderSpec, build_decoder, random_weights
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.passes import make_pass
 
 SMOLLM2 = DecoderSpec(hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab_size=49152,

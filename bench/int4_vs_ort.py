@@ -22,7 +22,7 @@ import onnx
 import onnx_ir as ir
 
 from edgekit.export import DecoderSpec, build_decoder, export_model, random_weights
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.passes import make_pass
 from edgekit.passes.calibration import embedding_table, sample_feeds
 from edgekit.passes.check import compare_outputs, run_all, session

@@ -22,7 +22,7 @@ from onnx import numpy_helper
 
 from edgekit.export import export_model
 from edgekit.export.default import DECODER
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.passes.lora import merge_lora
 from edgekit.passes.peft_adapter import AdapterError
 

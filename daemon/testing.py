@@ -26,7 +26,7 @@ def write_tiny_model(out: Path, *, seed: int = 0, max_new_tokens: int = 24, full
     from safetensors.numpy import save_file
 
     from edgekit.export import random_weights
-    from edgekit.models.radreport_tiny.config import ModelConfig
+    from edgekit.export.model_config import ModelConfig
     from edgekit.models.radreport_tiny.tokenizer import EOS_ID, PAD_ID, PROMPT_TEMPLATE, SEP_ID, BOS_ID, \
         train_tokenizer
     from edgekit.models.synth import generate_study

@@ -9,7 +9,7 @@ import pytest
 
 from edgekit.errors import BundleError, ConfigError
 from edgekit.export import export_model, random_weights
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.targets.cpu import CpuBackend, physical_cores
 
 SMALL = ModelConfig(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,

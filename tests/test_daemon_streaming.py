@@ -12,7 +12,7 @@ import pytest
 
 from edgekit.export import export_model, random_weights
 from edgekit.generate import GenerationOptions, generate
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.targets.cpu import CpuBackend
 
 REPO = Path(__file__).resolve().parents[1]

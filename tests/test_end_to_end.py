@@ -13,7 +13,7 @@ import pytest
 from edgekit.build import build, default_model_dir
 from edgekit.bundle import load_bundle
 from edgekit.cli.app import main
-from edgekit.models.synth import Finding, parse_report
+from edgekit.findings import Finding, parse_report
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "models" / "samples"

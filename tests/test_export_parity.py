@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from edgekit.export import export_model  # noqa: E402
 from edgekit.export.parity import TorchBackend, measure_export_parity  # noqa: E402
-from edgekit.models.radreport_tiny.config import ModelConfig  # noqa: E402
+from edgekit.export.model_config import ModelConfig  # noqa: E402
 from edgekit.models.radreport_tiny.modeling import RadReportTiny  # noqa: E402
 from edgekit.targets.cpu import CpuBackend  # noqa: E402
 

@@ -8,7 +8,7 @@ import pytest
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.export import export_model, random_weights
 from edgekit.generate import GenerationOptions, generate, generate_batch, next_tokens
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.targets.cpu import CpuBackend
 
 SMALL = ModelConfig(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,

@@ -9,7 +9,7 @@ import pytest
 
 from edgekit.errors import ConfigError
 from edgekit.export import DecoderSpec, build_embed_tokens, random_weights
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.passes import make_pass
 from edgekit.passes.base import PassPreconditionError, initializer_bytes
 from edgekit.passes.check import session

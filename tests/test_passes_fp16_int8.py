@@ -6,7 +6,7 @@ import onnx_ir as ir
 import pytest
 
 from edgekit.export import DecoderSpec, build_decoder, build_embed_tokens, random_weights
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.passes import PassPreconditionError, make_pass
 from edgekit.passes.calibration import sample_feeds
 from edgekit.passes.check import check_models

@@ -12,7 +12,7 @@ import pytest
 from edgekit.cli.app import main
 from edgekit.errors import ConfigError
 from edgekit.export import export_model, random_weights
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.passes import (
     DECODER, GraphPass, PassChanges, PassConfig, PassFailedError, PassPreconditionError, load_recipe, make_pass,
     param, run_pipeline,

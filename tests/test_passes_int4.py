@@ -9,7 +9,7 @@ import pytest
 
 from edgekit.errors import ConfigError
 from edgekit.export import DecoderSpec, build_decoder, random_weights
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.passes import find_weight_matmuls, make_pass
 from edgekit.passes.calibration import sample_feeds
 from edgekit.passes.check import check_models, run_all, session

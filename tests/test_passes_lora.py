@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from edgekit.errors import ConfigError
 from edgekit.export import export_model
 from edgekit.export.default import DECODER, VISION_ENCODER
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.passes.base import PassContext
 from edgekit.passes.lora import LoraMergePass, merge_lora
 from edgekit.passes.peft_adapter import AdapterError, read_peft_adapter

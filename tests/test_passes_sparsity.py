@@ -11,7 +11,7 @@ import pytest
 from edgekit.errors import ConfigError
 from edgekit.export import export_model, random_weights
 from edgekit.export.default import DECODER
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.passes.base import PassContext, PassPreconditionError, find_weight_matmuls
 from edgekit.passes.check import run_all, session
 from edgekit.passes.heads import (

@@ -9,8 +9,9 @@ from PIL import Image
 
 from edgekit.errors import ConfigError
 from edgekit.ingest.pixels import to_display
-from edgekit.models.synth import generate_study, parse_report
-from edgekit.models.synth.findings import KIND_BY_NAME
+from edgekit.findings import parse_report
+from edgekit.models.synth import generate_study
+from edgekit.findings import KIND_BY_NAME
 from edgekit.models.synth.generator import generate_study_with
 
 MODEL_SIZE, MODEL_FRAMES = 64, 8

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgekit.models.synth import Finding, parse_report, render_report
-from edgekit.models.synth.findings import KINDS, sort_findings, sort_types
+from edgekit.findings import Finding, parse_report
+from edgekit.models.synth import render_report
+from edgekit.findings import KINDS, sort_findings, sort_types
 from edgekit.models.synth.generator import draw_findings
 from edgekit.models.synth.reports import STYLES
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pydicom
 
-from edgekit.models.synth import Finding, generate_study
+from edgekit.findings import Finding
+from edgekit.models.synth import generate_study
 from edgekit.models.synth.samples import SAMPLES_DIR, pick_samples
 from edgekit.models.synth.video_writer import read_mp4_gray
 

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from edgekit.cli.data_cmd import app
 from edgekit.errors import ConfigError
-from edgekit.models.synth import Finding, generate_study, write_split
+from edgekit.findings import Finding
+from edgekit.models.synth import generate_study, write_split
 from edgekit.models.synth.video_writer import read_mp4_gray
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import edgekit.models.radreport_tiny as pkg
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.models.radreport_tiny.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from edgekit.preprocess import PreprocessConfig
 

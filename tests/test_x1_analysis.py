@@ -10,7 +10,7 @@ import pytest
 
 from edgekit.errors import ConfigError
 from edgekit.export import export_model, random_weights
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.targets.x1.analysis import (
     OrtRunner,
     analyze,

@@ -95,6 +95,7 @@ def write_bundle(
     target: str,
     provenance: dict[str, Any] | None = None,
     figures: dict[str, Any] | None = None,
+    runtime: dict[str, Any] | None = None,
     archive: bool = False,
     required_roles: tuple[str, ...] = REQUIRED_ROLES,
 ) -> Path:
@@ -142,6 +143,7 @@ def write_bundle(
             components=entries,
             provenance=prov,
             figures=figures,
+            runtime=dict(runtime or {}),
         )
         _write_text_synced(tmp / MANIFEST_NAME, manifest.to_json())  # last: its presence means "complete"
         if archive:

@@ -48,6 +48,7 @@ class Manifest:
     components: dict[str, Component]
     provenance: dict[str, Any] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)  # the target's run-side settings (x1: DSS)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,6 +60,7 @@ class Manifest:
             "components": {role: c.to_dict() for role, c in sorted(self.components.items())},
             "provenance": self.provenance,
             "figures": self.figures,
+            "runtime": self.runtime,
         }
 
     def to_json(self) -> str:
@@ -93,7 +95,7 @@ class Manifest:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise BundleError(f"component {role!r} has an invalid size", where)
             components[role] = Component(path, digest.lower(), size)
-        for key in ("provenance", "figures"):
+        for key in ("provenance", "figures", "runtime"):
             if not isinstance(data.get(key, {}), dict):
                 raise BundleError(f"manifest field {key!r} is not an object", where)
         return cls(
@@ -103,6 +105,7 @@ class Manifest:
             components=components,
             provenance=data.get("provenance", {}),
             figures=data.get("figures", {}),
+            runtime=data.get("runtime", {}),
             schema_version=version,
         )
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.errors import ConfigError
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 
 from .decoder import build_decoder
 from .embed import build_embed_tokens

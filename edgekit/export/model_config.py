@@ -1,9 +1,9 @@
-"""The architecture of radreport-tiny, the embedded default model.
+"""The vision-language architecture edgekit's graph builders write (the embedded radreport-tiny is one instance).
 
 A SigLIP-style vision encoder run per frame, pooled across frames (mean and standard deviation, so cine motion
 survives pooling) and 2x2 in space, projected into a LLaMA-style decoder (RMSNorm, RoPE, GQA, SwiGLU). Names of
 weights follow Hugging Face conventions so the ONNX builders in `edgekit.export` serve imported models too.
-No torch here: the config is read by the exporter, the runtime and the x1 compiler.
+No torch here: the config is read by the exporter, the runtime, the x1 compiler and the training code.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgekit.errors import ConfigError
 from edgekit.generate import KV, Backend, GenerationOptions, generate
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 
 
 def _torch():
@@ -154,6 +154,6 @@ def _measure_parity(candidate: Backend, weights: Mapping[str, np.ndarray], confi
 def measure_export_parity(onnx_dir: str | Path, weights: Mapping[str, np.ndarray], config: ModelConfig,
                           **kwargs) -> ParityReport:
     """Parity of the three graphs in `onnx_dir` run on the cpu target (ONNX Runtime)."""
-    from edgekit.targets.cpu import CpuBackend
+    from edgekit.ort import CpuBackend
 
     return measure_parity(CpuBackend.from_dir(onnx_dir), weights, config, **kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

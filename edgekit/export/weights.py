@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.errors import EdgekitError
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:

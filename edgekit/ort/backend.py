@@ -1,4 +1,7 @@
-"""The `cpu` target: the three exported graphs in ONNX Runtime, behind the generation backend protocol.
+"""The three exported graphs in ONNX Runtime, behind the generation backend protocol.
+
+ONNX Runtime is edgekit's reference executor: pass checks, export parity and calibration run graphs here, and the
+`cpu` target serves this backend as it is.
 
 The backend reads layer count and KV shapes from the decoder graph's own inputs, so it serves any export with the
 Hugging Face VLM names, not just radreport-tiny. The KV cache stays a list of numpy (key, value) pairs that the
@@ -12,13 +15,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from edgekit import names
 from edgekit.errors import BundleError, ConfigError
 
 from .threads import physical_cores
-
-VISION_ENCODER = "vision_encoder.onnx"
-EMBED_TOKENS = "embed_tokens.onnx"
-DECODER = "decoder_model_merged.onnx"
 
 KV = list[tuple[np.ndarray, np.ndarray]]
 
@@ -74,7 +74,7 @@ class CpuBackend:
     def from_dir(cls, model_dir: str | Path, **kwargs) -> "CpuBackend":
         """A folder holding the three graphs under their standard names (what `export_default` writes)."""
         d = Path(model_dir)
-        return cls(d / VISION_ENCODER, d / EMBED_TOKENS, d / DECODER, **kwargs)
+        return cls(d / names.VISION_ENCODER, d / names.EMBED_TOKENS, d / names.DECODER, **kwargs)
 
     def _read_decoder_signature(self) -> None:
         inputs = {i.name: i for i in self.decoder.get_inputs()}
@@ -121,6 +121,10 @@ class CpuBackend:
         return outs["logits"], present
 
     # profiling ------------------------------------------------------------------------------------------------
+    def take_cost(self) -> dict:
+        """Nothing is emulated or metered here: wall-clock timings are the reporter's."""
+        return {}
+
     def end_profiling(self) -> list[Path]:
         """Stop profiling and return the chrome-trace JSON files (one per graph); empty when not profiling."""
         if self.profile_dir is None:

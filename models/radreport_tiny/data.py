@@ -29,7 +29,7 @@ IGNORE = -100  # label of positions that carry no loss (prompt, padding)
 
 
 def _finding_labels() -> tuple[tuple[str, str | None], ...]:
-    from edgekit.models.synth.findings import KINDS
+    from edgekit.findings import KINDS
 
     pairs = {(f.type, loc) for k in KINDS for f in k.findings for loc in (f.locations or (None,))}
     return tuple(sorted(pairs, key=lambda p: (p[0], p[1] or "")))

@@ -93,7 +93,7 @@ def score(reports: list[str], data: SplitData) -> dict:
     """BLEU-4 against the site references, and finding F1 after mapping the text back to canonical phrasing."""
     from edgekit.eval.finding_metrics import prf, score_study
     from edgekit.eval.text_metrics import bleu_from_statistics, bleu_statistics
-    from edgekit.models.synth import parse_report
+    from edgekit.findings import parse_report
 
     bleu = bleu_from_statistics(bleu_statistics(reports, [[t.references[0]] for t in data.texts]))
     tp = fp = fn = 0
@@ -162,7 +162,7 @@ def load_base(weights_dir: Path):
     """The trained model, tokenizer and max_new_tokens from a weights directory."""
     from safetensors.torch import load_file
 
-    from .config import ModelConfig
+    from edgekit.export.model_config import ModelConfig
     from .modeling import RadReportTiny
     from .tokenizer import load_tokenizer
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 
 
 class RMSNorm(nn.Module):

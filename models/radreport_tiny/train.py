@@ -28,7 +28,7 @@ from torch import nn
 from edgekit.errors import ConfigError
 from edgekit.preprocess import PreprocessConfig
 
-from .config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from .data import (
     FINDING_LABELS,
     IGNORE,
@@ -244,7 +244,7 @@ def evaluate_generation(model, tok, enc: EncodedSplit, max_new_tokens: int, batc
                         limit: int | None = None) -> dict:
     """Greedy reports for the val studies, parsed and scored at finding level against the ground truth."""
     from edgekit.eval.finding_metrics import prf, score_study
-    from edgekit.models.synth import parse_report
+    from edgekit.findings import parse_report
 
     items = eval_items(enc)
     if limit is not None:

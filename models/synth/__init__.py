@@ -3,12 +3,10 @@
 See docs/interfaces.md, "Synthetic studies". `generate_study` is pure; `write_split` puts a split on disk.
 """
 
-from .findings import Finding, KINDS
 from .generator import GENERATOR_VERSION, SPLITS, SynthStudy, generate_study
-from .reports import ParsedReport, parse_report, render_report
+from .reports import render_report
 from .splits import write_split
 
 __all__ = [
-    "Finding", "KINDS", "GENERATOR_VERSION", "SPLITS", "SynthStudy", "generate_study", "ParsedReport",
-    "parse_report", "render_report", "write_split",
+    "GENERATOR_VERSION", "SPLITS", "SynthStudy", "generate_study", "render_report", "write_split",
 ]

@@ -22,7 +22,7 @@ from pydicom.uid import (
 
 from edgekit.errors import ConfigError
 
-from .findings import KINDS, TYPE_ORDER, Finding, KindSpec, sort_findings, sort_types
+from edgekit.findings import KINDS, TYPE_ORDER, Finding, KindSpec, sort_findings, sort_types
 from .render import Rendered, render_cr_chest, render_ct_chest, render_mr_brain, render_us_cardiac
 from .reports import STYLES, render_report
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -129,9 +128,3 @@ def summarize(index: str | Path, seconds: float | None = None) -> dict:
     if seconds is not None:
         out["seconds"] = round(seconds, 3)
     return out
-
-
-def timed_write_split(out_dir: str | Path, split: str, n: int, *, progress: Progress | None = None) -> dict:
-    t0 = time.perf_counter()
-    index = write_split(out_dir, split, n, progress=progress)
-    return summarize(index, time.perf_counter() - t0)

@@ -61,7 +61,7 @@ SMOLLM2_135M = DecoderShape(name="smollm2-135m", hidden=576, layers=30, heads=9,
 
 def radreport_tiny(config=None) -> DecoderShape:
     """The default model's decoder; `config` is a `ModelConfig` (the default one when omitted)."""
-    from edgekit.models.radreport_tiny.config import ModelConfig
+    from edgekit.export.model_config import ModelConfig
 
     c = config or ModelConfig()
     return DecoderShape(name="radreport-tiny", hidden=c.hidden, layers=c.layers, heads=c.heads,
@@ -91,7 +91,7 @@ def _from_json(path: Path) -> DecoderShape:
             heads=heads, kv_heads=d.get("num_key_value_heads", heads),
             head_dim=d.get("head_dim") or d["hidden_size"] // heads, intermediate=d["intermediate_size"],
             vocab=d["vocab_size"], tied_embeddings=bool(d.get("tie_word_embeddings", False)))
-    from edgekit.models.radreport_tiny.config import ModelConfig
+    from edgekit.export.model_config import ModelConfig
 
     try:
         return radreport_tiny(ModelConfig.from_dict(d))

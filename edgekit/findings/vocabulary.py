@@ -1,7 +1,8 @@
-"""The finding schema and vocabulary of the synthetic studies.
+"""The finding schema and vocabulary: what a report can state, per study kind.
 
 One table decides, per study kind, which finding types exist, whether they take a side, a size and a count, and
-which sizes may be drawn. The generator, the renderer of pixels and the report writer/parser all read it, so a
+which sizes may be drawn. The report parser and the metrics (core), and the synthetic generator, pixel renderer and report writer
+(`edgekit.models.synth`) all read it, so a
 finding the images can show is always a finding the reports can say, and vice versa.
 
 Sizes are few and far apart on purpose: at 64x64 after area downsampling the smallest finding is at least 4 px
@@ -131,12 +132,6 @@ LATERAL_TYPES = frozenset(f.type for k in KINDS for f in k.findings if f.locatio
 SIZED_TYPES = frozenset(f.type for k in KINDS for f in k.findings if f.sizes_mm)
 COUNTED_TYPES = frozenset(f.type for k in KINDS for f in k.findings if f.max_count > 1)
 
-
-def kind_of_modality(modality: str) -> KindSpec:
-    for k in KINDS:
-        if modality in k.modalities:
-            return k
-    raise KeyError(modality)
 
 
 def sort_findings(findings) -> list[Finding]:
