@@ -65,9 +65,6 @@ class GraphBuilder:
             self._initializers[name] = self.tape.initializer(ir.Tensor(array, name=name), name=name)
         return self._initializers[name]
 
-    def has_weight(self, name: str) -> bool:
-        return name in self._weights
-
     def const(self, value, dtype=np.int64) -> ir.Value:
         """A `Constant` node for a small literal (shape, axes, scalar); equal literals share one node."""
         array = np.asarray(value, dtype=dtype)

@@ -123,9 +123,6 @@ class SafetensorsCheckpoint(Mapping[str, np.ndarray]):
     def shape(self, name: str) -> tuple[int, ...]:
         return self.entries[name].shape
 
-    def float32_bytes(self) -> int:
-        return sum(4 * int(np.prod(e.shape, dtype=np.int64)) for e in self.entries.values())
-
     def read(self, name: str) -> np.ndarray:
         """One tensor as a new float32 array (bf16 widened exactly by a 16-bit shift)."""
         e = self.entries[name]
