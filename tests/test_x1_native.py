@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pytest
 
-from edgekit.targets.x1 import kernels
 from edgekit.targets.x1.compiler import compile_model
 from edgekit.targets.x1.emulator import Emulator, KVCache
 from edgekit.targets.x1.kernels import IntGemm, native, to_fp16
@@ -31,9 +30,9 @@ def switch():
 @pytest.fixture(params=["fastest", "portable"])
 def paths(request):
     """The kernels this CPU picks (AVX2 / F16C on x86-64), then the portable ones an arm64 device runs."""
-    kernels._native.use_portable(request.param == "portable")
+    native.lib.use_portable(request.param == "portable")
     yield request.param
-    kernels._native.use_portable(False)
+    native.lib.use_portable(False)
 
 
 def both(fn):
@@ -82,7 +81,7 @@ def test_fused_gemm_and_int8_codes_stay_exact(switch, paths):
     parts = [IntGemm(rng.integers(-8, 8, (128, n)).astype(np.float32), (rng.random((n, 2)) * 0.1).astype(np.float16),
                      64) for n in (96, 32, 32)]
     fused = IntGemm.fused(parts)
-    layout = {"nk8": (np.int8, (160, 128)), "pairs8": (np.int8, (64, 160, 2))}[kernels._native.gemm_layout]
+    layout = {"nk8": (np.int8, (160, 128)), "pairs8": (np.int8, (64, 160, 2))}[native.lib.gemm_layout]
     assert (fused.codes_nk.dtype, fused.codes_nk.shape) == layout
     x = rng.standard_normal((1, 1, 128)).astype(np.float32)
     a, b = both(lambda: fused(x))
@@ -99,7 +98,7 @@ def test_fp16_rounding_is_numpys_on_random_bit_patterns_and_edges(switch, paths)
                       np.inf, -np.inf, 6.1e-5], np.float32)
     for x in (bits, edges, bits[:17]):  # the vector loop and its scalar tail
         out = np.empty_like(x)
-        kernels._native.fp16_round(x, out, False)
+        native.lib.fp16_round(x, out, False)
         with np.errstate(over="ignore"):
             ref = x.astype(np.float16).astype(np.float32)
         assert same_bits(ref, out)
@@ -186,13 +185,13 @@ def test_environment_switches_the_native_kernels_off():
 def test_edge_layouts_and_signs_match_numpy(switch):
     """From review: an all -0.0 row (numpy's sum starts at +0.0), transposed views (numpy reduces them in
     another order, so they stay on numpy), zero-row GEMMs with an odd group, and empty KV appends."""
-    from edgekit.targets.x1.emulator import _layernorm
+    from edgekit.targets.x1.onnx_ops import layernorm
 
     rng = np.random.default_rng(11)
     scale = rng.standard_normal(16).astype(np.float32)
     for x in (np.full((2, 16), -0.0, np.float32), rng.standard_normal((16, 40)).astype(np.float32).T[:, :16].copy(),
               rng.standard_normal((40, 16)).astype(np.float32).T.T, rng.standard_normal((16, 16)).astype(np.float32).T):
-        a, b = both(lambda: _layernorm(x, scale))
+        a, b = both(lambda: layernorm(x, scale))
         assert same_bits(a, b)
     g = IntGemm(rng.integers(-8, 8, (6, 17)).astype(np.float32), (rng.random((17, 2)) * 0.1).astype(np.float16), 3)
     a, b = both(lambda: g(np.zeros((1, 0, 6), np.float32)))
@@ -210,11 +209,11 @@ def test_weights_prepared_for_another_layout_are_refused_not_misread():
     x = np.ones((1, 8), np.float32)
     prev = native.set(True)
     try:
-        kernels._native.use_portable(kernels._native.gemm_layout == "pairs8")
-        if g.codes_nk is not None and g.codes_nk.ndim == (3 if kernels._native.gemm_layout == "pairs8" else 2):
+        native.lib.use_portable(native.lib.gemm_layout == "pairs8")
+        if g.codes_nk is not None and g.codes_nk.ndim == (3 if native.lib.gemm_layout == "pairs8" else 2):
             pytest.skip("this CPU has only the portable layout")
         with pytest.raises(ValueError, match="inconsistent shapes"):
             g(x)
     finally:
-        kernels._native.use_portable(False)
+        native.lib.use_portable(False)
         native.set(prev)

@@ -211,7 +211,7 @@ def place_weights(shape: DecoderShape, machine: Machine, dtype: str) -> dict[str
     return dram_fraction
 
 
-class _Builder:
+class CostBuilder:
     """Turns op descriptions into OpCosts for one machine and workload."""
 
     def __init__(self, machine: Machine, workload: Workload):
@@ -290,7 +290,7 @@ def estimate_decode(shape: DecoderShape, machine: Machine, workload: Workload) -
     groups_active = shape.kv_heads * min(1.0, shape.group_size * (1.0 - s))
     kv = kv_placement(shape, m, w.context)
     placement = place_weights(shape, m, w.weights)
-    b = _Builder(m, w)
+    b = CostBuilder(m, w)
 
     embed_bits = shape.hidden * m.weight_bits(w.weights)
     embed_dram = placement.get("embed_tokens", placement["lm_head"])

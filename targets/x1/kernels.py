@@ -88,7 +88,7 @@ class _Scratch(threading.local):
         return buf[:n].reshape(shape)
 
 
-_scratch = _Scratch()
+scratch = _Scratch()  # public: the emulator's kernels share these buffers
 
 
 class _NativeSwitch:
@@ -97,6 +97,7 @@ class _NativeSwitch:
     `bench/x1_emulator_speed.py` compare the two). Results are the same either way; only speed differs."""
 
     def __init__(self):
+        self.lib = _native  # the compiled module itself (None when it was not built): its kernels and switches
         self.available = _native is not None
         self.enabled = self.available and os.environ.get("EDGEKIT_X1_NATIVE", "1") != "0"
 
@@ -118,18 +119,18 @@ def to_fp16_scratch(x: np.ndarray) -> np.ndarray:
     if x.dtype != np.float32 or x.size < _BITWISE_FP16_FROM:
         return to_fp16(x)
     if native.enabled:
-        y = _scratch.get("fp16_operand", x.shape)
+        y = scratch.get("fp16_operand", x.shape)
         _native.fp16_round(x if x.flags.c_contiguous else np.ascontiguousarray(x), y, True)
         return y
-    y = _clip(x, -FP16_MAX, FP16_MAX, out=_scratch.get("fp16_operand", x.shape))
+    y = _clip(x, -FP16_MAX, FP16_MAX, out=scratch.get("fp16_operand", x.shape))
     return _round_fp16_in_place(y)
 
 
 def _round_fp16_in_place(x: np.ndarray) -> np.ndarray:
     """`to_fp16`'s bit arithmetic on a clipped, C-contiguous float32 array it may overwrite (scratch space for
     the temporaries): the subnormal fix-ups are computed from the values before rounding."""
-    t = np.abs(x, out=_scratch.get("fp16_abs", x.shape))
-    small = np.less(t, _FP16_MIN_NORMAL, out=_scratch.get("fp16_small", x.shape, np.bool_))
+    t = np.abs(x, out=scratch.get("fp16_abs", x.shape))
+    small = np.less(t, _FP16_MIN_NORMAL, out=scratch.get("fp16_small", x.shape, np.bool_))
     fix = np.rint(x[small] * _INV_FP16_SUBNORMAL_STEP) * _FP16_SUBNORMAL_STEP if small.any() else None
     u, r = x.view(np.uint32), t.view(np.uint32)
     np.right_shift(u, 13, out=r)
