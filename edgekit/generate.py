@@ -30,6 +30,13 @@ class Backend(Protocol):
                past: KV | None) -> tuple[np.ndarray, KV]: ...
 
 
+def take_cost(backend) -> dict:
+    """What the backend measured for the sequence just generated (an emulator's cycles and energy), and a fresh
+    start for the next; {} for backends that measure nothing beyond wall time."""
+    take = getattr(backend, "take_cost", None)
+    return take() if take is not None else {}
+
+
 @dataclass
 class GenerationOptions:
     """`temperature == 0` is greedy. `top_p` keeps the smallest set of most likely tokens whose mass reaches it.
@@ -85,13 +92,15 @@ def next_tokens(logits: np.ndarray, options: GenerationOptions, rng: np.random.G
     return out
 
 
-def _as_batch(prompt_ids, pixel_values) -> tuple[np.ndarray, np.ndarray]:
+def _as_batch(prompt_ids, pixel_values) -> tuple[np.ndarray, np.ndarray | None]:
     ids = np.asarray(prompt_ids, dtype=np.int64)
     if ids.ndim == 1:
         ids = ids[None]
-    pv = np.asarray(pixel_values, dtype=np.float32)
     if ids.ndim != 2 or ids.shape[1] == 0:
         raise EdgekitError(f"prompt_ids must be (batch, seq) with seq >= 1, got shape {ids.shape}")
+    if pixel_values is None:  # text only
+        return ids, None
+    pv = np.asarray(pixel_values, dtype=np.float32)
     if pv.ndim != 5 or pv.shape[0] != ids.shape[0]:
         raise EdgekitError(f"pixel_values must be (batch, frames, 1, H, W) matching the prompt batch "
                            f"{ids.shape[0]}, got shape {pv.shape}")
@@ -101,7 +110,7 @@ def _as_batch(prompt_ids, pixel_values) -> tuple[np.ndarray, np.ndarray]:
 def generate_batch(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions,
                    prompt_attention_mask: np.ndarray | None = None,
                    on_token: OnToken | None = None) -> list[GenerationResult]:
-    """Generate for a batch. Prompts of different lengths are left-padded, with `prompt_attention_mask` 0 on the
+    """Generate for a batch (`pixel_values` None: text only). Prompts of different lengths are left-padded, with `prompt_attention_mask` 0 on the
     padding; positions count only kept tokens, as in training. All rows share one timing. `on_token` (one-row
     batches only) sees each kept token as soon as it is chosen, so a server can stream the report."""
     options.validate()
@@ -113,13 +122,15 @@ def generate_batch(backend: Backend, pixel_values, prompt_ids, options: Generati
     rng = np.random.default_rng(options.seed)
 
     t0 = time.perf_counter()
-    image = backend.encode_images(pv)
+    image = backend.encode_images(pv) if pv is not None else None
     t1 = time.perf_counter()
-    x = np.concatenate([image, backend.embed(ids)], axis=1)
+    text = backend.embed(ids)
+    x = text if image is None else np.concatenate([image, text], axis=1)
     text_mask = np.ones_like(ids) if prompt_attention_mask is None else np.asarray(prompt_attention_mask, np.int64)
     if text_mask.shape != ids.shape:
         raise EdgekitError(f"prompt_attention_mask shape {text_mask.shape} != prompt_ids shape {ids.shape}")
-    mask = np.concatenate([np.ones((batch, image.shape[1]), np.int64), text_mask], axis=1)
+    image_tokens = 0 if image is None else image.shape[1]
+    mask = np.concatenate([np.ones((batch, image_tokens), np.int64), text_mask], axis=1)
     positions = np.maximum(mask.cumsum(-1) - 1, 0)
     logits, past = backend.decode(x, mask, positions, None)
     token = next_tokens(logits[:, -1], options, rng)
@@ -162,7 +173,7 @@ def generate_batch(backend: Backend, pixel_values, prompt_ids, options: Generati
 
 def generate(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions,
              on_token: OnToken | None = None) -> GenerationResult:
-    """Generate one report: `pixel_values` (1, frames, 1, H, W), `prompt_ids` (1, seq) or (seq,).
+    """Generate one report: `pixel_values` (1, frames, 1, H, W) or None, `prompt_ids` (1, seq) or (seq,).
     `on_token(token_id, index)` is called for every token that ends up in `token_ids`, in order."""
     ids = np.asarray(prompt_ids)
     if ids.ndim == 2 and ids.shape[0] != 1:

@@ -53,3 +53,15 @@ def register_target(name: str, target) -> None:
     """Add a target at run time (an object or a module path): for out-of-tree targets and tests."""
     TARGETS[name] = target
     _loaded.pop(("target", name), None)
+
+
+def load_backend(bundle, options=None):
+    """The generation backend of `bundle`, from its target's run side (`options`: an `edgekit.target.
+    RuntimeOptions`; default: the bundle's own runtime settings, physical-core threads)."""
+    from edgekit.target import RuntimeOptions
+
+    try:
+        target = get_target(bundle.target)
+    except ConfigError as err:
+        raise ConfigError(f"bundle for target '{bundle.target}': {err.reason}", bundle.source) from None
+    return target.load_backend(bundle, options if options is not None else RuntimeOptions())

@@ -15,10 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.bundle import Bundle, load_bundle
-from edgekit.generate import GenerationOptions, OnToken, generate
+from edgekit.findings import parse_report
+from edgekit.generate import GenerationOptions, OnToken, generate, take_cost
 from edgekit.ingest import Study, load_study
+from edgekit.plugins import load_backend
 from edgekit.preprocess import PreprocessConfig, preprocess_frames
-from edgekit.targets import load_backend
+from edgekit.prompt import prompt_ids
+from edgekit.target import RuntimeOptions
 
 _SECTION = re.compile(r"\b(FINDINGS|IMPRESSION)\s*:\s*", re.IGNORECASE)
 
@@ -35,7 +38,8 @@ class Report:
     model: str
     target: str
     stop_reason: str
-    timings: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)  # wall clock, ms per stage
+    cost: dict = field(default_factory=dict)  # what the target measured or emulated (x1: cycles, energy), + source
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,11 +57,15 @@ def split_sections(text: str) -> tuple[str, str]:
 class Reporter:
     """A loaded bundle ready to write reports. Loading is the expensive part; reuse one per process."""
 
-    def __init__(self, bundle: Bundle, *, threads: int | None = None, backend=None):
+    def __init__(self, bundle: Bundle, *, threads: int | None = None, backend=None,
+                 runtime: RuntimeOptions | None = None):
+        """`backend` defaults to the bundle target's run side with `runtime` (or just `threads`)."""
         from tokenizers import Tokenizer
 
         self.bundle = bundle
-        self.backend = backend if backend is not None else load_backend(bundle, threads=threads)
+        if backend is None:
+            backend = load_backend(bundle, runtime if runtime is not None else RuntimeOptions(threads=threads))
+        self.backend = backend
         self.tokenizer = Tokenizer.from_file(str(bundle.component("tokenizer")))
         self.generation_config = json.loads(bundle.component("generation_config").read_text())
         self.preprocess_config = PreprocessConfig.load(bundle.component("preprocessor_config"))
@@ -72,12 +80,7 @@ class Reporter:
         return GenerationOptions(max_new_tokens=g.get("max_new_tokens", 128), stop_token_ids=[g["eos_token_id"]])
 
     def prompt_ids(self, modality: str, prompt: str) -> np.ndarray:
-        g = self.generation_config
-        text = g.get("prompt_template", "{modality}: {prompt}").format(
-            modality=modality, prompt=prompt.strip() or g.get("default_prompt", "Not given.")
-        )
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return np.asarray([[g["bos_token_id"], *ids, g["sep_token_id"]]], dtype=np.int64)
+        return np.asarray([prompt_ids(self.tokenizer, self.generation_config, modality, prompt)], dtype=np.int64)
 
     def pixel_values(self, study: Study) -> np.ndarray:
         return preprocess_frames(study.frames, self.preprocess_config)[None]
@@ -85,8 +88,6 @@ class Reporter:
     def report(self, study: Study | str | Path, prompt: str = "", options: GenerationOptions | None = None,
                on_token: OnToken | None = None) -> Report:
         """`on_token(token_id, index)` sees each report token as it is generated (the daemon streams them)."""
-        from edgekit.models.synth import parse_report
-
         t0 = time.perf_counter()
         if not isinstance(study, Study):
             study = load_study(study)
@@ -97,7 +98,10 @@ class Reporter:
         opts = options or self.default_options
         if not opts.stop_token_ids:  # a copy: the caller's options stay as they were
             opts = replace(opts, stop_token_ids=[self.generation_config["eos_token_id"]])
-        result = generate(self.backend, pixels, ids, opts, on_token=on_token)
+        try:
+            result = generate(self.backend, pixels, ids, opts, on_token=on_token)
+        finally:  # a failed report must not bill the next one
+            cost = take_cost(self.backend)
         t3 = time.perf_counter()
         text = self.tokenizer.decode([int(t) for t in result.token_ids], skip_special_tokens=True).strip()
         findings_text, impression = split_sections(text)
@@ -122,4 +126,5 @@ class Reporter:
             target=self.bundle.target,
             stop_reason=result.stop_reason,
             timings=timings,
+            cost=cost,
         )

@@ -82,6 +82,12 @@ class ModelFamily(Protocol):
     def calibration_studies(self, n: int, *, split: str = "train", start: int = 0) -> list[CalibrationStudy]:
         """`n` studies for calibration-aware passes (deterministic)."""
 
+    def reference_model(self, config):
+        """The PyTorch module the exported graphs must reproduce (parity figures); needs torch."""
+
+    def test_split(self, cache_root: Path, count: int) -> Path:
+        """The family's default eval split (a folder with `studies.jsonl`), written once under `cache_root`."""
+
 
 def runtime_settings(defaults: Mapping[str, Any], bundle_runtime: Mapping[str, Any],
                      overrides: Mapping[str, Any], where) -> dict[str, Any]:

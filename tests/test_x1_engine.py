@@ -17,7 +17,7 @@ import pytest
 from edgekit.bundle import write_bundle
 from edgekit.errors import BundleError, ConfigError, EdgekitError
 from edgekit.export import export_model, random_weights
-from edgekit.models.radreport_tiny.config import ModelConfig
+from edgekit.export.model_config import ModelConfig
 from edgekit.preprocess import PreprocessConfig
 from edgekit.targets.x1 import trace as x1trace
 from edgekit.targets.x1.engine import SparseConfig, X1Engine
@@ -211,8 +211,9 @@ def test_report_on_a_study_returns_an_edgekit_report(x1_bundle, x1_backend):
     engine = X1Engine(x1_bundle, SparseConfig())
     report = engine.report(REPO / "models" / "samples" / "cr_chest", "Follow-up.")
     assert report.target == "x1" and report.study.startswith("uid:")
-    assert report.timings["x1"]["tokens"] == report.timings["new_tokens"]
-    assert "encode" in report.timings["x1"]["phases"] and "prefill" in report.timings["x1"]["phases"]
+    assert engine.last_stats["tokens"] == report.timings["new_tokens"]
+    assert "encode" in report.cost["phases"] and "prefill" in report.cost["phases"]
+    assert report.cost["decode_steps"] >= report.timings["new_tokens"] - 1 and report.cost["mj_total"] > 0
 
 
 # --- traces and reports ------------------------------------------------------------------------------------------

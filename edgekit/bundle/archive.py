@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from edgekit.bundle.io import ARCHIVE_SUFFIX, _replace_dir, _zip_dir, load_bundle
+from edgekit.bundle.io import ARCHIVE_SUFFIX, replace_dir, zip_dir, load_bundle
 from edgekit.errors import BundleError
 
 
@@ -24,7 +24,7 @@ def pack_bundle(src: str | os.PathLike, out: str | os.PathLike | None = None) ->
     if out.suffix != ARCHIVE_SUFFIX:
         out = out.with_name(out.name + ARCHIVE_SUFFIX)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _zip_dir(bundle.root, out)
+    zip_dir(bundle.root, out)
     return out
 
 
@@ -41,7 +41,7 @@ def unpack_bundle(src: str | os.PathLike, out: str | os.PathLike | None = None) 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         shutil.copytree(bundle.root, tmp, dirs_exist_ok=True)
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -147,10 +147,10 @@ def write_bundle(
         )
         _write_text_synced(tmp / MANIFEST_NAME, manifest.to_json())  # last: its presence means "complete"
         if archive:
-            _zip_dir(tmp, out)
+            zip_dir(tmp, out)
             shutil.rmtree(tmp, ignore_errors=True)
         else:
-            _replace_dir(tmp, out)
+            replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -164,7 +164,7 @@ def _write_text_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def _replace_dir(new: Path, out: Path) -> None:
+def replace_dir(new: Path, out: Path) -> None:
     """Move `new` to `out`; an existing `out` is moved aside first and deleted only after the swap."""
     if out.exists() and not out.is_dir():
         raise BundleError("exists and is not a directory", out)
@@ -184,7 +184,7 @@ def _replace_dir(new: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _zip_dir(root: Path, out: Path) -> None:
+def zip_dir(root: Path, out: Path) -> None:
     """Stored (uncompressed) zip written to a temp file then renamed: ONNX weights do not compress anyway,
     and stored members can be checked and extracted fast."""
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)

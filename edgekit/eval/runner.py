@@ -1,6 +1,8 @@
-"""`edgekit eval`: a bundle's reports on the synthetic test split, scored with intervals.
+"""`edgekit eval`: a bundle's reports on an eval split (default: the model family's synthetic test split), scored
+with intervals.
 
-Every figure names its split and sample count. A study that cannot be read is recorded as a failure and the run
+Every figure names its split and sample count; what the target emulated or metered per report (x1: time and
+energy) is averaged beside the wall-clock latency, with its source. A study that cannot be read is recorded as a failure and the run
 goes on: one bad file never loses the rest of an evaluation.
 """
 
@@ -19,13 +21,12 @@ from edgekit.errors import EdgekitError
 from edgekit.eval.bootstrap import bootstrap_ci
 from edgekit.eval.finding_metrics import prf, score_study
 from edgekit.eval.text_metrics import bleu_from_statistics, bleu_statistics, rouge_l
+from edgekit.findings import Finding
 
 TEST_SPLIT_SIZE = 240
 
 
-def _finding(d: dict):
-    from edgekit.models.synth import Finding
-
+def _finding(d: dict) -> Finding:
     return Finding(**d)
 
 
@@ -37,15 +38,10 @@ def load_split(data_dir: Path) -> list[dict]:
 
 
 def default_test_split(cache_root: Path | None = None, count: int = TEST_SPLIT_SIZE) -> Path:
-    """The synthetic test split, generated once (deterministically) into the cache."""
-    from edgekit.models.synth import write_split
-    from edgekit.models.synth.generator import GENERATOR_VERSION
+    """The default model family's test split, generated once (deterministically) into the cache."""
+    from edgekit.plugins import get_model_family
 
-    root = cache_root or Path.home() / ".cache" / "edgekit"
-    out = root / f"synth-test-v{GENERATOR_VERSION}-{count}"
-    if not (out / "studies.jsonl").is_file():
-        write_split(out, "test", count)
-    return out
+    return get_model_family().test_split(cache_root or Path.home() / ".cache" / "edgekit", count)
 
 
 def _rows(studies: list[dict], include_video: bool) -> list[tuple[dict, str, str]]:
@@ -74,6 +70,13 @@ def _summarise(records: list[dict], *, resamples: int, seed: int) -> dict:
     sizes = [e for r in ok for e in r["score"]["size_abs_err_mm"]]
     total_ms = np.array([r["timings"]["total_ms"] for r in ok])
     tps = np.array([r["timings"].get("decode_tokens_per_s", 0.0) for r in ok])
+    costs = [r["cost"] for r in ok if r.get("cost")]
+    emulated = None
+    if costs and len(costs) == len(ok) and all("mj_total" in c for c in costs):
+        emulated = {"ms_per_report": float(np.mean([c["emulated_ms_total"] for c in costs])),
+                    "mj_per_report": float(np.mean([c["mj_total"] for c in costs])),
+                    "mj_per_token": float(np.mean([c["mj_per_token"] for c in costs])),
+                    "source": costs[0].get("source", "the target's backend") + f", mean of {len(costs)} reports"}
     return {
         "n": len(ok),
         "failed": len(records) - len(ok),
@@ -89,6 +92,7 @@ def _summarise(records: list[dict], *, resamples: int, seed: int) -> dict:
         "rouge_l": {"value": float(rl.mean()), "ci95": rl_ci},
         "latency_ms": {"p50": float(np.percentile(total_ms, 50)), "p95": float(np.percentile(total_ms, 95))},
         "decode_tokens_per_s": float(tps.mean()),
+        "emulated": emulated,
     }
 
 
@@ -127,6 +131,7 @@ def evaluate(
             score=asdict(score),
             rouge_l=rouge_l(rep.text, s["references"]),
             timings=rep.timings,
+            cost=rep.cost,
         )
         records.append(rec)
         if progress:

@@ -28,14 +28,15 @@ def _torch():
 
 
 class TorchBackend:
-    """`RadReportTiny` behind the generation backend protocol (numpy in, numpy out, float32, no grad)."""
+    """The model family's PyTorch reference behind the generation backend protocol (numpy in, numpy out,
+    float32, no grad)."""
 
-    def __init__(self, weights: Mapping[str, np.ndarray], config: ModelConfig):
+    def __init__(self, weights: Mapping[str, np.ndarray], config: ModelConfig, family: str | None = None):
+        from edgekit.plugins import DEFAULT_MODEL, get_model_family
+
         torch = _torch()
-        from edgekit.models.radreport_tiny.modeling import RadReportTiny
-
         self.torch = torch
-        self.model = RadReportTiny(config).eval()
+        self.model = get_model_family(family or DEFAULT_MODEL).reference_model(config).eval()
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in weights.items()})
 
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:

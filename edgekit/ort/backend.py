@@ -125,6 +125,28 @@ class CpuBackend:
         """Nothing is emulated or metered here: wall-clock timings are the reporter's."""
         return {}
 
+    def write_profile(self, report, out: Path) -> dict:
+        """The last report's ORT traces merged into one chrome trace, an op-time table and a plot."""
+        from edgekit.profiling import merge_traces, op_summary, plot_ops
+
+        if self.profile_dir is None:
+            raise ConfigError("this backend was not loaded for profiling (profile_dir not given)")
+        traces = self.end_profiling()
+        merge_traces(traces, out / "trace.json")
+        ops = op_summary(traces)
+        plot_ops(ops, out / "ops.png", f"{report.model} on {report.target}: one report "
+                                       f"({report.timings['new_tokens']} tokens)")
+        return {
+            "summary": {k: round(v, 2) if isinstance(v, float) else v for k, v in report.timings.items()},
+            "summary_title": "stages",
+            "tables": {"kernel time by op type": ops[:12]},
+            "details": {"ops": ops[:15]},
+            "files": {"trace": str(out / "trace.json"), "plot": str(out / "ops.png")},
+            "trace": str(out / "trace.json"),
+            "plot": str(out / "ops.png"),
+            "source": "ONNX Runtime profiler (kernel times) and wall clock (stages), one report",
+        }
+
     def end_profiling(self) -> list[Path]:
         """Stop profiling and return the chrome-trace JSON files (one per graph); empty when not profiling."""
         if self.profile_dir is None:

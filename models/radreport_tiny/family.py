@@ -40,5 +40,21 @@ class RadReportTiny:
             out.append(CalibrationStudy(frames=frames, modality=s.modality))
         return out
 
+    def reference_model(self, config):
+        """The PyTorch model the exported graphs must reproduce (needs the `train` extra)."""
+        from .modeling import RadReportTiny
+
+        return RadReportTiny(config)
+
+    def test_split(self, cache_root: Path, count: int) -> Path:
+        """The synthetic test split, written once (deterministically) under `cache_root`."""
+        from edgekit.models.synth import write_split
+        from edgekit.models.synth.generator import GENERATOR_VERSION
+
+        out = Path(cache_root) / f"synth-test-v{GENERATOR_VERSION}-{count}"
+        if not (out / "studies.jsonl").is_file():
+            write_split(out, "test", count)
+        return out
+
 
 FAMILY = RadReportTiny()

@@ -1,0 +1,70 @@
+"""The x1 build side: the recipe's graphs -> INT4 for the X1 (blocked, symmetric) -> compiled X1 programs.
+
+The bundle keeps the INT4 ONNX graphs the programs were compiled from (so `bench/x1_parity.py` can run them in
+ONNX Runtime side by side), the programs, the machine description they were compiled for, and a `runtime`
+section the run side reads: DSS settings (`backend.RUNTIME_DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from edgekit.passes import find_weight_matmuls
+from edgekit.target import BuildInputs, TargetBuild
+
+from .backend import MACHINE_ROLE, PROGRAM_FILES, PROGRAM_ROLES, RUNTIME_DEFAULTS
+
+INT4_DIR = "x1-int4"
+PROGRAM_DIR = "x1-programs"
+DEFAULT_BLOCK = 32
+
+
+def int4_block(graphs: Path) -> int:
+    """32 (the X1 default) when it divides the K of every weight MatMul, else the largest block that does."""
+    import onnx_ir as ir
+
+    ks = set()
+    for f in sorted(graphs.glob("*.onnx")):
+        for m in find_weight_matmuls(ir.load(f)):  # a transposed weight is stored (N, K)
+            ks.add(int(m.weight.shape[1] if m.transpose is not None else m.weight.shape[0]))
+    return next((b for b in (DEFAULT_BLOCK, 16) if all(k % b == 0 for k in ks)), 16)
+
+
+def prepare(inputs: BuildInputs) -> TargetBuild:
+    from edgekit.passes.pipeline import run_pipeline
+    from edgekit.passes.registry import make_pass
+
+    from .compiler import compile_model
+    from .machine import DEFAULT_MACHINE, load_machine
+
+    say, work = inputs.say, inputs.work
+    block = int4_block(inputs.graphs)
+    spec = f"int4:block={block},target=x1"
+    say(f"passes: {spec}")
+    int4_dir = work / INT4_DIR
+    result = run_pipeline(inputs.graphs, int4_dir, [make_pass(spec)], overwrite=True)
+    steps = [{"name": "int4", "params": {"block": block, "target": "x1"}, "seconds": round(result.seconds, 3)}]
+    mach = load_machine(inputs.machine)
+    say(f"compile: X1 programs for machine {mach.machine.name} ({mach.short_hash})")
+    t0 = time.perf_counter()
+    programs = compile_model(int4_dir, mach)
+    seconds = time.perf_counter() - t0
+    out = work / PROGRAM_DIR
+    out.mkdir()
+    components, sizes = {}, {}
+    for graph, prog in programs.items():
+        path = prog.save(out / PROGRAM_FILES[graph])
+        components[PROGRAM_ROLES[graph]] = path
+        sizes[graph] = path.stat().st_size
+    components[MACHINE_ROLE] = Path(inputs.machine) if inputs.machine else DEFAULT_MACHINE
+    steps.append({"name": "x1_compile", "params": {"machine": mach.machine.name, "machine_hash": mach.hash}})
+    figures = {"x1_compile": {
+        "machine": mach.machine.name, "machine_hash": mach.hash, "compile_seconds": round(seconds, 3),
+        "program_bytes": sizes,
+        "host_partitions": {g: p.meta["host_partitions"] for g, p in programs.items()},
+        "instructions": {g: len(p.instructions) for g, p in programs.items()},
+        "source": "measured during this build: wall time of compile_model on the INT4 graphs; program file sizes",
+    }}
+    return TargetBuild(graphs=int4_dir, components=components, figures=figures, steps=steps,
+                       runtime=dict(RUNTIME_DEFAULTS))
