@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgekit.findings import CT_CHEST, CR_CHEST, MR_BRAIN, US_CARDIAC, Finding
+from edgekit.findings.vocabulary import CR_CHEST, CT_CHEST, MR_BRAIN, US_CARDIAC, Finding
 
 RngFor = Callable[[str], np.random.Generator]  # a finding type -> its own placement stream
 
