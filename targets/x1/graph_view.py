@@ -1,0 +1,117 @@
+"""One exported ONNX graph as the X1 compiler reads it: onnx-ir values with their producers and uses, constant
+arrays, and the shapes and dtypes shape inference gave.
+
+Why onnx-ir: the passes already walk graphs as `ir.Value`s with `producer()` and `uses()`; the compiler reads the
+same structure instead of keeping its own producer/consumer maps over protobuf.
+
+Shapes and dtypes are those of the graph after ONNX shape inference (the memory plan sizes tensors by them); a
+graph that shape inference cannot handle still compiles, with no shapes at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+
+def load_graph(path: str | Path) -> "GraphView":
+    """Read an ONNX file, annotate it with ONNX shape inference (an aid to planning, never required)."""
+    proto = onnx.load(str(path))
+    annotated = True
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # shape inference errors have many types; the graph still lowers
+        annotated = False
+    return GraphView(ir.serde.deserialize_model(proto), annotated)
+
+
+class GraphView:
+    """Constant values, producers, uses, shapes and dtypes of one graph's values, by value or by name."""
+
+    def __init__(self, model: ir.Model, annotated: bool = True):
+        self.model, self.graph = model, model.graph
+        self.nodes: list[ir.Node] = list(model.graph)
+        self.inputs: list[ir.Value] = list(model.graph.inputs)
+        self.outputs: list[ir.Value] = list(model.graph.outputs)
+        self.values: dict[str, ir.Value] = ir.convenience.create_value_mapping(model.graph)
+        self.annotated = annotated
+        self._consts: dict[ir.Value, ir.Node] = {n.outputs[0]: n for n in self.nodes if n.op_type == "Constant"}
+        self._arrays: dict[ir.Value, np.ndarray] = {}
+
+    # -- constants -----------------------------------------------------------------------------------------------
+    def is_init(self, v: ir.Value | None) -> bool:
+        return v is not None and v.is_initializer() and v.const_value is not None
+
+    def is_const(self, v: ir.Value | None) -> bool:
+        """An initializer or a Constant node's output."""
+        return v is not None and (v in self._consts or self.is_init(v))
+
+    def array(self, v: ir.Value | None) -> np.ndarray | None:
+        if not self.is_const(v):
+            return None
+        if v not in self._arrays:
+            if v in self._consts:
+                value = next(iter(self._consts[v].attributes.values())).value
+                self._arrays[v] = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+            else:
+                arr = v.const_value.numpy()  # onnx-ir marks it little-endian ('<f4'): the same bytes here, but
+                # the C kernels take native-order buffers only, so hold it as the native dtype
+                native = arr.dtype.newbyteorder("=")
+                self._arrays[v] = arr.view(native) if arr.dtype.isnative else arr.astype(native)
+        return self._arrays[v]
+
+    # -- structure ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def op(v: ir.Value | None, op_type: str | None = None) -> ir.Node | None:
+        """The node producing `v` (of `op_type`, when given)."""
+        n = None if v is None else v.producer()
+        return n if n is not None and (op_type is None or n.op_type == op_type) else None
+
+    @staticmethod
+    def users(v: ir.Value) -> list[ir.Node]:
+        """The nodes reading `v`, once per input slot that reads it, in graph order."""
+        return [u.node for u in v.uses()]
+
+    @staticmethod
+    def only_use(v: ir.Value, node: ir.Node) -> bool:
+        """`v` is read by `node` alone and is not a graph output: a pattern may fuse it away."""
+        return not v.is_graph_output() and all(u.node is node for u in v.uses())
+
+    # -- annotations -------------------------------------------------------------------------------------------
+    def shape(self, name: str) -> list | None:
+        """Shape inference's dims (ints, symbolic names, "?" for unnamed), None if it gave none."""
+        v = self.values.get(name)
+        if not self.annotated or v is None or v.shape is None:
+            return None
+        return [d if isinstance(d, int) else (d.value or "?") for d in v.shape]
+
+    def dtype(self, name: str, default: int = onnx.TensorProto.FLOAT) -> int:
+        """The ONNX element type shape inference gave (`default` if none)."""
+        v = self.values.get(name)
+        if not self.annotated or v is None or v.dtype is None:
+            return default
+        return int(v.dtype)
+
+    def is_const_name(self, name: str) -> bool:
+        return self.is_const(self.values.get(name))
+
+
+def names(values) -> list[str]:
+    """ONNX value names of a node's inputs or outputs ("" for an omitted optional input, as ONNX writes it)."""
+    return ["" if v is None else v.name for v in values]
+
+
+def attrs(node: ir.Node) -> dict:
+    """A node's attributes as plain JSON values (lists, str, numbers; tensors as nested lists)."""
+    out = {}
+    for name, a in node.attributes.items():
+        v = a.value
+        if hasattr(v, "numpy"):
+            v = v.numpy().tolist()
+        elif isinstance(v, (list, tuple)):
+            v = list(v)
+        out[name] = v
+    return out
