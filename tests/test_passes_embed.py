@@ -34,7 +34,7 @@ def _run(model):
 def test_encodings_gather_the_numpy_dequantized_rows(spec, op):
     model, table = _embed()
     fp32_bytes = initializer_bytes(model)
-    report = make_pass(spec).apply(model)
+    report = make_pass(spec)(model).report
     cfg = make_pass(spec).config
     assert op in {n.op_type for n in model.graph}
     assert "model.embed_tokens.weight" not in model.graph.initializers  # the float table is gone
@@ -51,7 +51,7 @@ def test_interface_is_unchanged_and_error_is_small():
     model, table = _embed(1)
     inputs = [(v.name, v.dtype) for v in model.graph.inputs]
     outputs = [(v.name, v.dtype) for v in model.graph.outputs]
-    make_pass("qembed:block=32").apply(model)
+    make_pass("qembed:block=32")(model)
     assert [(v.name, v.dtype) for v in model.graph.inputs] == inputs
     assert [(v.name, v.dtype) for v in model.graph.outputs] == outputs
     got, ref = _run(model), np.asarray(table)[IDS]
@@ -70,27 +70,27 @@ def test_bad_configs_are_refused():
         make_pass("qembed:block=48")
     model, _ = _embed()
     with pytest.raises(ConfigError, match="does not divide"):
-        make_pass("qembed:block=128").apply(model)  # hidden 64
+        make_pass("qembed:block=128")(model)  # hidden 64
 
 
 def test_a_graph_without_an_embedding_table_is_refused():
     model, _ = _embed()
-    make_pass("qembed").apply(model)
+    make_pass("qembed")(model)
     with pytest.raises(PassPreconditionError, match="no Gather"):
-        make_pass("qembed").apply(model)  # already quantized: nothing float left to gather from
+        make_pass("qembed")(model)  # already quantized: nothing float left to gather from
 
 
 @pytest.mark.parametrize("spec", ["qembed:block=32", "qembed:block=32,target=x1", "qembed:block=16,bits=8"])
 def test_calibration_reads_the_table_a_quantised_graph_gathers(tmp_path, spec):
     """Calibration (AWQ, head scores) feeds real embeddings: after qembed the table is codes and scales, and
     what calibration needs is what the graph gathers, not its first 2-D initializer."""
-    from edgekit.passes.base import EMBED_TOKENS
+    from edgekit.names import EMBED_TOKENS
     from edgekit.passes.calibration import embedding_table
 
     model, table = _embed()
     ir.save(model, tmp_path / EMBED_TOKENS)
     assert np.array_equal(embedding_table(tmp_path), np.asarray(table, np.float32))
-    make_pass(spec).apply(model)
+    make_pass(spec)(model)
     ir.save(model, tmp_path / EMBED_TOKENS)
     got = embedding_table(tmp_path)
     assert got.shape == (SMALL.vocab_size, SMALL.hidden) and got.dtype == np.float32

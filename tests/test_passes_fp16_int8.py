@@ -22,7 +22,7 @@ def _io(model):
 def test_fp16_keeps_fp32_io_and_sensitive_ops():
     model = build_decoder(random_weights(SMALL, 0), SPEC)
     io, before = _io(model), ir.to_proto(model).SerializeToString()
-    report = make_pass("fp16").apply(model)
+    report = make_pass("fp16")(model).report
     assert _io(model) == io
     assert 0.45 < report.size_after / report.size_before < 0.55
     f16 = ir.DataType.FLOAT16
@@ -36,7 +36,7 @@ def test_fp16_keeps_fp32_io_and_sensitive_ops():
 def test_fp16_embedding_table():
     model = build_embed_tokens(random_weights(SMALL, 0), SPEC)
     before = ir.to_proto(model).SerializeToString()
-    report = make_pass("fp16").apply(model)
+    report = make_pass("fp16")(model).report
     assert report.size_after * 2 == report.size_before
     assert check_models(before, model, sample_feeds(model, 2))[0].rel_l2 < 1e-3
 
@@ -44,7 +44,7 @@ def test_fp16_embedding_table():
 def test_int8_dynamic():
     model = build_decoder(random_weights(SMALL, 0), SPEC)
     io, before = _io(model), ir.to_proto(model).SerializeToString()
-    report = make_pass("int8").apply(model)
+    report = make_pass("int8")(model).report
     assert _io(model) == io and report.size_after < 0.3 * report.size_before
     assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in model.graph)
     errs = {e.name: e for e in check_models(before, model, sample_feeds(model, 3))}
@@ -54,4 +54,4 @@ def test_int8_dynamic():
 def test_int8_precondition():
     model = build_embed_tokens(random_weights(SMALL, 0), SPEC)
     with pytest.raises(PassPreconditionError, match="no MatMul"):
-        make_pass("int8").apply(model)
+        make_pass("int8")(model)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx_ir as ir
 import pytest
 
@@ -13,12 +12,13 @@ from edgekit.cli.app import main
 from edgekit.errors import ConfigError
 from edgekit.export import export_model, random_weights
 from edgekit.export.model_config import ModelConfig
+from edgekit.names import DECODER
 from edgekit.passes import (
-    DECODER, GraphPass, PassChanges, PassConfig, PassFailedError, PassPreconditionError, load_recipe, make_pass,
-    param, run_pipeline,
+    GraphPass, PassChanges, PassConfig, PassFailedError, PassPreconditionError, load_recipe, make_pass, param,
+    run_pipeline,
 )
 from edgekit.passes.int4 import Int4Config
-from edgekit.passes.recipe import RECIPE_DIR
+from edgekit.plugins import get_model_family
 
 SMALL = ModelConfig(vocab_size=256, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
                     vision_hidden=32, vision_layers=1, vision_heads=2, vision_mlp=64)
@@ -55,7 +55,8 @@ def test_unknown_pass_is_a_config_error():
 
 
 def test_recipes_in_repo_parse_where_their_passes_exist():
-    for path in RECIPE_DIR.glob("*.toml"):
+    family = get_model_family()
+    for path in map(family.recipe_path, family.recipe_names()):
         try:
             recipe = load_recipe(path)
         except ConfigError as err:  # heads / sparse24 may not be written yet
@@ -78,7 +79,7 @@ def test_precondition_when_no_weight_matmul():
     node.outputs[0].name, node.outputs[0].dtype, node.outputs[0].shape = "y", ir.DataType.FLOAT, ir.Shape([2, 4])
     model = ir.Model(ir.Graph([x], node.outputs, nodes=[node], opset_imports={"": 21}), ir_version=10)
     with pytest.raises(PassPreconditionError, match="no MatMul with a constant weight"):
-        make_pass("int4").apply(model)
+        make_pass("int4")(model)
 
 
 def test_pipeline_writes_graphs_reports_and_other_files(model_dir, tmp_path):

@@ -10,9 +10,10 @@ import pytest
 from edgekit.errors import ConfigError
 from edgekit.export import DecoderSpec, build_decoder, random_weights
 from edgekit.export.model_config import ModelConfig
-from edgekit.passes import find_weight_matmuls, make_pass
+from edgekit.names import DECODER
+from edgekit.passes import PassContext, find_weight_matmuls, make_pass
 from edgekit.passes.calibration import sample_feeds
-from edgekit.passes.check import check_models, run_all, session
+from edgekit.passes.check import check_models, session
 from edgekit.passes.int4_encode import (
     dequantize_matmulnbits, matmulnbits_tensors, pack_nibbles, qdq_tensors, quantize_blocks, unpack_nibbles,
 )
@@ -55,7 +56,7 @@ def test_matmulnbits_layout_matches_numpy():
 
 def test_matmulnbits_node_runs_in_ort_like_numpy():
     model = _decoder()
-    make_pass("int4:block=32").apply(model)
+    make_pass("int4:block=32")(model)
     nodes = [nd for nd in model.graph if nd.op_type == "MatMulNBits"]
     assert len(nodes) == 2 * 7 + 1 and not [nd for nd in model.graph if nd.op_type == "Transpose" and
                                            nd.inputs[0].is_initializer()]
@@ -75,7 +76,7 @@ def test_matmulnbits_node_runs_in_ort_like_numpy():
 
 def test_qdq_encoding_is_symmetric_blocked_int4_and_matches_numpy():
     model = _decoder()
-    make_pass("int4:block=32,target=orin").apply(model)
+    make_pass("int4:block=32,target=orin")(model)
     dqs = [nd for nd in model.graph if nd.op_type == "DequantizeLinear"]
     assert len(dqs) == 15
     for dq in dqs:
@@ -101,7 +102,7 @@ def test_orin_refuses_asymmetric():
 def test_int4_logits_error_is_small(spec):
     model = _decoder()
     before = ir.to_proto(model).SerializeToString()
-    report = make_pass(spec).apply(model)
+    report = make_pass(spec)(model).report
     errs = {e.name: e for e in check_models(before, model, sample_feeds(model, 3, seed=5))}
     assert errs["logits"].rel_l2 < 0.15
     assert report.size_after < 0.2 * report.size_before
@@ -135,9 +136,7 @@ def test_awq_beats_rtn_with_outlier_channels():
     for method in ("rtn", "awq"):
         m = model()
         before = ir.to_proto(m).SerializeToString()
-        p = make_pass(f"int4:block=32,method={method}")
-        p.context.calibration = {p.context.graph: feeds}
-        p.apply(m)
+        make_pass(f"int4:block=32,method={method}")(m, PassContext(graph=DECODER, calibration={DECODER: feeds}))
         errors[method] = check_models(before, m, feeds)[0].rel_l2
     assert errors["awq"] < 0.8 * errors["rtn"], errors
     assert len(find_weight_matmuls(model())) == 1
@@ -147,7 +146,7 @@ def test_awq_beats_rtn_with_outlier_channels():
 # the vision encoder (graphs=vision) and its other large float weights (other_bits)
 # ----------------------------------------------------------------------------------------------------------------
 def test_graphs_param_selects_the_vision_encoder_and_default_stays_decoder():
-    from edgekit.passes.base import DECODER, EMBED_TOKENS, VISION_ENCODER
+    from edgekit.names import EMBED_TOKENS, VISION_ENCODER
 
     default = make_pass("int4")
     assert default.applies_to(DECODER) and not default.applies_to(VISION_ENCODER)
@@ -182,7 +181,7 @@ def test_vision_int4_in_the_pipeline_checks_image_features(tmp_path):
 
 def test_vision_calibration_is_preprocessed_studies():
     from edgekit.export import VisionSpec, build_vision_encoder
-    from edgekit.passes.int4 import vision_feeds
+    from edgekit.passes.calibration import vision_feeds
 
     cfg = ModelConfig()
     model = build_vision_encoder(random_weights(cfg, 0), VisionSpec.from_model_config(cfg))
@@ -196,8 +195,8 @@ def test_vision_calibration_is_preprocessed_studies():
 def test_fit_block_uses_the_largest_block_that_divides_each_k():
     model = _decoder()  # hidden 64, intermediate 128: K is 64 or 128
     with pytest.raises(ConfigError, match="does not divide"):
-        make_pass("int4:block=128").apply(_decoder())
-    make_pass("int4:block=128,fit_block=true").apply(model)
+        make_pass("int4:block=128")(_decoder())
+    make_pass("int4:block=128,fit_block=true")(model)
     blocks = {int(n.attributes["K"].as_int()): int(n.attributes["block_size"].as_int())
               for n in model.graph if n.op_type == "MatMulNBits"}
     assert blocks == {64: 64, 128: 128}

@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from edgekit.errors import ConfigError
 from edgekit.export import export_model
-from edgekit.export.default import DECODER, VISION_ENCODER
+from edgekit.names import DECODER, VISION_ENCODER
 from edgekit.export.model_config import ModelConfig
 from edgekit.passes.base import PassContext
 from edgekit.passes.lora import LoraMergePass, merge_lora
@@ -205,7 +205,7 @@ def test_pass_refuses_in_preconditions_and_leaves_model_untouched(base, tmp_path
     before = {k: v.const_value.numpy().copy() for k, v in model.graph.initializers.items()}
     p = LoraMergePass.from_string(f"adapters={bad}")
     with pytest.raises(AdapterError):
-        p.apply(model, PassContext(graph=DECODER, model_dir=base))
+        p(model, PassContext(graph=DECODER, model_dir=base))
     for k, v in model.graph.initializers.items():
         np.testing.assert_array_equal(v.const_value.numpy(), before[k])
 
@@ -215,13 +215,13 @@ def test_pass_merges_one_graph_when_siblings_hold_the_rest(base, tmp_path):
     reference = state(pm.merge_and_unload())
     model = ir.load(base / DECODER)
     p = LoraMergePass.from_string(f"adapters={tmp_path / 'a'},weights=1.0")
-    report = p.apply(model, PassContext(graph=DECODER, model_dir=base))
+    report = p(model, PassContext(graph=DECODER, model_dir=base)).report
     assert len(report.initializers_touched) == 3 * TINY.layers
     for name, v in model.graph.initializers.items():
         np.testing.assert_allclose(v.const_value.numpy(), reference[name], atol=1e-5, rtol=0)
     # without the sibling graphs, the vision modules cannot be placed: refused
     with pytest.raises(AdapterError, match="vision_model"):
-        LoraMergePass.from_string(f"adapters={tmp_path / 'a'}").apply(ir.load(base / DECODER),
+        LoraMergePass.from_string(f"adapters={tmp_path / 'a'}")(ir.load(base / DECODER),
                                                                       PassContext(graph=DECODER))
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from edgekit.errors import ConfigError
 from edgekit.export import export_model, random_weights
-from edgekit.export.default import DECODER
+from edgekit.names import DECODER
 from edgekit.export.model_config import ModelConfig
-from edgekit.passes.base import PassContext, PassPreconditionError, find_weight_matmuls
+from edgekit.passes.base import PassContext, PassPreconditionError
 from edgekit.passes.check import run_all, session
 from edgekit.passes.heads import (
     HeadPrunePass,
@@ -21,6 +21,7 @@ from edgekit.passes.heads import (
     head_importance,
     heads_to_prune,
 )
+from edgekit.passes.patterns import find_weight_matmuls
 from edgekit.passes.registry import get_pass_class
 from edgekit.passes.sparsity import (
     PrunePass,
@@ -96,7 +97,7 @@ def test_prune_reaches_target_and_runs_in_ort(model_dir, scope):
     model = load(model_dir)
     f = feeds(model)
     before = run_all(session(ir.to_proto(model).SerializeToString()), f)
-    report = PrunePass(ratio=0.6, scope=scope).apply(model)
+    report = PrunePass(ratio=0.6, scope=scope)(model).report
     per_layer = report.notes["sparsity_per_layer"]
     assert "lm_head" not in per_layer and len(per_layer) == 7 * SMALL.layers
     after_w = weights_by_module(model)
@@ -116,7 +117,7 @@ def test_prune_reaches_target_and_runs_in_ort(model_dir, scope):
 def test_sparse24_is_exactly_two_of_four_along_k_and_runs(model_dir):
     model = load(model_dir)
     original = weights_by_module(model)
-    report = Sparse24Pass().apply(model)
+    report = Sparse24Pass()(model).report
     for mm in find_weight_matmuls(model):
         w = mm.kn()
         nonzero_before = (original[mm.name].reshape(-1, 4, w.shape[1]) != 0).sum(axis=1)
@@ -141,8 +142,8 @@ def test_sparse24_refuses_k_not_multiple_of_4(tmp_path):
                       vision_mlp=64, vocab_size=64, hidden=36, layers=1, heads=6, kv_heads=2, intermediate=90)
     export_model(random_weights(odd, 0), odd, tmp_path, check=False)
     with pytest.raises(PassPreconditionError, match="down_proj"):
-        Sparse24Pass().apply(ir.load(tmp_path / DECODER))
-    Sparse24Pass(exclude=["lm_head", "*down_proj"]).apply(ir.load(tmp_path / DECODER))  # excluded: fine
+        Sparse24Pass()(ir.load(tmp_path / DECODER))
+    Sparse24Pass(exclude=["lm_head", "*down_proj"])(ir.load(tmp_path / DECODER))  # excluded: fine
 
 
 def test_config_errors_and_registry():
@@ -156,7 +157,7 @@ def test_config_errors_and_registry():
 
 def test_include_matching_nothing_is_refused(model_dir):
     with pytest.raises(PassPreconditionError, match="no weight matches"):
-        PrunePass(include=["nothing*"]).apply(load(model_dir))
+        PrunePass(include=["nothing*"])(load(model_dir))
 
 
 # ---- heads ---------------------------------------------------------------------------------------------------
@@ -198,7 +199,7 @@ def test_head_pruning_zeroes_q_rows_and_o_columns_keeps_shapes_and_writes_scores
     before = run_all(session(ir.to_proto(model).SerializeToString()), f)
     out = tmp_path / "head_importance.json"
     ctx = PassContext(graph=DECODER, model_dir=model_dir)
-    report = HeadPrunePass(ratio=0.38, scores_out=str(out)).apply(model, ctx)
+    report = HeadPrunePass(ratio=0.38, scores_out=str(out))(model, ctx).report
     assert report.notes["heads_pruned"] == round(0.38 * SMALL.layers * SMALL.heads) == 7
     assert {k: tuple(v.shape) for k, v in model.graph.initializers.items()} == shapes
     doc = json.loads(out.read_text())
@@ -224,6 +225,6 @@ def test_pruning_only_the_dead_head_changes_nothing(model_dir):
     model = load(model_dir)
     f = feeds(model)
     before = run_all(session(ir.to_proto(model).SerializeToString()), f)
-    HeadPrunePass(ratio=1 / 18).apply(model, PassContext(model_dir=model_dir))
+    HeadPrunePass(ratio=1 / 18)(model, PassContext(model_dir=model_dir))
     after = run_all(session(model), f)
     np.testing.assert_allclose(after[0]["logits"], before[0]["logits"], atol=1e-5, rtol=0)

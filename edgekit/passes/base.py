@@ -1,11 +1,14 @@
-"""The contract every graph pass follows: a typed config, preconditions, a transform and a report.
+"""The contract every graph pass follows, and the one way to run it: onnx-ir's `PassBase.__call__`.
 
-Why a layer over `onnx_ir.passes`: onnx_ir gives the in-place/functional discipline (`PassResult(model,
-modified)`), but edgekit also needs (1) configs that users type on the command line or in TOML, checked field by
-field with errors naming the field, (2) preconditions that fail with an `EdgekitError` a user can act on rather
-than a `PreconditionError` traceback, and (3) a `PassReport` that `edgekit build` stamps into bundle provenance.
+Why a layer over `onnx_ir.passes`: onnx-ir gives the run discipline (`requires` -> `call` -> `ensures`, the in-place
+promise, `PassResult(model, modified)`); edgekit adds (1) a typed config users write on a command line or in TOML
+(`config.py`), (2) preconditions that fail with an `EdgekitError` a user can act on, and (3) a `PassReport` that
+`edgekit build` stamps into bundle provenance.
 
-Writing a pass::
+A pass holds only its configuration. What one run needs (which graph, the model folder beside it, calibration
+data, the seed) is a `PassContext`; `pass_.bind(ctx)` joins the two into an onnx-ir in-place pass, and calling that
+runs it, on its own, in an `ir.passes.PassManager` or in `run_pipeline` alike. `pass_(model, ctx)` is short for
+`pass_.bind(ctx)(model)`. Writing a pass::
 
     @dataclass
     class PruneConfig(PassConfig):
@@ -14,7 +17,7 @@ Writing a pass::
     class PrunePass(GraphPass):
         name = "prune"
         Config = PruneConfig
-        def preconditions(self, model): require_weight_matmuls(model, self.name)
+        def preconditions(self, model, ctx): require_weight_matmuls(model, self.name, ctx.graph)
         def transform(self, model, ctx) -> PassChanges: ...
 
 then `register_pass(PrunePass)` (see `registry.py`). A pass mutates the `ir.Model` in place; the pipeline keeps
@@ -25,10 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import tomllib
-import types
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,15 +36,16 @@ from typing import Any, ClassVar
 import numpy as np
 import onnx_ir as ir
 
-from edgekit.errors import ConfigError, EdgekitError
+from edgekit.errors import EdgekitError
+from edgekit.names import DECODER, EMBED_TOKENS, VISION_ENCODER
 
-DECODER = "decoder_model_merged.onnx"
-VISION_ENCODER = "vision_encoder.onnx"
-EMBED_TOKENS = "embed_tokens.onnx"
+from .config import PassConfig
+
+# A model directory's graphs, decoder first: the order a pipeline visits them and lists their reports in.
 ALL_GRAPHS = (DECODER, VISION_ENCODER, EMBED_TOKENS)
 
 
-class PassPreconditionError(EdgekitError):
+class PassPreconditionError(EdgekitError, ir.passes.PreconditionError):
     """The model does not have what the pass needs (e.g. no MatMul with a constant weight to quantize)."""
 
     code = "pass_precondition"
@@ -57,143 +58,11 @@ class PassFailedError(EdgekitError):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# typed configs
-# --------------------------------------------------------------------------------------------------------------
-def param(default: Any, *, choices: Sequence[Any] | None = None, min: float | None = None,  # noqa: A002
-          max: float | None = None, help: str = "") -> Any:  # noqa: A002
-    """A config field with its allowed values; `PassConfig.from_mapping` enforces them and names the field."""
-    meta = {"choices": tuple(choices) if choices is not None else None, "min": min, "max": max, "help": help}
-    if isinstance(default, (list, dict, set)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
-
-
-def _coerce(value: Any, kind: Any, where: str) -> Any:
-    """Turn a TOML value or a `key=value` string into `kind` (bool, int, float, str, tuple/list of those)."""
-    origin = typing.get_origin(kind)
-    if origin in (typing.Union, types.UnionType):  # Optional[X]
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "")):
-            return None
-        return _coerce(value, args[0], where)
-    if origin in (list, tuple):
-        (item,) = typing.get_args(kind)[:1] or (str,)
-        items = value.split(";") if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        out = [_coerce(v.strip() if isinstance(v, str) else v, item, where) for v in items if v != ""]
-        return tuple(out) if origin is tuple else out
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if kind is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        try:
-            as_float = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-        if not as_float.is_integer():
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return int(as_float)
-    if kind is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-    if kind is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    return value
-
-
-@dataclass
-class PassConfig:
-    """Base of every pass's config. Subclasses are dataclasses whose fields use `param(...)`."""
-
-    @classmethod
-    def field_help(cls) -> dict[str, str]:
-        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], *, where: str = "pass") -> "PassConfig":
-        """Build from TOML values or parsed strings; unknown keys, wrong types and out-of-range values raise
-        `ConfigError` naming `where.field`."""
-        hints = typing.get_type_hints(cls)
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ConfigError(f"{where}: unknown parameter(s) {', '.join(unknown)}; "
-                              f"known: {', '.join(known) or '(none)'}")
-        kwargs = {}
-        for name, raw in values.items():
-            f = known[name]
-            here = f"{where}.{name}"
-            value = _coerce(raw, hints[name], here)
-            _check_range(value, f.metadata, here)
-            kwargs[name] = value
-        config = cls(**kwargs)
-        config.validate(where)
-        return config
-
-    @classmethod
-    def from_string(cls, text: str, *, where: str = "pass") -> "PassConfig":
-        """`block=32,method=awq` -> config. List values are separated by `;` (`keep=lm_head;model.layers.0.*`)."""
-        values: dict[str, str] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            if "=" not in part:
-                raise ConfigError(f"{where}: expected key=value, got {part!r}")
-            key, value = (s.strip() for s in part.split("=", 1))
-            values[key] = value
-        return cls.from_mapping(values, where=where)
-
-    def validate(self, where: str) -> None:
-        """Cross-field checks; override and raise `ConfigError(f"{where}.field: ...")`."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
-
-
-def _check_range(value: Any, meta: Mapping[str, Any], where: str) -> None:
-    if value is None:
-        return
-    items = value if isinstance(value, (list, tuple)) else [value]
-    for item in items:
-        choices = meta.get("choices")
-        if choices is not None and item not in choices:
-            raise ConfigError(f"{where}: {item!r} is not one of {', '.join(map(str, choices))}")
-        lo, hi = meta.get("min"), meta.get("max")
-        if lo is not None and item < lo:
-            raise ConfigError(f"{where}: {item!r} is below the minimum {lo}")
-        if hi is not None and item > hi:
-            raise ConfigError(f"{where}: {item!r} is above the maximum {hi}")
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError("recipe not found", path)
-    try:
-        return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"not valid TOML ({exc})", path) from exc
-
-
-# --------------------------------------------------------------------------------------------------------------
-# what a pass sees and what it says
+# what a run sees and what it says
 # --------------------------------------------------------------------------------------------------------------
 @dataclass
 class PassContext:
-    """Everything beyond the model a pass may use. `calibration` maps a graph file name to a list of feed dicts
+    """Everything beyond the model one run may use. `calibration` maps a graph file name to a list of feed dicts
     (input name -> array) in that graph's input signature; passes that need data and find none make their own
     from the graph's signature (see `calibration.py`). `model_dir` lets a pass read sibling graphs or files."""
 
@@ -267,24 +136,28 @@ class PassReport:
         return d
 
 
+@dataclass
+class GraphPassResult(ir.passes.PassResult):
+    """onnx-ir's result (the model, whether it changed) plus this run's report."""
+
+    report: PassReport
+
+
 def initializer_bytes(model: ir.Model) -> int:
     return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the pass base class
+# the pass and its runs
 # --------------------------------------------------------------------------------------------------------------
-class GraphPass(ir.passes.InPlacePass):
-    """An in-place onnx_ir pass with a typed config, user-facing preconditions and a `PassReport`.
-
-    Subclasses set `name`, `Config`, optionally `graphs` (the files of a model directory it applies to; the
-    decoder by default) and `needs_calibration`, and implement `preconditions` and `transform`.
-    """
+class GraphPass:
+    """A configured pass. Subclasses set `name`, `Config`, optionally `graphs` (the files of a model directory it
+    applies to; the decoder by default) and `max_rel_error`, and implement `preconditions` and `transform`
+    (and `postconditions` when there is something to promise about the result)."""
 
     name: ClassVar[str] = "pass"
     Config: ClassVar[type[PassConfig]] = PassConfig
     graphs: ClassVar[tuple[str, ...]] = (DECODER,)
-    needs_calibration: ClassVar[bool] = False
     # The pipeline fails a pass whose worst output rel_l2 exceeds this (None: report only).
     max_rel_error: ClassVar[float | None] = None
 
@@ -296,8 +169,6 @@ class GraphPass(ir.passes.InPlacePass):
         if not isinstance(config, self.Config):
             raise TypeError(f"{self.name} takes a {self.Config.__name__}, got {type(config).__name__}")
         self.config = config
-        self.context = PassContext()
-        self._last_changes: PassChanges | None = None
 
     @classmethod
     def from_string(cls, text: str) -> "GraphPass":
@@ -310,125 +181,65 @@ class GraphPass(ir.passes.InPlacePass):
     def applies_to(self, graph: str) -> bool:
         return graph in self.graphs
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config})"
+
     # to implement ----------------------------------------------------------------------------------------------
-    def preconditions(self, model: ir.Model) -> None:
+    def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         """Raise `PassPreconditionError` (naming the graph and what is missing) if the pass cannot run."""
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         raise NotImplementedError
 
+    def postconditions(self, model: ir.Model, ctx: PassContext) -> None:
+        """Raise if the transformed model breaks a promise of the pass."""
+
     # running ---------------------------------------------------------------------------------------------------
-    def apply(self, model: ir.Model, ctx: PassContext | None = None) -> PassReport:
-        """Check preconditions, transform in place, and report (without the numerical check: the pipeline or
-        `check.check_pass` adds it, since it needs the model from before)."""
-        ctx = ctx or self.context
-        self.preconditions(model)
+    def bind(self, ctx: PassContext | None = None) -> "BoundPass":
+        """This pass with one run's context, as an onnx-ir pass (default: a lone graph of the first kind it
+        applies to, no folder, no calibration data)."""
+        return BoundPass(self, ctx if ctx is not None else PassContext(graph=self.graphs[0]))
+
+    def __call__(self, model: ir.Model, ctx: PassContext | None = None) -> GraphPassResult:
+        return self.bind(ctx)(model)
+
+
+class BoundPass(ir.passes.InPlacePass):
+    """One run of a `GraphPass`: preconditions, transform and report, postconditions, through onnx-ir's
+    `PassBase.__call__`. The report is measured here, so every way of running a pass reports the same."""
+
+    def __init__(self, graph_pass: GraphPass, ctx: PassContext):
+        self.graph_pass = graph_pass
+        self.context = ctx
+
+    def __repr__(self) -> str:
+        return f"{self.graph_pass!r} on {self.context.graph}"
+
+    def __call__(self, model_or_result: ir.Model | ir.passes.PassResult, /) -> GraphPassResult:
+        try:
+            return super().__call__(model_or_result)
+        except ir.passes.InvariantError as err:
+            # onnx-ir wraps what requires/ensures raise; a user-facing error keeps its own type and message
+            if isinstance(err.__cause__, EdgekitError):
+                raise err.__cause__ from None
+            raise
+
+    def requires(self, model: ir.Model) -> None:
+        self.graph_pass.preconditions(model, self.context)
+
+    def call(self, model: ir.Model) -> GraphPassResult:
+        p, ctx = self.graph_pass, self.context
         before = initializer_bytes(model)
         start = time.perf_counter()
-        changes = self.transform(model, ctx)
+        changes = p.transform(model, ctx)
         seconds = time.perf_counter() - start
-        self._last_changes = changes
-        return PassReport(
-            pass_name=self.name, graph=ctx.graph, config=self.config.to_dict(),
+        report = PassReport(
+            pass_name=p.name, graph=ctx.graph, config=p.config.to_dict(),
             nodes_added=changes.nodes_added, nodes_removed=changes.nodes_removed,
             initializers_touched=list(changes.initializers_touched), size_before=before,
             size_after=initializer_bytes(model), seconds=seconds, notes=dict(changes.notes),
         )
+        return GraphPassResult(model, changes.modified, report)
 
-    # onnx_ir's PassBase protocol, so these passes also run under `ir.passes.PassManager`
-    def requires(self, model: ir.Model) -> None:
-        self.preconditions(model)
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        changes = self.transform(model, self.context)
-        self._last_changes = changes
-        return ir.passes.PassResult(model, changes.modified)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# helpers most weight passes need
-# --------------------------------------------------------------------------------------------------------------
-@dataclass
-class WeightMatMul:
-    """A MatMul whose B input is a constant weight, either an initializer (K, N) or `Transpose(initializer)` of
-    an (N, K) Hugging Face `nn.Linear` weight. `name` is the weight's module name (`model.layers.0.mlp.up_proj`)."""
-
-    node: ir.Node
-    weight: ir.Value  # the initializer
-    transpose: ir.Node | None  # the Transpose between them, if any
-
-    @property
-    def name(self) -> str:
-        n = self.weight.name or ""
-        return n[: -len(".weight")] if n.endswith(".weight") else n
-
-    @property
-    def activation(self) -> ir.Value:
-        return self.node.inputs[0]
-
-    def kn(self) -> np.ndarray:
-        """The weight as MatMul consumes it, (K, N) float32."""
-        w = self.weight.const_value.numpy()
-        return np.asarray(w.T if self.transpose is not None else w, dtype=np.float32)
-
-    @property
-    def k(self) -> int:
-        s = self.weight.shape
-        return int(s[1] if self.transpose is not None else s[0])
-
-    @property
-    def n(self) -> int:
-        s = self.weight.shape
-        return int(s[0] if self.transpose is not None else s[1])
-
-
-def _is_float_initializer(v: ir.Value | None) -> bool:
-    return (v is not None and v.const_value is not None and v.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16)
-            and v.shape is not None and len(v.shape) == 2)
-
-
-def find_weight_matmuls(model: ir.Model) -> list[WeightMatMul]:
-    """Every MatMul in the main graph fed by a constant 2-D float weight, in graph order."""
-    out = []
-    for node in model.graph:
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
-            continue
-        b = node.inputs[1]
-        producer = b.producer() if b is not None else None
-        if _is_float_initializer(b) and b.is_initializer():
-            out.append(WeightMatMul(node, b, None))
-        elif (producer is not None and producer.op_type == "Transpose" and producer.domain in ("", "ai.onnx")
-              and _is_float_initializer(producer.inputs[0]) and producer.inputs[0].is_initializer()):
-            perm = producer.attributes.get("perm")
-            if perm is None or list(perm.as_ints()) == [1, 0]:
-                out.append(WeightMatMul(node, producer.inputs[0], producer))
-    return out
-
-
-def require_weight_matmuls(model: ir.Model, pass_name: str, graph: str = "") -> list[WeightMatMul]:
-    found = find_weight_matmuls(model)
-    if not found:
-        where = f" in {graph}" if graph else ""
-        raise PassPreconditionError(f"{pass_name}: no MatMul with a constant weight to quantize{where}",
-                                    graph or None)
-    return found
-
-
-def remove_if_unused(model: ir.Model, node: ir.Node | None) -> int:
-    """Drop `node` (e.g. a folded Transpose) once nothing reads its outputs; returns nodes removed (0 or 1)."""
-    if node is None or node.graph is None:
-        return 0
-    if any(o.uses() or o.is_graph_output() for o in node.outputs):
-        return 0
-    inputs = list(node.inputs)
-    model.graph.remove(node, safe=True)
-    for v in inputs:  # an initializer nobody reads any more goes too
-        if v is not None and v.is_initializer() and not v.uses() and not v.is_graph_output():
-            model.graph.initializers.pop(v.name, None)
-    return 1
-
-
-def matches_any(name: str, patterns: Sequence[str]) -> bool:
-    import fnmatch
-
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    def ensures(self, model: ir.Model) -> None:
+        self.graph_pass.postconditions(model, self.context)

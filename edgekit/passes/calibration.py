@@ -1,8 +1,10 @@
 """Inputs for calibration-aware passes and for the numerical check.
 
-Three sources, most to least realistic:
-- `record_decoder_feeds(model_dir, n)`: the decoder's real prefill inputs, recorded from the `cpu` backend
-  running synthetic studies of the train split (image features + prompt embeddings, as the reporter builds them).
+Four sources, most to least realistic:
+- `record_decoder_feeds(model_dir, n)`: the decoder's real prefill inputs, recorded by running the model family's
+  calibration studies through the vision encoder and embeddings (image features + prompt embeddings, as the
+  reporter builds them).
+- `vision_feeds(model, n)`: the same studies, preprocessed, as the vision encoder's `pixel_values`.
 - `sample_feeds(model, n, embeddings=...)`: random feeds in the graph's own input signature; for the decoder the
   `inputs_embeds` are rows of the real embedding table (random token ids), which is what activations look like.
 - the same without an embedding table: Gaussian embeddings (fine for a smoke check, weak for calibration).
@@ -10,6 +12,7 @@ Three sources, most to least realistic:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,9 +21,9 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from edgekit import names
 from edgekit.errors import ConfigError
-
-from .base import EMBED_TOKENS
+from edgekit.plugins import DEFAULT_MODEL, get_model_family
 
 _DIM_DEFAULTS = {"batch": 1, "frames": 8}
 
@@ -31,9 +34,9 @@ def embedding_table(model_dir: str | Path | None) -> np.ndarray | None:
     A plain `Gather` of a float initializer is read directly; a table that `qembed` stored quantised (INT4/INT8
     codes and scales, through `GatherBlockQuantized` or `DequantizeLinear`) is what the graph computes, so the
     graph is run in ONNX Runtime for every token id (reading its first 2-D initializer would return codes)."""
-    if model_dir is None or not (Path(model_dir) / EMBED_TOKENS).is_file():
+    if model_dir is None or not (Path(model_dir) / names.EMBED_TOKENS).is_file():
         return None
-    path = Path(model_dir) / EMBED_TOKENS
+    path = Path(model_dir) / names.EMBED_TOKENS
     model = ir.load(path)
     for node in model.graph:
         table = node.inputs[0] if node.op_type == "Gather" and node.inputs else None
@@ -41,11 +44,11 @@ def embedding_table(model_dir: str | Path | None) -> np.ndarray | None:
                 ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE):
             return table.const_value.numpy().astype(np.float32)
     shapes = [v.shape for v in model.graph.initializers.values() if v.shape is not None and len(v.shape) == 2]
-    if not shapes or [i.name for i in model.graph.inputs] != ["input_ids"]:
+    if not shapes or [i.name for i in model.graph.inputs] != [names.INPUT_IDS]:
         return None
     vocab = int(shapes[0][0])  # codes (vocab, hidden or hidden / 2) and scales (vocab, blocks) agree on it
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return np.asarray(sess.run(None, {"input_ids": np.arange(vocab, dtype=np.int64)[None]})[0][0], np.float32)
+    return np.asarray(sess.run(None, {names.INPUT_IDS: np.arange(vocab, dtype=np.int64)[None]})[0][0], np.float32)
 
 
 def _np_dtype(dtype: ir.DataType):
@@ -65,14 +68,14 @@ def sample_feeds(model: ir.Model, n: int = 4, *, seq: int = 16, past: int = 0, s
         for value in model.graph.inputs:
             shape = [d if isinstance(d, int) else dims.get(str(d), 1) for d in (value.shape or [])]
             name, dtype = value.name, _np_dtype(value.dtype)
-            if name == "attention_mask":
+            if name == names.ATTENTION_MASK:
                 feed[name] = np.ones(shape, dtype)
-            elif name == "position_ids":
+            elif name == names.POSITION_IDS:
                 feed[name] = np.broadcast_to(np.arange(p, p + shape[-1]), shape).astype(dtype)
-            elif name == "input_ids":
+            elif name == names.INPUT_IDS:
                 vocab = embeddings.shape[0] if embeddings is not None else 100
                 feed[name] = rng.integers(0, vocab, shape).astype(dtype)
-            elif name == "inputs_embeds" and embeddings is not None:
+            elif name == names.INPUTS_EMBEDS and embeddings is not None:
                 ids = rng.integers(0, embeddings.shape[0], shape[:-1])
                 feed[name] = embeddings[ids].astype(dtype)
             elif np.issubdtype(dtype, np.integer):
@@ -83,13 +86,13 @@ def sample_feeds(model: ir.Model, n: int = 4, *, seq: int = 16, past: int = 0, s
     return feeds
 
 
-def capture_values(model: ir.Model, names: Sequence[str], feeds: Sequence[dict[str, np.ndarray]]
+def capture_values(model: ir.Model, value_names: Sequence[str], feeds: Sequence[dict[str, np.ndarray]]
                    ) -> dict[str, np.ndarray]:
-    """The values named `names` (e.g. each weight MatMul's activation input) on every feed, flattened to
+    """The values named `value_names` (e.g. each weight MatMul's activation input) on every feed, flattened to
     (tokens, features) and concatenated across feeds. The model is not modified."""
     proto = ir.to_proto(model)
     existing = {o.name for o in proto.graph.output}
-    for name in names:
+    for name in value_names:
         if name not in existing:
             proto.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     so = ort.SessionOptions()
@@ -97,57 +100,87 @@ def capture_values(model: ir.Model, names: Sequence[str], feeds: Sequence[dict[s
     so.log_severity_level = 3
     sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
     wanted = {i.name for i in sess.get_inputs()}
-    chunks: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    chunks: dict[str, list[np.ndarray]] = {n: [] for n in value_names}
     for feed in feeds:
-        outs = sess.run(list(names), {k: v for k, v in feed.items() if k in wanted})
-        for name, arr in zip(names, outs):
+        outs = sess.run(list(value_names), {k: v for k, v in feed.items() if k in wanted})
+        for name, arr in zip(value_names, outs):
             chunks[name].append(arr.reshape(-1, arr.shape[-1]).astype(np.float32))
     return {n: np.concatenate(c) for n, c in chunks.items()}
 
 
 def record_decoder_feeds(model_dir: str | Path, n: int = 8, *, split: str = "train", start: int = 0,
-                         prompt: str = "") -> list[dict[str, np.ndarray]]:
-    """Real prefill feeds for the decoder: synthetic studies of `split` through the `cpu` backend's vision
-    encoder and embeddings, arranged as the reporter does (`[image tokens] <bos> {modality}: {prompt} <sep>`)."""
-    from edgekit.ingest.pixels import to_display
-    from edgekit.models.synth import generate_study
+                         prompt: str = "", family: str = DEFAULT_MODEL) -> list[dict[str, np.ndarray]]:
+    """Real prefill feeds for the decoder: the model family's calibration studies of `split` through the graphs'
+    vision encoder and embeddings (ONNX Runtime), arranged as the reporter does: image tokens, then
+    `prompt_ids` (`<bos> {modality}: {prompt} <sep>`, the template and ids of `generation_config.json`)."""
+    from edgekit.ort import CpuBackend
     from edgekit.preprocess import PreprocessConfig, preprocess_frames
-    from edgekit.targets.cpu import CpuBackend
+    from edgekit.prompt import prompt_ids
 
     model_dir = Path(model_dir)
+    fam = get_model_family(family)
     backend = CpuBackend.from_dir(model_dir, intra_op_threads=1)
-    tokenizer = _tokenizer(model_dir)
+    tokenizer = _tokenizer(_beside_or_family(model_dir, names.WEIGHT_FILES["tokenizer"], fam))
+    generation = _json(_beside_or_family(model_dir, names.WEIGHT_FILES["generation_config"], fam))
     cfg = PreprocessConfig()
     feeds = []
-    for i in range(start, start + n):
-        s = generate_study(i, split)
-        frames = to_display(s.stored, slope=s.slope, intercept=s.intercept, center=s.center, width=s.width,
-                            photometric=s.photometric)
-        pixels = preprocess_frames(frames, cfg)[None]
-        image = backend.encode_images(pixels)
-        text = f"{s.modality}: {prompt}"
-        ids = [1] + (tokenizer.encode(text).ids if tokenizer is not None else []) + [3]
+    for study in fam.calibration_studies(n, split=split, start=start):
+        image = backend.encode_images(preprocess_frames(study.frames, cfg)[None])
+        ids = prompt_ids(tokenizer, generation, study.modality, prompt)
         embeds = backend.embed(np.asarray([ids], np.int64))
         x = np.concatenate([image, embeds], axis=1).astype(np.float32)
         seq = x.shape[1]
-        feed = {"inputs_embeds": x, "attention_mask": np.ones((1, seq), np.int64),
-                "position_ids": np.arange(seq, dtype=np.int64)[None]}
+        feed = {names.INPUTS_EMBEDS: x, names.ATTENTION_MASK: np.ones((1, seq), np.int64),
+                names.POSITION_IDS: np.arange(seq, dtype=np.int64)[None]}
         for layer, (k, v) in enumerate(backend.empty_past(1)):
-            feed[f"past_key_values.{layer}.key"] = k
-            feed[f"past_key_values.{layer}.value"] = v
+            feed[names.past_key(layer)] = k
+            feed[names.past_value(layer)] = v
         feeds.append(feed)
     return feeds
 
 
-def _tokenizer(model_dir: Path):
-    """`tokenizer.json` beside the graphs, else the committed one; None means prompt-free feeds."""
+def vision_feeds(model: ir.Model, n: int, *, seed: int = 0, family: str = DEFAULT_MODEL
+                 ) -> list[dict[str, np.ndarray]] | None:
+    """`n` `pixel_values` feeds from the model family's calibration studies (train split, from study `seed`),
+    preprocessed as the reporter does; None when the graph's input does not have that shape (e.g. an imported
+    Hugging Face encoder). Why not noise: Gaussian pixels calibrate the patch statistics of noise."""
+    from edgekit.preprocess import PreprocessConfig, preprocess_frames
+
+    value = {v.name: v for v in model.graph.inputs}.get(names.PIXEL_VALUES)
+    if value is None or value.shape is None:
+        return None
+    cfg = PreprocessConfig()
+    feeds = []
+    for study in get_model_family(family).calibration_studies(n, split="train", start=seed):
+        pixels = preprocess_frames(study.frames, cfg)[None].astype(np.float32)
+        dims = list(value.shape)
+        if len(dims) != pixels.ndim or any(isinstance(d, int) and d != p for d, p in zip(dims, pixels.shape)):
+            return None
+        feeds.append({names.PIXEL_VALUES: pixels})
+    return feeds
+
+
+def _beside_or_family(model_dir: Path, file_name: str, fam) -> Path:
+    """`file_name` beside the graphs, else the model family's own (the weights the graphs were exported from)."""
+    here = model_dir / file_name
+    return here if here.is_file() else fam.weights_dir() / file_name
+
+
+def _tokenizer(path: Path):
     from tokenizers import Tokenizer
 
-    for cand in (model_dir / "tokenizer.json",
-                 Path(__file__).resolve().parents[2] / "models/radreport_tiny/weights/tokenizer.json"):
-        if cand.is_file():
-            try:
-                return Tokenizer.from_file(str(cand))
-            except Exception as exc:  # a corrupt tokenizer is a user file problem
-                raise ConfigError(f"cannot read tokenizer ({type(exc).__name__})", cand) from exc
-    return None
+    if not path.is_file():
+        raise ConfigError("tokenizer not found", path)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # a corrupt tokenizer is a user file problem
+        raise ConfigError(f"cannot read tokenizer ({type(exc).__name__})", path) from exc
+
+
+def _json(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError("generation config not found", path)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"not valid JSON ({exc})", path) from exc

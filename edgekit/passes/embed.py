@@ -20,9 +20,12 @@ import numpy as np
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
+from edgekit.names import EMBED_TOKENS
 
-from .base import EMBED_TOKENS, GraphPass, PassChanges, PassConfig, PassContext, PassPreconditionError, param
-from .int4_encode import MS_DOMAIN, _initializer, check_block, quantize_blocks
+from .base import GraphPass, PassChanges, PassContext, PassPreconditionError
+from .config import PassConfig, param
+from .int4_encode import MS_DOMAIN, check_block, quantize_blocks
+from .patterns import add_initializer
 
 
 @dataclass
@@ -77,11 +80,11 @@ class EmbedQuantPass(GraphPass):
     Config = EmbedQuantConfig
     graphs = (EMBED_TOKENS,)
 
-    def preconditions(self, model: ir.Model) -> None:
+    def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         found = find_embedding_gathers(model)
         if not found:
             raise PassPreconditionError(f"{self.name}: no Gather of a float (vocab, hidden) table to quantize in "
-                                        f"{self.context.graph}", self.context.graph or None)
+                                        f"{ctx.graph}", ctx.graph or None)
         for g in found:
             check_block(int(g.table.shape[1]), self.config.block, g.table.name)
 
@@ -97,8 +100,8 @@ class EmbedQuantPass(GraphPass):
             signed = (qw.q.astype(np.int16) - 2 ** (cfg.bits - 1)).astype(
                 ml_dtypes.int4 if cfg.bits == 4 else np.int8)
             base = g.table.name[: -len(".weight")] if g.table.name.endswith(".weight") else g.table.name
-            codes = _initializer(model.graph, signed, f"{base}.qweight")
-            scales = _initializer(model.graph, qw.scales.astype(float_dtype), f"{base}.scales")
+            codes = add_initializer(model.graph, signed, f"{base}.qweight")
+            scales = add_initializer(model.graph, qw.scales.astype(float_dtype), f"{base}.scales")
             if encoding == "gather":
                 changes.nodes_added += _encode_gather(model, g, codes, scales, cfg.block)
                 changes.nodes_removed += 1

@@ -15,11 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from .base import (
-    ALL_GRAPHS, GraphPass, PassChanges, PassConfig, PassContext, PassPreconditionError, find_weight_matmuls,
-    matches_any, param, remove_if_unused,
-)
-from .int4_encode import _initializer
+from .base import ALL_GRAPHS, GraphPass, PassChanges, PassContext, PassPreconditionError
+from .config import PassConfig, param
+from .patterns import add_initializer, find_weight_matmuls, matches_any, remove_if_unused
 
 F16, F32 = ir.DataType.FLOAT16, ir.DataType.FLOAT
 
@@ -36,10 +34,10 @@ class Fp16Pass(GraphPass):
     graphs = ALL_GRAPHS
     max_rel_error = 0.05
 
-    def preconditions(self, model: ir.Model) -> None:
+    def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         if not find_weight_matmuls(model) and not _embedding_gathers(model):
-            raise PassPreconditionError(f"fp16: no weight MatMul or embedding table to convert in "
-                                        f"{self.context.graph}", self.context.graph)
+            raise PassPreconditionError(f"fp16: no weight MatMul or embedding table to convert in {ctx.graph}",
+                                        ctx.graph)
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         changes = PassChanges()
@@ -55,7 +53,7 @@ class Fp16Pass(GraphPass):
                 graph.insert_before(m.node, cast)
                 casts[act.name] = cast.outputs[0]
                 changes.nodes_added += 1
-            w16 = _initializer(graph, np.ascontiguousarray(m.kn().astype(np.float16)), f"{m.name}.weight_fp16")
+            w16 = add_initializer(graph, np.ascontiguousarray(m.kn().astype(np.float16)), f"{m.name}.weight_fp16")
             m.node.replace_input_with(0, casts[act.name])
             m.node.replace_input_with(1, w16)
             changes.nodes_added += self._cast_back(model, m.node, changes)

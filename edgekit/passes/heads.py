@@ -30,22 +30,15 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-from .base import (
-    DECODER,
-    EMBED_TOKENS,
-    GraphPass,
-    PassChanges,
-    PassConfig,
-    PassContext,
-    PassPreconditionError,
-    WeightMatMul,
-    find_weight_matmuls,
-    param,
-)
-from .registry import register_pass
+from edgekit import names
+from edgekit.names import DECODER, EMBED_TOKENS
+
+from .base import GraphPass, PassChanges, PassContext, PassPreconditionError
+from .config import PassConfig, param
+from .patterns import WeightMatMul, find_weight_matmuls
 from .sparsity import sparsity, write_kn
 
-SCORES_FILE = "head_importance.json"
+SCORES_FILE = names.HEAD_IMPORTANCE_FILE
 SCORES_VERSION = 1
 
 
@@ -107,10 +100,11 @@ def attention_layers(model: ir.Model, head_dim: int = 0) -> list[AttentionLayer]
 def decoder_feeds(inputs_embeds: np.ndarray, model: ir.Model) -> dict[str, np.ndarray]:
     """Prefill feeds (no past) for one batch of embeddings, in the decoder's input signature."""
     b, s, _ = inputs_embeds.shape
-    feeds = {"inputs_embeds": inputs_embeds.astype(np.float32), "attention_mask": np.ones((b, s), np.int64),
-             "position_ids": np.tile(np.arange(s, dtype=np.int64), (b, 1))}
+    feeds = {names.INPUTS_EMBEDS: inputs_embeds.astype(np.float32),
+             names.ATTENTION_MASK: np.ones((b, s), np.int64),
+             names.POSITION_IDS: np.tile(np.arange(s, dtype=np.int64), (b, 1))}
     for v in model.graph.inputs:
-        if v.name.startswith("past_key_values."):
+        if v.name.startswith(names.PAST_PREFIX):
             kv_heads, head_dim = int(v.shape[1]), int(v.shape[3])
             feeds[v.name] = np.zeros((b, kv_heads, 0, head_dim), np.float32)
     return feeds
@@ -139,8 +133,8 @@ def head_outputs(model: ir.Model, layers: list[AttentionLayer], feeds: list[dict
     import onnxruntime as ort
 
     proto = ir.to_proto(model)
-    names = [layer.o.activation.name for layer in layers]
-    for n in names:
+    wanted_outputs = [layer.o.activation.name for layer in layers]
+    for n in wanted_outputs:
         proto.graph.output.append(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None))
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1  # one thread: the same sums in the same order on every run
@@ -148,8 +142,9 @@ def head_outputs(model: ir.Model, layers: list[AttentionLayer], feeds: list[dict
     sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
     wanted = {i.name for i in sess.get_inputs()}
     for feed in feeds:
-        outs = sess.run(names, {k: v for k, v in feed.items() if k in wanted})
-        keep = feed["attention_mask"][:, -outs[0].shape[1]:].astype(bool) if "attention_mask" in feed else None
+        outs = sess.run(wanted_outputs, {k: v for k, v in feed.items() if k in wanted})
+        mask = feed.get(names.ATTENTION_MASK)
+        keep = mask[:, -outs[0].shape[1]:].astype(bool) if mask is not None else None
         yield [o[keep] if keep is not None else o.reshape(-1, o.shape[-1]) for o in outs]
 
 
@@ -232,9 +227,8 @@ class HeadPrunePass(GraphPass):
     name = "heads"
     Config = HeadPruneConfig
     graphs = (DECODER,)
-    needs_calibration = True
 
-    def preconditions(self, model: ir.Model) -> None:
+    def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         if not attention_layers(model, self.config.head_dim):
             raise PassPreconditionError("heads: no attention layer (q_proj + o_proj weight MatMuls) in the graph")
 
@@ -264,5 +258,3 @@ class HeadPrunePass(GraphPass):
             "sparsity_per_layer": per_layer, "head_importance": doc,
         })
 
-
-register_pass(HeadPrunePass)

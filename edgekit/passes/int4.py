@@ -13,7 +13,7 @@ Why these pieces:
 - `graphs=decoder;vision` extends the pass to the vision encoder's weight MatMuls (SigLIP layers and connector;
   the patch Conv stays float). The default stays the decoder alone, which is what the x1 build and older recipes
   expect. A recipe that wants different settings per graph lists the pass twice, each with its own `graphs`.
-  Calibration for the vision encoder is real preprocessed synthetic studies of the train split, not noise.
+  Calibration for the vision encoder is the model family's preprocessed calibration studies, not noise.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ import numpy as np
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
+from edgekit.names import DECODER, VISION_ENCODER
 
-from .base import (
-    DECODER, VISION_ENCODER, GraphPass, PassChanges, PassConfig, PassContext, WeightMatMul, matches_any, param, remove_if_unused,
-    require_weight_matmuls,
-)
-from .calibration import capture_values, embedding_table, sample_feeds
+from .base import GraphPass, PassChanges, PassContext
+from .calibration import capture_values, embedding_table, sample_feeds, vision_feeds
+from .config import PassConfig, param
 from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
+from .patterns import WeightMatMul, add_initializer, matches_any, remove_if_unused, require_weight_matmuls
 
 AWQ_MAX_TOKENS = 512
-GRAPH_FILES = {"decoder": DECODER, "vision": VISION_ENCODER}
+GRAPHS = {"decoder": DECODER, "vision": VISION_ENCODER}  # the `graphs` parameter's names for the files
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Int4Config(PassConfig):
     calib: int = param(8, min=1, max=4096, help="calibration samples when none are given")
     seq: int = param(32, min=1, max=4096, help="tokens per generated calibration sample")
     awq_grid: int = param(10, min=1, max=100, help="alpha grid points in [0, 1] for awq")
-    graphs: list[str] = param(["decoder"], choices=tuple(GRAPH_FILES),
+    graphs: list[str] = param(["decoder"], choices=tuple(GRAPHS),
                               help="graphs whose weight MatMuls are quantized (decoder;vision)")
     fit_block: bool = param(False, help="use the largest block <= block that divides each K (e.g. 128 where K "
                                         "allows, 64 for K=192) instead of refusing a K it does not divide")
@@ -67,22 +67,22 @@ class Int4Config(PassConfig):
             raise ConfigError(f"{where}.symmetric: target {self.target} takes symmetric INT4 only "
                               "(TensorRT 10 refuses zero points)")
         if not self.graphs:
-            raise ConfigError(f"{where}.graphs: name at least one of {', '.join(GRAPH_FILES)}")
+            raise ConfigError(f"{where}.graphs: name at least one of {', '.join(GRAPHS)}")
 
 
 class Int4Pass(GraphPass):
     name = "int4"
     Config = Int4Config
-    graphs = tuple(GRAPH_FILES.values())  # the ones it can run on; `config.graphs` picks among them
+    graphs = tuple(GRAPHS.values())  # the ones it can run on; `config.graphs` picks among them
 
     def applies_to(self, graph: str) -> bool:
-        return graph in {GRAPH_FILES[g] for g in self.config.graphs}
+        return graph in {GRAPHS[g] for g in self.config.graphs}
 
-    def preconditions(self, model: ir.Model) -> None:
-        mms = [m for m in require_weight_matmuls(model, self.name, self.context.graph)
+    def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
+        mms = [m for m in require_weight_matmuls(model, self.name, ctx.graph)
                if not matches_any(m.name, self.config.exclude)]
         if not mms:
-            raise ConfigError(f"int4.exclude: every weight MatMul is excluded, nothing to quantize")
+            raise ConfigError("int4.exclude: every weight MatMul is excluded, nothing to quantize")
         for m in mms:  # refuse before touching anything
             check_block(m.k, self.block_for(m.k), m.weight.name)
 
@@ -236,8 +236,6 @@ def quantize_other_weights(model: ir.Model, bits: int, block: int, changes: Pass
     kernel, an added position table) -> symmetric blocked DequantizeLinear along their flattened trailing axes,
     reshaped back when they are not 2-D. Why: with the MatMuls at 4 bits these few float tensors are a visible
     share of a small encoder. Consumers see the same shape and dtype."""
-    from .int4_encode import _initializer
-
     done = []
     for value in list(model.graph.initializers.values()):
         arr = value.const_value.numpy() if value.const_value is not None else None
@@ -249,13 +247,13 @@ def quantize_other_weights(model: ir.Model, bits: int, block: int, changes: Pass
         b = int(np.gcd(block, flat.shape[1]))
         qw = quantize_blocks(flat, b, bits=bits, symmetric=True, name=value.name)
         signed = (qw.q.astype(np.int16) - 2 ** (bits - 1)).astype(ml_dtypes.int4 if bits == 4 else np.int8)
-        dq = ir.node("DequantizeLinear", [_initializer(model.graph, signed, f"{value.name}.q{bits}"),
-                                          _initializer(model.graph, qw.scales, f"{value.name}.scales")],
+        dq = ir.node("DequantizeLinear", [add_initializer(model.graph, signed, f"{value.name}.q{bits}"),
+                                          add_initializer(model.graph, qw.scales, f"{value.name}.scales")],
                      {"axis": 1, "block_size": b}, name=f"{value.name}_DequantizeLinear")
         out, nodes = dq.outputs[0], [dq]
         out.name, out.dtype, out.shape = f"{value.name}_dq", ir.DataType.FLOAT, ir.Shape(list(flat.shape))
         if arr.ndim != 2:
-            shape = _initializer(model.graph, np.asarray(arr.shape, np.int64), f"{value.name}.shape")
+            shape = add_initializer(model.graph, np.asarray(arr.shape, np.int64), f"{value.name}.shape")
             reshape = ir.node("Reshape", [out, shape], name=f"{value.name}_Reshape")
             out = reshape.outputs[0]
             out.name, out.dtype, out.shape = f"{value.name}_dqr", ir.DataType.FLOAT, ir.Shape(list(arr.shape))
@@ -272,38 +270,13 @@ def quantize_other_weights(model: ir.Model, bits: int, block: int, changes: Pass
 
 
 def _calibration_feeds(model: ir.Model, ctx: PassContext, cfg: Int4Config) -> list[dict[str, np.ndarray]]:
-    """Decoder: token-embedding rows as inputs. Vision encoder: preprocessed synthetic train studies, since
-    Gaussian pixels would calibrate the patch statistics of noise rather than of images."""
+    """Decoder: token-embedding rows as inputs. Vision encoder: the model family's preprocessed calibration
+    studies (`calibration.vision_feeds`), falling back to the graph's signature when their shape does not fit."""
     if ctx.graph == VISION_ENCODER:
         feeds = vision_feeds(model, cfg.calib, seed=ctx.seed)
         if feeds:
             return feeds
     return sample_feeds(model, cfg.calib, seq=cfg.seq, seed=ctx.seed, embeddings=embedding_table(ctx.model_dir))
-
-
-def vision_feeds(model: ir.Model, n: int, *, seed: int = 0) -> list[dict[str, np.ndarray]] | None:
-    """`n` `pixel_values` feeds from synthetic train studies, preprocessed as the reporter does; None when the
-    graph's input does not have the default model's shape (e.g. an imported Hugging Face encoder)."""
-    from edgekit.ingest.pixels import to_display
-    from edgekit.models.synth import generate_study
-    from edgekit.preprocess import PreprocessConfig, preprocess_frames
-
-    inputs = {v.name: v for v in model.graph.inputs}
-    value = inputs.get("pixel_values")
-    if value is None or value.shape is None:
-        return None
-    cfg = PreprocessConfig()
-    feeds = []
-    for i in range(seed, seed + n):
-        s = generate_study(i, "train")
-        frames = to_display(s.stored, slope=s.slope, intercept=s.intercept, center=s.center, width=s.width,
-                            photometric=s.photometric)
-        pixels = preprocess_frames(frames, cfg)[None].astype(np.float32)
-        dims = list(value.shape)
-        if len(dims) != pixels.ndim or any(isinstance(d, int) and d != p for d, p in zip(dims, pixels.shape)):
-            return None
-        feeds.append({"pixel_values": pixels})
-    return feeds
 
 
 def _release(weight: ir.Value) -> None:
@@ -328,9 +301,7 @@ def _norm_weight(producer: ir.Node | None, act: ir.Value, k: int) -> ir.Value | 
 
 
 def _new_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
-    from .int4_encode import _initializer
-
-    return _initializer(graph, np.ascontiguousarray(array, dtype=np.float32), name)
+    return add_initializer(graph, np.ascontiguousarray(array, dtype=np.float32), name)
 
 
 def _subsample(x: np.ndarray, seed: int) -> np.ndarray:

@@ -21,6 +21,8 @@ import onnx_ir as ir
 
 from edgekit.errors import ConfigError
 
+from .patterns import add_initializer
+
 MS_DOMAIN = "com.microsoft"
 
 
@@ -163,9 +165,10 @@ def encode_matmulnbits(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, na
     n, k = qw.q.shape
     b, scales, zp = matmulnbits_tensors(qw)
     graph = model.graph
-    inputs = [matmul.inputs[0], _initializer(graph, b, f"{name}.qweight"), _initializer(graph, scales, f"{name}.scales")]
+    inputs = [matmul.inputs[0], add_initializer(graph, b, f"{name}.qweight"),
+              add_initializer(graph, scales, f"{name}.scales")]
     if zp is not None:
-        inputs.append(_initializer(graph, zp, f"{name}.qzeros"))
+        inputs.append(add_initializer(graph, zp, f"{name}.qzeros"))
     attrs = {"K": k, "N": n, "bits": qw.bits, "block_size": qw.block}
     if opts.get("accuracy_level"):
         attrs["accuracy_level"] = int(opts["accuracy_level"])
@@ -185,7 +188,7 @@ def encode_qdq(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, name: str,
     w, scale = qdq_tensors(qw)
     graph = model.graph
     dq = ir.node("DequantizeLinear",
-                 [_initializer(graph, w, f"{name}.qweight"), _initializer(graph, scale, f"{name}.scales")],
+                 [add_initializer(graph, w, f"{name}.qweight"), add_initializer(graph, scale, f"{name}.scales")],
                  {"axis": 0, "block_size": qw.block}, name=f"{matmul.name}_DequantizeLinear")
     dq.outputs[0].name = f"{name}.weight_dq"
     dq.outputs[0].dtype = ir.DataType.FLOAT
@@ -209,14 +212,3 @@ ENCODERS: dict[str, Encoder] = {"cpu": encode_matmulnbits, "orin": encode_qdq, "
 def register_encoder(target: str, fn: Encoder) -> None:
     """The x1 compiler (issue 4) calls `register_encoder("x1", its_packer)` to write its own packing."""
     ENCODERS[target] = fn
-
-
-def _initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
-    base, i = name, 0
-    while name in graph.initializers:
-        i += 1
-        name = f"{base}_{i}"
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=None, const_value=ir.Tensor(array, name=name))
-    value.dtype = value.const_value.dtype
-    graph.register_initializer(value)
-    return value

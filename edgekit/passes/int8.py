@@ -17,10 +17,9 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from .base import (
-    GraphPass, PassChanges, PassConfig, PassContext, matches_any, param, remove_if_unused, require_weight_matmuls,
-)
-from .int4_encode import _initializer
+from .base import GraphPass, PassChanges, PassContext
+from .config import PassConfig, param
+from .patterns import add_initializer, matches_any, remove_if_unused, require_weight_matmuls
 
 
 @dataclass
@@ -41,7 +40,7 @@ def fold_weight_transposes(model: ir.Model, exclude: list[str] | None = None) ->
         if m.transpose is None:
             continue
         kn = m.kn()
-        m.node.replace_input_with(1, _initializer(model.graph, kn, f"{m.name}.weight_kn"))
+        m.node.replace_input_with(1, add_initializer(model.graph, kn, f"{m.name}.weight_kn"))
         removed += remove_if_unused(model, m.transpose)
         if m.weight.is_initializer() and not m.weight.uses():
             model.graph.initializers.pop(m.weight.name, None)
@@ -52,8 +51,8 @@ class Int8Pass(GraphPass):
     name = "int8"
     Config = Int8Config
 
-    def preconditions(self, model: ir.Model) -> None:
-        require_weight_matmuls(model, self.name, self.context.graph)
+    def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
+        require_weight_matmuls(model, self.name, ctx.graph)
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         from onnxruntime.quantization import QuantType, quantize_dynamic

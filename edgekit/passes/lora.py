@@ -23,18 +23,11 @@ import onnx
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
+from edgekit.names import DECODER, VISION_ENCODER
 
-from .base import (
-    ALL_GRAPHS,
-    DECODER,
-    VISION_ENCODER,
-    GraphPass,
-    PassChanges,
-    PassConfig,
-    PassContext,
-    find_weight_matmuls,
-    param,
-)
+from .base import ALL_GRAPHS, GraphPass, PassChanges, PassContext
+from .config import PassConfig, param
+from .patterns import find_weight_matmuls
 from .peft_adapter import AdapterError, PeftAdapter, read_peft_adapter
 
 
@@ -124,8 +117,7 @@ class LoraMergePass(GraphPass):
     Config = LoraConfig
     graphs = (DECODER, VISION_ENCODER)
 
-    def _plan(self, model: ir.Model, ctx: PassContext) -> list:
-        self._adapters = getattr(self, "_adapters", None) or load_adapters(self.config)
+    def _plan(self, model: ir.Model, ctx: PassContext, adapters: list[tuple[PeftAdapter, float]]) -> list:
         slots = weight_slots(model, ctx.graph)
         if ctx.model_dir is not None:  # modules may live in a sibling graph; only those in none are errors
             for g in ALL_GRAPHS:
@@ -133,24 +125,20 @@ class LoraMergePass(GraphPass):
                 if g != ctx.graph and p.is_file():
                     for k, v in weight_slots(onnx.load(str(p), load_external_data=False), g).items():
                         slots.setdefault(k, v)
-        return plan_merge(self._adapters, slots, self.config.module_prefix).get(ctx.graph, [])
+        return plan_merge(adapters, slots, self.config.module_prefix).get(ctx.graph, [])
 
-    def preconditions(self, model: ir.Model) -> None:
-        self._plan(model, self.context)  # refuses a misfitting adapter before the transform touches anything
+    def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
+        # refuses a misfitting adapter before the transform touches anything
+        self._plan(model, ctx, load_adapters(self.config))
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
-        entries = self._plan(model, ctx)
-        rel = apply_plan(model, entries)
+        adapters = load_adapters(self.config)
+        rel = apply_plan(model, self._plan(model, ctx, adapters))
         return PassChanges(initializers_touched=sorted(rel), notes={
             "adapters": [{"path": a.path.name, "weight": w, "r": a.r, "alpha": a.lora_alpha,
-                          "rslora": a.use_rslora, "modules": len(a.modules)} for a, w in self._adapters],
+                          "rslora": a.use_rslora, "modules": len(a.modules)} for a, w in adapters],
             "relative_update": {k: round(v, 6) for k, v in sorted(rel.items())},
         })
-
-    def apply(self, model: ir.Model, ctx: PassContext | None = None):
-        if ctx is not None:
-            self.context = ctx
-        return super().apply(model, self.context)
 
 
 def merge_lora(model_dir: str | Path, out_dir: str | Path, adapters: list[str | Path],

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from edgekit import names
+from edgekit.bundle.manifest import MANIFEST_NAME
 from edgekit.errors import BundleError, ConfigError
 from edgekit.export.save import check_external_data, save_model
 
@@ -29,9 +31,6 @@ from .check import IN_MEMORY_LIMIT_BYTES, check_models, snapshot
 # Above this many bytes of weights the numerical check (two ORT sessions of the graph, one after the other) is
 # skipped and the reason recorded in each report's notes; pass `check_max_bytes` to move the line.
 CHECK_MAX_BYTES = 12_000_000_000
-
-ROLE_FILES = {"decoder": "decoder_model_merged.onnx", "vision_encoder": "vision_encoder.onnx",
-              "embed_tokens": "embed_tokens.onnx"}
 
 
 @dataclass
@@ -51,13 +50,13 @@ def resolve_source(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
         raise ConfigError("model directory or bundle not found", path)
-    if path.is_dir() and any((path / g).is_file() for g in ALL_GRAPHS) and not (path / "manifest.json").is_file():
+    if path.is_dir() and any((path / g).is_file() for g in ALL_GRAPHS) and not (path / MANIFEST_NAME).is_file():
         return path
-    if (path / "manifest.json").is_file() or path.suffix == ".ekb":
+    if (path / MANIFEST_NAME).is_file() or path.suffix == ".ekb":
         from edgekit.bundle import load_bundle
 
         bundle = load_bundle(path)
-        for role, name in ROLE_FILES.items():
+        for role, name in names.GRAPH_FILES.items():
             if role in bundle.roles and bundle.component(role).name != name:
                 raise BundleError(f"bundle component {role} is not named {name}; run optimize on the model "
                                   "directory instead", path)
@@ -77,12 +76,12 @@ def run_pipeline(source: str | Path, out: str | Path, passes: Sequence[GraphPass
     file first. Past 1.5 GB of weights the check compares through files rather than serialized bytes (the source
     graph itself for the first pass); past `check_max_bytes` it is skipped, with the reason in the reports."""
     if not passes:
-        raise ConfigError("no passes given (use --pass NAME[:k=v,...] or --recipe FILE.toml)")
+        raise ConfigError("no passes given: `passes` is empty (give pass specs or a recipe's passes)")
     src, out = resolve_source(source), Path(out)
     if out.resolve() == src.resolve():
         raise ConfigError("output must differ from the input (the input is never modified)", out)
     if out.exists() and not overwrite:
-        raise ConfigError("output already exists (use --force to replace it)", out)
+        raise ConfigError("output already exists (overwrite=True replaces it)", out)
     graphs = [g for g in ALL_GRAPHS if (src / g).is_file()]
     if not any(p.applies_to(g) for p in passes for g in graphs):
         raise ConfigError(f"none of the passes applies to the graphs in {src.name} ({', '.join(graphs)})", src)
@@ -118,13 +117,12 @@ def run_pipeline(source: str | Path, out: str | Path, passes: Sequence[GraphPass
             original = (src / graph if big else snapshot(model, scratch)) if checking else None
             for i, p in enumerate(mine):
                 ctx = PassContext(graph=graph, model_dir=src, calibration=dict(calibration or {}), seed=seed)
-                p.context = ctx
                 if on_pass:
                     on_pass(p, graph, "start")
                 before = None
                 if checking:  # the unchanged source file is the "before" of a big graph's first pass
                     before = original if i == 0 else snapshot(model, scratch, f"before-{i}-{graph}")
-                report = p.apply(model, ctx)
+                report = p(model, ctx).report
                 if skip_reason:
                     report.notes["check_skipped"] = skip_reason
                 if checking:
@@ -160,7 +158,7 @@ def _copy_graph(src: Path, dst: Path) -> None:
 def _copy_other_files(src: Path, dst: Path) -> None:
     """Tokenizer, configs and the like travel with the graphs; a bundle's manifest does not (its checksums
     describe the old graphs: `edgekit build` writes a new one)."""
-    skip = set(ALL_GRAPHS) | {g + ".data" for g in ALL_GRAPHS} | {"manifest.json"}
+    skip = set(ALL_GRAPHS) | {g + ".data" for g in ALL_GRAPHS} | {MANIFEST_NAME}
     for item in src.iterdir():
         if item.name in skip or item.name.startswith("."):
             continue

@@ -6,6 +6,9 @@
     name = "int4"
     method = "awq"
     block = 32
+
+A recipe is a file path, or the name of one a model family ships (`int4-awq`); the family plug-in says where its
+recipes are (`ModelFamily.recipe_path`), so this works from a checkout and from an installed wheel alike.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.errors import ConfigError
+from edgekit.plugins import DEFAULT_MODEL, get_model_family
 
-from .base import GraphPass, load_toml
+from .base import GraphPass
+from .config import load_toml
 from .registry import get_pass_class, make_pass
-
-RECIPE_DIR = Path(__file__).resolve().parents[2] / "models" / "radreport_tiny" / "recipes"
 
 
 @dataclass
@@ -28,11 +31,18 @@ class Recipe:
     passes: list[GraphPass]
 
 
-def load_recipe(path: str | Path) -> Recipe:
+def resolve_recipe(recipe: str | Path, family: str = DEFAULT_MODEL) -> Path:
+    """A recipe file, else the recipe of that name the model family ships (`int4-awq`)."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    shipped = get_model_family(family).recipe_path(str(recipe))
+    return shipped if shipped is not None else path  # not found: `load_toml` names the path asked for
+
+
+def load_recipe(recipe: str | Path, *, family: str = DEFAULT_MODEL) -> Recipe:
     """Parse and validate a recipe; every error names the file and the `pass[i].field` at fault."""
-    path = Path(path)
-    if not path.is_file() and (RECIPE_DIR / f"{path}.toml").is_file():  # `--recipe int4-awq`
-        path = RECIPE_DIR / f"{path}.toml"
+    path = resolve_recipe(recipe, family)
     data = load_toml(path)
     entries = data.get("pass")
     if not isinstance(entries, list) or not entries:
@@ -52,5 +62,5 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def parse_pass_options(specs: list[str]) -> list[GraphPass]:
-    """`--pass int4:block=32,method=awq --pass fp16` -> passes."""
+    """Pass specs (`["int4:block=32,method=awq", "fp16"]`) -> passes, in order."""
     return [make_pass(s) for s in specs]

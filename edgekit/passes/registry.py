@@ -1,7 +1,7 @@
-"""Pass names -> pass classes, so recipes and `--pass int4:block=32` resolve to code.
+"""Pass names -> pass classes, so recipes and specs like `int4:block=32` resolve to code.
 
-Built-in passes register lazily (by module path) so importing the registry does not import every pass's
-dependencies; other engineers' passes (`lora`, `prune`, `sparse24`, `heads`) add themselves the same way.
+Built-in passes are named by module path and imported on first use, so importing the registry does not import
+every pass's dependencies (ONNX Runtime's quantizer, safetensors); `register_pass` adds one at run time.
 """
 
 from __future__ import annotations
@@ -31,32 +31,18 @@ def register_pass(cls: type[GraphPass], name: str | None = None) -> type[GraphPa
     return cls
 
 
-def _resolve(name: str) -> type[GraphPass] | None:
-    entry = _PASSES.get(name)
-    if entry is None or not isinstance(entry, str):
-        return entry
-    module_name, cls_name = entry.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name == module_name:  # announced but not written yet
-            return None
-        raise
-    cls = getattr(module, cls_name, None)
-    if cls is not None:
-        _PASSES[name] = cls
-    return cls
-
-
 def available_passes() -> list[str]:
-    return sorted(n for n in _PASSES if _resolve(n) is not None)
+    return sorted(_PASSES)
 
 
 def get_pass_class(name: str) -> type[GraphPass]:
-    cls = _resolve(name)
-    if cls is None:
+    entry = _PASSES.get(name)
+    if entry is None:
         raise ConfigError(f"unknown pass {name!r}; available: {', '.join(available_passes())}")
-    return cls
+    if isinstance(entry, str):
+        module_name, cls_name = entry.split(":")
+        entry = _PASSES[name] = getattr(importlib.import_module(module_name), cls_name)
+    return entry
 
 
 def make_pass(spec: str) -> GraphPass:

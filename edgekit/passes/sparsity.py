@@ -14,19 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from .base import (
-    DECODER,
-    GraphPass,
-    PassChanges,
-    PassConfig,
-    PassContext,
-    PassPreconditionError,
-    WeightMatMul,
-    matches_any,
-    param,
-    require_weight_matmuls,
-)
-from .registry import register_pass
+from edgekit.names import DECODER
+
+from .base import GraphPass, PassChanges, PassContext, PassPreconditionError
+from .config import PassConfig, param
+from .patterns import WeightMatMul, matches_any, require_weight_matmuls
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -124,7 +116,7 @@ class PrunePass(GraphPass):
     Config = PruneConfig
     graphs = (DECODER,)
 
-    def preconditions(self, model: ir.Model) -> None:
+    def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         select_weights(model, self.config.include, self.config.exclude, self.name)
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
@@ -158,7 +150,7 @@ class Sparse24Pass(GraphPass):
     Config = Sparse24Config
     graphs = (DECODER,)
 
-    def preconditions(self, model: ir.Model) -> None:
+    def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         mms = select_weights(model, self.config.include, self.config.exclude, self.name)
         bad = [f"{mm.name} (K={mm.k})" for mm in mms if mm.k % 4]
         if bad:
@@ -176,6 +168,3 @@ class Sparse24Pass(GraphPass):
         return PassChanges(initializers_touched=[mm.weight.name for mm in mms],
                            notes={**sparsity_notes(reached, sizes), "pattern": "2:4 along K"})
 
-
-register_pass(PrunePass)
-register_pass(Sparse24Pass)
