@@ -7,20 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from edgekit.errors import BundleError, ConfigError
-from edgekit.export import export_model, random_weights
-from edgekit.export.model_config import ModelConfig
-from edgekit.targets.cpu import CpuBackend, physical_cores
+from small_model import SMALL
 
-SMALL = ModelConfig(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-                    vision_mlp=64, vocab_size=97, hidden=48, layers=2, heads=4, kv_heads=2, intermediate=96)
+from edgekit.errors import BundleError, ConfigError
+from edgekit.targets.cpu import CpuBackend, physical_cores
 
 
 @pytest.fixture(scope="module")
-def onnx_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cpu")
-    export_model(random_weights(SMALL, seed=4), SMALL, out)
-    return out
+def onnx_dir(small_onnx_dir):
+    return small_onnx_dir
 
 
 @pytest.fixture(scope="module")

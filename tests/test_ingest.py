@@ -15,7 +15,7 @@ from pydicom.uid import (
     RLELossless,
     generate_uid,
 )
-from test_ingest_factory import make_dataset, ramp, save, save_pillow_compressed, write_series
+from ingest_factory import make_dataset, ramp, save, save_pillow_compressed, write_series
 
 from edgekit.ingest import IngestLimits, hash_uid, load_study, to_display
 

@@ -9,7 +9,7 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom import config
-from test_ingest_factory import PHI_DATE, PHI_ID, PHI_NAME, make_dataset, ramp, save
+from ingest_factory import PHI_DATE, PHI_ID, PHI_NAME, make_dataset, ramp, save
 
 from edgekit.errors import StudyError
 from edgekit.ingest import hash_uid, load_study, phi_guard

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_ingest_factory import write_mp4
+from ingest_factory import write_mp4
 
 from edgekit.errors import StudyError
 from edgekit.ingest import IngestLimits, load_study

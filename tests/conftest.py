@@ -1,0 +1,33 @@
+"""Fixtures several test modules share: one small random-init model (built from its config, no weights
+downloaded), its exported graphs, and the ONNX Runtime backend over them: the one test backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from small_model import SMALL
+
+from edgekit.export import export_model, random_weights
+from edgekit.export.model_config import ModelConfig
+from edgekit.ort import CpuBackend
+
+
+@pytest.fixture(scope="session")
+def small_config() -> ModelConfig:
+    return SMALL
+
+
+@pytest.fixture(scope="session")
+def small_onnx_dir(tmp_path_factory) -> Path:
+    """SMALL's three graphs, exported once per session from seeded random weights."""
+    out = tmp_path_factory.mktemp("small-onnx")
+    export_model(random_weights(SMALL, seed=4), SMALL, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_backend(small_onnx_dir) -> CpuBackend:
+    """ONNX Runtime over SMALL's graphs, one thread (CI has two cores for two workers)."""
+    return CpuBackend.from_dir(small_onnx_dir, intra_op_threads=1)
