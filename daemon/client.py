@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)
         self._path = path
@@ -71,7 +71,7 @@ class Client:
 
     def request(self, method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
                 timeout: float | None = None) -> Reply:
-        conn = _UnixConnection(self.socket_path, timeout or self.timeout)
+        conn = UnixConnection(self.socket_path, timeout or self.timeout)
         try:
             conn.request(method, url, body=body, headers=headers or {})
             resp = conn.getresponse()

@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 QUEUED, RUNNING, SUCCEEDED, FAILED = "queued", "running", "succeeded", "failed"
 TERMINAL = (SUCCEEDED, FAILED)
@@ -48,16 +49,16 @@ class Job:
     state: str
     variant: str | None
     prompt: str
-    options: dict
+    options: dict[str, float | int | None]  # RequestOptions.as_dict()
     input: str  # path of the study (file or folder) inside the job's directory
     created: float
     started: float | None = None
     finished: float | None = None
     attempts: int = 0
-    result: dict | None = None
-    error: dict | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None  # the error's JSON plus its HTTP "status"
 
-    def public(self) -> dict:
+    def public(self) -> dict[str, Any]:
         """What `GET /v1/jobs/{id}` shows: no prompt (it may name the patient), no paths."""
         out = {"id": self.id, "state": self.state, "variant": self.variant, "created": self.created,
                "started": self.started, "finished": self.finished, "attempts": self.attempts}
@@ -85,6 +86,19 @@ class JobStore:
     def job_dir(self, job_id: str) -> Path:
         return self.dir / job_id
 
+    def save_evidence(self, job_id: str, evidence: list[dict[str, Any]]) -> None:
+        """The source headers a job's SR needs, kept private beside its input (never in the database)."""
+        path = self._evidence_path(job_id)
+        path.write_text(json.dumps(evidence))
+        path.chmod(0o600)
+
+    def evidence(self, job_id: str) -> list[dict[str, Any]]:
+        path = self._evidence_path(job_id)
+        return json.loads(path.read_text()) if path.is_file() else []
+
+    def _evidence_path(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "evidence.json"
+
     @staticmethod
     def new_id() -> str:
         return uuid.uuid4().hex
@@ -107,11 +121,6 @@ class JobStore:
                     raise
         return _job(row)
 
-    def by_key(self, key: str) -> Job | None:
-        with self._lock:
-            row = self._db.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
-        return _job(row) if row else None
-
     def get(self, job_id: str) -> Job | None:
         with self._lock:
             row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -122,7 +131,8 @@ class JobStore:
             self._db.execute("UPDATE jobs SET state = ?, started = ?, attempts = attempts + 1 WHERE id = ?",
                              (RUNNING, time.time(), job_id))
 
-    def finish(self, job_id: str, *, result: dict | None = None, error: dict | None = None) -> None:
+    def finish(self, job_id: str, *, result: dict[str, Any] | None = None,
+               error: dict[str, Any] | None = None) -> None:
         state = SUCCEEDED if error is None else FAILED
         with self._lock:
             self._db.execute("UPDATE jobs SET state = ?, finished = ?, result = ?, error = ? WHERE id = ?",

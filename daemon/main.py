@@ -91,8 +91,8 @@ def serve(cfg, overrides: dict, token: str | None) -> int:
         def handle_exit(self, sig, frame):  # STOPPING=1 at once, not after the connections drained
             daemon.ready = False
             daemon.notifier.stopping()
-            if daemon.scheduler is not None:
-                daemon.scheduler.stop_accepting()
+            if daemon.queue is not None:
+                daemon.queue.stop_accepting()
             super().handle_exit(sig, frame)
 
     server = Server(uvicorn.Config(app, lifespan="on", access_log=False, log_level=cfg.log_level, loop="asyncio",

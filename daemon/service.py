@@ -1,42 +1,98 @@
-"""The daemon's parts wired together, and its life: start (load + warm + recover jobs), reload, drain.
+"""The service: the daemon's parts wired together, its life (start, reload, drain), and the one object routes call.
 
-Kept apart from the HTTP routes (`api.py`) and from process concerns (`main.py`) so tests and the bench script can
-drive the same object.
+Routes parse and answer; everything a request means happens here, once for both upload routes: options checked
+against the configured bound, the variant checked and pinned before the upload is read, a queue slot held while it
+is read, the study ingested, and, for a durable job, the job created under its idempotency key. Kept apart from
+HTTP (`api.py`, `routes.py`) and from the process (`main.py`) so tests and the bench drive this same object.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import logging
+import re
+import shutil
+import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from edgekit.errors import EdgekitError
 
 from .config import DaemonConfig, load_config
-from .jobs import JobStore
+from .forms import ReportForm
+from .intake import Ingestor, Intake
+from .jobs import Job, JobStore
 from .metrics import Metrics
 from .notify import Notifier
-from .scheduler import Scheduler, Work
-from .streams import StreamHub
-from .variants import VariantRegistry
+from .options import RequestOptions
+from .queue import WorkQueue
+from .runner import ReportRunner
+from .streams import StreamHub, TokenStream
+from .variants import Loaded, VariantRegistry
+from .work import Work
 
 log = logging.getLogger("edgekitd")
 
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+JOB_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class NotReadyError(EdgekitError):
+    code = "not_ready"
+    http_status = 503
+
+
+class JobNotFoundError(EdgekitError):
+    code = "job_not_found"
+    http_status = 404
+
+
+class IdempotencyError(EdgekitError):
+    code = "invalid_idempotency_key"
+
+
+class IdempotencyConflictError(EdgekitError):
+    code = "idempotency_key_reused"
+    http_status = 409
+
+
+@dataclass
+class Accepted:
+    """A synchronous report in the queue; `evidence` is kept when the answer is to be an SR."""
+
+    work: Work
+    evidence: list[dict[str, Any]] | None
+
+
+@dataclass
+class Submitted:
+    """A durable job: `created` is False when its idempotency key named an earlier, identical request."""
+
+    job: Job
+    created: bool
+
 
 class Daemon:
-    def __init__(self, cfg: DaemonConfig, *, notifier: Notifier | None = None, overrides: dict | None = None):
+    def __init__(self, cfg: DaemonConfig, *, notifier: Notifier | None = None,
+                 overrides: dict[str, Any] | None = None):
         self.cfg = cfg
-        self.overrides = overrides or {}
+        self.overrides: dict[str, Any] = overrides or {}
         self.notifier = notifier or Notifier()
         self.metrics = Metrics()
         Path(cfg.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         self.store = JobStore(cfg.state_dir)
+        self.streams = StreamHub()
+        self.ingestor = Ingestor(cfg)
         self.registry: VariantRegistry | None = None
-        self.scheduler: Scheduler | None = None
+        self.queue: WorkQueue | None = None
         self.ready = False
         self.failed: str | None = None
         self.recovered = 0
-        self.streams = StreamHub()
         self._heartbeat = time.monotonic()
         self._reload_lock = threading.Lock()
         self._stopped = threading.Event()
@@ -54,18 +110,30 @@ class Daemon:
         limit = max(5.0, (self.notifier.watchdog_usec or 0) / 1e6)
         return time.monotonic() - self._heartbeat < limit
 
+    def summary(self, extra: str = "") -> str:
+        active = self.registry.active if self.registry else "-"
+        return f"serving variant {active}" + (f"; {extra}" if extra else "")
+
+    def readiness(self) -> dict[str, Any] | None:
+        """What `/v2/health/ready` shows once serving; None while loading (or after a failed start)."""
+        if not self.ready or self.queue is None or self.registry is None:
+            return None
+        q = self.queue
+        return {"ready": True, "active": self.registry.active, "queue_depth": q.depth, "running": q.running,
+                "max_queue": q.max_queue, "recovered_jobs": self.recovered}
+
     # --- life -----------------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Blocking: build/load/warm the active variant, start workers, requeue unfinished jobs, then READY=1."""
         try:
-            self.registry = VariantRegistry(self.cfg, say=self.say, on_change=self._loaded_changed)
-            self.registry.get()
-            self.scheduler = Scheduler(self.registry, self.store, self.metrics, workers=self.cfg.workers,
-                                       max_queue=self.cfg.max_queue)
-            self.scheduler.start()
+            registry = self.registry = VariantRegistry(self.cfg, say=self.say, on_change=self._loaded_changed)
+            registry.get()
+            runner = ReportRunner(registry, self.store, self.metrics, self.ingestor)
+            self.queue = WorkQueue(runner, self.metrics, workers=self.cfg.workers, max_queue=self.cfg.max_queue)
+            self.queue.start()
             purged = self.store.purge(self.cfg.job_retention_s)
             for job in self.store.recover():
-                self.scheduler.submit(self.work_for(job), force=True)
+                self.queue.submit(self._work_for(job, job.variant or registry.active), force=True)
                 self.recovered += 1
         except Exception as exc:
             self.failed = str(exc)
@@ -75,32 +143,16 @@ class Daemon:
         self.ready = True
         self.notifier.ready(self.summary(f"recovered {self.recovered} job(s), purged {purged}"))
         self.notifier.start_watchdog(self.loop_alive)
-        threading.Thread(target=self._keep_alive, name="edgekitd-keep-alive", daemon=True).start()
+        threading.Thread(target=self._keep_alive, args=(registry,), name="edgekitd-keep-alive", daemon=True).start()
 
-    def _keep_alive(self) -> None:
+    def _keep_alive(self, registry: VariantRegistry) -> None:
         """Unload idle variants; checks a few times per keep-alive period (at most every 5 s)."""
         while not self._stopped.wait(min(5.0, max(0.05, abs(self.cfg.keep_alive_s) / 4))):
-            for name in self.registry.unload_idle():
+            for name in registry.unload_idle():
                 self.notifier.status(self.summary(f"unloaded idle variant {name}"))
 
     def _loaded_changed(self, loaded: set[str]) -> None:
         self.metrics.set_loaded(loaded, set(self.registry.specs) if self.registry else loaded)
-
-    def work_for(self, job) -> Work:
-        return Work(study_path=Path(job.input), prompt=job.prompt, options=job.options, variant=job.variant,
-                    job_id=job.id, limits=self.limits(), cleanup=self.store.job_dir(job.id) / "input",
-                    stream=self.streams.open(job.id))
-
-    def limits(self):
-        from edgekit.ingest import IngestLimits
-
-        c = self.cfg
-        return IngestLimits(max_files=c.max_files, max_frames=c.max_frames, max_pixels=c.max_pixels,
-                            max_bytes=max(c.max_upload_bytes, 1) * 8, video_max_frames=c.video_max_frames)
-
-    def summary(self, extra: str = "") -> str:
-        active = self.registry.active if self.registry else "-"
-        return f"serving variant {active}" + (f"; {extra}" if extra else "")
 
     def reload(self) -> None:
         """SIGHUP: reread the config file; variants still listed stay loaded; the active one is warm before READY."""
@@ -108,12 +160,14 @@ class Daemon:
             self.notifier.reloading()
             try:
                 cfg = load_config(self.cfg.source, self.overrides)
-                self.registry.configure(cfg)
-                self.registry.get()
-                self.scheduler.max_queue = cfg.max_queue
+                registry, queue = self._serving()
+                registry.configure(cfg)
+                registry.get()
+                queue.max_queue = cfg.max_queue
+                self.ingestor.configure(cfg)
                 self.cfg = cfg
                 log.info("config reloaded")
-            except Exception as exc:  # keep serving with the old config
+            except Exception as exc:  # noqa: BLE001 - keep serving with the old config, whatever went wrong
                 log.error("reload failed, keeping the previous config: %s", exc)
             self.notifier.ready(self.summary("reloaded"))
 
@@ -121,16 +175,102 @@ class Daemon:
         self.ready = False
         self._stopped.set()
         self.notifier.stopping()
-        if self.scheduler is not None:
-            drained = self.scheduler.drain(self.cfg.drain_timeout_s)
+        if self.queue is not None:
+            drained = self.queue.drain(self.cfg.drain_timeout_s)
             counts = self.store.counts()
             log.info("stopped: drained=%s, jobs left queued for the next start: %d", drained, counts.get("queued", 0))
+        self.ingestor.close()
         self.notifier.close()
 
-    def evidence_path(self, job_id: str) -> Path:
-        return self.store.job_dir(job_id) / "evidence.json"
+    # --- requests -------------------------------------------------------------------------------------------------
+    def _serving(self) -> tuple[VariantRegistry, WorkQueue]:
+        if not self.ready or self.registry is None or self.queue is None:
+            raise NotReadyError("the model is still loading; retry shortly")
+        return self.registry, self.queue
 
-    def save_evidence(self, job_id: str, evidence: list[dict]) -> None:
-        path = self.evidence_path(job_id)
-        path.write_text(json.dumps(evidence))
-        path.chmod(0o600)
+    def variants(self) -> dict[str, Any]:
+        if self.registry is None:
+            raise NotReadyError("the model is still loading; retry shortly")
+        return {"active": self.registry.active, "variants": self.registry.describe()}
+
+    def activate(self, name: str) -> Loaded:
+        """Blocking: load and warm `name`, then route new work to it."""
+        registry, _ = self._serving()
+        loaded = registry.activate(name)
+        self.say(self.summary(f"switched to {loaded.name}"))
+        return loaded
+
+    def _admit(self, form: ReportForm) -> tuple[WorkQueue, str]:
+        """The checks both upload routes make before reading the upload; the variant the work is pinned to (a
+        switch during the upload does not move it)."""
+        registry, queue = self._serving()
+        form.options.check(self.cfg.max_new_tokens_limit)
+        return queue, registry.check(form.variant or registry.active)
+
+    async def report(self, form: ReportForm, *, keep_evidence: bool, stream: bool) -> Accepted:
+        """Queue a synchronous report; the upload's files are gone once it is ingested (the study is in memory)."""
+        queue, variant = self._admit(form)
+        queue.reserve()
+        tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
+        try:
+            intake = await self.ingestor.take(form.files, tmp / "in", keep_evidence=keep_evidence)
+        except BaseException:
+            queue.release()
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        work = Work(study_path=intake.saved.path, prompt=form.prompt, options=form.options, variant=variant,
+                    study=intake.study, stream=TokenStream() if stream else None)
+        queue.submit(work, reserved=True)
+        return Accepted(work, intake.evidence)
+
+    async def create_job(self, form: ReportForm, idempotency_key: str | None) -> Submitted:
+        """Commit a durable job (input fsynced, evidence beside it) and queue it. A key seen before answers with
+        its job when the request is the same (study bytes, prompt, options, variant), else a conflict."""
+        self._serving()
+        if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
+            raise IdempotencyError("Idempotency-Key must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        queue, variant = self._admit(form)
+        job_id = self.store.new_id()
+        job_dir = self.store.job_dir(job_id)
+        queue.reserve()
+        submitted = False
+        try:
+            intake = await self.ingestor.take(form.files, job_dir / "input", keep_evidence=True)
+            job = self._new_job(job_id, form, idempotency_key, intake)
+            self.store.save_evidence(job_id, intake.evidence or [])
+            stored = await asyncio.to_thread(self.store.insert, job)
+            if stored.id != job_id:
+                if stored.fingerprint != job.fingerprint:
+                    raise IdempotencyConflictError("this Idempotency-Key was used for a different request")
+                return Submitted(stored, created=False)
+            work = self._work_for(job, variant)
+            work.study = intake.study
+            queue.submit(work, reserved=True)
+            submitted = True
+            log.info("job %s accepted study=%s", job_id, intake.study.uid_hash)
+            return Submitted(job, created=True)
+        finally:
+            if not submitted:
+                queue.release()
+                shutil.rmtree(job_dir, ignore_errors=True)
+
+    @staticmethod
+    def _new_job(job_id: str, form: ReportForm, key: str | None, intake: Intake) -> Job:
+        options = form.options.as_dict()
+        fingerprint = hashlib.sha256(json.dumps([intake.saved.digest, form.prompt, options, form.variant],
+                                                sort_keys=True).encode()).hexdigest()
+        return Job(id=job_id, idempotency_key=key, fingerprint=fingerprint, state="queued", variant=form.variant,
+                   prompt=form.prompt, options=options, input=str(intake.saved.path), created=time.time())
+
+    def _work_for(self, job: Job, variant: str) -> Work:
+        """A stored job as queue work on `variant` (the job's own, or the one active when it was accepted)."""
+        return Work(study_path=Path(job.input), prompt=job.prompt, options=RequestOptions.from_dict(job.options),
+                    variant=variant, job_id=job.id, cleanup=self.store.job_dir(job.id) / "input",
+                    stream=self.streams.open(job.id))
+
+    def find_job(self, job_id: str) -> Job:
+        job = self.store.get(job_id) if JOB_ID.match(job_id) else None
+        if job is None:
+            raise JobNotFoundError("no such job (it may have passed its retention)")
+        return job

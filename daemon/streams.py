@@ -12,6 +12,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 REPLACEMENT = "\ufffd"  # what a byte-level decoder shows for an unfinished UTF-8 sequence
 
@@ -19,7 +24,7 @@ REPLACEMENT = "\ufffd"  # what a byte-level decoder shows for an unfinished UTF-
 class TextDeltas:
     """Token ids in, text deltas out: each delta extends the stripped decoded text seen so far."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.sent = ""
@@ -43,7 +48,7 @@ class TextDeltas:
 class TokenStream:
     """Append-only text deltas of one report plus a done flag; readers keep their own cursor."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.deltas: list[str] = []
         self.done = False
         self._lock = threading.Lock()
@@ -109,7 +114,8 @@ class StreamHub:
             return self._streams.get(key)
 
 
-def token_sink(tokenizer, stream: TokenStream):
+def token_sink(tokenizer: Tokenizer, stream: TokenStream
+               ) -> tuple[Callable[[int, int], None], Callable[[str | None], None]]:
     """An `on_token` callback for `Reporter.report` that feeds `stream`, plus a `finish(text)` to close it."""
     deltas = TextDeltas(tokenizer)
 

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from edgekit.errors import EdgekitError, StudyError
 from edgekit.ingest.video import VIDEO_SUFFIXES
+
+if TYPE_CHECKING:
+    from fastapi import UploadFile
 
 CHUNK = 1 << 20
 ZIP_MAGIC = b"PK\x03\x04"
@@ -33,6 +38,14 @@ class SavedStudy:
     def client_name(self, stored: str | None) -> str | None:
         return self.names.get(Path(stored).name) if stored else None
 
+    def in_client_terms(self, err: EdgekitError) -> EdgekitError:
+        """`err`, naming the client's file instead of the stored one it read (a zip member keeps the zip's)."""
+        stored = err.to_json().get("file")
+        client = self.client_name(stored.split("!")[0]) if stored else None
+        if client:
+            err.path = client
+        return err
+
 
 def _client_basename(name: str | None) -> str:
     return PurePosixPath((name or "").replace("\\", "/")).name[:128] or "upload"
@@ -47,7 +60,8 @@ def _kind(name: str, content_type: str | None, head: bytes) -> str:
     return "dicom"
 
 
-async def save_uploads(files, dest: Path, max_bytes: int, *, durable: bool = False) -> SavedStudy:
+async def save_uploads(files: Sequence[UploadFile], dest: Path, max_bytes: int, *,
+                       durable: bool = False) -> SavedStudy:
     """Write starlette `UploadFile`s under `dest` (created 0700) and decide what kind of study they form.
     `durable`: fsync files and folder (a durable job's input must outlive a power cut; a sync request's need not)."""
     if not files:

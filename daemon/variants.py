@@ -10,12 +10,14 @@ request that names it. The active variant is pinned, so readiness keeps meaning 
 
 from __future__ import annotations
 
-import logging
 import contextlib
+import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,9 +25,18 @@ from edgekit.errors import BundleError, EdgekitError
 
 from .config import DaemonConfig, Variant
 
+if TYPE_CHECKING:
+    from edgekit.reporter import Reporter
+
 log = logging.getLogger("edgekitd")
 
 DEFAULT_VARIANT = "default"
+
+Say = Callable[[str], None]
+
+
+def _quiet(_message: str) -> None:
+    pass
 
 
 class UnknownVariantError(EdgekitError):
@@ -36,14 +47,14 @@ class UnknownVariantError(EdgekitError):
 @dataclass
 class Loaded:
     name: str
-    reporter: object  # edgekit.reporter.Reporter
+    reporter: Reporter
     load_ms: float
     warm_ms: float
     in_use: int = 0  # reports running on it now: never unloaded while > 0
     last_used: float = field(default_factory=time.monotonic)
 
 
-def default_bundle(cfg: DaemonConfig, say=lambda _m: None) -> Path:
+def default_bundle(cfg: DaemonConfig, say: Say = _quiet) -> Path:
     """The embedded model's cpu bundle in the state dir, rebuilt only when the source weights changed."""
     from edgekit.build import build, default_model_dir
     from edgekit.bundle import load_bundle, sha256_file
@@ -64,7 +75,7 @@ def default_bundle(cfg: DaemonConfig, say=lambda _m: None) -> Path:
     return out
 
 
-def warm(reporter) -> float:
+def warm(reporter: Reporter) -> float:
     """One short generation on a blank study so the first real request does not pay for lazy initialisation."""
     from edgekit.generate import GenerationOptions
     from edgekit.ingest import Study
@@ -77,12 +88,20 @@ def warm(reporter) -> float:
 
 
 class VariantRegistry:
-    def __init__(self, cfg: DaemonConfig, say=lambda _m: None, on_change=None):
+    """Ollama's scheduler, in its own words: load on demand, count references, keep alive, unload. Nothing else
+    touches a loaded variant's lifetime; a report borrows one through `hold`."""
+
+    def __init__(self, cfg: DaemonConfig, say: Say = _quiet,
+                 on_change: Callable[[set[str]], None] | None = None):
         self._say = say
         self.on_change = on_change
         self._lock = threading.RLock()
         self._loading: dict[str, threading.Lock] = {}
         self.loaded: dict[str, Loaded] = {}
+        self.specs: dict[str, Variant] = {}
+        self.active = ""
+        self.threads: int | None = None
+        self.keep_alive_s = 0.0
         self.configure(cfg)
 
     def configure(self, cfg: DaemonConfig) -> None:
@@ -97,19 +116,23 @@ class VariantRegistry:
             for name in list(self.loaded):
                 if name not in specs:
                     del self.loaded[name]
-            current = getattr(self, "active", None)
             if cfg.active_variant in specs:
                 self.active = cfg.active_variant  # the config file wins on reload
-            elif current not in specs:
+            elif self.active not in specs:
                 self.active = next(iter(specs))
+
+    def check(self, name: str) -> str:
+        """`name` if it is configured, else the `unknown_variant` error (routes ask before reading an upload)."""
+        with self._lock:
+            if name not in self.specs:
+                raise UnknownVariantError(f"unknown variant {name!r} (known: {', '.join(sorted(self.specs))})")
+            return name
 
     def get(self, name: str | None = None, *, hold: bool = False) -> Loaded:
         """The loaded variant `name` (default: the active one), loading and warming it first if needed.
         `hold`: count it in use (under the same lock that unloading takes), to be given back by `release`."""
         with self._lock:
-            name = name or self.active
-            if name not in self.specs:
-                raise UnknownVariantError(f"unknown variant {name!r} (known: {', '.join(sorted(self.specs))})")
+            name = self.check(name or self.active)
             if name in self.loaded:
                 return self._touch(self.loaded[name], hold)
             gate = self._loading.setdefault(name, threading.Lock())
@@ -136,7 +159,7 @@ class VariantRegistry:
             loaded.last_used = time.monotonic()
 
     @contextlib.contextmanager
-    def hold(self, name: str | None = None):
+    def hold(self, name: str | None = None) -> Iterator[Loaded]:
         """The variant for one report: loaded on demand, kept loaded until the report is done."""
         loaded = self.get(name, hold=True)
         try:
@@ -179,16 +202,15 @@ class VariantRegistry:
 
     def activate(self, name: str) -> Loaded:
         """Load and warm `name` beside the current one, then make it active."""
-        with self.hold(name) as loaded:  # held: the keep-alive cannot unload it before it is active
-            with self._lock:
-                self.active = name
+        with self.hold(name) as loaded, self._lock:  # held: the keep-alive cannot unload it before it is active
+            self.active = name
         return loaded
 
     def _is_loading(self, name: str) -> bool:
         gate = self._loading.get(name)
         return gate is not None and gate.locked() and name not in self.loaded
 
-    def describe(self) -> list[dict]:
+    def describe(self) -> list[dict[str, Any]]:
         with self._lock:
             out = []
             for name, spec in sorted(self.specs.items()):

@@ -1,0 +1,142 @@
+"""The route table and its handlers: methods on one object, as Ollama's server registers its routes.
+
+A handler reads the request, hands it to the service (`Daemon`) and shapes the answer; what a request means (option
+bounds, the variant, ingest, jobs and idempotency) is the service's. No handler touches a loaded variant's
+lifetime: that is the registry's, behind the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any, NamedTuple
+
+from fastapi import Depends, Header, Query
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+
+from edgekit.errors import EdgekitError
+
+from .events import job_events, report_events
+from .forms import ReportForm, report_form
+from .jobs import TERMINAL
+from .responses import DICOM_MEDIA_TYPE, STREAM_MEDIA, Format, StreamFormat, error_json, job_links, render
+from .service import Daemon
+
+
+class JobNotFinishedError(EdgekitError):
+    code = "job_not_finished"
+    http_status = 409
+
+
+class ActiveVariant(BaseModel):
+    name: str = Field(min_length=1, max_length=128)
+
+
+class Route(NamedTuple):
+    method: str
+    path: str
+    endpoint: Callable[..., Any]
+    options: dict[str, Any]
+
+
+Upload = Annotated[ReportForm, Depends(report_form)]
+OutputFormat = Annotated[Format, Query(alias="format")]
+
+
+class Routes:
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+
+    def table(self) -> list[Route]:
+        sr = {"response_class": Response, "responses": {200: {"content": {DICOM_MEDIA_TYPE: {}}}}}
+        return [
+            Route("POST", "/v1/reports", self.post_report,
+                  {"tags": ["reports"], "summary": "Write a report for an uploaded study (synchronous)"}),
+            Route("POST", "/v1/jobs", self.post_job,
+                  {"tags": ["jobs"], "status_code": 202, "summary": "Queue a report (asynchronous, durable)"}),
+            Route("GET", "/v1/jobs/{job_id}", self.get_job, {"tags": ["jobs"]}),
+            Route("GET", "/v1/jobs/{job_id}/sr", self.get_job_sr,
+                  {"tags": ["jobs"], "summary": "The finished report as a DICOM Enhanced SR", **sr}),
+            Route("GET", "/v1/jobs/{job_id}/stream", self.stream_job,
+                  {"tags": ["jobs"], "summary": "State changes, the report's text as it is generated, then the "
+                                                "report (NDJSON or SSE)"}),
+            Route("GET", "/v1/variants", self.get_variants, {"tags": ["variants"]}),
+            Route("PUT", "/v1/variants/active", self.put_active,
+                  {"tags": ["variants"], "summary": "Load and warm a variant, then route new work to it"}),
+            Route("GET", "/v2/health/live", self.live, {"tags": ["health"]}),
+            Route("GET", "/v2/health/ready", self.ready, {"tags": ["health"]}),
+            Route("GET", "/metrics", self.metrics, {"tags": ["health"], "response_class": PlainTextResponse}),
+        ]
+
+    # --- reports ------------------------------------------------------------------------------------------------
+    async def post_report(
+        self, form: Upload, fmt: OutputFormat = "json",
+        stream: Annotated[StreamFormat | None, Query(description="Stream the text as it is generated (json only)")]
+        = None,
+    ) -> Response:
+        if stream is not None and fmt != "json":
+            raise EdgekitError("stream needs format=json", code="validation_error")
+        accepted = await self.daemon.report(form, keep_evidence=fmt == "sr", stream=stream is not None)
+        work, timeout_s = accepted.work, self.daemon.cfg.sync_timeout_s
+        if stream is not None and work.stream is not None:
+            return StreamingResponse(report_events(work, work.stream, stream, timeout_s),
+                                     media_type=STREAM_MEDIA[stream])
+        try:
+            report = await asyncio.wait_for(asyncio.wrap_future(work.future), timeout_s)
+        except TimeoutError:
+            return error_json(504, "timeout", f"no report within {timeout_s:.0f} s")
+        return render(report, fmt, accepted.evidence)
+
+    # --- jobs ---------------------------------------------------------------------------------------------------
+    async def post_job(
+        self, form: Upload, idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    ) -> JSONResponse:
+        submitted = await self.daemon.create_job(form, idempotency_key)
+        body = job_links(submitted.job.public())
+        if not submitted.created:  # the same request again: the same job
+            return JSONResponse(body, status_code=200)
+        return JSONResponse(body, status_code=202, headers={"Location": f"/v1/jobs/{submitted.job.id}"})
+
+    async def get_job(self, job_id: str, fmt: OutputFormat = "json") -> Response | dict[str, Any]:
+        job = self.daemon.find_job(job_id)
+        if fmt == "json":
+            return job_links(job.public())
+        if job.state not in TERMINAL:
+            raise JobNotFinishedError(f"the job is {job.state}")
+        if job.error is not None:
+            return JSONResponse({"error": {k: v for k, v in job.error.items() if k != "status"}},
+                                status_code=job.error.get("status", 400))
+        assert job.result is not None  # a succeeded job has its report
+        return render(job.result, fmt, self.daemon.store.evidence(job.id))
+
+    async def get_job_sr(self, job_id: str) -> Response | dict[str, Any]:
+        return await self.get_job(job_id, "sr")
+
+    async def stream_job(self, job_id: str, fmt: Annotated[StreamFormat, Query(alias="format")] = "ndjson",
+                         ) -> StreamingResponse:
+        self.daemon.find_job(job_id)
+        return StreamingResponse(job_events(job_id, self.daemon.store, self.daemon.streams, fmt),
+                                 media_type=STREAM_MEDIA[fmt])
+
+    # --- variants -----------------------------------------------------------------------------------------------
+    async def get_variants(self) -> dict[str, Any]:
+        return self.daemon.variants()
+
+    async def put_active(self, body: ActiveVariant) -> dict[str, Any]:
+        loaded = await asyncio.to_thread(self.daemon.activate, body.name)
+        return {**self.daemon.variants(), "active": loaded.name}
+
+    # --- health and metrics -------------------------------------------------------------------------------------
+    async def live(self) -> dict[str, bool]:
+        return {"live": True}
+
+    async def ready(self) -> Response | dict[str, Any]:
+        status = self.daemon.readiness()
+        if status is None:
+            return JSONResponse({"ready": False, "status": self.daemon.failed or "loading"}, status_code=503,
+                                headers={"Retry-After": str(self.daemon.cfg.retry_after_s)})
+        return status
+
+    async def metrics(self) -> Response:
+        return Response(self.daemon.metrics.render(), media_type="text/plain; version=0.0.4")

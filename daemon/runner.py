@@ -1,0 +1,84 @@
+"""The report runner: what a model worker does with one `Work` the queue hands it.
+
+It holds the pinned variant for the whole report (the registry will not unload it meanwhile), ingests a recovered
+job's study, merges the options with that variant's defaults, streams text deltas, and records the outcome: the
+job's state in the store, the future a synchronous caller awaits, the metrics and one log line. Logs carry the
+error code and the hashed study id only, never a reason (reasons can name files) or the prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from typing import Any
+
+from edgekit.errors import EdgekitError
+
+from .intake import Ingestor
+from .jobs import JobStore
+from .metrics import Metrics
+from .options import generation_options
+from .streams import token_sink
+from .variants import Loaded, VariantRegistry
+from .work import Work
+
+log = logging.getLogger("edgekitd")
+
+
+class ReportRunner:
+    def __init__(self, registry: VariantRegistry, store: JobStore, metrics: Metrics, ingestor: Ingestor):
+        self.registry, self.store, self.metrics, self.ingestor = registry, store, metrics, ingestor
+
+    def __call__(self, work: Work) -> None:
+        if work.job_id:
+            self.store.mark_running(work.job_id)
+        try:
+            with self.registry.hold(work.variant) as loaded:
+                out = self._report(work, loaded)
+            if work.job_id:
+                self.store.finish(work.job_id, result=out)
+            work.future.set_result(out)
+        except EdgekitError as err:
+            self.metrics.reports.labels(self._label(work), err.code).inc()
+            log.info("report %s failed: %s", work.job_id or "sync", err.code)
+            if work.job_id:
+                self.store.finish(work.job_id, error={**err.to_json(), "status": err.http_status})
+            work.future.set_exception(err)
+        except Exception as exc:  # a bug: keep the traceback in the log, give the client a stable code
+            self.metrics.reports.labels(self._label(work), "internal_error").inc()
+            log.exception("report %s crashed", work.job_id or "sync")
+            if work.job_id:
+                self.store.finish(work.job_id, error={"code": "internal_error", "message": type(exc).__name__,
+                                                      "status": 500})
+            work.future.set_exception(exc)
+        finally:
+            if work.stream is not None:
+                work.stream.close()  # after an error too: readers then see the job's final state
+            if work.cleanup is not None:
+                shutil.rmtree(work.cleanup, ignore_errors=True)
+
+    def _label(self, work: Work) -> str:
+        """A metrics label only once the name is known to be configured (clients choose the name)."""
+        return work.variant if work.variant in self.registry.specs else "-"
+
+    def _report(self, work: Work, loaded: Loaded) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        variant, reporter = loaded.name, loaded.reporter
+        study = work.study if work.study is not None else self.ingestor.load(work.study_path)
+        opts = generation_options(work.options, reporter.generation_config)
+        on_token = finish = None
+        if work.stream is not None:
+            on_token, finish = token_sink(reporter.tokenizer, work.stream)
+        report = reporter.report(study, work.prompt, opts, on_token=on_token)
+        new_tokens = report.timings.get("new_tokens", 0)
+        out = {**report.to_dict(), "variant": variant}
+        out["timings"]["queue_ms"] = (t0 - work.accepted) * 1e3
+        self.metrics.reports.labels(variant, "ok").inc()
+        self.metrics.tokens.labels(variant).inc(new_tokens)
+        self.metrics.report_latency.labels(variant).observe(time.perf_counter() - t0)
+        log.info("report %s variant=%s study=%s tokens=%d total_ms=%.0f", work.job_id or "sync", variant,
+                 report.study, new_tokens, out["timings"]["total_ms"])
+        if finish is not None:
+            finish(report.text)  # the last delta (if any) and done, before the job reads as finished
+        return out

@@ -1,0 +1,37 @@
+"""`Work`: one report on its way from a route (or a recovered job) through the queue to a model worker."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .options import RequestOptions
+
+if TYPE_CHECKING:
+    from edgekit.ingest import Study
+
+    from .streams import TokenStream
+
+
+@dataclass
+class Work:
+    """`job_id` set: a durable job (its state lives in the store); else a synchronous request.
+
+    `study` is the already-ingested study when a route validated the upload up front; a job recovered after a
+    restart has only `study_path` and is ingested when it runs. `variant` is pinned by the service before the work
+    is queued, so a later switch does not move accepted work.
+    """
+
+    study_path: Path
+    prompt: str
+    options: RequestOptions
+    variant: str
+    job_id: str | None = None
+    study: Study | None = None
+    cleanup: Path | None = None  # removed after the work ends (a durable job's input files)
+    stream: TokenStream | None = None  # fed with text deltas as the report is generated
+    future: cf.Future[dict[str, Any]] = field(default_factory=cf.Future)
+    accepted: float = field(default_factory=time.perf_counter)
