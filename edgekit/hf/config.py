@@ -25,16 +25,41 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 
 def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
-    path = Path(model_dir) / "config.json"
+    return read_config_file(Path(model_dir) / "config.json")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """One `config.json` file as a dict, refused in one line when it is missing, unreadable or not a JSON object:
+    the single reader of Hugging Face configs (the X1 cost model reads its shapes through it too)."""
+    path = Path(path)
     if not path.is_file():
-        raise ConfigError("config.json not found", path)
+        raise ConfigError(f"{path.name} not found", path)
     try:
         cfg = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"not valid JSON ({exc.__class__.__name__})", path) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read ({exc.__class__.__name__})", path) from None
     if not isinstance(cfg, dict):
         raise ConfigError("not a JSON object", path)
     return cfg
+
+
+DECODER_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def decoder_shape_fields(cfg: dict[str, Any], where: str | Path) -> dict[str, Any]:
+    """A LLaMA-style config's shape fields as written (callers validate their types), with transformers' defaults
+    for `num_key_value_heads` (the heads) and `head_dim` (hidden // heads); a missing one is refused by name.
+    For readers that need the shape only (the X1 cost model), not a graph spec (`decoder_spec`)."""
+    for key in DECODER_SHAPE_KEYS:
+        if cfg.get(key) is None:
+            raise ConfigError(f"{key} is missing", where)
+    heads = cfg["num_attention_heads"]
+    return {**{key: cfg[key] for key in DECODER_SHAPE_KEYS},
+            "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
+            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False))}
 
 
 def is_hf_model_dir(model_dir: str | Path) -> bool:

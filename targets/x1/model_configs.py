@@ -2,12 +2,12 @@
 
 The analytic mode budgets a model before any weights exist, so a shape is just numbers: the calibration target
 (Qwen2-7B), the default model (radreport-tiny, from its `ModelConfig`) and a small public LLM (SmolLM2-135M).
-A Hugging Face `config.json` (LLaMA/Qwen2 keys) or edgekit's own `config.json` is read too.
+A Hugging Face `config.json` (LLaMA/Qwen2 keys, read by `edgekit.hf.config`) or edgekit's own `config.json` is
+read too.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -73,25 +73,17 @@ KNOWN = {"qwen2-7b": lambda: QWEN2_7B, "smollm2-135m": lambda: SMOLLM2_135M, "ra
 
 
 def _from_json(path: Path) -> DecoderShape:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"cannot read model config: {err}", path) from err
-    if not isinstance(d, dict):
-        raise ConfigError("model config is not a JSON object", path)
+    """A Hugging Face config (read by `edgekit.hf.config`, the one config.json reader) or edgekit's own."""
+    from edgekit.hf.config import decoder_shape_fields, read_config_file  # importing edgekit.hf takes a second
+
+    d = read_config_file(path)
     if "hidden_size" in d:  # Hugging Face LLaMA / Qwen2 / SmolLM keys
-        keys = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
-                "intermediate": "intermediate_size", "vocab": "vocab_size"}
-        missing = [v for v in keys.values() if v not in d]
-        if missing:
-            raise ConfigError(f"model config lacks field '{missing[0]}'", path)
-        heads = d["num_attention_heads"]
+        f = decoder_shape_fields(d, path)
         return DecoderShape(
-            name=path.parent.name or path.stem, hidden=d["hidden_size"], layers=d["num_hidden_layers"],
-            heads=heads, kv_heads=d.get("num_key_value_heads", heads),
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads, intermediate=d["intermediate_size"],
-            vocab=d["vocab_size"], tied_embeddings=bool(d.get("tie_word_embeddings", False)))
-    from edgekit.export.model_config import ModelConfig
+            name=path.parent.name or path.stem, hidden=f["hidden_size"], layers=f["num_hidden_layers"],
+            heads=f["num_attention_heads"], kv_heads=f["num_key_value_heads"], head_dim=f["head_dim"],
+            intermediate=f["intermediate_size"], vocab=f["vocab_size"], tied_embeddings=f["tie_word_embeddings"])
+    from edgekit.models.radreport_tiny.config import ModelConfig
 
     try:
         return radreport_tiny(ModelConfig.from_dict(d))
