@@ -83,7 +83,7 @@ def _from_json(path: Path) -> DecoderShape:
             name=path.parent.name or path.stem, hidden=f["hidden_size"], layers=f["num_hidden_layers"],
             heads=f["num_attention_heads"], kv_heads=f["num_key_value_heads"], head_dim=f["head_dim"],
             intermediate=f["intermediate_size"], vocab=f["vocab_size"], tied_embeddings=f["tie_word_embeddings"])
-    from edgekit.models.radreport_tiny.config import ModelConfig
+    from edgekit.export.model_config import ModelConfig
 
     try:
         return radreport_tiny(ModelConfig.from_dict(d))
