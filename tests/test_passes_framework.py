@@ -14,8 +14,8 @@ from edgekit.export import export_model, random_weights
 from edgekit.export.model_config import ModelConfig
 from edgekit.names import DECODER
 from edgekit.passes import (
-    GraphPass, PassChanges, PassConfig, PassFailedError, PassPreconditionError, load_recipe, make_pass, param,
-    run_pipeline,
+    GraphPass, PassChanges, PassConfig, PassContext, PassFailedError, PassPreconditionError, load_recipe, make_pass,
+    param, run_pipeline,
 )
 from edgekit.passes.int4 import Int4Config
 from edgekit.plugins import get_model_family
@@ -150,3 +150,81 @@ def test_cli_help_has_examples(capsys):
         app(["optimize", "--help"], prog_name="edgekit")
     text = " ".join(capsys.readouterr().out.split())
     assert "Examples:" in text and "method=awq" in text and "--recipe" in text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one way to run a pass: bound to a context, through onnx-ir's PassBase.__call__
+# ----------------------------------------------------------------------------------------------------------------
+def _small_decoder(model_dir) -> ir.Model:
+    return ir.load(model_dir / DECODER)
+
+
+def test_a_bound_pass_runs_under_onnx_ir_and_reports(model_dir):
+    model = _small_decoder(model_dir)
+    ctx = PassContext(graph=DECODER, model_dir=model_dir)
+    result = ir.passes.PassManager([make_pass("int4:block=32").bind(ctx)])(model)
+    assert result.model is model and result.modified
+    assert any(n.op_type == "MatMulNBits" for n in model.graph)
+    direct = make_pass("fp16")(_small_decoder(model_dir), ctx)  # the same run, without a manager
+    assert direct.report.pass_name == "fp16" and direct.report.graph == DECODER and direct.modified
+
+
+def test_a_pass_holds_only_its_configuration(model_dir):
+    p = make_pass("int4:block=32,method=awq,calib=2")
+    before = dict(vars(p))
+    p(_small_decoder(model_dir))
+    p(ir.load(model_dir / "vision_encoder.onnx"), PassContext(graph="vision_encoder.onnx", model_dir=model_dir))
+    assert vars(p) == before and set(vars(p)) == {"config"}
+
+
+def test_precondition_errors_are_edgekit_and_onnx_ir_errors():
+    x = ir.val("x", ir.DataType.FLOAT, [2, 4])
+    node = ir.node("Relu", [x])
+    node.outputs[0].name, node.outputs[0].dtype, node.outputs[0].shape = "y", ir.DataType.FLOAT, ir.Shape([2, 4])
+    model = ir.Model(ir.Graph([x], node.outputs, nodes=[node], opset_imports={"": 21}), ir_version=10)
+    with pytest.raises(PassPreconditionError, match="int8: no MatMul") as err:
+        make_pass("int8").bind()(model)
+    assert isinstance(err.value, ir.passes.PreconditionError)  # what onnx-ir callers catch
+    with pytest.raises(ir.passes.PassError) as err:  # a manager names the pass that failed, cause kept
+        ir.passes.PassManager([make_pass("int8").bind()])(model)
+    assert isinstance(err.value.__cause__.__cause__, PassPreconditionError)
+
+
+class _PromisesNoMatMulPass(GraphPass):
+    """Claims to remove every MatMul and does nothing: its postcondition must catch the broken promise."""
+
+    name = "no_matmul"
+
+    def transform(self, model, ctx):
+        return PassChanges()
+
+    def postconditions(self, model, ctx):
+        if any(n.op_type == "MatMul" for n in model.graph):
+            raise PassFailedError(f"{self.name}: MatMuls left in {ctx.graph}")
+
+
+def test_postconditions_run_after_the_transform(model_dir):
+    with pytest.raises(PassFailedError, match="MatMuls left in decoder_model_merged.onnx"):
+        _PromisesNoMatMulPass()(_small_decoder(model_dir))
+
+
+def test_recipe_names_resolve_through_the_model_family():
+    family = get_model_family()
+    assert "int4-awq" in family.recipe_names()
+    recipe = load_recipe("int4-awq")
+    assert recipe.name == "int4-awq" and [p.name for p in recipe.passes] == ["int4", "int4", "qembed"]
+    with pytest.raises(ConfigError, match="recipe not found"):
+        load_recipe("no-such-recipe")
+
+
+def test_the_pass_framework_never_imports_the_model_packages():
+    """The model families are plug-ins that depend on the core, never the other way round."""
+    import ast
+
+    import edgekit.passes
+
+    for path in Path(edgekit.passes.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(m.startswith(("edgekit.models", "edgekit.targets")) for m in mods), (path.name, mods)

@@ -192,6 +192,31 @@ def test_vision_calibration_is_preprocessed_studies():
     assert not np.allclose(feeds[0]["pixel_values"], feeds[1]["pixel_values"])  # two different studies
 
 
+def test_decoder_calibration_feeds_are_image_tokens_then_the_trained_prompt(tmp_path):
+    """`record_decoder_feeds` assembles the text as the reporter does (`edgekit.prompt.prompt_ids` with the
+    generation config beside the graphs), so calibration sees the prompt the model was trained on."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    from edgekit.export.default import export_default
+    from edgekit.ort import CpuBackend
+    from edgekit.passes.calibration import record_decoder_feeds
+    from edgekit.plugins import get_model_family
+    from edgekit.prompt import prompt_ids
+
+    weights = get_model_family().weights_dir()
+    export_default(weights, tmp_path, check=False)
+    (feed,) = record_decoder_feeds(tmp_path, 1)
+    (study,) = get_model_family().calibration_studies(1)
+    ids = prompt_ids(Tokenizer.from_file(str(weights / "tokenizer.json")),
+                     json.loads((weights / "generation_config.json").read_text()), study.modality, "")
+    text = CpuBackend.from_dir(tmp_path, intra_op_threads=1).embed(np.asarray([ids], np.int64))
+    x = feed["inputs_embeds"]
+    np.testing.assert_array_equal(x[:, -len(ids):], text)
+    assert feed["attention_mask"].shape == (1, x.shape[1]) and feed["position_ids"][0, -1] == x.shape[1] - 1
+
+
 def test_fit_block_uses_the_largest_block_that_divides_each_k():
     model = _decoder()  # hidden 64, intermediate 128: K is 64 or 128
     with pytest.raises(ConfigError, match="does not divide"):
