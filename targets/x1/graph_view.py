@@ -5,7 +5,9 @@ Why onnx-ir: the passes already walk graphs as `ir.Value`s with `producer()` and
 same structure instead of keeping its own producer/consumer maps over protobuf.
 
 Shapes and dtypes are those of the graph after ONNX shape inference (the memory plan sizes tensors by them); a
-graph that shape inference cannot handle still compiles, with no shapes at all.
+graph that shape inference cannot handle still compiles, with no shapes at all. An initializer has its tensor's
+shape even where the file carries no value_info for it (the protobuf reader this replaced planned such resident
+tensors at 0 bytes; graphs written by the passes carry value_info, so their programs are unchanged).
 """
 
 from __future__ import annotations
