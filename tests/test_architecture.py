@@ -156,6 +156,10 @@ def test_the_daemon_does_not_import_the_cli():
     assert bad == []
 
 
+# a compiled extension is private to the one module that wraps it
+EXTENSION_WRAPPERS = {("edgekit.targets.x1.kernels", "_native")}
+
+
 def test_no_module_imports_another_modules_private_names():
     modules = _modules()
     bad = []
@@ -164,7 +168,8 @@ def test_no_module_imports_another_modules_private_names():
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1:] != ["__future__"]:
                 mod = node.module or ""
                 bad += [f"{name}: from {'.' * node.level}{mod} import {a.name}" for a in node.names
-                        if a.name.startswith("_") and not a.name.startswith("__")]
+                        if a.name.startswith("_") and not a.name.startswith("__")
+                        and (name, a.name) not in EXTENSION_WRAPPERS]
                 bad += [f"{name}: from {'.' * node.level}{mod}" for _ in [0]
                         if any(p.startswith("_") and not p.startswith("__") for p in mod.split(".") if p)]
     assert bad == []
