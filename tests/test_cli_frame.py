@@ -1,4 +1,5 @@
-"""The CLI frame: one-line errors with exit 2, --debug tracebacks, Ctrl-C = 130, lazy subcommands, bundle verbs."""
+"""The CLI frame: one-line errors with exit 2 (JSON with --json), --debug tracebacks, Ctrl-C = 130, lazy
+subcommands, bundle verbs."""
 
 from __future__ import annotations
 
@@ -145,6 +146,12 @@ def test_subcommands_load_lazily(bundle_dir, tmp_path):
     assert r.stdout.strip().splitlines()[-1] == "0 []", r.stdout + r.stderr
 
 
-def test_absent_subcommand_module_is_skipped_not_fatal():
-    assert app_module._load("not_written_yet") is None
+def test_a_missing_subcommand_module_fails_loudly(monkeypatch):
+    """No scaffolding for modules "not written yet": a listed subcommand without its module is a packaging
+    mistake and must fail, not silently vanish from `edgekit --help`."""
     assert app_module._load("bundle") is not None
+    with pytest.raises(ModuleNotFoundError, match="not_written_yet"):
+        app_module._load("not_written_yet")
+    monkeypatch.setitem(app_module.SUBCOMMANDS, "not_written_yet", "A subcommand whose module is missing.")
+    with pytest.raises(ModuleNotFoundError):
+        app_module.main(["not_written_yet"])

@@ -2,13 +2,18 @@
 
 Modelled on Polygraphy: each subcommand lives in its own small module, `edgekit/cli/<name>_cmd.py`, exposing
 `app = typer.Typer(...)`. Modules are imported only when their subcommand runs (or help is shown), so a slow
-import (onnxruntime, torch) never slows down another subcommand, and a module not written yet is simply absent.
+import (onnxruntime, torch) never slows down another subcommand. Every name in `SUBCOMMANDS` must have its module:
+one that is missing is a packaging mistake and fails loudly (tests/test_cli_frame.py imports them all).
+
+Errors: an `EdgekitError` is one stderr line naming the file and the reason, exit 2; with `--json` the same error
+is also printed on stdout as `{"error": {"code", "message", "file"}}`. Parameters a library error names are shown
+as their flags (`common.cli_message`).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import json
 import os
 import sys
 import traceback
@@ -18,7 +23,7 @@ import typer
 from typer.core import TyperGroup
 
 from edgekit import __version__
-from edgekit.cli.common import state
+from edgekit.cli.common import cli_message, error_json, state
 from edgekit.errors import EdgekitError
 
 # typer >= 0.2x vendors its own click; take click's classes from typer so either kind works.
@@ -36,7 +41,7 @@ SUBCOMMANDS: dict[str, str] = {
     "eval": "Evaluate a bundle's reports against references.",
     "profile": "Measure latency and memory of a bundle on a target.",
     "bundle": "Inspect, verify, pack and unpack bundles.",
-    "x1": "The X1 edge NPU: cost estimates from a model config (compiler and emulator to come).",
+    "x1": "The X1 edge NPU: cost estimates, compiling and disassembling programs.",
 }
 
 
@@ -44,21 +49,10 @@ def _module_name(name: str) -> str:
     return f"edgekit.cli.{name}_cmd"
 
 
-def _available(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(_module_name(name)) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 def _load(name: str) -> Any:
+    """The click command of subcommand `name`; an import error (a missing module included) propagates."""
     module_name = _module_name(name)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name == module_name:  # not written yet: the subcommand is simply not offered
-            return None
-        raise  # a missing dependency inside the module is a real bug: let it show
+    module = importlib.import_module(module_name)
     sub = getattr(module, "app", None)
     if isinstance(sub, typer.Typer):
         command = typer.main.get_command(sub)
@@ -79,14 +73,13 @@ class LazyGroup(TyperGroup):
 
     def list_commands(self, ctx: Any) -> list[str]:
         eager = super().list_commands(ctx)
-        return eager + [n for n in SUBCOMMANDS if n not in eager and _available(n)]
+        return eager + [n for n in SUBCOMMANDS if n not in eager]
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)
         if command is None and cmd_name in SUBCOMMANDS:
             command = _load(cmd_name)
-            if command is not None:
-                self.add_command(command, cmd_name)
+            self.add_command(command, cmd_name)
         return command
 
 
@@ -126,23 +119,34 @@ def _env_debug() -> bool:
     return os.environ.get("EDGEKIT_DEBUG", "") not in ("", "0", "false", "False")
 
 
-def _debug_requested(argv: list[str]) -> bool:
-    if _env_debug():
-        return True
+def _flag_given(argv: list[str], flag: str) -> bool:
     args = argv[: argv.index("--")] if "--" in argv else argv
-    return state.debug or "--debug" in args
+    return flag in args
+
+
+def _debug_requested(argv: list[str]) -> bool:
+    return _env_debug() or state.debug or _flag_given(argv, "--debug")
+
+
+def _json_error(err: BaseException, message: str) -> None:
+    sys.stdout.write(json.dumps(error_json(err, message), ensure_ascii=False) + "\n")
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry: run the app, map user errors to one stderr line and exit 2; Ctrl-C exits 130."""
+    """Console-script entry: run the app, map user errors to one stderr line (and a JSON object on stdout with
+    --json) and exit 2; Ctrl-C exits 130."""
     argv = list(sys.argv[1:] if argv is None else argv)
     state.debug = _env_debug()  # a fresh run: earlier in-process calls must not leave --debug on
+    as_json = _flag_given(argv, "--json")
     try:
         result: Any = app(args=argv, prog_name="edgekit", standalone_mode=False)
     except EdgekitError as err:
         if _debug_requested(argv):
             traceback.print_exc()
-        sys.stderr.write(f"error: {err}\n")
+        if as_json:
+            _json_error(err, cli_message(err.reason))
+        sys.stderr.write(f"error: {cli_message(str(err))}\n")
         sys.stderr.flush()
         return 2
     except KeyboardInterrupt:
@@ -157,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as err:
         return int(err.exit_code)
     except _ClickException as err:  # usage errors: click's own message, exit 2
+        if as_json:
+            _json_error(err, err.format_message())
         err.show()
         return int(err.exit_code)
     if isinstance(result, int) and not isinstance(result, bool):

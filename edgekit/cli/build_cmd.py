@@ -7,39 +7,33 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import JsonOption, emit, err_console
+from edgekit.cli.common import ForceOption, JsonOption, MachineOption, ModelArgument, emit, err_console, examples, \
+    out_option
 
-app = typer.Typer(
-    help="Build a deployable bundle for a target.",
-    epilog=(
-        "Examples:\n\n"
-        "  edgekit build --target cpu -o out/radreport-tiny-cpu          # the embedded default model\n\n"
-        "  edgekit build runs/my-model --target cpu -o out/my.ekb --archive\n\n"
-        "  edgekit build --target cpu --recipe int4-awq -o out/radreport-tiny-int4\n\n"
-        "  edgekit build --target x1 -o out/radreport-tiny-x1\n\n"
-        "  edgekit build --target cpu -o out/b --eval out/test-split --json"
-    ),
-)
+app = typer.Typer(help="Build a deployable bundle for a target.")
 
 
-@app.command()
+@app.command(epilog=examples(
+    "edgekit build --target cpu -o out/radreport-tiny-cpu     # the embedded model; parity measured against PyTorch",
+    "edgekit build --target x1 -o out/radreport-tiny-x1 --no-parity          # compiled for the X1 NPU",
+    "edgekit build models/radreport_tiny/weights -o out/radreport-tiny.ekb --archive --no-parity",
+    "edgekit build --recipe int4 -o out/radreport-tiny-int4 --no-parity      # or int4-awq, int8, fp16, ...",
+    "edgekit build -o out/radreport-tiny-cpu --force --no-parity --eval data/test --eval-limit 4 --json",
+    note="--eval takes a split written by edgekit data synth; --force replaces an earlier bundle."))
 def build(
-    model: Annotated[
-        Path | None, typer.Argument(help="Model directory (model.safetensors, config.json, tokenizer.json, ...). "
-                                         "Default: the embedded radreport-tiny.", show_default=False)
-    ] = None,
+    model: ModelArgument = None,
     target: Annotated[str, typer.Option("--target", "-t", help="cpu (ONNX Runtime) or x1 (the emulated NPU).")] = "cpu",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle directory, or .ekb file with --archive.")] = Path(
-        "out/bundle"),
+    out: Annotated[Path, out_option("Bundle directory, or .ekb file with --archive.")] = Path("out/bundle"),
+    force: ForceOption = False,
     archive: Annotated[bool, typer.Option("--archive", help="Write one .ekb file instead of a directory.")] = False,
     name: Annotated[str | None, typer.Option(help="Model name stamped into the manifest.")] = None,
     recipe: Annotated[str | None, typer.Option(help="Passes to apply first: a recipe TOML or a bundled recipe "
                                                "name (fp16, int8, int4, int4-awq, int4-heads38, int4-sparse24).")] = None,
-    machine: Annotated[Path | None, typer.Option(help="X1 machine description (default: x1-default).")] = None,
+    machine: MachineOption = None,
     parity: Annotated[bool, typer.Option(help="Measure ONNX-vs-PyTorch parity (needs the train extra).")] = True,
     eval_data: Annotated[Path | None, typer.Option("--eval", help="Evaluate on this split (from `edgekit data "
                                                     "synth`) and stamp the quality into the manifest.")] = None,
-    eval_limit: Annotated[int | None, typer.Option(help="Evaluate only the first N studies.")] = None,
+    eval_limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N studies.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Export the model's graphs, check them, and write a bundle with provenance and measured figures."""

@@ -10,13 +10,19 @@ from typing import Annotated
 import typer
 
 from edgekit.bundle import MANIFEST_NAME, Manifest, load_bundle, pack_bundle, unpack_bundle
+from edgekit.bundle.io import ARCHIVE_SUFFIX
 from edgekit.bundle.manifest import read_manifest
-from edgekit.cli.common import JsonOption, emit
+from edgekit.cli.common import BundleArgument, ForceOption, JsonOption, claim_out, emit, examples, out_option
 from edgekit.errors import BundleError
 
-app = typer.Typer(help="Inspect, verify, pack and unpack bundles.", no_args_is_help=True)
+app = typer.Typer(help="Inspect, verify, pack and unpack bundles.", no_args_is_help=True,
+                  epilog=examples("edgekit bundle verify out/radreport-tiny-cpu",
+                                  "edgekit bundle pack out/radreport-tiny-cpu -o out/radreport-tiny-cpu.ekb"))
 
-BundlePath = Annotated[Path, typer.Argument(help="A bundle directory or .ekb file.", show_default=False)]
+
+@app.callback()
+def _bundle() -> None:
+    """Inspect, verify, pack and unpack bundles."""
 
 
 def _read_manifest_only(path: Path) -> Manifest:
@@ -38,8 +44,10 @@ def _read_manifest_only(path: Path) -> Manifest:
         raise BundleError(f"manifest is not valid JSON (line {err.lineno}: {err.msg})", path) from None
 
 
-@app.command()
-def inspect(path: BundlePath, as_json: JsonOption = False) -> None:
+@app.command(epilog=examples(
+    "edgekit bundle inspect out/radreport-tiny-cpu",
+    "edgekit bundle inspect out/radreport-tiny-x1 --json | jq .figures"))
+def inspect(path: BundleArgument, as_json: JsonOption = False) -> None:
     """Show a bundle's manifest: components, provenance and measured figures (files are not checked)."""
     manifest = _read_manifest_only(path)
     if as_json:
@@ -61,8 +69,10 @@ def inspect(path: BundlePath, as_json: JsonOption = False) -> None:
         emit(data["figures"], False, title="figures")
 
 
-@app.command()
-def verify(path: BundlePath, as_json: JsonOption = False) -> None:
+@app.command(epilog=examples(
+    "edgekit bundle verify out/radreport-tiny-cpu",
+    "edgekit bundle pack out/radreport-tiny-cpu -o out/b.ekb && edgekit bundle verify out/b.ekb --json"))
+def verify(path: BundleArgument, as_json: JsonOption = False) -> None:
     """Check every component's size and sha256 against the manifest; exit 2 naming the first bad file."""
     bundle = load_bundle(path)
     total = sum(c.bytes for c in bundle.manifest.components.values())
@@ -81,23 +91,36 @@ def verify(path: BundlePath, as_json: JsonOption = False) -> None:
                    f"{total} bytes verified")
 
 
-@app.command()
+@app.command(epilog=examples(
+    "edgekit bundle pack out/radreport-tiny-cpu                # writes out/radreport-tiny-cpu.ekb",
+    "edgekit bundle pack out/radreport-tiny-x1 -o out/x1.ekb --json"))
 def pack(
     path: Annotated[Path, typer.Argument(help="A bundle directory.", show_default=False)],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="The .ekb file to write.")] = None,
+    out: Annotated[Path | None, out_option("The .ekb file to write (default: PATH.ekb).")] = None,
+    force: ForceOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Verify a bundle directory and write it as one .ekb file."""
+    if out is None:  # the default is checked here; a given --out was checked as it was parsed
+        claim_out(path.with_name(path.name + ARCHIVE_SUFFIX), force)
+    elif out.suffix != ARCHIVE_SUFFIX:
+        claim_out(out.with_name(out.name + ARCHIVE_SUFFIX), force)  # pack_bundle adds the suffix
     written = pack_bundle(path, out)
     emit({"written": str(written)}, as_json) if as_json else typer.echo(str(written))
 
 
-@app.command()
+@app.command(epilog=examples(
+    "edgekit bundle pack out/radreport-tiny-cpu -o out/b.ekb && edgekit bundle unpack out/b.ekb -o out/b",
+    "edgekit bundle pack out/radreport-tiny-x1 && edgekit bundle unpack out/radreport-tiny-x1.ekb "
+    "-o out/radreport-tiny-x1 --force --json"))
 def unpack(
     path: Annotated[Path, typer.Argument(help="An .ekb file.", show_default=False)],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="The directory to write.")] = None,
+    out: Annotated[Path | None, out_option("The bundle directory to write (default: PATH without .ekb).")] = None,
+    force: ForceOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Verify an .ekb file and extract it to a bundle directory."""
+    if out is None:  # the default is checked here; a given --out was checked as it was parsed
+        claim_out(path.with_suffix(""), force)
     written = unpack_bundle(path, out)
     emit({"written": str(written)}, as_json) if as_json else typer.echo(str(written))

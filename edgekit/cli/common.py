@@ -1,19 +1,35 @@
 """Pieces every `edgekit` subcommand shares, so all of them behave alike.
 
-- `JsonOption`: the `--json` flag; `emit(data, as_json)` prints JSON to stdout or a readable table.
-- `progress(...)`: a progress bar on stderr, silent when stderr is not a terminal or output is JSON, so
-  piped and scripted runs get clean output.
+As in Polygraphy's argument groups, a flag is defined once, here, and every subcommand that takes it imports it, so
+`-s` or `--force` mean the same thing everywhere:
+
+- `BundleArgument`, `ModelArgument`: the positional input (a bundle; a model directory, default the embedded one).
+- `StudyOption` (`--study/-s`), `PromptOption` (`--prompt/-p`), `ThreadsOption` (`--threads`),
+  `MachineOption` (`--machine`), `JsonOption` (`--json`).
+- `out_option(what)` (`--out/-o`) with `ForceOption` (`--force`): an output that already exists is refused, naming
+  it, unless `--force` is given. Every command that writes an output takes both.
+- The sampling flags (`--max-new-tokens`, `--temperature`, `--top-p`, `--seed`) and `generation_options(...)`,
+  which applies them to a bundle's defaults.
+- `examples(...)`: the Examples epilog every subcommand's `--help` ends with (tests/test_cli_help_examples.py runs
+  each line).
+- `emit(data, as_json)` prints JSON to stdout or a readable table; `progress(...)` draws a bar on stderr, silent
+  when stderr is not a terminal or output is JSON, so piped and scripted runs get clean output.
 - `console` (stdout) and `err_console` (stderr); `state.debug` mirrors the global `--debug` flag.
+- `PARAM_FLAGS` / `cli_message(...)`: library errors name parameters (`overwrite`), the CLI prints the flag
+  (`--force`).
 
 Subcommand modules (`edgekit/cli/<name>_cmd.py`) define `app = typer.Typer(...)`, raise `EdgekitError` for bad
-input (the frame prints it as one line, exit 2) and import from here, never from `edgekit.cli.app`.
+input (the frame prints it as one line and exits 2, or as a JSON object with `--json`) and import from here, never
+from `edgekit.cli.app`. This module imports nothing heavy, so `--help` stays fast.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -23,6 +39,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -30,7 +47,113 @@ from rich.text import Text
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+from edgekit.errors import ConfigError
+
+# --- the shared arguments and flags -------------------------------------------------------------------------------
+
+BundleArgument = Annotated[Path, typer.Argument(help="Bundle directory or .ekb file.", show_default=False)]
+ModelArgument = Annotated[Path | None, typer.Argument(
+    help="Model directory (model.safetensors, config.json, tokenizer.json, ...). Default: the embedded "
+         "radreport-tiny.", show_default=False)]
+StudyOption = Annotated[Path, typer.Option(
+    "--study", "-s", help="The study: a DICOM file, a folder holding one series, a .zip of one series, or a video "
+                          "file.", show_default=False)]
+PromptOption = Annotated[str, typer.Option("--prompt", "-p", help="Clinical indication / request text.")]
+ThreadsOption = Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads (default: physical "
+                                                                             "cores).")]
+MachineOption = Annotated[Path | None, typer.Option("--machine", help="X1 machine description TOML (default: the "
+                                                                      "bundled x1-default.toml).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout (errors too).")]
+# Eager, so its value is known when `--out` is checked, whatever the order on the command line.
+ForceOption = Annotated[bool, typer.Option("--force", is_eager=True, help="Replace the output (--out) if it "
+                                                                          "already exists.")]
+
+# The sampling flags: they only override the bundle's generation config when given.
+MaxNewTokensOption = Annotated[int | None, typer.Option(
+    "--max-new-tokens", min=1, help="Most tokens to generate (default: the bundle's generation config).")]
+TemperatureOption = Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 = greedy.")]
+
+
+def _top_p(value: float) -> float:
+    if not 0 < value <= 1:
+        raise typer.BadParameter(f"{value:g} is not in (0, 1]")
+    return value
+
+
+TopPOption = Annotated[float, typer.Option("--top-p", callback=_top_p,
+                                           help="Nucleus sampling: keep the most likely tokens up to this mass, "
+                                                "in (0, 1].")]
+SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed for sampling (same seed, same report).")]
+
+
+def output_exists(path: Path) -> bool:
+    """A file, or a folder with something in it: what `--out` refuses to replace without `--force`."""
+    if path.is_dir():
+        return any(path.iterdir())
+    return path.exists() or path.is_symlink()
+
+
+def claim_out(path: Path | None, force: bool) -> None:
+    """Refuse to write over an existing output unless `--force` was given."""
+    if path is not None and not force and output_exists(path):
+        raise ConfigError("already exists; pass --force to replace it", path)
+
+
+def _check_out(ctx: typer.Context, value: Path | None) -> Path | None:
+    if not ctx.resilient_parsing:  # not while completing or showing help
+        claim_out(value, bool(ctx.params.get("force", False)))
+    return value
+
+
+def out_option(what: str) -> Any:
+    """`--out/-o`: `what` says what is written there. An existing output is refused unless `--force` (ForceOption,
+    which the command must also take) is given; the check runs before the command body, so nothing is half done."""
+    return typer.Option("--out", "-o", help=f"{what} Refused if it exists, unless --force.", callback=_check_out)
+
+
+def generation_options(defaults: Any, *, max_new_tokens: int | None, temperature: float, top_p: float,
+                       seed: int | None) -> Any:
+    """The bundle's `GenerationOptions` with the sampling flags applied (a copy; ranges are checked by the flags)."""
+    changes: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "seed": seed}
+    if max_new_tokens is not None:
+        changes["max_new_tokens"] = max_new_tokens
+    return dataclasses.replace(defaults, **changes)
+
+
+def examples(*commands: str, note: str = "") -> str:
+    """The Examples epilog: one runnable command per line (a trailing `# comment` is allowed), then a note.
+
+    Every line must run as written on the embedded model, the bundled samples and the outputs of other examples
+    (`out/radreport-tiny-cpu`, `out/radreport-tiny-x1`, `data/test`); tests/test_cli_help_examples.py runs them."""
+    text = "Examples:\n\n" + "\n\n".join(f"  {escape(c)}" for c in commands)
+    return text + (f"\n\n{escape(note)}" if note else "")
+
+
+# Library errors name parameters; on the command line the user knows them by their flags.
+PARAM_FLAGS: dict[str, str] = {
+    "overwrite": "--force",
+    "passes": "--pass",
+    "recipe": "--recipe",
+    "strict": "--strict",
+    "head_sparsity": "--head-sparsity",
+    "max_new_tokens": "--max-new-tokens",
+    "top_p": "--top-p",
+    "temperature": "--temperature",
+    "model_dir": "MODEL",
+    "eval_data": "--eval",
+}
+_PARAM_RE = re.compile(r"`(%s)(=[^`]*)?`" % "|".join(PARAM_FLAGS))
+
+
+def cli_message(message: str) -> str:
+    """Rewrite the parameters a library error names in backquotes (`overwrite=True`) as their CLI flags."""
+    return _PARAM_RE.sub(lambda m: PARAM_FLAGS[m.group(1)], message)
+
+
+def error_json(err: BaseException, message: str, code: str = "usage_error") -> dict:
+    """An error as `--json` prints it on stdout: a stable code, the one-line message and the file it names."""
+    path = getattr(err, "path", None)
+    return {"error": {"code": getattr(err, "code", code), "message": message, **({"file": path} if path else {})}}
 
 
 @dataclass

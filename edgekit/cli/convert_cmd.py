@@ -9,28 +9,24 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import JsonOption, emit
+from edgekit.cli.common import ForceOption, JsonOption, ModelArgument, emit, examples, out_option
 
-app = typer.Typer(
-    help="Convert a trained model to ONNX graphs.",
-    epilog=(
-        "Examples:\n\n"
-        "  edgekit convert -o out/onnx                       # the embedded radreport-tiny\n\n"
-        "  edgekit convert runs/my-model -o out/onnx --json\n\n"
-        "  edgekit convert ~/models/TinyLlama-1.1B -o out/tinyllama   # a Hugging Face directory"
-    ),
-)
+app = typer.Typer(help="Convert a trained model to ONNX graphs.")
 
 
-@app.command()
+@app.command(epilog=examples(
+    "edgekit convert -o out/onnx                       # the embedded radreport-tiny",
+    "edgekit convert models/radreport_tiny/weights -o out/onnx --json",
+    note="MODEL may also be a local Hugging Face directory (llama, qwen2, vit, siglip), such as "
+         "~/models/TinyLlama-1.1B."))
 def convert(
-    model: Annotated[Path | None, typer.Argument(help="Model directory (model.safetensors + config.json), either "
-                                                 "edgekit's or a Hugging Face one (llama, qwen2, vit, siglip). "
-                                                 "Default: the embedded radreport-tiny.", show_default=False)] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the .onnx files.")] = Path("out/onnx"),
+    model: ModelArgument = None,
+    out: Annotated[Path, out_option("Folder for the .onnx files.")] = Path("out/onnx"),
+    force: ForceOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Write the ONNX graphs (opset 21) from weights; big weights go to <graph>.onnx.data."""
+    """Write the ONNX graphs (opset 21) from weights; big weights go to <graph>.onnx.data. MODEL is edgekit's own
+    model directory or a Hugging Face one (llama, qwen2, vit, siglip), told apart by config.json's model_type."""
     from edgekit.build import default_model_dir
     from edgekit.hf import convert_hf, is_hf_model_dir
 

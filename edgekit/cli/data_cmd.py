@@ -1,76 +1,71 @@
 """`edgekit data`: make the synthetic studies radreport-tiny trains and is evaluated on.
 
-Wired into the main CLI as the `data` group (`edgekit data synth OUT`).
+Wired into the main CLI as the `data` group (`edgekit data synth -o OUT`).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from edgekit.errors import ConfigError, EdgekitError
+from edgekit.cli.common import ForceOption, JsonOption, claim_out, console, emit, examples, out_option, progress
+from edgekit.errors import ConfigError
 
 app = typer.Typer(
     help="Synthetic DICOM and video studies with ground-truth reports.",
     no_args_is_help=True,
     add_completion=False,
+    epilog=examples("edgekit data synth -o data/test --count 8"),
 )
-
-SYNTH_EPILOG = """\
-Examples:
-
-  edgekit data synth data/test
-
-  edgekit data synth data/train --split train --count 4000
-
-  edgekit data synth /tmp/s --count 8 --json
-
-Writes OUT/studies.jsonl (id, modality, path, findings, negatives, indication, references per study) and one \
-folder per study: DICOM slices (CT, MR), one image (CR/DX), or a multi-frame cine (US) plus the same loop as \
-cine.mp4. Every run writes identical studies: each is a pure function of (split, index).
-"""
-
 
 @app.callback()
 def _data() -> None:
     """Synthetic DICOM and video studies with ground-truth reports."""
 
 
-@app.command("synth", epilog=SYNTH_EPILOG)
+@app.command("synth", epilog=examples(
+    "edgekit data synth -o data/test --count 8",
+    "edgekit data synth -o data/train --split train --count 8",
+    "edgekit data synth -o data/sample --split sample --count 8 --json",
+    note="Writes OUT/studies.jsonl (id, modality, path, findings, negatives, indication, references per study) and "
+         "one folder per study: DICOM slices (CT, MR), one image (CR/DX), or a multi-frame cine (US) plus the same "
+         "loop as cine.mp4. Every run writes identical studies: each is a pure function of (split, index). "
+         "Without --count: 240 studies."))
 def synth(
-    out: Path = typer.Argument(..., help="Folder to write (new or empty, or one holding the same split)."),
-    split: str = typer.Option("test", "--split", help="train, val, test or sample: independent streams."),
-    count: int = typer.Option(240, "--count", min=0, help="Number of studies (kinds rotate CT, MR, CR/DX, US)."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of a progress bar."),
+    out: Annotated[Path | None, out_option("Folder to write. With --force, one holding the same split is "
+                                           "rewritten; an unrelated folder never is.")] = None,
+    split: Annotated[str, typer.Option("--split", help="train, val, test or sample: independent streams.")] = "test",
+    count: Annotated[int, typer.Option("--count", min=0, help="Number of studies (kinds rotate CT, MR, CR/DX, "
+                                                               "US).")] = 240,
+    force: ForceOption = False,
+    as_json: JsonOption = False,
+    legacy_out: Annotated[Path | None, typer.Argument(
+        hidden=True, show_default=False, metavar="OUT",
+        help="The folder, as a positional (the older spelling of --out).")] = None,
 ) -> None:
     """Write COUNT synthetic studies of SPLIT into OUT with their ground truth."""
     from edgekit.models.synth.generator import SPLITS
     from edgekit.models.synth.splits import summarize, write_split
 
-    err = Console(stderr=True)
+    if legacy_out is not None:
+        if out is not None:
+            raise ConfigError(f"give the folder once: --out {out} or {legacy_out}")
+        claim_out(legacy_out, force)
+        out = legacy_out
+    if out is None:
+        raise typer.BadParameter("the folder to write is required", param_hint="'--out' / '-o'")
+    if split not in SPLITS:
+        raise typer.BadParameter(f"{split!r} is not one of {', '.join(SPLITS)}", param_hint="'--split'")
     t0 = time.perf_counter()
-    try:
-        if split not in SPLITS:
-            raise ConfigError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
-        if as_json:
-            index = write_split(out, split, count)
-        else:
-            columns = (TextColumn(f"synth {split}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            with Progress(*columns, console=err, transient=True) as bar:
-                task = bar.add_task("studies", total=count)
-                index = write_split(out, split, count, progress=lambda done, total: bar.update(task, completed=done))
-    except EdgekitError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    with progress(f"synth {split}", total=count, as_json=as_json) as task:
+        index = write_split(out, split, count, progress=lambda done, total: task.update(completed=done))
     summary = summarize(index, time.perf_counter() - t0)
     if as_json:
-        typer.echo(json.dumps(summary, indent=2))
+        emit(summary, True)
         return
     kinds = ", ".join(f"{k} {v}" for k, v in summary["by_kind"].items())
-    typer.echo(f"wrote {summary['studies']} {split} studies ({kinds}); {summary['files']} files in "
-               f"{summary['seconds']:.1f} s -> {index}")
+    console.print(f"wrote {summary['studies']} {split} studies ({kinds}); {summary['files']} files in "
+                  f"{summary['seconds']:.1f} s -> {index}", markup=False)

@@ -8,17 +8,10 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import JsonOption, console, emit, progress
+from edgekit.cli.common import (BundleArgument, ForceOption, JsonOption, ThreadsOption, console, emit, examples,
+                                out_option, progress)
 
-app = typer.Typer(
-    help="Evaluate a bundle's reports against references.",
-    epilog=(
-        "Examples:\n\n"
-        "  edgekit eval out/radreport-tiny-cpu                    # the 240-study synthetic test split\n\n"
-        "  edgekit eval out/b --data out/test --limit 40 --out results.json\n\n"
-        "  edgekit eval out/b --json | jq .overall.finding_f1"
-    ),
-)
+app = typer.Typer(help="Evaluate a bundle's reports against references.")
 
 
 def _fmt(metric: dict | float | None, scale: float = 1.0) -> str:
@@ -55,15 +48,20 @@ def table_rows(result: dict) -> list[dict]:
     return rows
 
 
-@app.command()
+@app.command(epilog=examples(
+    "edgekit eval out/radreport-tiny-cpu --data data/test --limit 8",
+    "edgekit eval out/radreport-tiny-x1 --data data/test --limit 4 --no-video -o out/eval-x1.json",
+    "edgekit eval out/radreport-tiny-cpu --data data/test --limit 4 --json | jq .overall.finding_f1",
+    note="Without --data: the 240-study synthetic test split, generated once into the cache."))
 def eval(  # noqa: A001 - the subcommand's name
-    bundle: Annotated[Path, typer.Argument(help="Bundle directory or .ekb file.", show_default=False)],
+    bundle: BundleArgument,
     data: Annotated[Path | None, typer.Option(help="A split written by `edgekit data synth` (default: the "
                                               "240-study test split, generated once into the cache).")] = None,
-    limit: Annotated[int | None, typer.Option(help="Only the first N studies.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Only the first N studies.")] = None,
     video: Annotated[bool, typer.Option(help="Also score cine studies from their MP4 copies.")] = True,
-    out: Annotated[Path | None, typer.Option(help="Write the full result (with per-study records) as JSON.")] = None,
-    threads: Annotated[int | None, typer.Option(help="Intra-op threads (default: physical cores).")] = None,
+    out: Annotated[Path | None, out_option("Write the full result (with per-study records) as JSON here.")] = None,
+    force: ForceOption = False,
+    threads: ThreadsOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Finding-level P/R/F1, hallucination rate, BLEU-4 and ROUGE-L with bootstrap intervals, and latency."""

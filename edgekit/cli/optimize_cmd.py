@@ -7,32 +7,31 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import JsonOption, emit, err_console, progress
+from edgekit.cli.common import ForceOption, JsonOption, emit, err_console, examples, out_option, progress
 from edgekit.errors import ConfigError
 
-app = typer.Typer(add_completion=False)
-
-EPILOG = """\b
-Examples:
-  edgekit optimize onnx/ -o onnx-int4 --pass int4
-  edgekit optimize onnx/ -o onnx-int4 --pass 'int4:block=32,method=awq,mixed=1'
-  edgekit optimize onnx/ -o onnx-orin --pass 'int4:target=orin,method=awq'
-  edgekit optimize my.ekb -o onnx-fp16 --recipe models/radreport_tiny/recipes/fp16.toml
-  edgekit optimize onnx/ -o onnx-int4 --recipe int4-awq --calib 32 --json
-"""
+app = typer.Typer(help="Apply optimisation passes (quantisation, fusion) to ONNX graphs.")
 
 
-@app.command(epilog=EPILOG)
+@app.command(epilog=examples(
+    "edgekit optimize out/radreport-tiny-cpu -o out/int4 --pass int4",
+    "edgekit optimize out/radreport-tiny-cpu -o out/int4-awq --pass 'int4:block=32,method=awq,mixed=1' --calib 4",
+    "edgekit optimize out/radreport-tiny-cpu -o out/int4-orin --pass int4:target=orin",
+    "edgekit optimize out/radreport-tiny-cpu -o out/int8 --recipe int8 --json",
+    "edgekit optimize out/radreport-tiny-cpu -o out/fp16 --recipe models/radreport_tiny/recipes/fp16.toml",
+    note="SOURCE is a folder of ONNX graphs (from edgekit convert) or a bundle. A bundled recipe is named "
+         "without its .toml: fp16, int8, int4, int4-awq, int4-orin, int4-heads38, int4-sparse24."))
 def optimize(
-    source: Annotated[Path, typer.Argument(help="Model directory (the three ONNX graphs) or bundle (dir or .ekb).")],
-    out: Annotated[Path, typer.Option("-o", "--out", help="Output model directory (written atomically).")],
+    source: Annotated[Path, typer.Argument(help="Model directory (the three ONNX graphs) or bundle (dir or .ekb).",
+                                           show_default=False)],
+    out: Annotated[Path, out_option("Output model directory (written atomically).")],
     recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe TOML file, or a name under "
                                                "models/radreport_tiny/recipes/.")] = None,
     passes: Annotated[list[str] | None, typer.Option("--pass", help="NAME[:key=value,...]; repeatable, "
                                                      "applied in order.")] = None,
     calib: Annotated[int | None, typer.Option("--calib", min=1, help="Record N real decoder calibration feeds "
                                               "from the synthetic train split (else generated feeds).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
+    force: ForceOption = False,
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip the per-pass numerical check.")] = False,
     as_json: JsonOption = False,
 ) -> None:

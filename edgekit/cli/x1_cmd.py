@@ -8,17 +8,16 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import JsonOption, console, emit
+from edgekit.cli.common import ForceOption, JsonOption, MachineOption, console, emit, examples, out_option
+from edgekit.errors import ConfigError
 
 app = typer.Typer(
     help="The X1 edge NPU: analytic estimates, compiling and disassembling programs (run them with "
          "`edgekit run` / `edgekit profile` on an x1 bundle).",
     no_args_is_help=True,
-    epilog=(
-        "Examples:\n\n"
-        "  edgekit x1 estimate --model qwen2-7b --weights int4 --head-sparsity 0.38 --context 1024\n\n"
-        "  edgekit x1 estimate --model radreport-tiny --json"
-    ),
+    epilog=examples(
+        "edgekit x1 estimate qwen2-7b --weights int4 --head-sparsity 0.38 --context 1024",
+        "edgekit x1 inspect out/radreport-tiny-x1/decoder_model_merged.x1"),
 )
 
 
@@ -27,25 +26,33 @@ def _x1() -> None:
     """The X1 edge NPU (docs/x1/)."""
 
 
-@app.command()
+@app.command(epilog=examples(
+    "edgekit x1 estimate qwen2-7b --weights int4 --head-sparsity 0.38 --context 1024",
+    "edgekit x1 estimate                                  # the embedded radreport-tiny",
+    "edgekit x1 estimate models/radreport_tiny/weights/config.json --weights int8 --json",
+    note="MODEL is only a shape: no weights are read."))
 def estimate(
-    model: Annotated[str, typer.Option("--model", "-m", help="qwen2-7b, radreport-tiny, smollm2-135m, or a "
-                                       "config.json path.")] = "radreport-tiny",
+    model: Annotated[str | None, typer.Argument(
+        help="qwen2-7b, radreport-tiny, smollm2-135m, a config.json or a model directory holding one. "
+             "Default: the embedded radreport-tiny.", show_default=False, metavar="[MODEL]")] = None,
     weights: Annotated[str, typer.Option("--weights", "-w", help="Weight format: int4, int8 or fp16.")] = "int4",
-    head_sparsity: Annotated[float, typer.Option("--head-sparsity", "-s",
+    head_sparsity: Annotated[float, typer.Option("--head-sparsity",
                                                  help="DSS target: fraction of attention heads skipped per "
                                                       "token.")] = 0.0,
     context: Annotated[int, typer.Option("--context", "-c", help="KV-cache length when the token is made.")] = 1024,
-    machine: Annotated[Path | None, typer.Option("--machine", help="Machine description TOML (default: the "
-                                                 "bundled x1-default.toml).")] = None,
+    machine: MachineOption = None,
     as_json: JsonOption = False,
+    model_flag: Annotated[str | None, typer.Option("--model", "-m", hidden=True,
+                                                   help="The older spelling of MODEL.")] = None,
 ) -> None:
     """Per-token decode latency and energy from the analytic cost model, by op type, with the bound type."""
     from edgekit.targets.x1.costmodel import Workload, estimate_decode
     from edgekit.targets.x1.machine import load_machine
     from edgekit.targets.x1.model_configs import resolve
 
-    shape = resolve(model)
+    if model is not None and model_flag is not None:
+        raise ConfigError(f"give the model once: {model} or --model {model_flag}")
+    shape = resolve(model or model_flag or "radreport-tiny")
     mach = load_machine(machine)
     result = estimate_decode(shape, mach, Workload(weights=weights, head_sparsity=head_sparsity, context=context))
     if as_json:
@@ -66,15 +73,17 @@ def estimate(
     console.print(f"machine {mach.machine.name} {mach.short_hash} · analytic model, no weights read", markup=False)
 
 
-@app.command(epilog=(
-    "Examples:\n\n"
-    "  edgekit optimize out/onnx -o out/int4 --pass int4:target=x1 && edgekit x1 compile out/int4 -o out/x1\n\n"
-    "  edgekit x1 compile out/int4 --strict --json   (refuse host partitions; machine-readable summary)"))
+@app.command(epilog=examples(
+    "edgekit optimize out/radreport-tiny-cpu -o out/int4 --pass int4:target=x1 && edgekit x1 compile out/int4 "
+    "-o out/x1",
+    "edgekit x1 compile out/radreport-tiny-x1 -o out/x1 --strict --json   # refuse host partitions",
+    note="An x1 bundle (edgekit build --target x1) already holds its programs."))
 def compile(  # noqa: A001 - the subcommand's name
-    model_dir: Annotated[Path, typer.Argument(help="Folder with the ONNX graphs (after the INT4 pass, target x1).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the .x1 programs.")] = Path("out/x1"),
-    machine: Annotated[Path | None, typer.Option("--machine", help="Machine description TOML (default: the "
-                                                 "bundled x1-default.toml).")] = None,
+    model_dir: Annotated[Path, typer.Argument(help="Folder with the ONNX graphs (after the INT4 pass, target x1), "
+                                                   "or an x1 bundle directory.", show_default=False)],
+    out: Annotated[Path, out_option("Folder for the .x1 programs.")] = Path("out/x1"),
+    force: ForceOption = False,
+    machine: MachineOption = None,
     strict: Annotated[bool, typer.Option("--strict", help="Refuse nodes that would run on the host.")] = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -96,14 +105,13 @@ def compile(  # noqa: A001 - the subcommand's name
     emit(rows, as_json, title=f"X1 programs for {mach.machine.name} ({mach.short_hash})")
 
 
-@app.command(epilog=(
-    "Examples:\n\n"
-    "  edgekit x1 inspect out/radreport-tiny-x1/decoder_model_merged.x1\n\n"
-    "  edgekit x1 inspect out/x1/vision_encoder.x1 --json | jq '.instructions | length'"))
+@app.command(epilog=examples(
+    "edgekit x1 inspect out/radreport-tiny-x1/decoder_model_merged.x1",
+    "edgekit x1 inspect out/radreport-tiny-x1/vision_encoder.x1 --json | jq '.instructions | length'",
+    note="--machine must name the machine the program was compiled for."))
 def inspect(
-    program: Annotated[Path, typer.Argument(help="An .x1 program file.")],
-    machine: Annotated[Path | None, typer.Option("--machine", help="Machine description TOML the program was "
-                                                 "compiled for (default: x1-default.toml).")] = None,
+    program: Annotated[Path, typer.Argument(help="An .x1 program file.", show_default=False)],
+    machine: MachineOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Disassemble a program: one line per instruction (mnemonic, operands, ONNX symbol)."""
