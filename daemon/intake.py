@@ -37,6 +37,8 @@ class Intake:
 
 
 class Ingestor:
+    """Owns the ingest threads and the limits from the config (reloaded with it)."""
+
     def __init__(self, cfg: DaemonConfig):
         self.cfg = cfg
         self._pool = ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="edgekitd-ingest")

@@ -10,13 +10,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
+from collections.abc import AsyncIterator
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from edgekit.errors import EdgekitError
 
-from .config import DEFAULT_CONFIG_PATH, load_config, read_token
+from .config import DEFAULT_CONFIG_PATH, DaemonConfig, load_config, read_token
+
+if TYPE_CHECKING:  # imported when serving, not for --help or --check-config
+    import uvicorn
+    from fastapi import FastAPI
+
+    from .service import Daemon
 
 log = logging.getLogger("edgekitd")
 
@@ -42,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def overrides_from(args: argparse.Namespace) -> dict:
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     return {"state_dir": args.state_dir, "socket": args.socket, "tcp_enabled": args.tcp, "tcp_host": args.tcp_host,
             "tcp_port": args.tcp_port, "tcp_token_file": args.tcp_token_file,
             "default_model_dir": args.default_model_dir, "workers": args.workers, "max_queue": args.max_queue,
@@ -67,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     return serve(cfg, overrides, token)
 
 
-def serve(cfg, overrides: dict, token: str | None) -> int:
-    import uvicorn
-
+def serve(cfg: DaemonConfig, overrides: dict[str, Any], token: str | None) -> int:
     from .api import create_app
     from .listen import open_listeners
     from .service import Daemon
@@ -86,42 +94,8 @@ def serve(cfg, overrides: dict, token: str | None) -> int:
         log.error("%s", err)
         return 2
     app = create_app(daemon, token=token)
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):  # STOPPING=1 at once, not after the connections drained
-            daemon.ready = False
-            daemon.notifier.stopping()
-            if daemon.queue is not None:
-                daemon.queue.stop_accepting()
-            super().handle_exit(sig, frame)
-
-    server = Server(uvicorn.Config(app, lifespan="on", access_log=False, log_level=cfg.log_level, loop="asyncio",
-                                   http="h11", timeout_graceful_shutdown=int(cfg.drain_timeout_s) or 1))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app):
-        loop = asyncio.get_running_loop()
-
-        async def heartbeat():
-            while True:
-                daemon.beat()
-                await asyncio.sleep(1.0)
-
-        def started(fut):
-            if fut.exception() is not None:
-                server.should_exit = True
-
-        beat = loop.create_task(heartbeat())
-        loop.run_in_executor(None, daemon.start).add_done_callback(started)
-        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, daemon.reload))
-        log.info("listening on %s", how)
-        try:
-            yield
-        finally:
-            beat.cancel()
-            await asyncio.to_thread(daemon.stop)
-
-    app.router.lifespan_context = lifespan
+    server = http_server(app, daemon)
+    app.router.lifespan_context = functools.partial(lifespan, daemon=daemon, server=server, how=how)
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises these after its shutdown: make that a no-op
         signal.signal(sig, lambda *_: None)
     server.run(sockets=sockets)
@@ -129,6 +103,46 @@ def serve(cfg, overrides: dict, token: str | None) -> int:
         with contextlib.suppress(OSError):
             cfg.socket.unlink()
     return 1 if daemon.failed else 0
+
+
+def http_server(app: FastAPI, daemon: Daemon) -> uvicorn.Server:
+    """uvicorn, told to say STOPPING=1 and stop taking work at the first signal, not after connections drained."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            daemon.stop_accepting()
+            super().handle_exit(sig, frame)
+
+    cfg = daemon.cfg
+    return Server(uvicorn.Config(app, lifespan="on", access_log=False, log_level=cfg.log_level, loop="asyncio",
+                                 http="h11", timeout_graceful_shutdown=int(cfg.drain_timeout_s) or 1))
+
+
+@contextlib.asynccontextmanager
+async def lifespan(_app: FastAPI, *, daemon: Daemon, server: uvicorn.Server, how: str) -> AsyncIterator[None]:
+    """Load in a thread while the sockets already answer (readiness says "loading"); SIGHUP reloads; the event
+    loop's heartbeat feeds the watchdog; on the way out, drain."""
+    loop = asyncio.get_running_loop()
+
+    async def heartbeat() -> None:
+        while True:
+            daemon.beat()
+            await asyncio.sleep(1.0)
+
+    def started(fut: asyncio.Future[None]) -> None:
+        if fut.exception() is not None:
+            server.should_exit = True
+
+    beat = loop.create_task(heartbeat())
+    loop.run_in_executor(None, daemon.start).add_done_callback(started)
+    loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, daemon.reload))
+    log.info("listening on %s", how)
+    try:
+        yield
+    finally:
+        beat.cancel()
+        await asyncio.to_thread(daemon.stop)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,13 @@ class Daemon:
                 log.error("reload failed, keeping the previous config: %s", exc)
             self.notifier.ready(self.summary("reloaded"))
 
+    def stop_accepting(self) -> None:
+        """The first SIGTERM: not ready, STOPPING=1, and nothing new starts (at once, before connections drain)."""
+        self.ready = False
+        self.notifier.stopping()
+        if self.queue is not None:
+            self.queue.stop_accepting()
+
     def stop(self) -> None:
         self.ready = False
         self._stopped.set()

@@ -15,6 +15,7 @@ import io
 import re
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pydicom
 from pydicom.dataset import Dataset
@@ -35,11 +36,11 @@ class SrUnavailableError(EdgekitError):
     http_status = 409
 
 
-def collect_evidence(study_path: Path) -> list[dict]:
+def collect_evidence(study_path: Path) -> list[dict[str, Any]]:
     """Header attributes of every DICOM instance in a file, folder or zip, as DICOM JSON; [] for a video."""
     from edgekit.ingest import phi_guard
 
-    def read(src) -> dict | None:
+    def read(src: Path | io.BytesIO) -> dict[str, Any] | None:
         try:
             ds = pydicom.dcmread(src, stop_before_pixels=True, specific_tags=list(EVIDENCE_KEYWORDS))
         except Exception:  # non-DICOM members were already reported (or skipped) by ingest
@@ -52,7 +53,7 @@ def collect_evidence(study_path: Path) -> list[dict]:
                 setattr(keep, kw, ds.data_element(kw).value)
         return keep.to_json_dict()
 
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     with phi_guard():
         if study_path.is_dir():
             sources = (p for p in sorted(study_path.rglob("*")) if p.is_file())
@@ -74,7 +75,8 @@ def _sentences(text: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=\.)\s+", text) if s.strip()]
 
 
-def build_sr(report: dict, evidence: list[dict], *, algorithm_version: str, series_number: int = 901) -> Dataset:
+def build_sr(report: dict[str, Any], evidence: list[dict[str, Any]], *, algorithm_version: str,
+             series_number: int = 901) -> Dataset:
     """An Enhanced SR of `report` (the daemon's JSON report) in the source study given by `evidence`."""
     import highdicom as hd
     from highdicom.sr import (

@@ -127,6 +127,14 @@ def test_bad_input_is_a_4xx_json_error_and_the_daemon_stays_healthy(daemon, case
     assert daemon.client.get("/v2/health/ready").status == 200
 
 
+@pytest.mark.parametrize("route", ["/v1/reports", "/v1/jobs"])
+def test_an_ingest_error_names_the_clients_file_not_the_stored_one(daemon, route):
+    files = [("chest-scan.dcm", CT1[:3000], "application/dicom")]  # stored as 00000.dcm
+    reply = daemon.client.post_study(route, files)
+    assert (reply.status, reply.error_code) == (400, "invalid_study")
+    assert reply.json()["error"]["file"] == "chest-scan.dcm"
+
+
 @pytest.mark.parametrize("method, url, body, headers, status, code", [
     ("PUT", "/v1/variants/active", b"{not json", {"Content-Type": "application/json"}, 422, "validation_error"),
     ("PUT", "/v1/variants/active", b'{"name": "nope"}', {"Content-Type": "application/json"}, 404,
