@@ -46,7 +46,62 @@ def test_run_generates_through_the_emulator(x1_bundle):
     assert isinstance(rep.backend, X1Backend)
     pv = np.zeros((1, 2, 1, 32, 32), np.float32)
     feats = rep.backend.encode_images(pv)
-    assert feats.shape[0] == 1 and rep.backend.history[-1].totals["cycles"] > 0
+    cost = rep.backend.take_cost()
+    assert feats.shape[0] == 1 and cost["phases"]["encode"] == {"calls": 1, "ms": cost["emulated_ms_total"],
+                                                                "mj": cost["mj_total"]} and cost["mj_total"] > 0
+
+
+def _sample_study(x1_bundle):
+    from edgekit.models.synth import write_split
+
+    data = x1_bundle.parent / "data1"
+    if not (data / "studies.jsonl").is_file():
+        write_split(data, "sample", 1)
+    return data, json.loads((data / "studies.jsonl").read_text().splitlines()[0])
+
+
+def test_the_bundle_carries_its_dss_settings_and_every_runner_honours_them(x1_bundle):
+    from edgekit.reporter import Reporter
+    from edgekit.target import RuntimeOptions
+    from edgekit.targets.x1.backend import RUNTIME_DEFAULTS
+
+    b = load_bundle(x1_bundle)
+    assert b.manifest.runtime == RUNTIME_DEFAULTS and RUNTIME_DEFAULTS["dss"] is True
+    served = Reporter.from_bundle(x1_bundle)
+    assert served.backend.dss_active and served.backend.policy is not None
+    dense = Reporter(b, runtime=RuntimeOptions(settings={"dss": False}))
+    assert not dense.backend.dss_active and dense.backend.policy is None
+    with pytest.raises(Exception, match="unknown runtime setting.*sparsity_targte"):
+        Reporter(b, runtime=RuntimeOptions(settings={"sparsity_targte": 0.2}))
+    with pytest.raises(Exception, match="sparsity_target"):
+        Reporter(b, runtime=RuntimeOptions(settings={"sparsity_target": 1.5}))
+
+
+def test_reports_release_their_state_and_bill_only_themselves(x1_bundle):
+    from edgekit.reporter import Reporter
+
+    data, s = _sample_study(x1_bundle)
+    rep = Reporter.from_bundle(x1_bundle)
+    first = rep.report(data / s["path"])
+    for _ in range(5):
+        again = rep.report(data / s["path"])
+        assert again.cost == first.cost and again.text == first.text
+    be = rep.backend
+    assert be.runs == [] and be.last_runs == []  # nothing kept without profiling
+    assert be.take_cost()["mj_total"] == 0.0  # the last report took its own cost
+
+
+def test_profile_and_eval_state_the_same_emulated_cost_for_a_study(x1_bundle, tmp_path):
+    from edgekit.eval.runner import evaluate
+    from edgekit.profiling import profile_report
+    from edgekit.reporter import Reporter
+
+    data, s = _sample_study(x1_bundle)
+    ev = evaluate(Reporter.from_bundle(x1_bundle), data, limit=1, include_video=False, resamples=10)
+    prof = profile_report(x1_bundle, data / s["path"], s.get("indication", ""), tmp_path / "p")
+    assert ev["records"][0]["cost"]["mj_total"] == prof["cost"]["mj_total"] > 0
+    assert ev["records"][0]["cost"]["emulated_ms_total"] == prof["cost"]["emulated_ms_total"]
+    assert ev["overall"]["emulated"]["mj_per_report"] == prof["cost"]["mj_total"]
 
 
 def test_head_mask_fn_gets_previous_step_stats(x1_bundle):
