@@ -167,4 +167,7 @@ def test_library_parameters_are_shown_as_flags():
     assert cli_message("out: already exists (pass `overwrite=True` to replace it)") == \
         "out: already exists (pass --force to replace it)"
     assert cli_message("give `passes` or `recipe`") == "give --pass or --recipe"
-    assert cli_message("`unknown` stays") == "`unknown` stays"
+    assert cli_message("output already exists (overwrite=True replaces it)") == \
+        "output already exists (--force replaces it)"
+    assert cli_message("`unknown` stays, and so do overwrites=True and strict=False") == \
+        "`unknown` stays, and so do overwrites=True and strict=False"

@@ -142,12 +142,14 @@ PARAM_FLAGS: dict[str, str] = {
     "model_dir": "MODEL",
     "eval_data": "--eval",
 }
-_PARAM_RE = re.compile(r"`(%s)(=[^`]*)?`" % "|".join(PARAM_FLAGS))
+_NAMES = "|".join(PARAM_FLAGS)
+_PARAM_RE = re.compile(rf"`({_NAMES})(=[^`]*)?`|\b({_NAMES})=True\b")
 
 
 def cli_message(message: str) -> str:
-    """Rewrite the parameters a library error names in backquotes (`overwrite=True`) as their CLI flags."""
-    return _PARAM_RE.sub(lambda m: PARAM_FLAGS[m.group(1)], message)
+    """Rewrite the parameters a library error names, in backquotes (`passes`, `overwrite=True`) or as a bare
+    `name=True`, as their CLI flags."""
+    return _PARAM_RE.sub(lambda m: PARAM_FLAGS[m.group(1) or m.group(3)], message)
 
 
 def error_json(err: BaseException, message: str, code: str = "usage_error") -> dict:

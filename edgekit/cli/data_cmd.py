@@ -56,7 +56,7 @@ def synth(
         claim_out(legacy_out, force)
         out = legacy_out
     if out is None:
-        raise typer.BadParameter("the folder to write is required", param_hint="'--out' / '-o'")
+        raise typer.BadParameter("missing: the folder to write the studies to", param_hint="'--out' / '-o'")
     if split not in SPLITS:
         raise typer.BadParameter(f"{split!r} is not one of {', '.join(SPLITS)}", param_hint="'--split'")
     t0 = time.perf_counter()

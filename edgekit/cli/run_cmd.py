@@ -16,7 +16,7 @@ app = typer.Typer(help="Generate a report for a study with a bundle.")
     "edgekit run out/radreport-tiny-x1 -s models/samples/cr_chest -p Follow-up.   # on the X1 emulator",
     "edgekit run out/radreport-tiny-cpu -s models/samples/us_cardiac/cine.mp4 --temperature 0.7 --top-p 0.9 "
     "--seed 1 --json",
-    note="The study is a DICOM file, a folder holding one series, a .zip of one series, or a video file."))
+    note="Sampling flags override the bundle's generation config (greedy unless --temperature is above 0)."))
 def run(
     bundle: BundleArgument,
     study: StudyOption,
