@@ -80,7 +80,7 @@ def measure(label: str, weights: dict, spec: DecoderSpec, args) -> list[dict]:
     variants = {"fp32": ir.to_proto(fp32).SerializeToString()}
     for level in (0, 4):
         m = build_decoder(weights, spec)
-        make_pass(f"int4:block=32,accuracy_level={level}").apply(m)
+        make_pass(f"int4:block=32,accuracy_level={level}")(m)
         variants[f"int4 acc{level}"] = ir.to_proto(m).SerializeToString()
     rows = []
     for name, data in variants.items():

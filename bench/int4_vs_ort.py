@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from edgekit.export import DecoderSpec, build_decoder, export_model, random_weights
 from edgekit.export.model_config import ModelConfig
-from edgekit.passes import make_pass
+from edgekit.names import DECODER
+from edgekit.passes import PassContext, make_pass
 from edgekit.passes.calibration import embedding_table, sample_feeds
 from edgekit.passes.check import compare_outputs, run_all, session
 from edgekit.passes.int8 import fold_weight_transposes
@@ -70,9 +70,7 @@ def ort_int4(fp32: ir.Model, block: int, symmetric: bool) -> bytes:
 
 def edgekit_int4(fp32: ir.Model, spec: str, calib) -> bytes:
     model = ir.from_proto(ir.to_proto(fp32))
-    p = make_pass(spec)
-    p.context.calibration = {p.context.graph: calib}
-    p.apply(model)
+    make_pass(spec)(model, PassContext(calibration={DECODER: calib}))
     return ir.to_proto(model).SerializeToString()
 
 

@@ -66,7 +66,7 @@ def test_writing_is_fast_enough_for_the_test_split(tmp_path):
 
 def test_cli_json_summary(tmp_path):
     out = tmp_path / "cli"
-    res = CliRunner().invoke(app, ["synth", str(out), "--count", "8", "--split", "sample", "--json"])
+    res = CliRunner().invoke(app, ["synth", "-o", str(out), "--count", "8", "--split", "sample", "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
     assert summary["studies"] == 8 and summary["split"] == "sample"
@@ -78,7 +78,7 @@ def test_cli_json_summary(tmp_path):
 
 def test_cli_errors_and_help(tmp_path):
     runner = CliRunner()
-    res = runner.invoke(app, ["synth", str(tmp_path / "x"), "--split", "holdout"])
+    res = runner.invoke(app, ["synth", "-o", str(tmp_path / "x"), "--split", "holdout"])
     assert res.exit_code != 0 and "holdout" in res.output
     res = runner.invoke(app, ["synth", "--help"])
     assert res.exit_code == 0 and "edgekit data synth" in res.output

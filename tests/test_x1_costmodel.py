@@ -160,14 +160,14 @@ def test_cli_estimate_table_and_json(machine, tmp_path):
     from edgekit.cli.x1_cmd import app
 
     runner = CliRunner()
-    r = runner.invoke(app, ["estimate", "--model", "qwen2-7b", "--weights", "int4", "--head-sparsity", "0.38",
+    r = runner.invoke(app, ["estimate", "qwen2-7b", "--weights", "int4", "--head-sparsity", "0.38",
                             "--context", "1024", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["machine"]["hash"] == machine.hash
     assert d["totals"]["ms_per_token"] == pytest.approx(5.2, rel=0.15)
     assert {row["op"] for row in d["by_kind"]} >= {"q_proj", "kv_append", "attn_scores", "lm_head"}
-    r = runner.invoke(app, ["estimate", "--model", "radreport-tiny"], terminal_width=200)
+    r = runner.invoke(app, ["estimate", "radreport-tiny"], terminal_width=200)
     assert r.exit_code == 0 and "ms/token" in r.output and "bound" in r.output
     bad = tmp_path / "m.toml"
     bad.write_text("[clock]\nghz = 1.0\n")

@@ -11,8 +11,7 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import ForceOption, JsonOption, claim_out, console, emit, examples, out_option, progress
-from edgekit.errors import ConfigError
+from edgekit.cli.common import ForceOption, JsonOption, console, emit, examples, out_option, progress
 
 app = typer.Typer(
     help="Synthetic DICOM and video studies with ground-truth reports.",
@@ -42,19 +41,11 @@ def synth(
                                                                "US).")] = 240,
     force: ForceOption = False,
     as_json: JsonOption = False,
-    legacy_out: Annotated[Path | None, typer.Argument(
-        hidden=True, show_default=False, metavar="OUT",
-        help="The folder, as a positional (the older spelling of --out).")] = None,
 ) -> None:
     """Write COUNT synthetic studies of SPLIT into OUT with their ground truth."""
     from edgekit.models.synth.generator import SPLITS
     from edgekit.models.synth.splits import summarize, write_split
 
-    if legacy_out is not None:
-        if out is not None:
-            raise ConfigError(f"give the folder once: --out {out} or {legacy_out}")
-        claim_out(legacy_out, force)
-        out = legacy_out
     if out is None:
         raise typer.BadParameter("missing: the folder to write the studies to", param_hint="'--out' / '-o'")
     if split not in SPLITS:

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from edgekit.cli.common import ForceOption, JsonOption, MachineOption, console, emit, examples, out_option
-from edgekit.errors import ConfigError
 
 app = typer.Typer(
     help="The X1 edge NPU: analytic estimates, compiling and disassembling programs (run them with "
@@ -42,17 +41,13 @@ def estimate(
     context: Annotated[int, typer.Option("--context", "-c", help="KV-cache length when the token is made.")] = 1024,
     machine: MachineOption = None,
     as_json: JsonOption = False,
-    model_flag: Annotated[str | None, typer.Option("--model", "-m", hidden=True,
-                                                   help="The older spelling of MODEL.")] = None,
 ) -> None:
     """Per-token decode latency and energy from the analytic cost model, by op type, with the bound type."""
     from edgekit.targets.x1.costmodel import Workload, estimate_decode
     from edgekit.targets.x1.machine import load_machine
     from edgekit.targets.x1.model_configs import resolve
 
-    if model is not None and model_flag is not None:
-        raise ConfigError(f"give the model once: {model} or --model {model_flag}")
-    shape = resolve(model or model_flag or "radreport-tiny")
+    shape = resolve(model or "radreport-tiny")
     mach = load_machine(machine)
     result = estimate_decode(shape, mach, Workload(weights=weights, head_sparsity=head_sparsity, context=context))
     if as_json:
