@@ -179,9 +179,9 @@ class Daemon:
             self.queue.stop_accepting()
 
     def stop(self) -> None:
-        self.ready = False
+        """The end of the lifespan: drain running reports (queued jobs stay queued), close what the daemon opened."""
+        self.stop_accepting()
         self._stopped.set()
-        self.notifier.stopping()
         if self.queue is not None:
             drained = self.queue.drain(self.cfg.drain_timeout_s)
             counts = self.store.counts()
@@ -234,7 +234,7 @@ class Daemon:
     async def create_job(self, form: ReportForm, idempotency_key: str | None) -> Submitted:
         """Commit a durable job (input fsynced, evidence beside it) and queue it. A key seen before answers with
         its job when the request is the same (study bytes, prompt, options, variant), else a conflict."""
-        self._serving()
+        self._serving()  # "not ready" before "bad key", as before the service existed
         if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
             raise IdempotencyError("Idempotency-Key must be 1-128 characters of A-Z a-z 0-9 . _ : -")
         queue, variant = self._admit(form)

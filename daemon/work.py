@@ -25,7 +25,7 @@ class Work:
     is queued, so a later switch does not move accepted work.
     """
 
-    study_path: Path
+    study_path: Path  # a synchronous request's upload is deleted once ingested: only `study` is read then
     prompt: str
     options: RequestOptions
     variant: str
