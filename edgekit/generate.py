@@ -110,8 +110,8 @@ def _as_batch(prompt_ids, pixel_values) -> tuple[np.ndarray, np.ndarray | None]:
 def generate_batch(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions,
                    prompt_attention_mask: np.ndarray | None = None,
                    on_token: OnToken | None = None) -> list[GenerationResult]:
-    """Generate for a batch (`pixel_values` None: text only). Prompts of different lengths are left-padded, with `prompt_attention_mask` 0 on the
-    padding; positions count only kept tokens, as in training. All rows share one timing. `on_token` (one-row
+    """Generate for a batch (`pixel_values` None: text only). Prompts of different lengths are left-padded, with
+    `prompt_attention_mask` 0 on the padding; positions count only kept tokens, as in training. All rows share one timing. `on_token` (one-row
     batches only) sees each kept token as soon as it is chosen, so a server can stream the report."""
     options.validate()
     ids, pv = _as_batch(prompt_ids, pixel_values)

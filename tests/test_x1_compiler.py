@@ -12,7 +12,7 @@ from edgekit.targets.x1.compiler import CompileError, compile_graph, compile_mod
 from edgekit.targets.x1.emulator import Emulator
 from edgekit.targets.x1.machine import load_machine
 
-from test_x1_emulator import tiny_int4_dir
+from x1_support import tiny_int4_dir
 
 
 @pytest.fixture(scope="module")

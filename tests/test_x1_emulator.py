@@ -1,28 +1,17 @@
 """The X1 emulator: integer kernels against numpy references, the compiled decoder against ONNX Runtime, and the
 KV spill path (same results as a cache that fits; eviction and reload are counted)."""
 
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
+from x1_support import fixed_scenario, small_kv_machine, tiny_int4_dir
+
 from edgekit.targets.x1.compiler import compile_model
 from edgekit.targets.x1.emulator import Emulator
 from edgekit.targets.x1.kernels import IntGemm, quantize_groups_int4, dequantize_groups, quantize_rows_int8
-from edgekit.targets.x1.machine import Machine, load_machine
-
-
-def tiny_int4_dir(root: Path) -> Path:
-    from edgekit.daemon.testing import write_tiny_model
-    from edgekit.export import export_default
-    from edgekit.passes.pipeline import run_pipeline
-    from edgekit.passes.registry import make_pass
-
-    model = write_tiny_model(root / "model")
-    export_default(model, root / "onnx")
-    run_pipeline(root / "onnx", root / "int4", [make_pass("int4:block=16,target=x1")], overwrite=True)
-    return root / "int4"
+from edgekit.targets.x1.machine import load_machine
 
 
 @pytest.fixture(scope="module")
@@ -136,15 +125,9 @@ def test_head_mask_zeroes_skipped_heads_and_saves_time(int4_dir):
     assert sparse.totals["cycles"] < dense.totals["cycles"]
 
 
-def _small_kv_machine(m: Machine) -> Machine:
-    c = {k: dict(v) for k, v in m.content.items()}
-    c["sram"].update(banks=4, kv_banks=1, bank_kib=1.0)  # 1 KiB of KV: a window of 20 tokens per layer here
-    return Machine.from_dict(c)
-
-
 def test_kv_spill_gives_identical_results_and_counts_dram(int4_dir):
     big = load_machine()
-    small = _small_kv_machine(big)
+    small = small_kv_machine(big)
     runs = {}
     for name, m in (("big", big), ("small", small)):
         emu = Emulator(compile_model(int4_dir, m), m)
@@ -258,36 +241,11 @@ PRE_OPTIMISATION_TOTALS = {
 }
 
 
-def _fixed_scenario(emu):
-    """Prefill 12 tokens, 12 decode steps (every third with heads masked), one vision and one embed call."""
-    rng = np.random.default_rng(7)
-    layers, heads = emu.layers, emu.heads
-    feeds = {"inputs_embeds": rng.standard_normal((1, 12, 48)).astype(np.float32),
-             "attention_mask": np.ones((1, 12), np.int64), "position_ids": np.arange(12)[None]}
-    for i in range(layers):
-        feeds[f"past_key_values.{i}.key"] = feeds[f"past_key_values.{i}.value"] = \
-            np.zeros((1, emu.kv_heads, 0, emu.head_dim), np.float32)
-    runs = [emu.run("decoder", feeds, kv_state=emu.new_kv(), want_present=False)]
-    kv = runs[0].kv_state
-    mask = np.ones((layers, heads), bool)
-    mask[0, 1] = mask[1, 3] = mask[1, 0] = False
-    for step in range(12):
-        pos = 12 + step
-        f = {"inputs_embeds": rng.standard_normal((1, 1, 48)).astype(np.float32),
-             "attention_mask": np.ones((1, pos + 1), np.int64), "position_ids": np.array([[pos]])}
-        runs.append(emu.run("decoder", f, kv_state=kv, want_present=False,
-                            head_mask=mask if step % 3 == 2 else None))
-        kv = runs[-1].kv_state
-    runs.append(emu.run("vision_encoder", {"pixel_values": rng.standard_normal((1, 2, 1, 32, 32)).astype(np.float32)}))
-    runs.append(emu.run("embed_tokens", {"input_ids": np.array([[1, 2, 3]], np.int64)}))
-    return runs
-
-
 @pytest.mark.parametrize("machine_kind", ["default", "small_kv"])
 def test_emulated_totals_are_those_recorded_before_the_speed_work(int4_dir, machine_kind):
-    m = load_machine() if machine_kind == "default" else _small_kv_machine(load_machine())
+    m = load_machine() if machine_kind == "default" else small_kv_machine(load_machine())
     emu = Emulator(compile_model(int4_dir, m), m)
-    runs = _fixed_scenario(emu)
+    runs = fixed_scenario(emu)
     got = [[r.totals["cycles"], r.totals["energy_j"], r.totals["instructions"]] for r in runs]
     assert got == PRE_OPTIMISATION_TOTALS[machine_kind]  # exact: same costs, same summation order
     # records are built only when read, and agree with the running totals

@@ -13,7 +13,7 @@ from edgekit.targets.x1.emulator import Emulator, KVCache
 from edgekit.targets.x1.kernels import IntGemm, native, to_fp16
 from edgekit.targets.x1.machine import load_machine
 
-from test_x1_emulator import _fixed_scenario, _small_kv_machine, tiny_int4_dir
+from x1_support import fixed_scenario, small_kv_machine, tiny_int4_dir
 
 needs_native = pytest.mark.skipif(not native.available,
                                   reason="edgekit.targets.x1._native was not built (no C compiler at install time)")
@@ -146,11 +146,11 @@ def int4_dir(tmp_path_factory):
 @pytest.mark.parametrize("machine_kind", ["default", "small_kv"])
 def test_whole_programs_give_identical_outputs_and_totals(switch, paths, int4_dir, machine_kind):
     """Prefill, decode with and without head masks (the attention kernel), KV spill, vision and embed programs."""
-    m = load_machine() if machine_kind == "default" else _small_kv_machine(load_machine())
+    m = load_machine() if machine_kind == "default" else small_kv_machine(load_machine())
     runs = {}
     for on in (False, True):
         native.set(on)
-        runs[on] = _fixed_scenario(Emulator(compile_model(int4_dir, m), m))
+        runs[on] = fixed_scenario(Emulator(compile_model(int4_dir, m), m))
     for a, b in zip(runs[False], runs[True]):
         assert a.totals == b.totals
         assert a.outputs.keys() == b.outputs.keys()

@@ -2,8 +2,8 @@
 with intervals.
 
 Every figure names its split and sample count; what the target emulated or metered per report (x1: time and
-energy) is averaged beside the wall-clock latency, with its source. A study that cannot be read is recorded as a failure and the run
-goes on: one bad file never loses the rest of an evaluation.
+energy) is averaged beside the wall-clock latency, with its source. A study that cannot be read is recorded as a
+failure and the run goes on: one bad file never loses the rest of an evaluation.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The finding schema and vocabulary: what a report can state, per study kind.
 
 One table decides, per study kind, which finding types exist, whether they take a side, a size and a count, and
-which sizes may be drawn. The report parser and the metrics (core), and the synthetic generator, pixel renderer and report writer
-(`edgekit.models.synth`) all read it, so a
-finding the images can show is always a finding the reports can say, and vice versa.
+which sizes may be drawn. The report parser and the metrics (core), and the synthetic generator, pixel renderer and
+report writer (`edgekit.models.synth`) all read it, so a finding the images can show is always a finding the
+reports can say, and vice versa.
 
 Sizes are few and far apart on purpose: at 64x64 after area downsampling the smallest finding is at least 4 px
 across and neighbouring sizes differ by at least 2 px, so a 2.3M-parameter model can tell them apart.

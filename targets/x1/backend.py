@@ -45,20 +45,20 @@ RUNTIME_DEFAULTS = {
 
 def check_settings(s: dict, where=None) -> dict:
     """Types and ranges of the runtime settings; every error names the setting."""
-    def bad(key: str, expected: str) -> ConfigError:
-        return ConfigError(f"x1 runtime setting '{key}' = {s[key]!r} (expected {expected})", where)
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-    for key in ("dss", "kv_caching"):
-        if not isinstance(s[key], bool):
-            raise bad(key, "true or false")
-    for key, lo, hi, lo_open in (("sparsity_target", 0.0, 1.0, False), ("sensitivity_threshold", 0.0, 1.0, False)):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi or (key == "sparsity_target"
-                                                                                          and v >= 1.0):
-            raise bad(key, "a number in [0, 1)" if key == "sparsity_target" else "a number in [0, 1]")
-    v = s["max_consecutive_skips"]
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
-        raise bad("max_consecutive_skips", "an integer >= 1")
+    checks = {
+        "dss": (lambda v: isinstance(v, bool), "true or false"),
+        "kv_caching": (lambda v: isinstance(v, bool), "true or false"),
+        "sparsity_target": (lambda v: number(v) and 0.0 <= v < 1.0, "a number in [0, 1)"),
+        "sensitivity_threshold": (lambda v: number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
+        "max_consecutive_skips": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000,
+                                  "an integer >= 1"),
+    }
+    for key, (ok, expected) in checks.items():
+        if not ok(s[key]):
+            raise ConfigError(f"x1 runtime setting '{key}' = {s[key]!r} (expected {expected})", where)
     return s
 
 
