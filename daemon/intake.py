@@ -69,7 +69,8 @@ class Ingestor:
             study = await loop.run_in_executor(self._pool, functools.partial(self.load, saved.path))
             evidence = await loop.run_in_executor(self._pool, collect_evidence, saved.path) if keep_evidence else None
         except EdgekitError as err:
-            raise saved.in_client_terms(err)
+            saved.name_for_client(err)
+            raise
         return Intake(saved, study, evidence)
 
     def close(self) -> None:

@@ -38,13 +38,12 @@ class SavedStudy:
     def client_name(self, stored: str | None) -> str | None:
         return self.names.get(Path(stored).name) if stored else None
 
-    def in_client_terms(self, err: EdgekitError) -> EdgekitError:
-        """`err`, naming the client's file instead of the stored one it read (a zip member keeps the zip's)."""
+    def name_for_client(self, err: EdgekitError) -> None:
+        """Make `err` name the client's file instead of the stored one it read (for that client's eyes only)."""
         stored = err.to_json().get("file")
         client = self.client_name(stored.split("!")[0]) if stored else None
         if client:
             err.path = client
-        return err
 
 
 def _client_basename(name: str | None) -> str:
