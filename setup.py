@@ -11,5 +11,8 @@ import sys
 from setuptools import Extension, setup
 
 flags = [] if sys.platform == "win32" else ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp-simd", "-std=c99"]
-setup(ext_modules=[Extension("edgekit.targets.x1._native", ["targets/x1/_native.c"], extra_compile_args=flags,
-                             optional=True)])
+setup(
+    ext_modules=[
+        Extension("edgekit.targets.x1._native", ["targets/x1/_native.c"], extra_compile_args=flags, optional=True)
+    ]
+)

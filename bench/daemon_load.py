@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,9 +33,14 @@ STUDY = REPO / "models" / "samples" / "cr_chest" / "image.dcm"
 
 def stats(latencies_s: list[float], wall_s: float) -> dict:
     ms = np.asarray(latencies_s) * 1e3
-    return {"n": len(ms), "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()),
-            "throughput_rps": len(ms) / wall_s}
+    return {
+        "n": len(ms),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p95_ms": float(np.percentile(ms, 95)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "throughput_rps": len(ms) / wall_s,
+    }
 
 
 def interleaved_c1(d: DaemonProcess, bundle: Path, n: int) -> tuple[dict, dict]:
@@ -49,7 +53,7 @@ def interleaved_c1(d: DaemonProcess, bundle: Path, n: int) -> tuple[dict, dict]:
     for _ in range(3):
         reporter.report(STUDY)
         d.client.post_study("/v1/reports", files)
-    lat_in, lat_d, wall_in, wall_d, split = [], [], 0.0, 0.0, []
+    lat_in, lat_d, split = [], [], []
     for _ in range(n):
         t = time.perf_counter()
         r = d.client.post_study("/v1/reports", files)
@@ -59,8 +63,9 @@ def interleaved_c1(d: DaemonProcess, bundle: Path, n: int) -> tuple[dict, dict]:
         reporter.report(STUDY)
         lat_in.append(time.perf_counter() - t)
     inproc, daemon = stats(lat_in, sum(lat_in)), stats(lat_d, sum(lat_d))
-    daemon["server_split_p50_ms"] = {k: float(np.median([s[k] for s in split]))
-                                     for k in ("queue_ms", "generate_ms", "total_ms")}
+    daemon["server_split_p50_ms"] = {
+        k: float(np.median([s[k] for s in split])) for k in ("queue_ms", "generate_ms", "total_ms")
+    }
     return inproc, daemon
 
 
@@ -80,8 +85,9 @@ def over_socket(d: DaemonProcess, n: int, concurrency: int) -> dict:
     wall = time.perf_counter() - t0
     out = stats([lat for lat, _, _ in results], wall)
     out["statuses"] = {str(s): sum(1 for _, x, _ in results if x == s) for s in {x for _, x, _ in results}}
-    out["server_split_p50_ms"] = {k: float(np.median([t[k] for _, _, t in results if t]))
-                                  for k in ("queue_ms", "generate_ms", "total_ms")}
+    out["server_split_p50_ms"] = {
+        k: float(np.median([t[k] for _, _, t in results if t])) for k in ("queue_ms", "generate_ms", "total_ms")
+    }
     return out
 
 
@@ -116,18 +122,23 @@ def kill9_recovery(state: Path, model: Path, n_jobs: int) -> dict:
         all_done_s = time.perf_counter() - t0
     finally:
         d2.stop()
-    return {"accepted": n_jobs, "finished_before_kill": done_before, "recovered_on_restart": recovered,
-            "succeeded": states.count("succeeded"), "failed": states.count("failed"),
-            "lost": n_jobs - states.count("succeeded") - states.count("failed"),
-            "restart_to_ready_s": ready_s, "restart_to_all_done_s": all_done_s}
+    return {
+        "accepted": n_jobs,
+        "finished_before_kill": done_before,
+        "recovered_on_restart": recovered,
+        "succeeded": states.count("succeeded"),
+        "failed": states.count("failed"),
+        "lost": n_jobs - states.count("succeeded") - states.count("failed"),
+        "restart_to_ready_s": ready_s,
+        "restart_to_all_done_s": all_done_s,
+    }
 
 
 def overload(state: Path, model: Path, max_queue: int, waves: int) -> dict:
     """4x capacity (one worker + `max_queue` waiting) at once, `waves` times; statuses, RSS, health after."""
     files = study_files(STUDY)
     capacity = 1 + max_queue
-    d = DaemonProcess(state, model, extra_args=["--max-queue", str(max_queue), "--workers", "1"]).start(
-        wait_ready=600)
+    d = DaemonProcess(state, model, extra_args=["--max-queue", str(max_queue), "--workers", "1"]).start(wait_ready=600)
     try:
         for _ in range(2):
             d.client.post_study("/v1/reports", files)
@@ -146,13 +157,25 @@ def overload(state: Path, model: Path, max_queue: int, waves: int) -> dict:
         wall = time.perf_counter() - t0
         after = rss_kib(d.proc.pid)
         ready = d.client.get("/v2/health/ready")
-        healthy = ready.status == 200 and ready.json()["queue_depth"] == 0 and \
-            d.client.post_study("/v1/reports", files).status == 200
+        healthy = (
+            ready.status == 200
+            and ready.json()["queue_depth"] == 0
+            and d.client.post_study("/v1/reports", files).status == 200
+        )
     finally:
         d.stop()
-    return {"capacity": capacity, "concurrency": 4 * capacity, "requests": 4 * capacity * waves, "statuses": statuses,
-            "only_2xx_503": set(statuses) <= {"200", "503"}, "wall_s": wall, "rss_before_kib": before["rss_kib"],
-            "rss_after_kib": after["rss_kib"], "rss_peak_kib": after["peak_kib"], "healthy_after": healthy}
+    return {
+        "capacity": capacity,
+        "concurrency": 4 * capacity,
+        "requests": 4 * capacity * waves,
+        "statuses": statuses,
+        "only_2xx_503": set(statuses) <= {"200", "503"},
+        "wall_s": wall,
+        "rss_before_kib": before["rss_kib"],
+        "rss_after_kib": after["rss_kib"],
+        "rss_peak_kib": after["peak_kib"],
+        "healthy_after": healthy,
+    }
 
 
 def main() -> None:
@@ -169,43 +192,72 @@ def main() -> None:
         tmp = Path(tmp)
         from edgekit.build import default_model_dir
 
-        model = args.model_dir or (default_model_dir() if (default_model_dir() / "model.safetensors").is_file()
-                                   else write_tiny_model(tmp / "random", full_size=not args.tiny, max_new_tokens=96))
+        model = args.model_dir or (
+            default_model_dir()
+            if (default_model_dir() / "model.safetensors").is_file()
+            else write_tiny_model(tmp / "random", full_size=not args.tiny, max_new_tokens=96)
+        )
         d = DaemonProcess(tmp / "state", model, extra_args=["--max-queue", "64"]).start(wait_ready=600)
         try:
-            rows = dict(zip(("in-process c=1", "daemon c=1"),
-                            interleaved_c1(d, tmp / "state" / "bundles" / "default-cpu", args.requests)))
+            rows = dict(
+                zip(
+                    ("in-process c=1", "daemon c=1"),
+                    interleaved_c1(d, tmp / "state" / "bundles" / "default-cpu", args.requests),
+                )
+            )
             for c in (4, 16):
                 rows[f"daemon c={c}"] = over_socket(d, args.requests * (1 if c == 1 else 2), c)
         finally:
             d.stop()
-        faults = {"kill9": kill9_recovery(tmp / "state", model, args.kill9_jobs),
-                  "overload": overload(tmp / "state", model, args.overload_queue, args.overload_waves)}
+        faults = {
+            "kill9": kill9_recovery(tmp / "state", model, args.kill9_jobs),
+            "overload": overload(tmp / "state", model, args.overload_queue, args.overload_waves),
+        }
     base = rows["in-process c=1"]["p50_ms"]
     overhead = rows["daemon c=1"]["p50_ms"] / base - 1
     trained = model == default_model_dir()
-    result = {"model": str(model.name), "weights": "trained" if trained else "random (radreport-tiny shape)"
-              if not args.tiny else "random (tiny test shape)", "study": STUDY.name, "threads": 1, "workers": 1,
-              "rows": rows, "faults": faults,
-              "overhead_c1_p50": overhead,
-              "overhead_c1_mean": rows["daemon c=1"]["mean_ms"] / rows["in-process c=1"]["mean_ms"] - 1}
-    print(f"{'mode':<16}{'n':>5}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'req/s':>9}{'x in-proc p50':>15}"
-          f"{'gen p50 ms':>12}{'queue p50 ms':>14}")
+    result = {
+        "model": str(model.name),
+        "weights": "trained"
+        if trained
+        else "random (radreport-tiny shape)"
+        if not args.tiny
+        else "random (tiny test shape)",
+        "study": STUDY.name,
+        "threads": 1,
+        "workers": 1,
+        "rows": rows,
+        "faults": faults,
+        "overhead_c1_p50": overhead,
+        "overhead_c1_mean": rows["daemon c=1"]["mean_ms"] / rows["in-process c=1"]["mean_ms"] - 1,
+    }
+    print(
+        f"{'mode':<16}{'n':>5}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'req/s':>9}{'x in-proc p50':>15}"
+        f"{'gen p50 ms':>12}{'queue p50 ms':>14}"
+    )
     for name, r in rows.items():
         split = r.get("server_split_p50_ms", {})
-        print(f"{name:<16}{r['n']:>5}{r['p50_ms']:>10.1f}{r['p95_ms']:>10.1f}{r['p99_ms']:>10.1f}"
-              f"{r['throughput_rps']:>9.2f}{r['p50_ms'] / base:>15.2f}"
-              f"{split.get('generate_ms', float('nan')):>12.1f}{split.get('queue_ms', float('nan')):>14.1f}")
-    print(f"daemon overhead at concurrency 1: {overhead * 100:+.1f}% (p50), "
-          f"{result['overhead_c1_mean'] * 100:+.1f}% (mean); model {result['model']}")
+        print(
+            f"{name:<16}{r['n']:>5}{r['p50_ms']:>10.1f}{r['p95_ms']:>10.1f}{r['p99_ms']:>10.1f}"
+            f"{r['throughput_rps']:>9.2f}{r['p50_ms'] / base:>15.2f}"
+            f"{split.get('generate_ms', float('nan')):>12.1f}{split.get('queue_ms', float('nan')):>14.1f}"
+        )
+    print(
+        f"daemon overhead at concurrency 1: {overhead * 100:+.1f}% (p50), "
+        f"{result['overhead_c1_mean'] * 100:+.1f}% (mean); model {result['model']}"
+    )
     k, o = faults["kill9"], faults["overload"]
-    print(f"kill -9: {k['accepted']} accepted, {k['finished_before_kill']} finished before the kill, "
-          f"{k['recovered_on_restart']} recovered on restart, {k['succeeded']} succeeded, {k['failed']} failed, "
-          f"{k['lost']} lost; ready {k['restart_to_ready_s']:.1f} s after restart, all done "
-          f"{k['restart_to_all_done_s']:.1f} s")
-    print(f"overload: {o['requests']} requests at concurrency {o['concurrency']} (4x capacity {o['capacity']}): "
-          f"{o['statuses']}; RSS {o['rss_before_kib'] / 1024:.0f} -> {o['rss_after_kib'] / 1024:.0f} MiB "
-          f"(peak {o['rss_peak_kib'] / 1024:.0f}); healthy after: {o['healthy_after']}")
+    print(
+        f"kill -9: {k['accepted']} accepted, {k['finished_before_kill']} finished before the kill, "
+        f"{k['recovered_on_restart']} recovered on restart, {k['succeeded']} succeeded, {k['failed']} failed, "
+        f"{k['lost']} lost; ready {k['restart_to_ready_s']:.1f} s after restart, all done "
+        f"{k['restart_to_all_done_s']:.1f} s"
+    )
+    print(
+        f"overload: {o['requests']} requests at concurrency {o['concurrency']} (4x capacity {o['capacity']}): "
+        f"{o['statuses']}; RSS {o['rss_before_kib'] / 1024:.0f} -> {o['rss_after_kib'] / 1024:.0f} MiB "
+        f"(peak {o['rss_peak_kib'] / 1024:.0f}); healthy after: {o['healthy_after']}"
+    )
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

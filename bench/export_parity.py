@@ -64,13 +64,20 @@ def main() -> None:
                 same += generate(ort, px, ids, opts).token_ids == generate(ref, px, ids, opts).token_ids
                 total += 1
         wall = time.perf_counter() - t0
-    doc = {"reports": total, "identical_greedy": same, "image_features_max_abs": img_err,
-           "prefill_logits_max_abs": logit_err, "wall_s": wall,
-           "source": "synthetic test split (DICOM + cine MP4), ONNX Runtime CPU vs PyTorch 2.13 CPU, fp32, greedy"}
+    doc = {
+        "reports": total,
+        "identical_greedy": same,
+        "image_features_max_abs": img_err,
+        "prefill_logits_max_abs": logit_err,
+        "wall_s": wall,
+        "source": "synthetic test split (DICOM + cine MP4), ONNX Runtime CPU vs PyTorch 2.13 CPU, fp32, greedy",
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2))
-    print(f"reports {total}: identical greedy {same}/{total}; image features max abs {img_err:.2e}; "
-          f"prefill logits max abs {logit_err:.2e} ({wall:.0f} s)")
+    print(
+        f"reports {total}: identical greedy {same}/{total}; image features max abs {img_err:.2e}; "
+        f"prefill logits max abs {logit_err:.2e} ({wall:.0f} s)"
+    )
     print(f"wrote {a.out}")
 
 

@@ -40,22 +40,41 @@ def tensor_shapes(layers: int) -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (v, h)}
     for i in range(layers):
         p = f"model.layers.{i}"
-        shapes.update({f"{p}.input_layernorm.weight": (h,), f"{p}.self_attn.q_proj.weight": (h, h),
-                       f"{p}.self_attn.k_proj.weight": (kv, h), f"{p}.self_attn.v_proj.weight": (kv, h),
-                       f"{p}.self_attn.o_proj.weight": (h, h), f"{p}.post_attention_layernorm.weight": (h,),
-                       f"{p}.mlp.gate_proj.weight": (m, h), f"{p}.mlp.up_proj.weight": (m, h),
-                       f"{p}.mlp.down_proj.weight": (h, m)})
+        shapes.update(
+            {
+                f"{p}.input_layernorm.weight": (h,),
+                f"{p}.self_attn.q_proj.weight": (h, h),
+                f"{p}.self_attn.k_proj.weight": (kv, h),
+                f"{p}.self_attn.v_proj.weight": (kv, h),
+                f"{p}.self_attn.o_proj.weight": (h, h),
+                f"{p}.post_attention_layernorm.weight": (h,),
+                f"{p}.mlp.gate_proj.weight": (m, h),
+                f"{p}.mlp.up_proj.weight": (m, h),
+                f"{p}.mlp.down_proj.weight": (h, m),
+            }
+        )
     shapes.update({"model.norm.weight": (h,), "lm_head.weight": (v, h)})
     return shapes
 
 
 def hf_config(layers: int) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": SHAPE["hidden"],
-            "intermediate_size": SHAPE["intermediate"], "num_hidden_layers": layers,
-            "num_attention_heads": SHAPE["heads"], "num_key_value_heads": SHAPE["kv_heads"],
-            "vocab_size": SHAPE["vocab"], "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "torch_dtype": "bfloat16",
-            "attention_bias": False, "mlp_bias": False}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": SHAPE["hidden"],
+        "intermediate_size": SHAPE["intermediate"],
+        "num_hidden_layers": layers,
+        "num_attention_heads": SHAPE["heads"],
+        "num_key_value_heads": SHAPE["kv_heads"],
+        "vocab_size": SHAPE["vocab"],
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "torch_dtype": "bfloat16",
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
 
 
 def random_bf16(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -126,13 +145,21 @@ def stage(name: str, args: argparse.Namespace) -> dict:
         from edgekit.passes import make_pass, run_pipeline
 
         shutil.rmtree(work / "int4", ignore_errors=True)
-        res = run_pipeline(work / "onnx", work / "int4", [make_pass("int4:block=32,method=rtn")],
-                           check=not args.no_check, check_samples=2)
+        res = run_pipeline(
+            work / "onnx",
+            work / "int4",
+            [make_pass("int4:block=32,method=rtn")],
+            check=not args.no_check,
+            check_samples=2,
+        )
         rep = res.reports[0]
         worst = rep.worst("logits")
-        extra = {"matmuls": rep.notes.get("matmuls"), "pass_seconds": round(rep.seconds, 1),
-                 "logits_rel_l2": None if worst is None else round(worst.rel_l2, 4),
-                 "check_skipped": rep.notes.get("check_skipped")}
+        extra = {
+            "matmuls": rep.notes.get("matmuls"),
+            "pass_seconds": round(rep.seconds, 1),
+            "logits_rel_l2": None if worst is None else round(worst.rel_l2, 4),
+            "check_skipped": rep.notes.get("check_skipped"),
+        }
     seconds = time.perf_counter() - start
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"stage": name, "seconds": round(seconds, 1), "peak_rss_gib": round(peak_kb / 1024**2, 2), **extra}
@@ -165,31 +192,52 @@ def main() -> None:
     work = Path(args.work)
     rows = [run_child(s, args) for s in ("write", "convert", "int4")]
     params = rows[0]["params"]
-    sizes = {"hf_bf16": dir_bytes(work / "hf"), "onnx_fp32": dir_bytes(work / "onnx"),
-             "onnx_int4": dir_bytes(work / "int4")}
+    sizes = {
+        "hf_bf16": dir_bytes(work / "hf"),
+        "onnx_fp32": dir_bytes(work / "onnx"),
+        "onnx_int4": dir_bytes(work / "int4"),
+    }
     fp32_gb = sizes["onnx_fp32"] / 1e9
-    result = {"params": params, "layers": args.layers, "shape": SHAPE, "check": not args.no_check,
-              "stages": rows, "bytes": sizes,
-              "ratios": {"int4_over_fp32_size": round(sizes["onnx_int4"] / sizes["onnx_fp32"], 3),
-                         **{f"{r['stage']}_peak_rss_over_fp32": round(r["peak_rss_gib"] * 1.073741824 / fp32_gb, 3)
-                            for r in rows}},
-              "machine": {"cpus": __import__("os").cpu_count(),
-                          "mem_gb": round(__import__("os").sysconf("SC_PAGE_SIZE")
-                                          * __import__("os").sysconf("SC_PHYS_PAGES") / 1024**3, 1)},
-              "source": "bench/int4_big_model.py: one child process per stage, ru_maxrss of that child"}
+    result = {
+        "params": params,
+        "layers": args.layers,
+        "shape": SHAPE,
+        "check": not args.no_check,
+        "stages": rows,
+        "bytes": sizes,
+        "ratios": {
+            "int4_over_fp32_size": round(sizes["onnx_int4"] / sizes["onnx_fp32"], 3),
+            **{f"{r['stage']}_peak_rss_over_fp32": round(r["peak_rss_gib"] * 1.073741824 / fp32_gb, 3) for r in rows},
+        },
+        "machine": {
+            "cpus": __import__("os").cpu_count(),
+            "mem_gb": round(
+                __import__("os").sysconf("SC_PAGE_SIZE") * __import__("os").sysconf("SC_PHYS_PAGES") / 1024**3, 1
+            ),
+        },
+        "source": "bench/int4_big_model.py: one child process per stage, ru_maxrss of that child",
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
-    print(f"random-init LLaMA-style decoder, {params / 1e9:.2f}B parameters, {args.layers} layers "
-          f"(machine: {result['machine']['cpus']} CPUs, {result['machine']['mem_gb']} GiB)")
+    print(
+        f"random-init LLaMA-style decoder, {params / 1e9:.2f}B parameters, {args.layers} layers "
+        f"(machine: {result['machine']['cpus']} CPUs, {result['machine']['mem_gb']} GiB)"
+    )
     print(f"{'stage':<10}{'wall s':>9}{'peak RSS GiB':>14}{'RSS/fp32 size':>15}")
     for r in rows:
-        print(f"{r['stage']:<10}{r['seconds']:>9}{r['peak_rss_gib']:>14}"
-              f"{result['ratios'][r['stage'] + '_peak_rss_over_fp32']:>15}")
-    print(f"sizes: bf16 shards {sizes['hf_bf16'] / 1e9:.2f} GB, ONNX fp32 {fp32_gb:.2f} GB, "
-          f"INT4 {sizes['onnx_int4'] / 1e9:.2f} GB (x{result['ratios']['int4_over_fp32_size']} of fp32)")
+        print(
+            f"{r['stage']:<10}{r['seconds']:>9}{r['peak_rss_gib']:>14}"
+            f"{result['ratios'][r['stage'] + '_peak_rss_over_fp32']:>15}"
+        )
+    print(
+        f"sizes: bf16 shards {sizes['hf_bf16'] / 1e9:.2f} GB, ONNX fp32 {fp32_gb:.2f} GB, "
+        f"INT4 {sizes['onnx_int4'] / 1e9:.2f} GB (x{result['ratios']['int4_over_fp32_size']} of fp32)"
+    )
     q = rows[2]
-    print(f"int4: {q.get('matmuls')}, pass alone {q.get('pass_seconds')} s, logits rel L2 vs fp32 "
-          f"{q.get('logits_rel_l2')}{' (' + q['check_skipped'] + ')' if q.get('check_skipped') else ''}")
+    print(
+        f"int4: {q.get('matmuls')}, pass alone {q.get('pass_seconds')} s, logits rel L2 vs fp32 "
+        f"{q.get('logits_rel_l2')}{' (' + q['check_skipped'] + ')' if q.get('check_skipped') else ''}"
+    )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -24,29 +24,47 @@ from edgekit.export import DecoderSpec, build_decoder, random_weights
 from edgekit.export.model_config import ModelConfig
 from edgekit.passes import make_pass
 
-SMOLLM2 = DecoderSpec(hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab_size=49152,
-                      rms_eps=1e-5, rope_theta=100000.0)
+SMOLLM2 = DecoderSpec(
+    hidden=576,
+    layers=30,
+    heads=9,
+    kv_heads=3,
+    head_dim=64,
+    intermediate=1536,
+    vocab_size=49152,
+    rms_eps=1e-5,
+    rope_theta=100000.0,
+)
 
 
 def smollm2_weights(spec: DecoderSpec, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     h, kv = spec.hidden, spec.kv_heads * spec.head_dim
-    w = {"model.embed_tokens.weight": rng.standard_normal((spec.vocab_size, h), np.float32) * 0.02,
-         "model.norm.weight": np.ones(h, np.float32),
-         "lm_head.weight": rng.standard_normal((spec.vocab_size, h), np.float32) * 0.02}
+    w = {
+        "model.embed_tokens.weight": rng.standard_normal((spec.vocab_size, h), np.float32) * 0.02,
+        "model.norm.weight": np.ones(h, np.float32),
+        "lm_head.weight": rng.standard_normal((spec.vocab_size, h), np.float32) * 0.02,
+    }
     for i in range(spec.layers):
         p = f"model.layers.{i}"
-        for name, shape in {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
-                            "self_attn.o_proj": (h, h), "mlp.gate_proj": (spec.intermediate, h),
-                            "mlp.up_proj": (spec.intermediate, h), "mlp.down_proj": (h, spec.intermediate)}.items():
+        for name, shape in {
+            "self_attn.q_proj": (h, h),
+            "self_attn.k_proj": (kv, h),
+            "self_attn.v_proj": (kv, h),
+            "self_attn.o_proj": (h, h),
+            "mlp.gate_proj": (spec.intermediate, h),
+            "mlp.up_proj": (spec.intermediate, h),
+            "mlp.down_proj": (h, spec.intermediate),
+        }.items():
             w[f"{p}.{name}.weight"] = rng.standard_normal(shape, np.float32) * 0.02
         w[f"{p}.input_layernorm.weight"] = np.ones(h, np.float32)
         w[f"{p}.post_attention_layernorm.weight"] = np.ones(h, np.float32)
     return w
 
 
-def decode_tps(model_bytes: bytes, emb: np.ndarray, spec: DecoderSpec, threads: int, prompt: int, new: int,
-               reps: int) -> float:
+def decode_tps(
+    model_bytes: bytes, emb: np.ndarray, spec: DecoderSpec, threads: int, prompt: int, new: int, reps: int
+) -> float:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -60,8 +78,11 @@ def decode_tps(model_bytes: bytes, emb: np.ndarray, spec: DecoderSpec, threads: 
         total, start = 0, 0.0
         for step in range(new + 1):
             seq = x.shape[1]
-            feeds = {"inputs_embeds": x, "attention_mask": np.ones((1, total + seq), np.int64),
-                     "position_ids": np.arange(total, total + seq, dtype=np.int64)[None]}
+            feeds = {
+                "inputs_embeds": x,
+                "attention_mask": np.ones((1, total + seq), np.int64),
+                "position_ids": np.arange(total, total + seq, dtype=np.int64)[None],
+            }
             for i in range(spec.layers):
                 feeds[f"past_key_values.{i}.key"], feeds[f"past_key_values.{i}.value"] = past[2 * i], past[2 * i + 1]
             if step == 1:
@@ -100,15 +121,17 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path("bench/int4_speed.json"))
     args = ap.parse_args()
     cfg = ModelConfig()
-    rows = measure("radreport-tiny (random weights)", random_weights(cfg, 0), DecoderSpec.from_model_config(cfg),
-                   args)
+    rows = measure("radreport-tiny (random weights)", random_weights(cfg, 0), DecoderSpec.from_model_config(cfg), args)
     rows += measure("SmolLM2-135M shape (random)", smollm2_weights(SMOLLM2), SMOLLM2, args)
-    print(f"decode tokens/s, batch 1, prompt {args.prompt}, {args.new} new tokens, median of {args.reps}, "
-          f"{args.threads} threads, ORT {ort.__version__}")
+    print(
+        f"decode tokens/s, batch 1, prompt {args.prompt}, {args.new} new tokens, median of {args.reps}, "
+        f"{args.threads} threads, ORT {ort.__version__}"
+    )
     print(f"{'model':<34} {'variant':<11} {'tok/s':>8} {'x fp32':>7} {'MB':>8}")
     for r in rows:
-        print(f"{r['model']:<34} {r['variant']:<11} {r['tokens_per_s']:8.1f} {r['speedup_vs_fp32']:7.2f} "
-              f"{r['mb']:8.1f}")
+        print(
+            f"{r['model']:<34} {r['variant']:<11} {r['tokens_per_s']:8.1f} {r['speedup_vs_fp32']:7.2f} {r['mb']:8.1f}"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"rows": rows, "threads": args.threads, "reps": args.reps}, indent=2))
     print(f"wrote {args.json}")

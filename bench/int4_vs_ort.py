@@ -30,18 +30,35 @@ from edgekit.passes.int8 import fold_weight_transposes
 
 
 def outlier_llama(seed: int = 0) -> tuple[ir.Model, np.ndarray]:
-    spec = DecoderSpec(hidden=256, layers=4, heads=8, kv_heads=4, head_dim=32, intermediate=704, vocab_size=2048,
-                       rms_eps=1e-5, rope_theta=10000.0)
+    spec = DecoderSpec(
+        hidden=256,
+        layers=4,
+        heads=8,
+        kv_heads=4,
+        head_dim=32,
+        intermediate=704,
+        vocab_size=2048,
+        rms_eps=1e-5,
+        rope_theta=10000.0,
+    )
     rng = np.random.default_rng(seed)
-    w: dict[str, np.ndarray] = {"model.embed_tokens.weight": rng.standard_normal((2048, 256)).astype(np.float32) * 0.02,
-                                "model.norm.weight": np.ones(256, np.float32),
-                                "lm_head.weight": rng.standard_normal((2048, 256)).astype(np.float32) * 0.05}
+    w: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": rng.standard_normal((2048, 256)).astype(np.float32) * 0.02,
+        "model.norm.weight": np.ones(256, np.float32),
+        "lm_head.weight": rng.standard_normal((2048, 256)).astype(np.float32) * 0.05,
+    }
     outliers = rng.choice(256, 4, replace=False)
     for i in range(spec.layers):
         p = f"model.layers.{i}"
-        shapes = {"self_attn.q_proj": (256, 256), "self_attn.k_proj": (128, 256), "self_attn.v_proj": (128, 256),
-                  "self_attn.o_proj": (256, 256), "mlp.gate_proj": (704, 256), "mlp.up_proj": (704, 256),
-                  "mlp.down_proj": (256, 704)}
+        shapes = {
+            "self_attn.q_proj": (256, 256),
+            "self_attn.k_proj": (128, 256),
+            "self_attn.v_proj": (128, 256),
+            "self_attn.o_proj": (256, 256),
+            "mlp.gate_proj": (704, 256),
+            "mlp.up_proj": (704, 256),
+            "mlp.down_proj": (256, 704),
+        }
         for name, shape in shapes.items():
             m = rng.standard_normal(shape).astype(np.float32) / np.sqrt(shape[1])
             if shape[1] == 256 and not name.endswith(("o_proj",)):
@@ -92,8 +109,15 @@ def measure(label: str, fp32: ir.Model, embeddings: np.ndarray, block: int) -> l
         data = make()
         seconds = time.perf_counter() - t
         err = compare_outputs(ref, run_all(session(data), evals), ["logits"])[0]
-        rows.append({"model": label, "method": name, "logits_rel_l2": err.rel_l2, "logits_max_abs": err.max_abs,
-                     "quantize_s": seconds})
+        rows.append(
+            {
+                "model": label,
+                "method": name,
+                "logits_rel_l2": err.rel_l2,
+                "logits_max_abs": err.max_abs,
+                "quantize_s": seconds,
+            }
+        )
     base = {"sym": rows[1]["logits_rel_l2"], "asym": rows[0]["logits_rel_l2"]}
     for r in rows:
         r["ratio_vs_ort_same_symmetry"] = r["logits_rel_l2"] / base["asym" if "asym" in r["method"] else "sym"]
@@ -113,18 +137,27 @@ def main() -> None:
         default_dir = Path(tempfile.mkdtemp()) / "radreport"
         export_model(random_weights(ModelConfig(), 0), ModelConfig(), default_dir, check=False)
         note = "random weights (trained ones not given: pass --model-dir)"
-    rows = measure(f"radreport-tiny ({note})", ir.load(default_dir / "decoder_model_merged.onnx"),
-                   embedding_table(default_dir), args.block)
+    rows = measure(
+        f"radreport-tiny ({note})",
+        ir.load(default_dir / "decoder_model_merged.onnx"),
+        embedding_table(default_dir),
+        args.block,
+    )
     llama, emb = outlier_llama()
-    rows += measure("random LLaMA 4x256 with 4 outlier channels (10-50x activations, 10x weights)", llama, emb,
-                    args.block)
+    rows += measure(
+        "random LLaMA 4x256 with 4 outlier channels (10-50x activations, 10x weights)", llama, emb, args.block
+    )
 
-    print(f"INT4 block={args.block}: logits relative L2 error vs FP32 (lower is better); ratio = edgekit / ORT "
-          "MatMulNBitsQuantizer default algorithm at the same symmetry")
+    print(
+        f"INT4 block={args.block}: logits relative L2 error vs FP32 (lower is better); ratio = edgekit / ORT "
+        "MatMulNBitsQuantizer default algorithm at the same symmetry"
+    )
     print(f"{'model':<60} {'method':<20} {'rel L2':>9} {'ratio':>7} {'quant s':>8}")
     for r in rows:
-        print(f"{r['model'][:60]:<60} {r['method']:<20} {r['logits_rel_l2']:9.4f} "
-              f"{r['ratio_vs_ort_same_symmetry']:7.3f} {r['quantize_s']:8.2f}")
+        print(
+            f"{r['model'][:60]:<60} {r['method']:<20} {r['logits_rel_l2']:9.4f} "
+            f"{r['ratio_vs_ort_same_symmetry']:7.3f} {r['quantize_s']:8.2f}"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"block": args.block, "rows": rows}, indent=2))
     print(f"wrote {args.json}")

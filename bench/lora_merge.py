@@ -91,24 +91,34 @@ def main() -> dict:
             refused, problems = True, len(err.problems)
         refuse_s = time.perf_counter() - t
         result = {
-            "config": "radreport-tiny default shape, random weights", "rank": args.rank,
+            "config": "radreport-tiny default shape, random weights",
+            "rank": args.rank,
             "modules": sum(len(v) for v in merged.values()),
-            "edgekit_seconds": round(edgekit_s, 3), "peft_seconds": round(peft_s, 3),
+            "edgekit_seconds": round(edgekit_s, 3),
+            "peft_seconds": round(peft_s, 3),
             "speed_ratio_peft_over_edgekit": round(peft_s / edgekit_s, 2),
-            "max_weight_abs_diff": weight_err, "max_logits_abs_diff": logits_err,
-            "mismatch_refused": refused, "mismatch_problems_listed": problems,
-            "mismatch_output_written": (work / "refused").exists(), "refuse_seconds": round(refuse_s, 3),
+            "max_weight_abs_diff": weight_err,
+            "max_logits_abs_diff": logits_err,
+            "mismatch_refused": refused,
+            "mismatch_problems_listed": problems,
+            "mismatch_output_written": (work / "refused").exists(),
+            "refuse_seconds": round(refuse_s, 3),
             "source": "bench/lora_merge.py, one run, 2 CPU threads",
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = [("path", "seconds"), ("edgekit merge_lora (no torch)", result["edgekit_seconds"]),
-            ("PEFT merge_and_unload + export", result["peft_seconds"])]
+    rows = [
+        ("path", "seconds"),
+        ("edgekit merge_lora (no torch)", result["edgekit_seconds"]),
+        ("PEFT merge_and_unload + export", result["peft_seconds"]),
+    ]
     for a, b in rows:
         print(f"{a:<34} {b}")
-    print(f"ratio PEFT/edgekit {result['speed_ratio_peft_over_edgekit']}x; max |dW| {weight_err:.2e}; "
-          f"max |dlogits| {logits_err:.2e}; mismatch refused={refused} with {problems} modules listed, "
-          f"output written={result['mismatch_output_written']}")
+    print(
+        f"ratio PEFT/edgekit {result['speed_ratio_peft_over_edgekit']}x; max |dW| {weight_err:.2e}; "
+        f"max |dlogits| {logits_err:.2e}; mismatch refused={refused} with {problems} modules listed, "
+        f"output written={result['mismatch_output_written']}"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -39,32 +39,43 @@ def main() -> None:
             t0 = time.perf_counter()
             res = build("cpu", Path(tmp) / v, parity=False, recipe=None if v == "fp32" else v)
             build_s = time.perf_counter() - t0
-            result = evaluate(Reporter.from_bundle(res.bundle, threads=a.threads), data, limit=a.limit,
-                              include_video=False)
+            result = evaluate(
+                Reporter.from_bundle(res.bundle, threads=a.threads), data, limit=a.limit, include_video=False
+            )
             o = result["overall"]
-            rows.append({
-                "variant": v,
-                "bundle_bytes": res.figures["size"]["bytes"],
-                "finding_f1": o["finding_f1"],
-                "bleu4": o["bleu4"],
-                "rouge_l": o["rouge_l"]["value"],
-                "hallucinated_finding_rate": o["hallucinated_finding_rate"],
-                "decode_tokens_per_s": o["decode_tokens_per_s"],
-                "latency_ms_p50": o["latency_ms"]["p50"],
-                "n": o["n"],
-                "build_s": round(build_s, 1),
-            })
-            print(f"{v}: F1 {o['finding_f1']['value']:.3f} BLEU {o['bleu4']['value']:.1f} "
-                  f"{o['decode_tokens_per_s']:.0f} tok/s", flush=True)
+            rows.append(
+                {
+                    "variant": v,
+                    "bundle_bytes": res.figures["size"]["bytes"],
+                    "finding_f1": o["finding_f1"],
+                    "bleu4": o["bleu4"],
+                    "rouge_l": o["rouge_l"]["value"],
+                    "hallucinated_finding_rate": o["hallucinated_finding_rate"],
+                    "decode_tokens_per_s": o["decode_tokens_per_s"],
+                    "latency_ms_p50": o["latency_ms"]["p50"],
+                    "n": o["n"],
+                    "build_s": round(build_s, 1),
+                }
+            )
+            print(
+                f"{v}: F1 {o['finding_f1']['value']:.3f} BLEU {o['bleu4']['value']:.1f} "
+                f"{o['decode_tokens_per_s']:.0f} tok/s",
+                flush=True,
+            )
     base = rows[0]
     for r in rows:
         r["size_ratio"] = r["bundle_bytes"] / base["bundle_bytes"]
         r["speed_ratio"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
         r["f1_delta_points"] = 100 * (r["finding_f1"]["value"] - base["finding_f1"]["value"])
         r["bleu4_delta"] = r["bleu4"]["value"] - base["bleu4"]["value"]
-    doc = {"split": "synthetic test", "n": rows[0]["n"], "reference": rows[0]["variant"], "rows": rows,
-           "source": "edgekit eval (finding F1 with 95% percentile bootstrap over studies, 1000 resamples; "
-                     "sacrebleu BLEU-4 multi-reference); decode tok/s = mean over reports, ONNX Runtime CPU"}
+    doc = {
+        "split": "synthetic test",
+        "n": rows[0]["n"],
+        "reference": rows[0]["variant"],
+        "rows": rows,
+        "source": "edgekit eval (finding F1 with 95% percentile bootstrap over studies, 1000 resamples; "
+        "sacrebleu BLEU-4 multi-reference); decode tok/s = mean over reports, ONNX Runtime CPU",
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2))
     t = Table(title=f"radreport-tiny variants on cpu: synthetic test split, {doc['n']} studies")
@@ -72,10 +83,17 @@ def main() -> None:
         t.add_column(c)
     for r in rows:
         f = r["finding_f1"]
-        t.add_row(r["variant"], f"{r['bundle_bytes'] / 1e6:.2f}", f"{r['size_ratio']:.3f}",
-                  f"{f['value']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]", f"{r['f1_delta_points']:+.1f}",
-                  f"{r['bleu4']['value']:.1f}", f"{r['bleu4_delta']:+.2f}", f"{r['decode_tokens_per_s']:.0f}",
-                  f"{r['speed_ratio']:.2f}")
+        t.add_row(
+            r["variant"],
+            f"{r['bundle_bytes'] / 1e6:.2f}",
+            f"{r['size_ratio']:.3f}",
+            f"{f['value']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]",
+            f"{r['f1_delta_points']:+.1f}",
+            f"{r['bleu4']['value']:.1f}",
+            f"{r['bleu4_delta']:+.2f}",
+            f"{r['decode_tokens_per_s']:.0f}",
+            f"{r['speed_ratio']:.2f}",
+        )
     Console(width=160).print(t)
     print(f"wrote {a.out}")
 

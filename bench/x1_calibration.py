@@ -42,11 +42,25 @@ def run(machine: Machine, context: int) -> dict:
     rows = []
     for label, mach, wl in configs:
         t = estimate_decode(QWEN2_7B, mach, wl).totals()
-        rows.append({"config": label, "source": "analytic cost model", "ms_per_token": t["ms_per_token"],
-                     "j_per_token": t["j_per_token"], "weight_gb_per_token": t["weight_bytes_per_token"] / 1e9,
-                     "memory_bound_pct": t["memory_bound_pct"]})
-    rows.append({"config": "A100 FP16 (seed's claim)", "source": "seed-figures.md", **SEED_A100_FP16,
-                 "weight_gb_per_token": None, "memory_bound_pct": None})
+        rows.append(
+            {
+                "config": label,
+                "source": "analytic cost model",
+                "ms_per_token": t["ms_per_token"],
+                "j_per_token": t["j_per_token"],
+                "weight_gb_per_token": t["weight_bytes_per_token"] / 1e9,
+                "memory_bound_pct": t["memory_bound_pct"],
+            }
+        )
+    rows.append(
+        {
+            "config": "A100 FP16 (seed's claim)",
+            "source": "seed-figures.md",
+            **SEED_A100_FP16,
+            "weight_gb_per_token": None,
+            "memory_bound_pct": None,
+        }
+    )
     for r in rows:
         r["ms_vs_seed_x1"] = r["ms_per_token"] / SEED_X1["ms_per_token"]
         r["j_vs_seed_x1"] = r["j_per_token"] / SEED_X1["j_per_token"]
@@ -54,16 +68,22 @@ def run(machine: Machine, context: int) -> dict:
         r["energy_gain_vs_a100"] = SEED_A100_FP16["j_per_token"] / r["j_per_token"]
     head = rows[0]
     return {
-        "model": QWEN2_7B.to_dict(), "context": context,
+        "model": QWEN2_7B.to_dict(),
+        "context": context,
         "machine": {"name": machine.machine.name, "hash": machine.hash, "path": machine.path},
-        "seed_x1": SEED_X1, "seed_a100_fp16": SEED_A100_FP16, "rows": rows,
-        "gate": {"tolerance": TOLERANCE,
-                 "ms_error": head["ms_vs_seed_x1"] - 1, "j_error": head["j_vs_seed_x1"] - 1,
-                 "passed": abs(head["ms_vs_seed_x1"] - 1) <= TOLERANCE
-                 and abs(head["j_vs_seed_x1"] - 1) <= TOLERANCE},
+        "seed_x1": SEED_X1,
+        "seed_a100_fp16": SEED_A100_FP16,
+        "rows": rows,
+        "gate": {
+            "tolerance": TOLERANCE,
+            "ms_error": head["ms_vs_seed_x1"] - 1,
+            "j_error": head["j_vs_seed_x1"] - 1,
+            "passed": abs(head["ms_vs_seed_x1"] - 1) <= TOLERANCE and abs(head["j_vs_seed_x1"] - 1) <= TOLERANCE,
+        },
         "calibrated_parameters": {
             "near_memory.bandwidth_gbs": machine.near_memory.bandwidth_gbs,
-            "energy.near_memory_read_bit.pj": machine.energy["near_memory_read_bit"].pj},
+            "energy.near_memory_read_bit.pj": machine.energy["near_memory_read_bit"].pj,
+        },
     }
 
 
@@ -73,17 +93,25 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_table(result: dict) -> None:
-    print(f"Qwen2-7B-class decode, context {result['context']}, machine {result['machine']['name']} "
-          f"{result['machine']['hash'][:16]}")
-    print(f"{'config':44} {'ms/tok':>8} {'J/tok':>7} {'GB/tok':>7} {'ms/seed':>8} {'J/seed':>7} "
-          f"{'x A100 t':>8} {'x A100 E':>8}")
+    print(
+        f"Qwen2-7B-class decode, context {result['context']}, machine {result['machine']['name']} "
+        f"{result['machine']['hash'][:16]}"
+    )
+    print(
+        f"{'config':44} {'ms/tok':>8} {'J/tok':>7} {'GB/tok':>7} {'ms/seed':>8} {'J/seed':>7} "
+        f"{'x A100 t':>8} {'x A100 E':>8}"
+    )
     for r in result["rows"]:
-        print(f"{r['config']:44} {r['ms_per_token']:8.2f} {r['j_per_token']:7.3f} "
-              f"{_fmt(r['weight_gb_per_token'], '7.2f')} {r['ms_vs_seed_x1']:8.3f} {r['j_vs_seed_x1']:7.3f} "
-              f"{r['speedup_vs_a100']:8.2f} {r['energy_gain_vs_a100']:8.2f}")
+        print(
+            f"{r['config']:44} {r['ms_per_token']:8.2f} {r['j_per_token']:7.3f} "
+            f"{_fmt(r['weight_gb_per_token'], '7.2f')} {r['ms_vs_seed_x1']:8.3f} {r['j_vs_seed_x1']:7.3f} "
+            f"{r['speedup_vs_a100']:8.2f} {r['energy_gain_vs_a100']:8.2f}"
+        )
     g = result["gate"]
-    print(f"gate (seed 5.2 ms, 0.21 J, +-{g['tolerance']:.0%}): time {g['ms_error']:+.1%}, energy "
-          f"{g['j_error']:+.1%} -> {'PASS' if g['passed'] else 'FAIL'}")
+    print(
+        f"gate (seed 5.2 ms, 0.21 J, +-{g['tolerance']:.0%}): time {g['ms_error']:+.1%}, energy "
+        f"{g['j_error']:+.1%} -> {'PASS' if g['passed'] else 'FAIL'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

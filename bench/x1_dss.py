@@ -49,18 +49,23 @@ def run(bundle: Path, split: Path, configs: dict[str, SparseConfig]) -> list[dic
         skipped = sum(x.get("dss", {}).get("heads_skipped", 0) for x in s)
         total = sum(x.get("dss", {}).get("heads_total", 0) for x in s)
         decode_steps = sum(x["decode_steps"] for x in s) or 1
-        rows.append({
-            "config": name, "sparsity_target": cfg.sparsity_target if cfg.dss_active else 0.0,
-            "threshold": cfg.sensitivity_threshold if cfg.dss_active else None,
-            "skip_rate": skipped / total if total else 0.0,
-            "finding_f1": result["finding_f1"]["value"], "finding_f1_ci95": result["finding_f1"]["ci95"],
-            "reports": len(s), "tokens": sum(x["tokens"] for x in s),
-            "emulated_ms_per_report": sum(x["emulated_ms_total"] for x in s) / n,
-            "mj_per_report": sum(x["mj_total"] for x in s) / n,
-            "emulated_ms_per_token": sum(x["emulated_ms_per_token"] * x["decode_steps"] for x in s) / decode_steps,
-            "mj_per_token": sum(x["mj_per_token"] * x["decode_steps"] for x in s) / decode_steps,
-            "wall_s": wall,
-        })
+        rows.append(
+            {
+                "config": name,
+                "sparsity_target": cfg.sparsity_target if cfg.dss_active else 0.0,
+                "threshold": cfg.sensitivity_threshold if cfg.dss_active else None,
+                "skip_rate": skipped / total if total else 0.0,
+                "finding_f1": result["finding_f1"]["value"],
+                "finding_f1_ci95": result["finding_f1"]["ci95"],
+                "reports": len(s),
+                "tokens": sum(x["tokens"] for x in s),
+                "emulated_ms_per_report": sum(x["emulated_ms_total"] for x in s) / n,
+                "mj_per_report": sum(x["mj_total"] for x in s) / n,
+                "emulated_ms_per_token": sum(x["emulated_ms_per_token"] * x["decode_steps"] for x in s) / decode_steps,
+                "mj_per_token": sum(x["mj_per_token"] * x["decode_steps"] for x in s) / decode_steps,
+                "wall_s": wall,
+            }
+        )
     base = rows[0]
     for r in rows:
         r["finding_f1_change_points"] = 100 * (r["finding_f1"] - base["finding_f1"])
@@ -91,13 +96,26 @@ def main() -> None:
             f"budget-bound {a.target}/1.0": SparseConfig(sparsity_target=a.target, sensitivity_threshold=1.0),
         }
         rows = run(bundle, split, configs)
-    doc = {"bundle": str(a.bundle or "default model built for x1"), "split": f"synthetic test, {a.n} studies (no video)",
-           "rows": rows, "source": "bench/x1_dss.py: edgekit eval finding F1 + X1 emulator emulated time/energy"}
+    doc = {
+        "bundle": str(a.bundle or "default model built for x1"),
+        "split": f"synthetic test, {a.n} studies (no video)",
+        "rows": rows,
+        "source": "bench/x1_dss.py: edgekit eval finding F1 + X1 emulator emulated time/energy",
+    }
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(doc, indent=2))
-    cols = ("config", "skip_rate", "finding_f1", "finding_f1_change_points", "emulated_ms_per_token",
-            "mj_per_token", "emulated_ms_per_token_ratio_vs_off", "mj_per_token_ratio_vs_off",
-            "emulated_ms_per_report", "mj_per_report")
+    cols = (
+        "config",
+        "skip_rate",
+        "finding_f1",
+        "finding_f1_change_points",
+        "emulated_ms_per_token",
+        "mj_per_token",
+        "emulated_ms_per_token_ratio_vs_off",
+        "mj_per_token_ratio_vs_off",
+        "emulated_ms_per_report",
+        "mj_per_report",
+    )
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in cols))

@@ -53,8 +53,15 @@ def main() -> None:
     x1_path = build("x1", tmp / "x1", model_dir=model_dir, parity=False).bundle
     build_s = time.perf_counter() - t0
     x1 = load_bundle(x1_path)
-    cpu_roles = ("vision_encoder", "embed_tokens", "decoder", "tokenizer", "generation_config",
-                 "preprocessor_config", "model_config")
+    cpu_roles = (
+        "vision_encoder",
+        "embed_tokens",
+        "decoder",
+        "tokenizer",
+        "generation_config",
+        "preprocessor_config",
+        "model_config",
+    )
     cpu_path = write_bundle(tmp / "cpu", {r: x1.component(r) for r in cpu_roles}, name=x1.name, target="cpu")
     write_split(tmp / "data", "test", args.studies)
     studies = [json.loads(line) for line in (tmp / "data" / "studies.jsonl").read_text().splitlines()]
@@ -107,7 +114,10 @@ def main() -> None:
     ratio = statistics.median(ratios)
     fig = x1.manifest.figures["x1_compile"]
     summary = {
-        "model": str(model_dir), "studies": len(studies), "rounds": args.rounds, "ort_threads": args.threads,
+        "model": str(model_dir),
+        "studies": len(studies),
+        "rounds": args.rounds,
+        "ort_threads": args.threads,
         "wall_ms_per_report": {t: round(v * 1e3, 2) for t, v in wall.items()},
         "wall_ms_per_report_mean": {t: round(v * 1e3, 2) for t, v in mean.items()},
         "emulator_vs_ort_ratio": round(ratio, 3),
@@ -117,22 +127,29 @@ def main() -> None:
         "native_kernels": native.available,
         "numpy_kernels_vs_ort_ratio": round(statistics.median(numpy_ratios), 3) if numpy_ratios else None,
         "native_and_numpy_reports_identical": native_same,
-        "greedy_reports_identical": f"{identical}/{len(studies)}", "reports_stable_across_rounds": stable,
-        "compile_seconds": fig["compile_seconds"], "build_seconds": round(build_s, 2),
-        "program_bytes": fig["program_bytes"], "machine_hash": fig["machine_hash"],
+        "greedy_reports_identical": f"{identical}/{len(studies)}",
+        "reports_stable_across_rounds": stable,
+        "compile_seconds": fig["compile_seconds"],
+        "build_seconds": round(build_s, 2),
+        "program_bytes": fig["program_bytes"],
+        "machine_hash": fig["machine_hash"],
         "emulated_ms_per_report": round(emulated["ms"], 4),
         "emulated_mj_per_report": round(emulated["mj"], 4),
     }
     print(f"{'target':8} {'median ms/report':>17} {'mean ms/report':>15}")
     for t in names:
         print(f"{t:8} {wall[t] * 1e3:17.1f} {mean[t] * 1e3:15.1f}")
-    print(f"emulator / ORT wall ratio: {ratio:.2f}x (median of {len(ratios)} side-by-side reports; of means "
-          f"{summary['emulator_vs_ort_ratio_of_means']:.2f}x)   greedy identical: {identical}/{len(studies)}   "
-          f"compile: {fig['compile_seconds']:.2f} s   emulated: {summary['emulated_ms_per_report']:.3f} ms, "
-          f"{summary['emulated_mj_per_report']:.3f} mJ per report")
+    print(
+        f"emulator / ORT wall ratio: {ratio:.2f}x (median of {len(ratios)} side-by-side reports; of means "
+        f"{summary['emulator_vs_ort_ratio_of_means']:.2f}x)   greedy identical: {identical}/{len(studies)}   "
+        f"compile: {fig['compile_seconds']:.2f} s   emulated: {summary['emulated_ms_per_report']:.3f} ms, "
+        f"{summary['emulated_mj_per_report']:.3f} mJ per report"
+    )
     if numpy_ratios:
-        print(f"without the C kernels: {summary['numpy_kernels_vs_ort_ratio']:.2f}x ORT; reports identical with and "
-              f"without them: {native_same}")
+        print(
+            f"without the C kernels: {summary['numpy_kernels_vs_ort_ratio']:.2f}x ORT; reports identical with and "
+            f"without them: {native_same}"
+        )
     elif not native.available:
         print("the emulator's C kernels are not built (no C compiler at install time): numpy kernels only")
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -41,8 +41,15 @@ def main() -> None:
         bundle = load_bundle(path)
         data = default_test_split()
         x1 = X1Engine(path, SparseConfig(enable_sparsity=False))  # dense: the numerics alone are compared
-        cpu = Reporter(bundle, backend=CpuBackend(bundle.component("vision_encoder"), bundle.component("embed_tokens"),
-                                                  bundle.component("decoder"), intra_op_threads=a.threads))
+        cpu = Reporter(
+            bundle,
+            backend=CpuBackend(
+                bundle.component("vision_encoder"),
+                bundle.component("embed_tokens"),
+                bundle.component("decoder"),
+                intra_op_threads=a.threads,
+            ),
+        )
         results = {}
         for name, rep in (("x1 emulator", x1), ("ORT, same INT4 graphs", cpu)):
             t0 = time.perf_counter()
@@ -67,18 +74,22 @@ def main() -> None:
             "mJ": sum(e.get("mj_total", 0.0) for e in xe) / max(1, len(xe)),
         },
         "source": "edgekit eval on the synthetic test split (DICOM + cine MP4), greedy; F1 95% bootstrap CI; "
-                  "emulated time/energy from the X1 emulator's cycle and energy model (x1-default machine)",
+        "emulated time/energy from the X1 emulator's cycle and energy model (x1-default machine)",
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2))
     print(f"{'':28s} {'finding F1 [95% CI]':28s} {'BLEU-4':>7s} {'wall s':>7s}")
     for k, v in results.items():
         f = v["overall"]["finding_f1"]
-        print(f"{k:28s} {f['value']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]{'':9s} "
-              f"{v['overall']['bleu4']['value']:7.1f} {v['wall']:7.1f}")
-    print(f"identical greedy reports: {same}/{len(pairs)}; F1 delta {doc['f1_delta_points']:+.2f} points; "
-          f"x1/ORT wall {doc['wall_ratio']:.2f}x; emulated {doc['emulated_per_report']['ms']:.3f} ms, "
-          f"{doc['emulated_per_report']['mJ']:.3f} mJ per report")
+        print(
+            f"{k:28s} {f['value']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]{'':9s} "
+            f"{v['overall']['bleu4']['value']:7.1f} {v['wall']:7.1f}"
+        )
+    print(
+        f"identical greedy reports: {same}/{len(pairs)}; F1 delta {doc['f1_delta_points']:+.2f} points; "
+        f"x1/ORT wall {doc['wall_ratio']:.2f}x; emulated {doc['emulated_per_report']['ms']:.3f} ms, "
+        f"{doc['emulated_per_report']['mJ']:.3f} mJ per report"
+    )
     print(f"wrote {a.out}")
 
 

@@ -46,9 +46,14 @@ def rss_over_reports(bundle: Path, n: int) -> dict:
         if (i + 1) in (n // 10, n // 2, n):
             marks[i + 1] = round(rss_mib(), 1)
     last = rss_mib()
-    return {"rss_after_first_mib": round(first, 1), "rss_after_n_mib": round(last, 1),
-            "growth_mib": round(last - first, 2), "marks_mib": marks, "reports": n,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "rss_after_first_mib": round(first, 1),
+        "rss_after_n_mib": round(last, 1),
+        "growth_mib": round(last - first, 2),
+        "marks_mib": marks,
+        "reports": n,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def energy_profile_vs_eval(bundle: Path, tmp: Path) -> dict:
@@ -57,11 +62,17 @@ def energy_profile_vs_eval(bundle: Path, tmp: Path) -> dict:
     ev = evaluate(Reporter.from_bundle(bundle, threads=1), data, limit=1, include_video=False)
     ev_cost = ev["records"][0]["cost"]
     prof = profile_report(bundle, data / study["path"], study.get("indication", ""), tmp / "profile", threads=1)
-    return {"study": study["id"], "eval_mj": ev_cost["mj_total"], "profile_mj": prof["cost"]["mj_total"],
-            "eval_emulated_ms": ev_cost["emulated_ms_total"], "profile_emulated_ms": prof["cost"]["emulated_ms_total"],
-            "same": ev_cost["mj_total"] == prof["cost"]["mj_total"]
-            and ev_cost["emulated_ms_total"] == prof["cost"]["emulated_ms_total"],
-            "dss": prof["cost"].get("dss", "off"), "source": prof["cost"]["source"]}
+    return {
+        "study": study["id"],
+        "eval_mj": ev_cost["mj_total"],
+        "profile_mj": prof["cost"]["mj_total"],
+        "eval_emulated_ms": ev_cost["emulated_ms_total"],
+        "profile_emulated_ms": prof["cost"]["emulated_ms_total"],
+        "same": ev_cost["mj_total"] == prof["cost"]["mj_total"]
+        and ev_cost["emulated_ms_total"] == prof["cost"]["emulated_ms_total"],
+        "dss": prof["cost"].get("dss", "off"),
+        "source": prof["cost"]["source"],
+    }
 
 
 def main() -> None:
@@ -74,18 +85,25 @@ def main() -> None:
         bundles = {t: build(t, tmp / t, parity=False).bundle for t in ("x1", "cpu")}
         rss = {t: rss_over_reports(b, a.reports) for t, b in bundles.items()}
         energy = energy_profile_vs_eval(bundles["x1"], tmp)
-    doc = {"rss": rss, "x1_vs_cpu_growth_mib": round(rss["x1"]["growth_mib"] - rss["cpu"]["growth_mib"], 2),
-           "energy_profile_vs_eval": energy,
-           "source": "VmRSS from /proc/self/status in this one process; emulated figures from the x1 emulator"}
+    doc = {
+        "rss": rss,
+        "x1_vs_cpu_growth_mib": round(rss["x1"]["growth_mib"] - rss["cpu"]["growth_mib"], 2),
+        "energy_profile_vs_eval": energy,
+        "source": "VmRSS from /proc/self/status in this one process; emulated figures from the x1 emulator",
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2))
     print(f"{'target':<6} {'reports':>7} {'RSS first':>10} {'RSS last':>9} {'growth MiB':>10} {'s':>6}")
     for t, r in rss.items():
-        print(f"{t:<6} {r['reports']:>7} {r['rss_after_first_mib']:>10} {r['rss_after_n_mib']:>9} "
-              f"{r['growth_mib']:>10} {r['seconds']:>6}")
+        print(
+            f"{t:<6} {r['reports']:>7} {r['rss_after_first_mib']:>10} {r['rss_after_n_mib']:>9} "
+            f"{r['growth_mib']:>10} {r['seconds']:>6}"
+        )
     e = energy
-    print(f"one report ({e['study']}): profile {e['profile_mj']:.4f} mJ / {e['profile_emulated_ms']:.4f} ms, "
-          f"eval {e['eval_mj']:.4f} mJ / {e['eval_emulated_ms']:.4f} ms -> {'same' if e['same'] else 'DIFFERENT'}")
+    print(
+        f"one report ({e['study']}): profile {e['profile_mj']:.4f} mJ / {e['profile_emulated_ms']:.4f} ms, "
+        f"eval {e['eval_mj']:.4f} mJ / {e['eval_emulated_ms']:.4f} ms -> {'same' if e['same'] else 'DIFFERENT'}"
+    )
     print(f"wrote {a.out}")
 
 

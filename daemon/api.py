@@ -24,13 +24,23 @@ from .service import Daemon
 
 log = logging.getLogger("edgekitd")
 
-HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-              406: "not_acceptable", 413: "upload_too_large", 415: "unsupported_media_type"}
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "upload_too_large",
+    415: "unsupported_media_type",
+}
 
 
 def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
-    app = FastAPI(title="edgekitd", version=edgekit_version,
-                  description="On-device radiology report generation: studies in, reports out.")
+    app = FastAPI(
+        title="edgekitd",
+        version=edgekit_version,
+        description="On-device radiology report generation: studies in, reports out.",
+    )
     app.state.daemon = daemon
     install_error_handlers(app, daemon)
     app.add_middleware(Guard, token=token, max_upload_bytes=lambda: daemon.cfg.max_upload_bytes)

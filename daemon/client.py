@@ -42,16 +42,19 @@ class Reply:
             return None
 
 
-def multipart(fields: dict[str, str] | None = None,
-              files: list[tuple[str, bytes, str]] | None = None, field_name: str = "files") -> tuple[bytes, str]:
+def multipart(
+    fields: dict[str, str] | None = None, files: list[tuple[str, bytes, str]] | None = None, field_name: str = "files"
+) -> tuple[bytes, str]:
     """(body, content type) for form `fields` and `files` given as (filename, bytes, content type)."""
     boundary = uuid.uuid4().hex
     out = bytearray()
     for key, value in (fields or {}).items():
-        out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{key}\"\r\n\r\n{value}\r\n").encode()
+        out += (f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n').encode()
     for name, data, ctype in files or []:
-        out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field_name}\"; filename=\"{name}\"\r\n"
-                f"Content-Type: {ctype}\r\n\r\n").encode()
+        out += (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{field_name}"; filename="{name}"\r\n'
+            f"Content-Type: {ctype}\r\n\r\n"
+        ).encode()
         out += data + b"\r\n"
     out += f"--{boundary}--\r\n".encode()
     return bytes(out), f"multipart/form-data; boundary={boundary}"
@@ -69,8 +72,14 @@ class Client:
     def __init__(self, socket_path: str | Path, timeout: float = 60.0):
         self.socket_path, self.timeout = str(socket_path), timeout
 
-    def request(self, method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-                timeout: float | None = None) -> Reply:
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Reply:
         conn = UnixConnection(self.socket_path, timeout or self.timeout)
         try:
             conn.request(method, url, body=body, headers=headers or {})
@@ -82,8 +91,14 @@ class Client:
     def get(self, url: str, **kw) -> Reply:
         return self.request("GET", url, **kw)
 
-    def post_study(self, url: str, files: list[tuple[str, bytes, str]], fields: dict[str, str] | None = None,
-                   headers: dict[str, str] | None = None, **kw) -> Reply:
+    def post_study(
+        self,
+        url: str,
+        files: list[tuple[str, bytes, str]],
+        fields: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        **kw,
+    ) -> Reply:
         body, ctype = multipart(fields, files)
         return self.request("POST", url, body=body, headers={"Content-Type": ctype, **(headers or {})}, **kw)
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from edgekit.errors import ConfigError
 
@@ -91,8 +92,17 @@ _KEYS: dict[tuple[str, str], tuple[str, type | tuple[type, ...]]] = {
     ("models", "keep_alive_s"): ("keep_alive_s", (int, float)),
 }
 _PATHS = {"state_dir", "socket", "tcp_token_file", "default_model_dir"}
-_POSITIVE = {"workers", "max_queue", "max_upload_bytes", "max_files", "max_frames", "max_pixels",
-             "video_max_frames", "max_new_tokens_limit", "retry_after_s"}
+_POSITIVE = {
+    "workers",
+    "max_queue",
+    "max_upload_bytes",
+    "max_files",
+    "max_frames",
+    "max_pixels",
+    "video_max_frames",
+    "max_new_tokens_limit",
+    "retry_after_s",
+}
 _LOG_LEVELS = {"debug", "info", "warning", "error"}
 
 
@@ -146,8 +156,11 @@ def _variants(table: Any, path: Path) -> tuple[Variant, ...]:
         raise ConfigError("variants must be an array of tables: [[variants]] name = ..., bundle = ...", path)
     out = []
     for i, item in enumerate(table):
-        if not isinstance(item, dict) or set(item) - {"name", "bundle"} or not all(
-                isinstance(item.get(k), str) and item.get(k) for k in ("name", "bundle")):
+        if (
+            not isinstance(item, dict)
+            or set(item) - {"name", "bundle"}
+            or not all(isinstance(item.get(k), str) and item.get(k) for k in ("name", "bundle"))
+        ):
             raise ConfigError(f"variants[{i}] needs exactly a string name and a string bundle", path)
         out.append(Variant(item["name"], _resolve(Path(item["bundle"]), path)))
     return tuple(out)
@@ -162,7 +175,7 @@ def _mode(value: int | str, path: Path) -> int:
     try:
         return int(value, 8) if isinstance(value, str) else value
     except ValueError:
-        raise ConfigError(f"listen.socket_mode must be octal like \"0660\", got {value!r}", path) from None
+        raise ConfigError(f'listen.socket_mode must be octal like "0660", got {value!r}', path) from None
 
 
 def _check(cfg: DaemonConfig, path: Path | None) -> None:
@@ -176,15 +189,15 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name} must be > 0", path)
     if not math.isfinite(cfg.keep_alive_s):
-        raise ConfigError(f"keep_alive_s must be a number of seconds (negative: never unload), got "
-                          f"{cfg.keep_alive_s!r}", path)
+        raise ConfigError(
+            f"keep_alive_s must be a number of seconds (negative: never unload), got {cfg.keep_alive_s!r}", path
+        )
     if not 0 <= cfg.socket_mode <= 0o777:
         raise ConfigError(f"socket_mode must be within 0o000..0o777, got {oct(cfg.socket_mode)}", path)
     if not 0 < cfg.tcp_port < 65536:
         raise ConfigError(f"tcp_port must be 1..65535, got {cfg.tcp_port}", path)
     if cfg.tcp_enabled and cfg.tcp_token_file is None:
-        raise ConfigError("listen.tcp = true needs listen.tcp_token_file (TCP clients must send a bearer token)",
-                          path)
+        raise ConfigError("listen.tcp = true needs listen.tcp_token_file (TCP clients must send a bearer token)", path)
     if cfg.log_level not in _LOG_LEVELS:
         raise ConfigError(f"log_level must be one of {sorted(_LOG_LEVELS)}, got {cfg.log_level!r}", path)
     names = [v.name for v in cfg.variants]

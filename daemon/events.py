@@ -67,7 +67,7 @@ async def job_events(job_id: str, store: JobStore, streams: StreamHub, fmt: Stre
             last = job.state
             yield event(fmt, {"event": "state", **job.public()})
         if stream is not None:
-            for delta in stream.since(cursor)[:seen - cursor]:
+            for delta in stream.since(cursor)[: seen - cursor]:
                 yield event(fmt, {"event": "token", "index": cursor, "text": delta})
                 cursor += 1
             await stream.wait(0.25)

@@ -31,14 +31,22 @@ class ReportForm:
 def report_form(
     files: Annotated[list[UploadFile], File(description="DICOM file(s), one zip of a series, or one video")],
     prompt: Annotated[str, Form(max_length=MAX_PROMPT_CHARS, description="Clinical indication or question")] = "",
-    variant: Annotated[str | None, Form(min_length=1, max_length=MAX_VARIANT_CHARS,
-                                        description="The variant to write the report (default: the active one)")]
-    = None,
+    variant: Annotated[
+        str | None,
+        Form(
+            min_length=1,
+            max_length=MAX_VARIANT_CHARS,
+            description="The variant to write the report (default: the active one)",
+        ),
+    ] = None,
     max_new_tokens: Annotated[int | None, Form(ge=1)] = None,
     temperature: Annotated[float, Form(ge=0.0, le=5.0)] = 0.0,
     top_p: Annotated[float, Form(gt=0.0, le=1.0)] = 1.0,
     seed: Annotated[int | None, Form(ge=0, le=2**32 - 1)] = None,
 ) -> ReportForm:
-    return ReportForm(files=files, prompt=prompt, variant=variant,
-                      options=RequestOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                             seed=seed))
+    return ReportForm(
+        files=files,
+        prompt=prompt,
+        variant=variant,
+        options=RequestOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed),
+    )

@@ -51,8 +51,13 @@ class Ingestor:
         from edgekit.ingest import IngestLimits
 
         c = self.cfg
-        return IngestLimits(max_files=c.max_files, max_frames=c.max_frames, max_pixels=c.max_pixels,
-                            max_bytes=max(c.max_upload_bytes, 1) * 8, video_max_frames=c.video_max_frames)
+        return IngestLimits(
+            max_files=c.max_files,
+            max_frames=c.max_frames,
+            max_pixels=c.max_pixels,
+            max_bytes=max(c.max_upload_bytes, 1) * 8,
+            video_max_frames=c.video_max_frames,
+        )
 
     def load(self, path: Path) -> Study:
         """Blocking: the one ingest call (a recovered job's worker calls it directly)."""

@@ -60,8 +60,15 @@ class Job:
 
     def public(self) -> dict[str, Any]:
         """What `GET /v1/jobs/{id}` shows: no prompt (it may name the patient), no paths."""
-        out = {"id": self.id, "state": self.state, "variant": self.variant, "created": self.created,
-               "started": self.started, "finished": self.finished, "attempts": self.attempts}
+        out = {
+            "id": self.id,
+            "state": self.state,
+            "variant": self.variant,
+            "created": self.created,
+            "started": self.started,
+            "finished": self.finished,
+            "attempts": self.attempts,
+        }
         if self.result is not None:
             out["report"] = self.result
         if self.error is not None:
@@ -111,12 +118,23 @@ class JobStore:
                 self._db.execute(
                     "INSERT INTO jobs (id, idempotency_key, fingerprint, state, variant, prompt, options, input, "
                     "created, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                    (job.id, job.idempotency_key, job.fingerprint, QUEUED, job.variant, job.prompt,
-                     json.dumps(job.options), job.input, job.created))
+                    (
+                        job.id,
+                        job.idempotency_key,
+                        job.fingerprint,
+                        QUEUED,
+                        job.variant,
+                        job.prompt,
+                        json.dumps(job.options),
+                        job.input,
+                        job.created,
+                    ),
+                )
                 return job
             except sqlite3.IntegrityError:
-                row = self._db.execute("SELECT * FROM jobs WHERE idempotency_key = ?",
-                                       (job.idempotency_key,)).fetchone()
+                row = self._db.execute(
+                    "SELECT * FROM jobs WHERE idempotency_key = ?", (job.idempotency_key,)
+                ).fetchone()
                 if row is None:  # a duplicate id, not a duplicate key: a bug, keep the error
                     raise
         return _job(row)
@@ -128,16 +146,24 @@ class JobStore:
 
     def mark_running(self, job_id: str) -> None:
         with self._lock:
-            self._db.execute("UPDATE jobs SET state = ?, started = ?, attempts = attempts + 1 WHERE id = ?",
-                             (RUNNING, time.time(), job_id))
+            self._db.execute(
+                "UPDATE jobs SET state = ?, started = ?, attempts = attempts + 1 WHERE id = ?",
+                (RUNNING, time.time(), job_id),
+            )
 
-    def finish(self, job_id: str, *, result: dict[str, Any] | None = None,
-               error: dict[str, Any] | None = None) -> None:
+    def finish(self, job_id: str, *, result: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> None:
         state = SUCCEEDED if error is None else FAILED
         with self._lock:
-            self._db.execute("UPDATE jobs SET state = ?, finished = ?, result = ?, error = ? WHERE id = ?",
-                             (state, time.time(), json.dumps(result) if result is not None else None,
-                              json.dumps(error) if error is not None else None, job_id))
+            self._db.execute(
+                "UPDATE jobs SET state = ?, finished = ?, result = ?, error = ? WHERE id = ?",
+                (
+                    state,
+                    time.time(),
+                    json.dumps(result) if result is not None else None,
+                    json.dumps(error) if error is not None else None,
+                    job_id,
+                ),
+            )
 
     def recover(self) -> list[Job]:
         """After a crash: jobs caught running go back to the queue; return every unfinished job, oldest first."""
@@ -155,8 +181,12 @@ class JobStore:
         """Delete finished jobs older than the retention, with any files left in their directories."""
         cutoff = (time.time() if now is None else now) - retention_s
         with self._lock:
-            ids = [r[0] for r in self._db.execute(
-                "SELECT id FROM jobs WHERE state IN (?, ?) AND finished < ?", (*TERMINAL, cutoff)).fetchall()]
+            ids = [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT id FROM jobs WHERE state IN (?, ?) AND finished < ?", (*TERMINAL, cutoff)
+                ).fetchall()
+            ]
             self._db.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in ids])
         for job_id in ids:
             shutil.rmtree(self.job_dir(job_id), ignore_errors=True)

@@ -45,19 +45,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-queue", type=int)
     p.add_argument("--threads", type=int, help="ONNX Runtime threads per variant")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s")
-    p.add_argument("--keep-alive", type=float, dest="keep_alive_s",
-                   help="seconds before an idle non-active variant unloads (negative: never; default 300)")
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        dest="keep_alive_s",
+        help="seconds before an idle non-active variant unloads (negative: never; default 300)",
+    )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--check-config", action="store_true", help="validate the config, print it, exit")
     return p.parse_args(argv)
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
-    return {"state_dir": args.state_dir, "socket": args.socket, "tcp_enabled": args.tcp, "tcp_host": args.tcp_host,
-            "tcp_port": args.tcp_port, "tcp_token_file": args.tcp_token_file,
-            "default_model_dir": args.default_model_dir, "workers": args.workers, "max_queue": args.max_queue,
-            "threads": args.threads, "drain_timeout_s": args.drain_timeout_s, "log_level": args.log_level,
-            "keep_alive_s": args.keep_alive_s}
+    return {
+        "state_dir": args.state_dir,
+        "socket": args.socket,
+        "tcp_enabled": args.tcp,
+        "tcp_host": args.tcp_host,
+        "tcp_port": args.tcp_port,
+        "tcp_token_file": args.tcp_token_file,
+        "default_model_dir": args.default_model_dir,
+        "workers": args.workers,
+        "max_queue": args.max_queue,
+        "threads": args.threads,
+        "drain_timeout_s": args.drain_timeout_s,
+        "log_level": args.log_level,
+        "keep_alive_s": args.keep_alive_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     except EdgekitError as err:
         print(f"edgekitd: error: {err}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                        format="edgekitd[%(process)d] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level.upper(), stream=sys.stderr, format="edgekitd[%(process)d] %(levelname)s %(message)s"
+    )
     if args.check_config:
         print(cfg)
         return 0
@@ -115,8 +130,17 @@ def http_server(app: FastAPI, daemon: Daemon) -> uvicorn.Server:
             super().handle_exit(sig, frame)
 
     cfg = daemon.cfg
-    return Server(uvicorn.Config(app, lifespan="on", access_log=False, log_level=cfg.log_level, loop="asyncio",
-                                 http="h11", timeout_graceful_shutdown=int(cfg.drain_timeout_s) or 1))
+    return Server(
+        uvicorn.Config(
+            app,
+            lifespan="on",
+            access_log=False,
+            log_level=cfg.log_level,
+            loop="asyncio",
+            http="h11",
+            timeout_graceful_shutdown=int(cfg.drain_timeout_s) or 1,
+        )
+    )
 
 
 @contextlib.asynccontextmanager

@@ -10,23 +10,35 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("edgekitd_requests", "HTTP requests by route and outcome (status code)",
-                                ["route", "status"], registry=r)
-        self.request_latency = Histogram("edgekitd_request_latency_seconds", "HTTP request latency by route",
-                                         ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "edgekitd_requests", "HTTP requests by route and outcome (status code)", ["route", "status"], registry=r
+        )
+        self.request_latency = Histogram(
+            "edgekitd_request_latency_seconds",
+            "HTTP request latency by route",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("edgekitd_queue_depth", "Reports waiting for a model worker", registry=r)
         self.running = Gauge("edgekitd_running", "Reports being generated now", registry=r)
         self.rejected = Counter("edgekitd_rejected", "Requests refused because the queue was full", registry=r)
-        self.reports = Counter("edgekitd_reports", "Reports by variant and outcome", ["variant", "outcome"],
-                               registry=r)
+        self.reports = Counter("edgekitd_reports", "Reports by variant and outcome", ["variant", "outcome"], registry=r)
         self.tokens = Counter("edgekitd_generated_tokens", "Generated tokens by variant", ["variant"], registry=r)
-        self.queue_wait = Histogram("edgekitd_queue_wait_seconds", "Time from accepted to started",
-                                    buckets=LATENCY_BUCKETS, registry=r)
-        self.report_latency = Histogram("edgekitd_report_latency_seconds", "Study-to-report time by variant",
-                                        ["variant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            "edgekitd_queue_wait_seconds", "Time from accepted to started", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.report_latency = Histogram(
+            "edgekitd_report_latency_seconds",
+            "Study-to-report time by variant",
+            ["variant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
 
-        self.variant_loaded = Gauge("edgekitd_variant_loaded", "1 while a variant is loaded (keep-alive unloads)",
-                                    ["variant"], registry=r)
+        self.variant_loaded = Gauge(
+            "edgekitd_variant_loaded", "1 while a variant is loaded (keep-alive unloads)", ["variant"], registry=r
+        )
 
     def set_loaded(self, loaded: set[str], known: set[str]) -> None:
         for name in known:

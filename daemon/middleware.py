@@ -50,10 +50,12 @@ class Guard:
         if isinstance(server, tuple) and isinstance(server[1], int):  # TCP (a Unix socket has no port)
             if self.token is None:
                 return await error_response(UnauthorizedError("TCP is not configured with a token"))(
-                    scope, receive, send)
+                    scope, receive, send
+                )
             if not token_ok(headers.get(b"authorization", b""), self.token):
                 return await error_response(UnauthorizedError("a bearer token is required on TCP"))(
-                    scope, receive, send)
+                    scope, receive, send
+                )
         allowed = self.max_upload_bytes()
         limit = allowed + LIMIT_SLACK
         length = headers.get(b"content-length")

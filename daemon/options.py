@@ -31,12 +31,12 @@ class RequestOptions:
     def check(self, max_new_tokens_limit: int) -> None:
         """The daemon's own bound (the form checks types and ranges; this one is configurable)."""
         if self.max_new_tokens is not None and self.max_new_tokens > max_new_tokens_limit:
-            raise EdgekitError(f"max_new_tokens must be <= {max_new_tokens_limit}, got {self.max_new_tokens}",
-                               code="validation_error")
+            raise EdgekitError(
+                f"max_new_tokens must be <= {max_new_tokens_limit}, got {self.max_new_tokens}", code="validation_error"
+            )
 
     def as_dict(self) -> dict[str, float | int | None]:
-        out: dict[str, float | int | None] = {"temperature": self.temperature, "top_p": self.top_p,
-                                              "seed": self.seed}
+        out: dict[str, float | int | None] = {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
         if self.max_new_tokens is not None:
             out["max_new_tokens"] = self.max_new_tokens
         return out
@@ -44,8 +44,12 @@ class RequestOptions:
     @classmethod
     def from_dict(cls, stored: Mapping[str, Any]) -> RequestOptions:
         """Back from a stored job (the shape `as_dict` wrote)."""
-        return cls(max_new_tokens=stored.get("max_new_tokens"), temperature=stored.get("temperature", 0.0),
-                   top_p=stored.get("top_p", 1.0), seed=stored.get("seed"))
+        return cls(
+            max_new_tokens=stored.get("max_new_tokens"),
+            temperature=stored.get("temperature", 0.0),
+            top_p=stored.get("top_p", 1.0),
+            seed=stored.get("seed"),
+        )
 
 
 def generation_options(requested: RequestOptions, generation_config: Mapping[str, Any]) -> GenerationOptions:
@@ -56,5 +60,6 @@ def generation_options(requested: RequestOptions, generation_config: Mapping[str
     max_new_tokens = requested.max_new_tokens
     if max_new_tokens is None:
         max_new_tokens = generation_config.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-    return GenerationOptions(max_new_tokens=max_new_tokens, temperature=requested.temperature,
-                             top_p=requested.top_p, seed=requested.seed)
+    return GenerationOptions(
+        max_new_tokens=max_new_tokens, temperature=requested.temperature, top_p=requested.top_p, seed=requested.seed
+    )

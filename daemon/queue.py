@@ -43,8 +43,9 @@ class WorkQueue:
         self._pending = 0
         self._running = 0
         self._stopping = False
-        self._threads = [threading.Thread(target=self._worker, name=f"edgekitd-worker-{i}", daemon=True)
-                         for i in range(workers)]
+        self._threads = [
+            threading.Thread(target=self._worker, name=f"edgekitd-worker-{i}", daemon=True) for i in range(workers)
+        ]
 
     def start(self) -> None:
         for t in self._threads:

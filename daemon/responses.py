@@ -45,8 +45,10 @@ def render(report: dict[str, Any], fmt: Format, evidence: list[dict[str, Any]] |
 
 def job_links(public: dict[str, Any]) -> dict[str, Any]:
     jid = public["id"]
-    return {**public, "links": {"self": f"/v1/jobs/{jid}", "stream": f"/v1/jobs/{jid}/stream",
-                                "sr": f"/v1/jobs/{jid}/sr"}}
+    return {
+        **public,
+        "links": {"self": f"/v1/jobs/{jid}", "stream": f"/v1/jobs/{jid}/stream", "sr": f"/v1/jobs/{jid}/sr"},
+    }
 
 
 def event(fmt: StreamFormat, body: dict[str, Any]) -> str:

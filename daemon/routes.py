@@ -51,19 +51,41 @@ class Routes:
     def table(self) -> list[Route]:
         sr = {"response_class": Response, "responses": {200: {"content": {DICOM_MEDIA_TYPE: {}}}}}
         return [
-            Route("POST", "/v1/reports", self.post_report,
-                  {"tags": ["reports"], "summary": "Write a report for an uploaded study (synchronous)"}),
-            Route("POST", "/v1/jobs", self.post_job,
-                  {"tags": ["jobs"], "status_code": 202, "summary": "Queue a report (asynchronous, durable)"}),
+            Route(
+                "POST",
+                "/v1/reports",
+                self.post_report,
+                {"tags": ["reports"], "summary": "Write a report for an uploaded study (synchronous)"},
+            ),
+            Route(
+                "POST",
+                "/v1/jobs",
+                self.post_job,
+                {"tags": ["jobs"], "status_code": 202, "summary": "Queue a report (asynchronous, durable)"},
+            ),
             Route("GET", "/v1/jobs/{job_id}", self.get_job, {"tags": ["jobs"]}),
-            Route("GET", "/v1/jobs/{job_id}/sr", self.get_job_sr,
-                  {"tags": ["jobs"], "summary": "The finished report as a DICOM Enhanced SR", **sr}),
-            Route("GET", "/v1/jobs/{job_id}/stream", self.stream_job,
-                  {"tags": ["jobs"], "summary": "State changes, the report's text as it is generated, then the "
-                                                "report (NDJSON or SSE)"}),
+            Route(
+                "GET",
+                "/v1/jobs/{job_id}/sr",
+                self.get_job_sr,
+                {"tags": ["jobs"], "summary": "The finished report as a DICOM Enhanced SR", **sr},
+            ),
+            Route(
+                "GET",
+                "/v1/jobs/{job_id}/stream",
+                self.stream_job,
+                {
+                    "tags": ["jobs"],
+                    "summary": "State changes, the report's text as it is generated, then the report (NDJSON or SSE)",
+                },
+            ),
             Route("GET", "/v1/variants", self.get_variants, {"tags": ["variants"]}),
-            Route("PUT", "/v1/variants/active", self.put_active,
-                  {"tags": ["variants"], "summary": "Load and warm a variant, then route new work to it"}),
+            Route(
+                "PUT",
+                "/v1/variants/active",
+                self.put_active,
+                {"tags": ["variants"], "summary": "Load and warm a variant, then route new work to it"},
+            ),
             Route("GET", "/v2/health/live", self.live, {"tags": ["health"]}),
             Route("GET", "/v2/health/ready", self.ready, {"tags": ["health"]}),
             Route("GET", "/metrics", self.metrics, {"tags": ["health"], "response_class": PlainTextResponse}),
@@ -71,17 +93,21 @@ class Routes:
 
     # --- reports ------------------------------------------------------------------------------------------------
     async def post_report(
-        self, form: Upload, fmt: OutputFormat = "json",
-        stream: Annotated[StreamFormat | None, Query(description="Stream the text as it is generated (json only)")]
-        = None,
+        self,
+        form: Upload,
+        fmt: OutputFormat = "json",
+        stream: Annotated[
+            StreamFormat | None, Query(description="Stream the text as it is generated (json only)")
+        ] = None,
     ) -> Response:
         if stream is not None and fmt != "json":
             raise EdgekitError("stream needs format=json", code="validation_error")
         accepted = await self.daemon.report(form, keep_evidence=fmt == "sr", stream=stream is not None)
         work, timeout_s = accepted.work, self.daemon.cfg.sync_timeout_s
         if stream is not None and work.stream is not None:
-            return StreamingResponse(report_events(work, work.stream, stream, timeout_s),
-                                     media_type=STREAM_MEDIA[stream])
+            return StreamingResponse(
+                report_events(work, work.stream, stream, timeout_s), media_type=STREAM_MEDIA[stream]
+            )
         try:
             report = await asyncio.wait_for(asyncio.wrap_future(work.future), timeout_s)
         except TimeoutError:
@@ -90,7 +116,9 @@ class Routes:
 
     # --- jobs ---------------------------------------------------------------------------------------------------
     async def post_job(
-        self, form: Upload, idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+        self,
+        form: Upload,
+        idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
     ) -> JSONResponse:
         submitted = await self.daemon.create_job(form, idempotency_key)
         body = job_links(submitted.job.public())
@@ -105,19 +133,25 @@ class Routes:
         if job.state not in TERMINAL:
             raise JobNotFinishedError(f"the job is {job.state}")
         if job.error is not None:
-            return JSONResponse({"error": {k: v for k, v in job.error.items() if k != "status"}},
-                                status_code=job.error.get("status", 400))
+            return JSONResponse(
+                {"error": {k: v for k, v in job.error.items() if k != "status"}},
+                status_code=job.error.get("status", 400),
+            )
         assert job.result is not None  # a succeeded job has its report
         return render(job.result, fmt, self.daemon.store.evidence(job.id))
 
     async def get_job_sr(self, job_id: str) -> Response | dict[str, Any]:
         return await self.get_job(job_id, "sr")
 
-    async def stream_job(self, job_id: str, fmt: Annotated[StreamFormat, Query(alias="format")] = "ndjson",
-                         ) -> StreamingResponse:
+    async def stream_job(
+        self,
+        job_id: str,
+        fmt: Annotated[StreamFormat, Query(alias="format")] = "ndjson",
+    ) -> StreamingResponse:
         self.daemon.find_job(job_id)
-        return StreamingResponse(job_events(job_id, self.daemon.store, self.daemon.streams, fmt),
-                                 media_type=STREAM_MEDIA[fmt])
+        return StreamingResponse(
+            job_events(job_id, self.daemon.store, self.daemon.streams, fmt), media_type=STREAM_MEDIA[fmt]
+        )
 
     # --- variants -----------------------------------------------------------------------------------------------
     async def get_variants(self) -> dict[str, Any]:
@@ -134,8 +168,11 @@ class Routes:
     async def ready(self) -> Response | dict[str, Any]:
         status = self.daemon.readiness()
         if status is None:
-            return JSONResponse({"ready": False, "status": self.daemon.failed or "loading"}, status_code=503,
-                                headers={"Retry-After": str(self.daemon.cfg.retry_after_s)})
+            return JSONResponse(
+                {"ready": False, "status": self.daemon.failed or "loading"},
+                status_code=503,
+                headers={"Retry-After": str(self.daemon.cfg.retry_after_s)},
+            )
         return status
 
     async def metrics(self) -> Response:

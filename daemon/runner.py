@@ -49,8 +49,9 @@ class ReportRunner:
             self.metrics.reports.labels(self._label(work), "internal_error").inc()
             log.exception("report %s crashed", work.job_id or "sync")
             if work.job_id:
-                self.store.finish(work.job_id, error={"code": "internal_error", "message": type(exc).__name__,
-                                                      "status": 500})
+                self.store.finish(
+                    work.job_id, error={"code": "internal_error", "message": type(exc).__name__, "status": 500}
+                )
             work.future.set_exception(exc)
         finally:
             if work.stream is not None:
@@ -77,8 +78,14 @@ class ReportRunner:
         self.metrics.reports.labels(variant, "ok").inc()
         self.metrics.tokens.labels(variant).inc(new_tokens)
         self.metrics.report_latency.labels(variant).observe(time.perf_counter() - t0)
-        log.info("report %s variant=%s study=%s tokens=%d total_ms=%.0f", work.job_id or "sync", variant,
-                 report.study, new_tokens, out["timings"]["total_ms"])
+        log.info(
+            "report %s variant=%s study=%s tokens=%d total_ms=%.0f",
+            work.job_id or "sync",
+            variant,
+            report.study,
+            new_tokens,
+            out["timings"]["total_ms"],
+        )
         if finish is not None:
             finish(report.text)  # the last delta (if any) and done, before the job reads as finished
         return out

@@ -78,8 +78,7 @@ class Submitted:
 
 
 class Daemon:
-    def __init__(self, cfg: DaemonConfig, *, notifier: Notifier | None = None,
-                 overrides: dict[str, Any] | None = None):
+    def __init__(self, cfg: DaemonConfig, *, notifier: Notifier | None = None, overrides: dict[str, Any] | None = None):
         self.cfg = cfg
         self.overrides: dict[str, Any] = overrides or {}
         self.notifier = notifier or Notifier()
@@ -119,8 +118,14 @@ class Daemon:
         if not self.ready or self.queue is None or self.registry is None:
             return None
         q = self.queue
-        return {"ready": True, "active": self.registry.active, "queue_depth": q.depth, "running": q.running,
-                "max_queue": q.max_queue, "recovered_jobs": self.recovered}
+        return {
+            "ready": True,
+            "active": self.registry.active,
+            "queue_depth": q.depth,
+            "running": q.running,
+            "max_queue": q.max_queue,
+            "recovered_jobs": self.recovered,
+        }
 
     # --- life -----------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -226,8 +231,14 @@ class Daemon:
             raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        work = Work(study_path=intake.saved.path, prompt=form.prompt, options=form.options, variant=variant,
-                    study=intake.study, stream=TokenStream() if stream else None)
+        work = Work(
+            study_path=intake.saved.path,
+            prompt=form.prompt,
+            options=form.options,
+            variant=variant,
+            study=intake.study,
+            stream=TokenStream() if stream else None,
+        )
         queue.submit(work, reserved=True)
         return Accepted(work, intake.evidence)
 
@@ -265,16 +276,32 @@ class Daemon:
     @staticmethod
     def _new_job(job_id: str, form: ReportForm, key: str | None, intake: Intake) -> Job:
         options = form.options.as_dict()
-        fingerprint = hashlib.sha256(json.dumps([intake.saved.digest, form.prompt, options, form.variant],
-                                                sort_keys=True).encode()).hexdigest()
-        return Job(id=job_id, idempotency_key=key, fingerprint=fingerprint, state="queued", variant=form.variant,
-                   prompt=form.prompt, options=options, input=str(intake.saved.path), created=time.time())
+        fingerprint = hashlib.sha256(
+            json.dumps([intake.saved.digest, form.prompt, options, form.variant], sort_keys=True).encode()
+        ).hexdigest()
+        return Job(
+            id=job_id,
+            idempotency_key=key,
+            fingerprint=fingerprint,
+            state="queued",
+            variant=form.variant,
+            prompt=form.prompt,
+            options=options,
+            input=str(intake.saved.path),
+            created=time.time(),
+        )
 
     def _work_for(self, job: Job, variant: str) -> Work:
         """A stored job as queue work on `variant` (the job's own, or the one active when it was accepted)."""
-        return Work(study_path=Path(job.input), prompt=job.prompt, options=RequestOptions.from_dict(job.options),
-                    variant=variant, job_id=job.id, cleanup=self.store.job_dir(job.id) / "input",
-                    stream=self.streams.open(job.id))
+        return Work(
+            study_path=Path(job.input),
+            prompt=job.prompt,
+            options=RequestOptions.from_dict(job.options),
+            variant=variant,
+            job_id=job.id,
+            cleanup=self.store.job_dir(job.id) / "input",
+            stream=self.streams.open(job.id),
+        )
 
     def find_job(self, job_id: str) -> Job:
         job = self.store.get(job_id) if JOB_ID.match(job_id) else None

@@ -24,9 +24,21 @@ from edgekit.errors import EdgekitError
 
 # What an SR needs from its source to be filed in the same study (patient, study, series, instance identity).
 EVIDENCE_KEYWORDS = (
-    "PatientName", "PatientID", "PatientBirthDate", "PatientSex", "StudyInstanceUID", "StudyDate", "StudyTime",
-    "StudyID", "AccessionNumber", "ReferringPhysicianName", "SeriesInstanceUID", "Modality", "SOPClassUID",
-    "SOPInstanceUID", "SpecificCharacterSet",
+    "PatientName",
+    "PatientID",
+    "PatientBirthDate",
+    "PatientSex",
+    "StudyInstanceUID",
+    "StudyDate",
+    "StudyTime",
+    "StudyID",
+    "AccessionNumber",
+    "ReferringPhysicianName",
+    "SeriesInstanceUID",
+    "Modality",
+    "SOPClassUID",
+    "SOPInstanceUID",
+    "SpecificCharacterSet",
 )
 MAX_EVIDENCE = 10000
 
@@ -75,13 +87,19 @@ def _sentences(text: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=\.)\s+", text) if s.strip()]
 
 
-def build_sr(report: dict[str, Any], evidence: list[dict[str, Any]], *, algorithm_version: str,
-             series_number: int = 901) -> Dataset:
+def build_sr(
+    report: dict[str, Any], evidence: list[dict[str, Any]], *, algorithm_version: str, series_number: int = 901
+) -> Dataset:
     """An Enhanced SR of `report` (the daemon's JSON report) in the source study given by `evidence`."""
     import highdicom as hd
     from highdicom.sr import (
-        AlgorithmIdentification, CodedConcept, ContainerContentItem, DeviceObserverIdentifyingAttributes,
-        ObserverContext, RelationshipTypeValues, TextContentItem,
+        AlgorithmIdentification,
+        CodedConcept,
+        ContainerContentItem,
+        DeviceObserverIdentifyingAttributes,
+        ObserverContext,
+        RelationshipTypeValues,
+        TextContentItem,
     )
     from pydicom.sr.codedict import codes
 
@@ -97,10 +115,12 @@ def build_sr(report: dict[str, Any], evidence: list[dict[str, Any]], *, algorith
     device = ObserverContext(
         observer_type=codes.DCM.Device,
         observer_identifying_attributes=DeviceObserverIdentifyingAttributes(
-            uid=hd.UID(), name="edgekitd", model_name=str(report.get("model", "edgekit"))),
+            uid=hd.UID(), name="edgekitd", model_name=str(report.get("model", "edgekit"))
+        ),
     )
     algorithm = AlgorithmIdentification(
-        name=str(report.get("model", "edgekit")), version=algorithm_version,
+        name=str(report.get("model", "edgekit")),
+        version=algorithm_version,
         parameters=[f"variant={report.get('variant', '')}", f"target={report.get('target', '')}"],
     )
     findings = ContainerContentItem(name=CodedConcept("59776-5", "LN", "Findings"), relationship_type=contains)
@@ -115,9 +135,16 @@ def build_sr(report: dict[str, Any], evidence: list[dict[str, Any]], *, algorith
     ]
     root.ContentSequence = [*device, *algorithm, findings, impressions]
     return hd.sr.EnhancedSR(
-        evidence=sources, content=root, series_instance_uid=hd.UID(), series_number=series_number,
-        sop_instance_uid=hd.UID(), instance_number=1, manufacturer="edgekit",
-        is_complete=True, is_final=False, is_verified=False,  # machine-written drafts: a clinician verifies them
+        evidence=sources,
+        content=root,
+        series_instance_uid=hd.UID(),
+        series_number=series_number,
+        sop_instance_uid=hd.UID(),
+        instance_number=1,
+        manufacturer="edgekit",
+        is_complete=True,
+        is_final=False,
+        is_verified=False,  # machine-written drafts: a clinician verifies them
     )
 
 

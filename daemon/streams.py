@@ -34,13 +34,13 @@ class TextDeltas:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True).strip()
         if text.endswith(REPLACEMENT) or not text.startswith(self.sent):
             return ""  # wait: the next token decides what these bytes mean
-        delta, self.sent = text[len(self.sent):], text
+        delta, self.sent = text[len(self.sent) :], text
         return delta
 
     def finish(self, final_text: str) -> str:
         """Whatever the final text has beyond what was sent (normally nothing)."""
         if final_text.startswith(self.sent):
-            delta, self.sent = final_text[len(self.sent):], final_text
+            delta, self.sent = final_text[len(self.sent) :], final_text
             return delta
         return ""
 
@@ -105,7 +105,7 @@ class StreamHub:
             stream = self._streams[key] = TokenStream()  # a rerun (after a restart) starts from scratch
             self._streams.move_to_end(key)
             finished = [k for k, s in self._streams.items() if s.done]
-            for k in finished[:max(0, len(finished) - self.keep_finished)]:
+            for k in finished[: max(0, len(finished) - self.keep_finished)]:
                 del self._streams[k]
             return stream
 
@@ -114,8 +114,9 @@ class StreamHub:
             return self._streams.get(key)
 
 
-def token_sink(tokenizer: Tokenizer, stream: TokenStream
-               ) -> tuple[Callable[[int, int], None], Callable[[str | None], None]]:
+def token_sink(
+    tokenizer: Tokenizer, stream: TokenStream
+) -> tuple[Callable[[int, int], None], Callable[[str | None], None]]:
     """An `on_token` callback for `Reporter.report` that feeds `stream`, plus a `finish(text)` to close it."""
     deltas = TextDeltas(tokenizer)
 

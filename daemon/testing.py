@@ -16,8 +16,21 @@ from pathlib import Path
 
 from .client import Client
 
-TINY = dict(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-            vision_mlp=64, hidden=48, layers=2, heads=4, kv_heads=2, intermediate=96, max_positions=128)
+TINY = dict(
+    image_size=32,
+    patch_size=8,
+    num_frames=2,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    hidden=48,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=96,
+    max_positions=128,
+)
 
 
 def write_tiny_model(out: Path, *, seed: int = 0, max_new_tokens: int = 24, full_size: bool = False) -> Path:
@@ -27,8 +40,7 @@ def write_tiny_model(out: Path, *, seed: int = 0, max_new_tokens: int = 24, full
 
     from edgekit.export import random_weights
     from edgekit.export.model_config import ModelConfig
-    from edgekit.models.radreport_tiny.tokenizer import EOS_ID, PAD_ID, PROMPT_TEMPLATE, SEP_ID, BOS_ID, \
-        train_tokenizer
+    from edgekit.models.radreport_tiny.tokenizer import BOS_ID, EOS_ID, PAD_ID, PROMPT_TEMPLATE, SEP_ID, train_tokenizer
     from edgekit.models.synth import generate_study
     from edgekit.preprocess import PreprocessConfig
 
@@ -40,9 +52,18 @@ def write_tiny_model(out: Path, *, seed: int = 0, max_new_tokens: int = 24, full
     save_file(random_weights(cfg, seed), str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     tok.save(str(out / "tokenizer.json"))
-    (out / "generation_config.json").write_text(json.dumps({
-        "prompt_template": PROMPT_TEMPLATE, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "sep_token_id": SEP_ID,
-        "pad_token_id": PAD_ID, "max_new_tokens": max_new_tokens}))
+    (out / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "prompt_template": PROMPT_TEMPLATE,
+                "bos_token_id": BOS_ID,
+                "eos_token_id": EOS_ID,
+                "sep_token_id": SEP_ID,
+                "pad_token_id": PAD_ID,
+                "max_new_tokens": max_new_tokens,
+            }
+        )
+    )
     PreprocessConfig(image_size=cfg.image_size, num_frames=cfg.num_frames).save(out / "preprocessor_config.json")
     return out
 
@@ -50,12 +71,29 @@ def write_tiny_model(out: Path, *, seed: int = 0, max_new_tokens: int = 24, full
 class DaemonProcess:
     """`python -m edgekit.daemon` with a private state dir and socket; `stop()` sends SIGTERM, `kill()` SIGKILL."""
 
-    def __init__(self, state_dir: Path, model_dir: Path | None = None, *, config: Path | None = None,
-                 extra_args: list[str] = (), env: dict[str, str] | None = None, socket_path: Path | None = None):
+    def __init__(
+        self,
+        state_dir: Path,
+        model_dir: Path | None = None,
+        *,
+        config: Path | None = None,
+        extra_args: list[str] = (),
+        env: dict[str, str] | None = None,
+        socket_path: Path | None = None,
+    ):
         self.state_dir = Path(state_dir)
         self.socket = Path(socket_path) if socket_path else self.state_dir / "edgekitd.sock"
-        self.args = [sys.executable, "-m", "edgekit.daemon", "--state-dir", str(self.state_dir),
-                     "--socket", str(self.socket), "--threads", "1"]
+        self.args = [
+            sys.executable,
+            "-m",
+            "edgekit.daemon",
+            "--state-dir",
+            str(self.state_dir),
+            "--socket",
+            str(self.socket),
+            "--threads",
+            "1",
+        ]
         if model_dir is not None:
             self.args += ["--default-model-dir", str(model_dir)]
         if config is not None:
@@ -66,11 +104,12 @@ class DaemonProcess:
         self.client = Client(self.socket, timeout=60)
         self.log = self.state_dir / "daemon.log"
 
-    def start(self, *, wait_ready: float | None = 90.0, **popen) -> "DaemonProcess":
+    def start(self, *, wait_ready: float | None = 90.0, **popen) -> DaemonProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._logf = open(self.log, "ab")
-        self.proc = subprocess.Popen(popen.pop("args", self.args), env=self.env, stdout=self._logf,
-                                     stderr=subprocess.STDOUT, **popen)
+        self.proc = subprocess.Popen(
+            popen.pop("args", self.args), env=self.env, stdout=self._logf, stderr=subprocess.STDOUT, **popen
+        )
         if wait_ready:
             self.wait_ready(wait_ready)
         return self

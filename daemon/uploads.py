@@ -59,8 +59,7 @@ def _kind(name: str, content_type: str | None, head: bytes) -> str:
     return "dicom"
 
 
-async def save_uploads(files: Sequence[UploadFile], dest: Path, max_bytes: int, *,
-                       durable: bool = False) -> SavedStudy:
+async def save_uploads(files: Sequence[UploadFile], dest: Path, max_bytes: int, *, durable: bool = False) -> SavedStudy:
     """Write starlette `UploadFile`s under `dest` (created 0700) and decide what kind of study they form.
     `durable`: fsync files and folder (a durable job's input must outlive a power cut; a sync request's need not)."""
     if not files:

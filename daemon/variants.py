@@ -91,8 +91,7 @@ class VariantRegistry:
     """Ollama's scheduler, in its own words: load on demand, count references, keep alive, unload. Nothing else
     touches a loaded variant's lifetime; a report borrows one through `hold`."""
 
-    def __init__(self, cfg: DaemonConfig, say: Say = _quiet,
-                 on_change: Callable[[set[str]], None] | None = None):
+    def __init__(self, cfg: DaemonConfig, say: Say = _quiet, on_change: Callable[[set[str]], None] | None = None):
         self._say = say
         self.on_change = on_change
         self._lock = threading.RLock()
@@ -173,8 +172,11 @@ class VariantRegistry:
             return []
         now = time.monotonic() if now is None else now
         with self._lock:
-            idle = [name for name, item in self.loaded.items() if name != self.active and item.in_use == 0
-                    and now - item.last_used >= self.keep_alive_s]
+            idle = [
+                name
+                for name, item in self.loaded.items()
+                if name != self.active and item.in_use == 0 and now - item.last_used >= self.keep_alive_s
+            ]
             for name in idle:
                 del self.loaded[name]  # a report that still holds its Reporter keeps it alive until it ends
             if idle:
@@ -214,13 +216,22 @@ class VariantRegistry:
         with self._lock:
             out = []
             for name, spec in sorted(self.specs.items()):
-                item = {"name": name, "bundle": str(spec.bundle), "active": name == self.active,
-                        "loaded": name in self.loaded, "loading": self._is_loading(name)}
+                item = {
+                    "name": name,
+                    "bundle": str(spec.bundle),
+                    "active": name == self.active,
+                    "loaded": name in self.loaded,
+                    "loading": self._is_loading(name),
+                }
                 if name in self.loaded:
                     r = self.loaded[name].reporter
-                    item.update(model=r.bundle.name, target=r.bundle.target,
-                                load_ms=round(self.loaded[name].load_ms, 1),
-                                warm_ms=round(self.loaded[name].warm_ms, 1), in_use=self.loaded[name].in_use,
-                                idle_s=round(time.monotonic() - self.loaded[name].last_used, 1))
+                    item.update(
+                        model=r.bundle.name,
+                        target=r.bundle.target,
+                        load_ms=round(self.loaded[name].load_ms, 1),
+                        warm_ms=round(self.loaded[name].warm_ms, 1),
+                        in_use=self.loaded[name].in_use,
+                        idle_s=round(time.monotonic() - self.loaded[name].last_used, 1),
+                    )
                 out.append(item)
             return out

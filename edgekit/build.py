@@ -56,7 +56,9 @@ def measure_parity_figure(onnx_dir: Path, model_dir: Path, samples: int = 8) -> 
     from edgekit.export.parity import measure_export_parity
 
     report = measure_export_parity(
-        onnx_dir, load_weights(model_dir / names.WEIGHTS_FILE), load_model_config(model_dir / "config.json"),
+        onnx_dir,
+        load_weights(model_dir / names.WEIGHTS_FILE),
+        load_model_config(model_dir / "config.json"),
         samples=samples,
     )
     return {
@@ -111,11 +113,17 @@ def build(
         graphs_dir = onnx_dir
         if loaded_recipe is not None:
             graphs_dir = _apply_recipe(loaded_recipe, onnx_dir, work, steps, figures, components, say)
-        prepared = plugin.prepare(BuildInputs(
-            graphs=graphs_dir, work=work, model_dir=model_dir,
-            recipe=loaded_recipe.name if loaded_recipe else None,
-            recipe_passes=tuple(p.name for p in loaded_recipe.passes) if loaded_recipe else (),
-            machine=Path(machine) if machine else None, say=say))
+        prepared = plugin.prepare(
+            BuildInputs(
+                graphs=graphs_dir,
+                work=work,
+                model_dir=model_dir,
+                recipe=loaded_recipe.name if loaded_recipe else None,
+                recipe_passes=tuple(p.name for p in loaded_recipe.passes) if loaded_recipe else (),
+                machine=Path(machine) if machine else None,
+                say=say,
+            )
+        )
         steps += prepared.steps
         figures.update(prepared.figures)
         if parity:
@@ -137,12 +145,21 @@ def build(
         }
         bundle_name = name or DEFAULT_MODEL_NAME
         if eval_data is not None:
-            staged = write_bundle(work / "staged", components, name=bundle_name, target=target,
-                                  runtime=prepared.runtime)
+            staged = write_bundle(
+                work / "staged", components, name=bundle_name, target=target, runtime=prepared.runtime
+            )
             figures["quality"] = measure_quality(staged, Path(eval_data), eval_limit, say)
         say(f"bundle: writing {out}")
-        path = write_bundle(out, components, name=bundle_name, target=target, provenance=provenance,
-                            figures=figures, runtime=prepared.runtime, archive=archive)
+        path = write_bundle(
+            out,
+            components,
+            name=bundle_name,
+            target=target,
+            provenance=provenance,
+            figures=figures,
+            runtime=prepared.runtime,
+            archive=archive,
+        )
     return BuildResult(bundle=path, figures=figures, steps=steps)
 
 
@@ -167,10 +184,12 @@ def _apply_recipe(recipe, onnx_dir: Path, work: Path, steps: list, figures: dict
             path = work / names.HEAD_IMPORTANCE_FILE
             path.write_text(json.dumps(scores, indent=1))
             components[names.HEAD_IMPORTANCE] = path
-    steps.append({"name": "recipe", "params": {"recipe": recipe.name}, "passes": reports,
-                  "seconds": round(result.seconds, 3)})
+    steps.append(
+        {"name": "recipe", "params": {"recipe": recipe.name}, "passes": reports, "seconds": round(result.seconds, 3)}
+    )
     end_to_end = result.provenance()["end_to_end_error"] or {  # one pass: its own check is the end-to-end one
-        rep["graph"]: rep.get("check") or [] for rep in reports}
+        rep["graph"]: rep.get("check") or [] for rep in reports
+    }
     figures["recipe"] = {
         "name": recipe.name,
         "end_to_end_error": end_to_end,

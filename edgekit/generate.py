@@ -26,8 +26,9 @@ class Backend(Protocol):
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray: ...
 
-    def decode(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-               past: KV | None) -> tuple[np.ndarray, KV]: ...
+    def decode(
+        self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: KV | None
+    ) -> tuple[np.ndarray, KV]: ...
 
 
 def take_cost(backend) -> dict:
@@ -102,17 +103,25 @@ def _as_batch(prompt_ids, pixel_values) -> tuple[np.ndarray, np.ndarray | None]:
         return ids, None
     pv = np.asarray(pixel_values, dtype=np.float32)
     if pv.ndim != 5 or pv.shape[0] != ids.shape[0]:
-        raise EdgekitError(f"pixel_values must be (batch, frames, 1, H, W) matching the prompt batch "
-                           f"{ids.shape[0]}, got shape {pv.shape}")
+        raise EdgekitError(
+            f"pixel_values must be (batch, frames, 1, H, W) matching the prompt batch "
+            f"{ids.shape[0]}, got shape {pv.shape}"
+        )
     return ids, pv
 
 
-def generate_batch(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions,
-                   prompt_attention_mask: np.ndarray | None = None,
-                   on_token: OnToken | None = None) -> list[GenerationResult]:
+def generate_batch(
+    backend: Backend,
+    pixel_values,
+    prompt_ids,
+    options: GenerationOptions,
+    prompt_attention_mask: np.ndarray | None = None,
+    on_token: OnToken | None = None,
+) -> list[GenerationResult]:
     """Generate for a batch (`pixel_values` None: text only). Prompts of different lengths are left-padded, with
-    `prompt_attention_mask` 0 on the padding; positions count only kept tokens, as in training. All rows share one timing. `on_token` (one-row
-    batches only) sees each kept token as soon as it is chosen, so a server can stream the report."""
+    `prompt_attention_mask` 0 on the padding; positions count only kept tokens, as in training. All rows share one
+    timing. `on_token` (one-row batches only) sees each kept token as soon as it is chosen, so a server can stream
+    the report."""
     options.validate()
     ids, pv = _as_batch(prompt_ids, pixel_values)
     batch = ids.shape[0]
@@ -171,8 +180,9 @@ def generate_batch(backend: Backend, pixel_values, prompt_ids, options: Generati
     return [GenerationResult(generated[r], reasons[r], timings) for r in range(batch)]
 
 
-def generate(backend: Backend, pixel_values, prompt_ids, options: GenerationOptions,
-             on_token: OnToken | None = None) -> GenerationResult:
+def generate(
+    backend: Backend, pixel_values, prompt_ids, options: GenerationOptions, on_token: OnToken | None = None
+) -> GenerationResult:
     """Generate one report: `pixel_values` (1, frames, 1, H, W) or None, `prompt_ids` (1, seq) or (seq,).
     `on_token(token_id, index)` is called for every token that ends up in `token_ids`, in order."""
     ids = np.asarray(prompt_ids)

@@ -63,8 +63,9 @@ def plot_ops(rows: list[dict], out: Path, title: str, top: int = 15) -> Path:
     return out
 
 
-def profile_report(bundle_path, study, prompt: str, out: Path, *, threads: int | None = None,
-                   settings: dict | None = None) -> dict:
+def profile_report(
+    bundle_path, study, prompt: str, out: Path, *, threads: int | None = None, settings: dict | None = None
+) -> dict:
     """One report on the bundle's target with its profiler on; the target's run side writes the trace, tables and
     plot into `out` (ORT kernel traces on cpu, emulated instruction records on x1). Returns profile.json's body."""
     import shutil
@@ -81,9 +82,19 @@ def profile_report(bundle_path, study, prompt: str, out: Path, *, threads: int |
     backend = load_backend(b, RuntimeOptions(threads=threads, profile_dir=raw, settings=settings or {}))
     report = Reporter(b, backend=backend).report(study, prompt)
     prof = backend.write_profile(report, out)
-    result = {"bundle": b.name, "target": b.target, **prof["details"], "timings_ms": report.timings,
-              "cost": report.cost, "summary": prof["summary"], "summary_title": prof["summary_title"],
-              "tables": prof["tables"], "files": prof["files"], "trace": prof["trace"], "plot": prof["plot"],
-              "source": prof["source"]}
+    result = {
+        "bundle": b.name,
+        "target": b.target,
+        **prof["details"],
+        "timings_ms": report.timings,
+        "cost": report.cost,
+        "summary": prof["summary"],
+        "summary_title": prof["summary_title"],
+        "tables": prof["tables"],
+        "files": prof["files"],
+        "trace": prof["trace"],
+        "plot": prof["plot"],
+        "source": prof["source"],
+    }
     (out / "profile.json").write_text(json.dumps(result, indent=2))
     return result

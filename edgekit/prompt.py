@@ -16,7 +16,8 @@ def prompt_text(generation_config: Mapping, modality: str, prompt: str) -> str:
     """The template filled in; an empty prompt becomes the config's `default_prompt` (what training used)."""
     g = generation_config
     return g.get("prompt_template", DEFAULT_TEMPLATE).format(
-        modality=modality, prompt=prompt.strip() or g.get("default_prompt", DEFAULT_PROMPT))
+        modality=modality, prompt=prompt.strip() or g.get("default_prompt", DEFAULT_PROMPT)
+    )
 
 
 def prompt_ids(tokenizer, generation_config: Mapping, modality: str, prompt: str) -> list[int]:

@@ -57,8 +57,9 @@ def split_sections(text: str) -> tuple[str, str]:
 class Reporter:
     """A loaded bundle ready to write reports. Loading is the expensive part; reuse one per process."""
 
-    def __init__(self, bundle: Bundle, *, threads: int | None = None, backend=None,
-                 runtime: RuntimeOptions | None = None):
+    def __init__(
+        self, bundle: Bundle, *, threads: int | None = None, backend=None, runtime: RuntimeOptions | None = None
+    ):
         """`backend` defaults to the bundle target's run side with `runtime` (or just `threads`)."""
         from tokenizers import Tokenizer
 
@@ -71,7 +72,7 @@ class Reporter:
         self.preprocess_config = PreprocessConfig.load(bundle.component("preprocessor_config"))
 
     @classmethod
-    def from_bundle(cls, path: str | Path | Bundle, **kw) -> "Reporter":
+    def from_bundle(cls, path: str | Path | Bundle, **kw) -> Reporter:
         return cls(path if isinstance(path, Bundle) else load_bundle(path), **kw)
 
     @property
@@ -85,8 +86,13 @@ class Reporter:
     def pixel_values(self, study: Study) -> np.ndarray:
         return preprocess_frames(study.frames, self.preprocess_config)[None]
 
-    def report(self, study: Study | str | Path, prompt: str = "", options: GenerationOptions | None = None,
-               on_token: OnToken | None = None) -> Report:
+    def report(
+        self,
+        study: Study | str | Path,
+        prompt: str = "",
+        options: GenerationOptions | None = None,
+        on_token: OnToken | None = None,
+    ) -> Report:
         """`on_token(token_id, index)` sees each report token as it is generated (the daemon streams them)."""
         t0 = time.perf_counter()
         if not isinstance(study, Study):

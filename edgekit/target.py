@@ -89,8 +89,9 @@ class ModelFamily(Protocol):
         """The family's default eval split (a folder with `studies.jsonl`), written once under `cache_root`."""
 
 
-def runtime_settings(defaults: Mapping[str, Any], bundle_runtime: Mapping[str, Any],
-                     overrides: Mapping[str, Any], where) -> dict[str, Any]:
+def runtime_settings(
+    defaults: Mapping[str, Any], bundle_runtime: Mapping[str, Any], overrides: Mapping[str, Any], where
+) -> dict[str, Any]:
     """The bundle's runtime section over the target's defaults, then the request's overrides; unknown keys are
     refused by name (a typo must not silently run another configuration)."""
     from edgekit.errors import ConfigError
@@ -98,6 +99,7 @@ def runtime_settings(defaults: Mapping[str, Any], bundle_runtime: Mapping[str, A
     for source in (bundle_runtime, overrides):
         unknown = sorted(set(source) - set(defaults))
         if unknown:
-            raise ConfigError(f"unknown runtime setting(s) {', '.join(unknown)} "
-                              f"(known: {', '.join(sorted(defaults))})", where)
+            raise ConfigError(
+                f"unknown runtime setting(s) {', '.join(unknown)} (known: {', '.join(sorted(defaults))})", where
+            )
     return {**defaults, **bundle_runtime, **overrides}

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from small_model import SMALL
-
 from edgekit.export import export_model, random_weights
 from edgekit.export.model_config import ModelConfig
 from edgekit.ort import CpuBackend
+
+from small_model import SMALL
 
 
 @pytest.fixture(scope="session")

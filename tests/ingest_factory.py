@@ -128,8 +128,9 @@ def write_series(folder: Path, n: int = 5, *, shuffle_names: bool = True, **kwar
     names = [f"IM{v:04d}" for v in rng.permutation(1000)[:n]] if shuffle_names else [f"IM{k:04d}" for k in range(n)]
     for k in range(n):
         px = np.full((8, 8), 100 * k, dtype=np.uint16)
-        ds = make_dataset(px, study_uid=study, series_uid=series, position=(0.0, 0.0, -10 + 2.5 * k),
-                          instance=n - k, **kwargs)  # InstanceNumber deliberately disagrees with position
+        ds = make_dataset(
+            px, study_uid=study, series_uid=series, position=(0.0, 0.0, -10 + 2.5 * k), instance=n - k, **kwargs
+        )  # InstanceNumber deliberately disagrees with position
         save(ds, folder / names[k])
     return series, [100 * k for k in range(n)]
 

@@ -10,9 +10,10 @@ layered among themselves, not one blob.
 from __future__ import annotations
 
 import ast
-import tomllib
 from collections import defaultdict
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = ("edgekit.cli", "edgekit.daemon", "edgekit.models", "edgekit.targets.")
@@ -74,8 +75,14 @@ def unit(module: str, modules: dict[str, Path]) -> str:
 
 
 def layer(u: str) -> str:
-    return next((lay.rstrip(".") for lay in LAYERS if u == lay.rstrip(".") or u.startswith(lay)
-                 or u.startswith(lay.rstrip(".") + ".")), "core")
+    return next(
+        (
+            lay.rstrip(".")
+            for lay in LAYERS
+            if u == lay.rstrip(".") or u.startswith(lay) or u.startswith(lay.rstrip(".") + ".")
+        ),
+        "core",
+    )
 
 
 def unit_graph() -> dict[str, set[str]]:
@@ -136,23 +143,39 @@ def test_no_package_cycles():
 
 
 def test_the_core_imports_no_target_model_daemon_or_cli():
-    bad = sorted((src, dst) for src, dsts in unit_graph().items() for dst in dsts
-                 if layer(src) == "core" and layer(dst) != "core")
+    bad = sorted(
+        (src, dst)
+        for src, dsts in unit_graph().items()
+        for dst in dsts
+        if layer(src) == "core" and layer(dst) != "core"
+    )
     assert bad == []
 
 
 def test_targets_and_models_import_only_the_core():
     """A target runs any model family and a model family builds for any target: neither names the other."""
-    bad = sorted((src, dst) for src, dsts in unit_graph().items() for dst in dsts
-                 if layer(src) in ("edgekit.targets", "edgekit.models") and layer(dst) not in ("core", layer(src))
-                 or (layer(src) == "edgekit.targets" and layer(dst) == "edgekit.targets"
-                     and src.split(".")[2] != dst.split(".")[2]))
+    bad = sorted(
+        (src, dst)
+        for src, dsts in unit_graph().items()
+        for dst in dsts
+        if layer(src) in ("edgekit.targets", "edgekit.models")
+        and layer(dst) not in ("core", layer(src))
+        or (
+            layer(src) == "edgekit.targets"
+            and layer(dst) == "edgekit.targets"
+            and src.split(".")[2] != dst.split(".")[2]
+        )
+    )
     assert bad == []
 
 
 def test_the_daemon_does_not_import_the_cli():
-    bad = sorted((s, d) for s, ds in unit_graph().items() for d in ds
-                 if layer(s) == "edgekit.daemon" and layer(d) == "edgekit.cli")
+    bad = sorted(
+        (s, d)
+        for s, ds in unit_graph().items()
+        for d in ds
+        if layer(s) == "edgekit.daemon" and layer(d) == "edgekit.cli"
+    )
     assert bad == []
 
 
@@ -167,11 +190,18 @@ def test_no_module_imports_another_modules_private_names():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1:] != ["__future__"]:
                 mod = node.module or ""
-                bad += [f"{name}: from {'.' * node.level}{mod} import {a.name}" for a in node.names
-                        if a.name.startswith("_") and not a.name.startswith("__")
-                        and (name, a.name) not in EXTENSION_WRAPPERS]
-                bad += [f"{name}: from {'.' * node.level}{mod}" for _ in [0]
-                        if any(p.startswith("_") and not p.startswith("__") for p in mod.split(".") if p)]
+                bad += [
+                    f"{name}: from {'.' * node.level}{mod} import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_")
+                    and not a.name.startswith("__")
+                    and (name, a.name) not in EXTENSION_WRAPPERS
+                ]
+                bad += [
+                    f"{name}: from {'.' * node.level}{mod}"
+                    for _ in [0]
+                    if any(p.startswith("_") and not p.startswith("__") for p in mod.split(".") if p)
+                ]
     assert bad == []
 
 

@@ -52,8 +52,9 @@ def sources(tmp_path) -> dict[str, Path]:
 
 
 def _write(tmp_path, sources, **kw) -> Path:
-    return write_bundle(tmp_path / "bundle", sources, name="radreport-tiny", target="cpu", provenance=PROVENANCE,
-                        figures=FIGURES, **kw)
+    return write_bundle(
+        tmp_path / "bundle", sources, name="radreport-tiny", target="cpu", provenance=PROVENANCE, figures=FIGURES, **kw
+    )
 
 
 def test_round_trip(tmp_path, sources):
@@ -131,8 +132,9 @@ def test_newer_schema(tmp_path, sources):
         load_bundle(out)
 
 
-@pytest.mark.parametrize("text,reason", [("{nope", "not valid JSON"), ("[]", "not a JSON object"),
-                                         ('{"schema_version": 1}', "'name'")])
+@pytest.mark.parametrize(
+    "text,reason", [("{nope", "not valid JSON"), ("[]", "not a JSON object"), ('{"schema_version": 1}', "'name'")]
+)
 def test_bad_manifest(tmp_path, sources, text, reason):
     out = _write(tmp_path, sources)
     (out / MANIFEST_NAME).write_text(text)
@@ -203,7 +205,7 @@ def test_pack_and_unpack(tmp_path, sources):
     out = _write(tmp_path, sources)
     ekb = pack_bundle(out, tmp_path / "packed.ekb")
     back = unpack_bundle(ekb, tmp_path / "unpacked")
-    for role, (name, data) in FILES.items():
+    for _role, (name, data) in FILES.items():
         assert (back / name).read_bytes() == data
     assert load_bundle(back).manifest.to_dict() == load_bundle(out).manifest.to_dict()
 

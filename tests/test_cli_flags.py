@@ -69,8 +69,17 @@ def test_shared_flags_are_spelled_the_same_everywhere():
 
 
 def test_every_command_that_writes_takes_out_and_force():
-    writers = {"build", "convert", "optimize", "eval", "profile", "bundle pack", "bundle unpack", "x1 compile",
-               "data synth"}
+    writers = {
+        "build",
+        "convert",
+        "optimize",
+        "eval",
+        "profile",
+        "bundle pack",
+        "bundle unpack",
+        "x1 compile",
+        "data synth",
+    }
     for path in writers:
         names = {p.name for p in LEAVES[path].params}
         assert {"out", "force"} <= names, path
@@ -162,10 +171,16 @@ def test_data_synth_takes_out(tmp_path, capsys):
 
 
 def test_library_parameters_are_shown_as_flags():
-    assert cli_message("out: already exists (pass `overwrite=True` to replace it)") == \
-        "out: already exists (pass --force to replace it)"
+    assert (
+        cli_message("out: already exists (pass `overwrite=True` to replace it)")
+        == "out: already exists (pass --force to replace it)"
+    )
     assert cli_message("give `passes` or `recipe`") == "give --pass or --recipe"
-    assert cli_message("output already exists (overwrite=True replaces it)") == \
-        "output already exists (--force replaces it)"
-    assert cli_message("`unknown` stays, and so do overwrites=True and strict=False") == \
-        "`unknown` stays, and so do overwrites=True and strict=False"
+    assert (
+        cli_message("output already exists (overwrite=True replaces it)")
+        == "output already exists (--force replaces it)"
+    )
+    assert (
+        cli_message("`unknown` stays, and so do overwrites=True and strict=False")
+        == "`unknown` stays, and so do overwrites=True and strict=False"
+    )

@@ -22,8 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def _cli(*args: str, env_extra: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "EDGEKIT_DEBUG"}
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "edgekit.cli.app", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd or ROOT, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "edgekit.cli.app", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd or ROOT,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -36,8 +42,14 @@ def bundle_dir(tmp_path, monkeypatch) -> Path:
         p = src / f"{role}.bin"
         p.write_bytes(role.encode() * 50)
         comps[role] = p
-    return write_bundle(tmp_path / "b", comps, name="tiny", target="cpu", provenance={"passes": []},
-                        figures={"parity": {"max_abs": 0.0, "source": "test"}})
+    return write_bundle(
+        tmp_path / "b",
+        comps,
+        name="tiny",
+        target="cpu",
+        provenance={"passes": []},
+        figures={"parity": {"max_abs": 0.0, "source": "test"}},
+    )
 
 
 def _corrupt(bundle: Path) -> Path:
@@ -118,7 +130,8 @@ def test_in_process_main_pack_unpack(bundle_dir, tmp_path, capsys):
 
 def test_keyboard_interrupt_exits_130(tmp_path):
     script = tmp_path / "interrupt.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, signal, sys, time
         from edgekit.cli.app import app, main
 
@@ -128,20 +141,23 @@ def test_keyboard_interrupt_exits_130(tmp_path):
             time.sleep(10)
 
         sys.exit(main(["sleepy"]))
-    """))
+    """)
+    )
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 130 and "Traceback" not in r.stderr
 
 
 def test_subcommands_load_lazily(bundle_dir, tmp_path):
     script = tmp_path / "lazy.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         from edgekit.cli.app import main, SUBCOMMANDS
         code = main(["bundle", "verify", {str(bundle_dir)!r}])
         others = [n for n in SUBCOMMANDS if n != "bundle" and f"edgekit.cli.{{n}}_cmd" in sys.modules]
         print(code, others)
-    """))
+    """)
+    )
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.stdout.strip().splitlines()[-1] == "0 []", r.stdout + r.stderr
 

@@ -63,7 +63,7 @@ def _help(path: tuple[str, ...], capsys, monkeypatch) -> str:
 def _examples(help_text: str) -> list[str]:
     lines = [line.strip() for line in help_text.splitlines()]
     assert "Examples:" in lines, "no Examples section"
-    after = lines[lines.index("Examples:") + 1:]
+    after = lines[lines.index("Examples:") + 1 :]
     return [line for line in after if line.startswith("edgekit ")]
 
 
@@ -121,8 +121,11 @@ def test_every_subcommand_module_imports_and_is_listed():
         module = importlib.import_module(f"edgekit.cli.{name}_cmd")
         assert module.app is not None
     assert {p[0] for p in COMMANDS} == set(SUBCOMMANDS)
-    for group, subs in {"bundle": {"inspect", "verify", "pack", "unpack"}, "x1": {"estimate", "compile", "inspect"},
-                        "data": {"synth"}}.items():
+    for group, subs in {
+        "bundle": {"inspect", "verify", "pack", "unpack"},
+        "x1": {"estimate", "compile", "inspect"},
+        "data": {"synth"},
+    }.items():
         assert {p[1] for p in COMMANDS if len(p) == 2 and p[0] == group} == subs
 
 
@@ -150,4 +153,6 @@ def test_help_examples_run(command, world, tmp_path, capsys, monkeypatch):
 def test_examples_parser():
     assert _steps("edgekit a b 'c d'   # note") == [(["a", "b", "c d"], None)]
     assert _steps("edgekit a -o x && edgekit b x --json | jq '.f | length'") == [
-        (["a", "-o", "x"], None), (["b", "x", "--json"], ["jq", ".f | length"])]
+        (["a", "-o", "x"], None),
+        (["b", "x", "--json"], ["jq", ".f | length"]),
+    ]

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from small_model import SMALL
-
 from edgekit.errors import BundleError, ConfigError
 from edgekit.targets.cpu import CpuBackend, physical_cores
+
+from small_model import SMALL
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +44,13 @@ def test_kv_cache_decode_equals_recomputing_the_full_sequence(backend):
     cached = [logits[:, -1]]
     for i in range(20):
         total = n + i + 1
-        logits, past = backend.decode(steps[:, i:i + 1], np.ones((1, total), np.int64), np.array([[total - 1]]), past)
+        logits, past = backend.decode(steps[:, i : i + 1], np.ones((1, total), np.int64), np.array([[total - 1]]), past)
         cached.append(logits[:, -1])
     assert past[0][0].shape == (1, 2, n + 20, 12)
     full = np.concatenate([prefix, steps], axis=1)
     total = full.shape[1]
     full_logits, _ = backend.decode(full, np.ones((1, total), np.int64), np.arange(total)[None], None)
-    recomputed = full_logits[0, n - 1:]
+    recomputed = full_logits[0, n - 1 :]
     np.testing.assert_allclose(np.concatenate(cached), recomputed, atol=1e-4, rtol=0)
 
 

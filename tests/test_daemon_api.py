@@ -101,8 +101,12 @@ CT1 = (SAMPLES / "ct_chest" / "IM0001.dcm").read_bytes()
 BAD_UPLOADS = {
     "truncated_dicom": ([("a.dcm", CT1[:3000], "application/dicom")], {}, 400, "invalid_study"),
     "not_dicom": ([("notes.dcm", b"hello, not dicom", "application/dicom")], {}, 400, "invalid_study"),
-    "unsupported_ts": ([("m.dcm", _dicom_bytes(TransferSyntaxUID="1.2.840.10008.1.2.4.100"), "application/dicom")],
-                       {}, 415, "unsupported_transfer_syntax"),
+    "unsupported_ts": (
+        [("m.dcm", _dicom_bytes(TransferSyntaxUID="1.2.840.10008.1.2.4.100"), "application/dicom")],
+        {},
+        415,
+        "unsupported_transfer_syntax",
+    ),
     "oversized": ([("big.dcm", b"\0" * (LIMIT + (2 << 20)), "application/dicom")], {}, 413, "upload_too_large"),
     "empty_zip": ([("s.zip", _empty_zip(), "application/zip")], {}, 400, "invalid_study"),
     "corrupt_zip": ([("s.zip", b"PK\x03\x04" + b"junk" * 50, "application/zip")], {}, 400, "invalid_study"),
@@ -111,8 +115,7 @@ BAD_UPLOADS = {
     "unknown_variant": ([("a.dcm", CT1, "application/dicom")], {"variant": "nope"}, 404, "unknown_variant"),
     "bad_temperature": ([("a.dcm", CT1, "application/dicom")], {"temperature": "hot"}, 422, "validation_error"),
     "nan_temperature": ([("a.dcm", CT1, "application/dicom")], {"temperature": "nan"}, 422, "validation_error"),
-    "too_many_tokens": ([("a.dcm", CT1, "application/dicom")], {"max_new_tokens": "100000"}, 400,
-                        "validation_error"),
+    "too_many_tokens": ([("a.dcm", CT1, "application/dicom")], {"max_new_tokens": "100000"}, 400, "validation_error"),
     "no_files": ([], {"prompt": "x"}, 422, "validation_error"),
 }
 
@@ -135,27 +138,36 @@ def test_an_ingest_error_names_the_clients_file_not_the_stored_one(daemon, route
     assert reply.json()["error"]["file"] == "chest-scan.dcm"
 
 
-@pytest.mark.parametrize("method, url, body, headers, status, code", [
-    ("PUT", "/v1/variants/active", b"{not json", {"Content-Type": "application/json"}, 422, "validation_error"),
-    ("PUT", "/v1/variants/active", b'{"name": "nope"}', {"Content-Type": "application/json"}, 404,
-     "unknown_variant"),
-    ("PUT", "/v1/variants/active", b'[1, 2]', {"Content-Type": "application/json"}, 422, "validation_error"),
-    ("GET", "/v1/jobs/../../etc/passwd", None, {}, 404, "not_found"),
-    ("GET", "/v1/jobs/0123456789abcdef0123456789abcdef", None, {}, 404, "job_not_found"),
-    ("GET", "/v1/jobs/zzz/sr", None, {}, 404, "job_not_found"),
-    ("POST", "/v1/reports", b"garbage", {"Content-Type": "multipart/form-data; boundary=x"}, 400,
-     "bad_request"),
-    ("POST", "/v1/reports", b"{}", {"Content-Type": "application/json"}, 422, "validation_error"),
-    ("DELETE", "/v1/variants", None, {}, 405, "method_not_allowed"),
-])
+@pytest.mark.parametrize(
+    "method, url, body, headers, status, code",
+    [
+        ("PUT", "/v1/variants/active", b"{not json", {"Content-Type": "application/json"}, 422, "validation_error"),
+        (
+            "PUT",
+            "/v1/variants/active",
+            b'{"name": "nope"}',
+            {"Content-Type": "application/json"},
+            404,
+            "unknown_variant",
+        ),
+        ("PUT", "/v1/variants/active", b"[1, 2]", {"Content-Type": "application/json"}, 422, "validation_error"),
+        ("GET", "/v1/jobs/../../etc/passwd", None, {}, 404, "not_found"),
+        ("GET", "/v1/jobs/0123456789abcdef0123456789abcdef", None, {}, 404, "job_not_found"),
+        ("GET", "/v1/jobs/zzz/sr", None, {}, 404, "job_not_found"),
+        ("POST", "/v1/reports", b"garbage", {"Content-Type": "multipart/form-data; boundary=x"}, 400, "bad_request"),
+        ("POST", "/v1/reports", b"{}", {"Content-Type": "application/json"}, 422, "validation_error"),
+        ("DELETE", "/v1/variants", None, {}, 405, "method_not_allowed"),
+    ],
+)
 def test_bad_requests_are_json_errors(daemon, method, url, body, headers, status, code):
     reply = daemon.client.request(method, url, body=body, headers=headers)
     assert (reply.status, reply.error_code) == (status, code), reply.body[:300]
 
 
 def test_bad_idempotency_key_is_refused(daemon):
-    reply = daemon.client.post_study("/v1/jobs", study_files(SAMPLES / "cr_chest" / "image.dcm"),
-                                     headers={"Idempotency-Key": "no spaces/allowed"})
+    reply = daemon.client.post_study(
+        "/v1/jobs", study_files(SAMPLES / "cr_chest" / "image.dcm"), headers={"Idempotency-Key": "no spaces/allowed"}
+    )
     assert (reply.status, reply.error_code) == (400, "invalid_idempotency_key")
 
 
@@ -208,12 +220,26 @@ def test_variants_health_metrics_and_openapi(daemon):
     assert daemon.client.put_json("/v1/variants/active", {"name": "default"}).status == 200
     assert daemon.client.get("/v2/health/live").json() == {"live": True}
     metrics = daemon.client.get("/metrics").body.decode()
-    for name in ("edgekitd_requests_total", "edgekitd_queue_depth", "edgekitd_request_latency_seconds_bucket",
-                 "edgekitd_generated_tokens_total", 'edgekitd_reports_total{outcome="ok",variant="default"}'):
+    for name in (
+        "edgekitd_requests_total",
+        "edgekitd_queue_depth",
+        "edgekitd_request_latency_seconds_bucket",
+        "edgekitd_generated_tokens_total",
+        'edgekitd_reports_total{outcome="ok",variant="default"}',
+    ):
         assert name in metrics
     paths = daemon.client.get("/openapi.json").json()["paths"]
-    assert {"/v1/reports", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/stream", "/v1/variants",
-            "/v1/variants/active", "/v2/health/live", "/v2/health/ready", "/metrics"} <= set(paths)
+    assert {
+        "/v1/reports",
+        "/v1/jobs",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/stream",
+        "/v1/variants",
+        "/v1/variants/active",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/metrics",
+    } <= set(paths)
 
 
 def test_no_patient_data_in_the_log(daemon):
@@ -223,7 +249,6 @@ def test_no_patient_data_in_the_log(daemon):
     log = daemon.log.read_text()
     for f in (SAMPLES / "cr_chest" / "image.dcm", SAMPLES / "ct_chest" / "IM0001.dcm"):
         ds = pydicom.dcmread(f, stop_before_pixels=True)
-        for value in (str(ds.PatientName), ds.PatientID, ds.PatientBirthDate, ds.StudyInstanceUID,
-                      ds.AccessionNumber):
+        for value in (str(ds.PatientName), ds.PatientID, ds.PatientBirthDate, ds.StudyInstanceUID, ds.AccessionNumber):
             assert value not in log
     assert "Cough." not in log and "Follow-up." not in log

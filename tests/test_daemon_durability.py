@@ -27,8 +27,9 @@ def _submit(d: DaemonProcess, n: int) -> list[str]:
     files = study_files(SAMPLES / "cr_chest" / "image.dcm")
     ids = []
     for i in range(n):
-        r = d.client.post_study("/v1/jobs", files, {"max_new_tokens": "120", "prompt": f"job {i}"},
-                                headers={"Idempotency-Key": f"job-{i}"})
+        r = d.client.post_study(
+            "/v1/jobs", files, {"max_new_tokens": "120", "prompt": f"job {i}"}, headers={"Idempotency-Key": f"job-{i}"}
+        )
         assert r.status == 202, r.body
         ids.append(r.json()["id"])
     return ids
@@ -63,9 +64,12 @@ def test_every_accepted_job_completes_after_a_crash_or_stop(tmp_path, model, how
         assert recovered >= 1, "every job finished before the stop: the test proved nothing"
         assert _wait_all(d2, ids) == ["succeeded"] * N_JOBS
         # a replayed key after the restart still finds its job
-        again = d2.client.post_study("/v1/jobs", study_files(SAMPLES / "cr_chest" / "image.dcm"),
-                                     {"max_new_tokens": "120", "prompt": "job 0"},
-                                     headers={"Idempotency-Key": "job-0"})
+        again = d2.client.post_study(
+            "/v1/jobs",
+            study_files(SAMPLES / "cr_chest" / "image.dcm"),
+            {"max_new_tokens": "120", "prompt": "job 0"},
+            headers={"Idempotency-Key": "job-0"},
+        )
         assert again.status == 200 and again.json()["id"] == ids[0]
         print(f"{how}: {N_JOBS} accepted, {recovered} recovered, {N_JOBS} completed")
     finally:

@@ -105,8 +105,9 @@ def test_options_take_the_variant_default_unless_the_request_sets_them():
     plain = generation_options(RequestOptions(), {"max_new_tokens": 40, "eos_token_id": 2})
     assert (plain.max_new_tokens, plain.temperature, plain.top_p, plain.seed) == (40, 0.0, 1.0, None)
     assert generation_options(RequestOptions(), {}).max_new_tokens == 128
-    asked = generation_options(RequestOptions(max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3),
-                               {"max_new_tokens": 40})
+    asked = generation_options(
+        RequestOptions(max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3), {"max_new_tokens": 40}
+    )
     assert (asked.max_new_tokens, asked.temperature, asked.top_p, asked.seed) == (7, 0.5, 0.9, 3)
 
 
@@ -137,14 +138,25 @@ def loading_app(tmp_path_factory):
     return create_app(daemon, token=TOKEN)
 
 
-def _call(app, method: str, path: str, *, body: bytes = b"", headers: dict[str, str] | None = None,
-          auth: bool = True) -> tuple[int, dict[str, str], bytes]:
+def _call(
+    app, method: str, path: str, *, body: bytes = b"", headers: dict[str, str] | None = None, auth: bool = True
+) -> tuple[int, dict[str, str], bytes]:
     """One HTTP request through the ASGI app, as seen from TCP (so the bearer token applies)."""
     hdrs = {**({"authorization": f"Bearer {TOKEN}"} if auth else {}), **(headers or {})}
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(k.lower().encode(), v.encode()) for k, v in hdrs.items()],
-             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8471)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in hdrs.items()],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8471),
+    }
     sent: list[dict] = []
     messages = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -169,8 +181,9 @@ def test_while_loading_ready_says_so_and_model_routes_are_503_not_ready(loading_
     assert status == 503 and json.loads(body) == {"ready": False, "status": "loading"} and headers["retry-after"]
     assert _call(loading_app, "GET", "/v2/health/live")[0] == 200
     for method, path in (("GET", "/v1/variants"), ("PUT", "/v1/variants/active")):
-        status, headers, body = _call(loading_app, method, path, body=b'{"name": "a"}',
-                                      headers={"content-type": "application/json"})
+        status, headers, body = _call(
+            loading_app, method, path, body=b'{"name": "a"}', headers={"content-type": "application/json"}
+        )
         assert (status, _code(body), headers["retry-after"]) == (503, "not_ready", "5"), path
     from edgekit.daemon.client import multipart
 

@@ -29,8 +29,16 @@ def app(tmp_path_factory):
     root = tmp_path_factory.mktemp("edgekitd-fuzz")
     empty = root / "edgekitd.toml"
     empty.write_text("")  # defaults, never the machine's /etc/edgekit
-    cfg = load_config(empty, {"state_dir": root / "state", "default_model_dir": write_tiny_model(root / "model"),
-                              "threads": 1, "max_upload_bytes": 1 << 20, "max_queue": 8})
+    cfg = load_config(
+        empty,
+        {
+            "state_dir": root / "state",
+            "default_model_dir": write_tiny_model(root / "model"),
+            "threads": 1,
+            "max_upload_bytes": 1 << 20,
+            "max_queue": 8,
+        },
+    )
     daemon = Daemon(cfg)
     daemon.start()
     yield create_app(daemon, token=TOKEN)
@@ -49,14 +57,20 @@ def test_no_operation_answers_5xx_to_schema_generated_requests(app):
         label = f"{op.method.upper()} {op.path}"
         counts[label] = 0
 
-        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None, derandomize=True,
-                  phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=op.as_strategy())
         def fuzz(case):
             response = case.call(headers=AUTH)
-            counts[label] += 1
+            counts[label] += 1  # noqa: B023 - fuzz() runs within this iteration
             statuses.add(response.status_code)
-            assert response.status_code < 500, f"{label} -> {response.status_code}: {response.text[:300]}"
+            assert response.status_code < 500, f"{label} -> {response.status_code}: {response.text[:300]}"  # noqa: B023
             ctype = (response.headers.get("content-type") or [""])[0]  # schemathesis keeps a list per header
             if response.status_code >= 400 and ctype.startswith("application/json"):
                 assert "error" in response.json()  # every error in the one documented shape
@@ -66,8 +80,10 @@ def test_no_operation_answers_5xx_to_schema_generated_requests(app):
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0])
     took = time.monotonic() - t0
-    print(f"schemathesis {schemathesis.__version__}: {sum(counts.values())} requests over {len(counts)} operations "
-          f"in {took:.1f} s; statuses seen {sorted(statuses)}")
+    print(
+        f"schemathesis {schemathesis.__version__}: {sum(counts.values())} requests over {len(counts)} operations "
+        f"in {took:.1f} s; statuses seen {sorted(statuses)}"
+    )
     assert not failures, failures
     assert all(n >= 1 for n in counts.values()), counts
     assert took < BUDGET_S

@@ -28,32 +28,48 @@ SAMPLES = REPO / "models" / "samples"
 def test_the_example_config_parses_and_matches_the_defaults(tmp_path):
     cfg = load_config(REPO / "packaging" / "edgekitd.toml")
     defaults = DaemonConfig()
-    for name in ("socket", "socket_mode", "tcp_enabled", "tcp_host", "workers", "max_queue", "max_upload_bytes",
-                 "state_dir", "job_retention_s", "drain_timeout_s", "keep_alive_s"):
+    for name in (
+        "socket",
+        "socket_mode",
+        "tcp_enabled",
+        "tcp_host",
+        "workers",
+        "max_queue",
+        "max_upload_bytes",
+        "state_dir",
+        "job_retention_s",
+        "drain_timeout_s",
+        "keep_alive_s",
+    ):
         assert getattr(cfg, name) == getattr(defaults, name), name
 
 
 def test_config_file_values_relative_paths_and_overrides(tmp_path):
     path = tmp_path / "edgekitd.toml"
-    path.write_text('[daemon]\nstate_dir = "state"\n[scheduler]\nmax_queue = 3\n[listen]\nsocket_mode = "0600"\n'
-                    '[[variants]]\nname = "int4"\nbundle = "b/int4"\n[models]\nactive = "int4"\n')
+    path.write_text(
+        '[daemon]\nstate_dir = "state"\n[scheduler]\nmax_queue = 3\n[listen]\nsocket_mode = "0600"\n'
+        '[[variants]]\nname = "int4"\nbundle = "b/int4"\n[models]\nactive = "int4"\n'
+    )
     cfg = load_config(path, {"workers": 2, "max_queue": None})
     assert cfg.state_dir == tmp_path / "state" and cfg.max_queue == 3 and cfg.workers == 2
     assert cfg.socket_mode == 0o600 and cfg.variants[0].bundle == tmp_path / "b" / "int4"
     assert cfg.active_variant == "int4" and cfg.source == path
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("[scheduler]\nworkerz = 1\n", "unknown key scheduler.workerz"),
-    ("[scheduler]\nworkers = \"two\"\n", "scheduler.workers has the wrong type"),
-    ("[scheduler]\nworkers = 0\n", "workers must be a positive integer"),
-    ("[listen]\ntcp = true\n", "tcp_token_file"),
-    ("[models]\nkeep_alive_s = true\n", "models.keep_alive_s has the wrong type"),
-    ("[models]\nkeep_alive_s = nan\n", "keep_alive_s must be a number of seconds"),
-    ("[listen\n", "not valid TOML"),
-    ("[[variants]]\nname = \"a\"\n", "variants[0] needs"),
-    ("[models]\nactive = \"zz\"\n[[variants]]\nname = \"a\"\nbundle = \"x\"\n", "unknown variant"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[scheduler]\nworkerz = 1\n", "unknown key scheduler.workerz"),
+        ('[scheduler]\nworkers = "two"\n', "scheduler.workers has the wrong type"),
+        ("[scheduler]\nworkers = 0\n", "workers must be a positive integer"),
+        ("[listen]\ntcp = true\n", "tcp_token_file"),
+        ("[models]\nkeep_alive_s = true\n", "models.keep_alive_s has the wrong type"),
+        ("[models]\nkeep_alive_s = nan\n", "keep_alive_s must be a number of seconds"),
+        ("[listen\n", "not valid TOML"),
+        ('[[variants]]\nname = "a"\n', "variants[0] needs"),
+        ('[models]\nactive = "zz"\n[[variants]]\nname = "a"\nbundle = "x"\n', "unknown variant"),
+    ],
+)
 def test_bad_config_names_the_file_and_the_reason(tmp_path, text, needle):
     path = tmp_path / "bad.toml"
     path.write_text(text)
@@ -96,14 +112,25 @@ def test_notify_sends_datagrams_to_path_and_abstract_sockets(tmp_path, abstract)
 def test_notify_is_a_no_op_outside_systemd_and_honours_watchdog_pid():
     assert not Notifier({}).send("READY=1")
     assert Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "1000", "WATCHDOG_PID": "1"}).watchdog_usec is None
-    assert Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "1000",
-                     "WATCHDOG_PID": str(os.getpid())}).watchdog_usec == 1000
+    assert (
+        Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "1000", "WATCHDOG_PID": str(os.getpid())}).watchdog_usec
+        == 1000
+    )
 
 
 # --- the job store ----------------------------------------------------------------------------------------------------
 def _job(store, key=None, fp="f"):
-    return Job(id=store.new_id(), idempotency_key=key, fingerprint=fp, state=QUEUED, variant=None,
-               prompt="p", options={"temperature": 0.0}, input="/x", created=time.time())
+    return Job(
+        id=store.new_id(),
+        idempotency_key=key,
+        fingerprint=fp,
+        state=QUEUED,
+        variant=None,
+        prompt="p",
+        options={"temperature": 0.0},
+        input="/x",
+        created=time.time(),
+    )
 
 
 def test_job_store_survives_reopen_and_requeues_running_jobs(tmp_path):
@@ -148,8 +175,13 @@ def test_sr_reads_back_with_tid_2000_shape_and_references_the_source_study():
     from edgekit.daemon.sr import build_sr, collect_evidence, sr_bytes
 
     evidence = collect_evidence(SAMPLES / "ct_chest")
-    report = {"findings_text": "A 12 mm nodule in the right upper lobe. No effusion.", "impression": "Nodule.",
-              "model": "radreport-tiny", "variant": "default", "target": "cpu"}
+    report = {
+        "findings_text": "A 12 mm nodule in the right upper lobe. No effusion.",
+        "impression": "Nodule.",
+        "model": "radreport-tiny",
+        "variant": "default",
+        "target": "cpu",
+    }
     ds = pydicom.dcmread(io.BytesIO(sr_bytes(build_sr(report, evidence, algorithm_version="0.1.0"))))
     source = pydicom.dcmread(SAMPLES / "ct_chest" / "IM0001.dcm", stop_before_pixels=True)
     assert ds.SOPClassUID == "1.2.840.10008.5.1.4.1.1.88.22"  # Enhanced SR
@@ -159,7 +191,9 @@ def test_sr_reads_back_with_tid_2000_shape_and_references_the_source_study():
     items = {c.ConceptNameCodeSequence[0].CodeValue: c for c in ds.ContentSequence}
     assert items["59776-5"].ContentSequence[0].ConceptNameCodeSequence[0].CodeValue == "121071"
     assert [c.TextValue for c in items["59776-5"].ContentSequence] == [
-        "A 12 mm nodule in the right upper lobe.", "No effusion."]
+        "A 12 mm nodule in the right upper lobe.",
+        "No effusion.",
+    ]
     assert items["19005-8"].ContentSequence[0].TextValue == "Nodule."
     assert items["111001"].TextValue == "radreport-tiny" and items["111003"].TextValue == "0.1.0"  # TID 4019
     refs = ds.CurrentRequestedProcedureEvidenceSequence[0].ReferencedSeriesSequence[0].ReferencedSOPSequence
@@ -179,8 +213,9 @@ def test_service_unit_exposure_is_at_most_2():
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
     unit = REPO / "packaging" / "systemd" / "edgekitd.service"
-    out = subprocess.run(["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True, text=True, timeout=60
+    )
     line = next(x for x in out.stdout.splitlines() if "Overall exposure level" in x)
     score = float(line.split("level for")[1].split(":")[1].split()[0])
     assert score <= 2.0, out.stdout
@@ -190,8 +225,12 @@ def test_unit_files_verify():
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
     units = REPO / "packaging" / "systemd"
-    out = subprocess.run(["systemd-analyze", "verify", "--man=no", str(units / "edgekitd.socket"),
-                          str(units / "edgekitd.service")], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(units / "edgekitd.socket"), str(units / "edgekitd.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     bad = [x for x in out.stderr.splitlines() if "edgekitd" in x and "Command" not in x and "executable" not in x]
     assert not bad, out.stderr
 
@@ -201,8 +240,12 @@ def test_keep_alive_unloads_only_idle_non_active_variants_not_in_use(tmp_path):
     from edgekit.daemon.config import Variant
     from edgekit.daemon.variants import Loaded, VariantRegistry
 
-    cfg = DaemonConfig(state_dir=tmp_path, keep_alive_s=10.0, active_variant="a",
-                       variants=tuple(Variant(n, tmp_path / n) for n in "abc"))
+    cfg = DaemonConfig(
+        state_dir=tmp_path,
+        keep_alive_s=10.0,
+        active_variant="a",
+        variants=tuple(Variant(n, tmp_path / n) for n in "abc"),
+    )
     changes = []
     reg = VariantRegistry(cfg, on_change=changes.append)
     for name in "abc":  # stand-ins for loaded reporters: unloading never touches them

@@ -11,14 +11,27 @@ import numpy as np
 import pytest
 
 from edgekit.export import export_model, random_weights
-from edgekit.generate import GenerationOptions, generate
 from edgekit.export.model_config import ModelConfig
+from edgekit.generate import GenerationOptions, generate
 from edgekit.targets.cpu import CpuBackend
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "models" / "samples"
-SMALL = ModelConfig(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-                    vision_mlp=64, vocab_size=97, hidden=48, layers=2, heads=4, kv_heads=2, intermediate=96)
+SMALL = ModelConfig(
+    image_size=32,
+    patch_size=8,
+    num_frames=2,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    vocab_size=97,
+    hidden=48,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=96,
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +50,15 @@ def test_on_token_sees_exactly_the_generated_tokens_in_order(backend, stop):
     # stop on a token that the unstopped run produces, so the stop path (stop token not reported) is exercised
     stops = [plain.token_ids[5]] if stop == "first" else []
     seen = []
-    result = generate(backend, pixels, prompt,
-                      GenerationOptions(max_new_tokens=12, temperature=0.9, seed=4, stop_token_ids=stops),
-                      on_token=lambda t, i: seen.append((t, i)))
+    result = generate(
+        backend,
+        pixels,
+        prompt,
+        GenerationOptions(max_new_tokens=12, temperature=0.9, seed=4, stop_token_ids=stops),
+        on_token=lambda t, i: seen.append((t, i)),
+    )
     assert [t for t, _ in seen] == result.token_ids and [i for _, i in seen] == list(range(len(seen)))
-    assert result.token_ids == (plain.token_ids if not stops else plain.token_ids[:plain.token_ids.index(stops[0])])
+    assert result.token_ids == (plain.token_ids if not stops else plain.token_ids[: plain.token_ids.index(stops[0])])
 
 
 def test_on_token_refuses_a_batch(backend):
@@ -50,8 +67,9 @@ def test_on_token_refuses_a_batch(backend):
 
     pixels = np.zeros((2, 2, 1, 32, 32), np.float32)
     with pytest.raises(EdgekitError, match="batch of 2"):
-        generate_batch(backend, pixels, np.full((2, 3), 7), GenerationOptions(max_new_tokens=2),
-                       on_token=lambda t, i: None)
+        generate_batch(
+            backend, pixels, np.full((2, 3), 7), GenerationOptions(max_new_tokens=2), on_token=lambda t, i: None
+        )
 
 
 def test_text_deltas_join_to_the_stripped_decoded_text():
@@ -89,7 +107,7 @@ def _events(body: bytes, fmt: str) -> list[dict]:
     if fmt == "sse":
         blocks = [b for b in text.split("\n\n") if b.strip()]
         assert all(b.startswith("data: ") for b in blocks), blocks[:2]
-        return [json.loads(b[len("data: "):]) for b in blocks]
+        return [json.loads(b[len("data: ") :]) for b in blocks]
     return [json.loads(line) for line in text.splitlines()]
 
 

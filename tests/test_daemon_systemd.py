@@ -155,8 +155,11 @@ def test_tcp_listener_needs_the_bearer_token(tmp_path, state, model):
     token = tmp_path / "token"
     token.write_text("t0ken-" + uuid.uuid4().hex)
     port = _free_port()
-    d = DaemonProcess(_copy_state(state, tmp_path / "s"), model,
-                      extra_args=["--tcp", "--tcp-port", str(port), "--tcp-token-file", str(token)])
+    d = DaemonProcess(
+        _copy_state(state, tmp_path / "s"),
+        model,
+        extra_args=["--tcp", "--tcp-port", str(port), "--tcp-token-file", str(token)],
+    )
 
     def get(headers):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -177,7 +180,8 @@ def test_tcp_listener_needs_the_bearer_token(tmp_path, state, model):
 def test_bad_config_exits_2_with_one_line(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text("[scheduler]\nworkers = 0\n")
-    out = subprocess.run([sys.executable, "-m", "edgekit.daemon", "--config", str(config)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "edgekit.daemon", "--config", str(config)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and "workers must be a positive integer" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1

@@ -30,8 +30,9 @@ def daemon(tmp_path_factory):
     config = root / "edgekitd.toml"
     lines = ["[models]", 'active = "a"', f"keep_alive_s = {KEEP_ALIVE_S}"]
     for name, seed in (("a", 1), ("b", 2)):
-        build("cpu", root / f"bundle-{name}", model_dir=write_tiny_model(root / f"model-{name}", seed=seed),
-              parity=False)
+        build(
+            "cpu", root / f"bundle-{name}", model_dir=write_tiny_model(root / f"model-{name}", seed=seed), parity=False
+        )
         lines += ["[[variants]]", f'name = "{name}"', f'bundle = "bundle-{name}"']
     config.write_text("\n".join(lines) + "\n")
     with DaemonProcess(root / "state", config=config, extra_args=["--max-queue", "32"]).start() as d:
@@ -89,8 +90,10 @@ def test_switch_with_requests_in_flight_drops_none_and_old_ones_finish_on_the_ol
     assert old == [(200, "a")] * N_BEFORE, old
     assert after == [(200, "b")] * N_AFTER, after
     assert set(readiness) == {200}, readiness
-    print(f"switch: {N_BEFORE} accepted on a ({in_flight_at_switch} still in flight at the switch) all finished on "
-          f"a; {N_AFTER} after on b; 0 dropped; {len(readiness)} readiness probes all 200")
+    print(
+        f"switch: {N_BEFORE} accepted on a ({in_flight_at_switch} still in flight at the switch) all finished on "
+        f"a; {N_AFTER} after on b; 0 dropped; {len(readiness)} readiness probes all 200"
+    )
 
 
 def test_idle_variant_unloads_after_keep_alive_and_loads_again_on_demand(daemon):

@@ -84,10 +84,9 @@ def test_eval_records_an_unreadable_study_and_goes_on(bundle_dir, tmp_path, caps
     data = write_split(tmp_path / "split", "test", 4).parent
     rows = [json.loads(x) for x in (data / "studies.jsonl").read_text().splitlines()]
     victim = data / rows[0]["path"]
-    for f in (victim.rglob("*.dcm") if victim.is_dir() else [victim]):
+    for f in victim.rglob("*.dcm") if victim.is_dir() else [victim]:
         f.write_bytes(b"not a dicom file")
-    assert main(["eval", str(bundle_dir), "--data", str(data),
-                 "--no-video", "--json"]) == 0
+    assert main(["eval", str(bundle_dir), "--data", str(data), "--no-video", "--json"]) == 0
     overall = json.loads(capsys.readouterr().out)["overall"]
     assert overall["failed"] == 1 and overall["n"] == 3
 

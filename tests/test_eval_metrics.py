@@ -73,4 +73,6 @@ def test_bootstrap_interval_contains_the_estimate_and_narrows_with_more_data():
     lo_l, hi_l = bootstrap_ci(large, lambda x: float(x.mean()), resamples=500)
     assert lo_s < small.mean() < hi_s and lo_l < large.mean() < hi_l
     assert (hi_l - lo_l) < (hi_s - lo_s) / 4
-    assert bootstrap_ci(small, lambda x: float(x.mean()), seed=3) == bootstrap_ci(small, lambda x: float(x.mean()), seed=3)
+    assert bootstrap_ci(small, lambda x: float(x.mean()), seed=3) == bootstrap_ci(
+        small, lambda x: float(x.mean()), seed=3
+    )

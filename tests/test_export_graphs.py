@@ -11,13 +11,33 @@ import pytest
 
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.export import (
-    DecoderSpec, build_decoder, expected_shapes, export_default, export_model, random_weights, save_model, validate,
+    DecoderSpec,
+    build_decoder,
+    expected_shapes,
+    export_default,
+    export_model,
+    random_weights,
+    save_model,
+    validate,
 )
-from edgekit.export.save import non_default_domains
 from edgekit.export.model_config import ModelConfig
+from edgekit.export.save import non_default_domains
 
-SMALL = ModelConfig(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-                    vision_mlp=64, vocab_size=97, hidden=48, layers=2, heads=4, kv_heads=2, intermediate=96)
+SMALL = ModelConfig(
+    image_size=32,
+    patch_size=8,
+    num_frames=2,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    vocab_size=97,
+    hidden=48,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=96,
+)
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +112,13 @@ def test_weights_go_to_external_data_above_the_threshold(exported, tmp_path):
     data = ext.decoder.with_name(ext.decoder.name + ".data")
     assert data.is_file() and data.stat().st_size > ext.decoder.stat().st_size
     ids = np.array([[3, 7, 11]], np.int64)
-    np.testing.assert_array_equal(_run(ext.embed_tokens, {"input_ids": ids})[0],
-                                  _run(inline.embed_tokens, {"input_ids": ids})[0])
+    np.testing.assert_array_equal(
+        _run(ext.embed_tokens, {"input_ids": ids})[0], _run(inline.embed_tokens, {"input_ids": ids})[0]
+    )
     pv = np.random.default_rng(0).uniform(-1, 1, (1, 2, 1, 32, 32)).astype(np.float32)
-    np.testing.assert_array_equal(_run(ext.vision_encoder, {"pixel_values": pv})[0],
-                                  _run(inline.vision_encoder, {"pixel_values": pv})[0])
+    np.testing.assert_array_equal(
+        _run(ext.vision_encoder, {"pixel_values": pv})[0], _run(inline.vision_encoder, {"pixel_values": pv})[0]
+    )
     # exporting again below the threshold writes one file and removes the stale weights file
     export_model(weights, SMALL, tmp_path)
     assert not data.exists()
@@ -151,8 +173,11 @@ def test_decoder_builder_serves_qwen2_style_specs(tmp_path):
     inits = {i.name for i in onnx.load(str(b)).graph.initializer}
     assert "model.layers.0.self_attn.q_proj.bias" in inits and "lm_head.weight" not in inits
     rng = np.random.default_rng(0)
-    feeds = {"inputs_embeds": rng.standard_normal((1, 5, 48)).astype(np.float32),
-             "attention_mask": np.ones((1, 5), np.int64), "position_ids": np.arange(5)[None]}
+    feeds = {
+        "inputs_embeds": rng.standard_normal((1, 5, 48)).astype(np.float32),
+        "attention_mask": np.ones((1, 5), np.int64),
+        "position_ids": np.arange(5)[None],
+    }
     for i in range(SMALL.layers):
         for kv in ("key", "value"):
             feeds[f"past_key_values.{i}.{kv}"] = np.zeros((1, 2, 0, 12), np.float32)

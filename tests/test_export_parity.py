@@ -8,13 +8,26 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from edgekit.export import export_model  # noqa: E402
-from edgekit.export.parity import TorchBackend, measure_export_parity  # noqa: E402
 from edgekit.export.model_config import ModelConfig  # noqa: E402
+from edgekit.export.parity import TorchBackend, measure_export_parity  # noqa: E402
 from edgekit.models.radreport_tiny.modeling import RadReportTiny  # noqa: E402
 from edgekit.targets.cpu import CpuBackend  # noqa: E402
 
-SMALL = ModelConfig(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-                    vision_mlp=64, vocab_size=97, hidden=48, layers=2, heads=4, kv_heads=2, intermediate=96)
+SMALL = ModelConfig(
+    image_size=32,
+    patch_size=8,
+    num_frames=2,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    vocab_size=97,
+    hidden=48,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=96,
+)
 CONFIGS = {"small": SMALL, "default": ModelConfig()}
 
 
@@ -55,8 +68,12 @@ def test_padded_batch_prefill_and_cache_match_torch(export):
         np.testing.assert_allclose(ov, rv, atol=1e-4, rtol=0)
     step = rng.standard_normal((2, 1, config.hidden)).astype(np.float32)
     mask2 = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
-    np.testing.assert_allclose(ort_backend.decode(step, mask2, pos[:, -1:] + 1, ort_past)[0],
-                               ref.decode(step, mask2, pos[:, -1:] + 1, ref_past)[0], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        ort_backend.decode(step, mask2, pos[:, -1:] + 1, ort_past)[0],
+        ref.decode(step, mask2, pos[:, -1:] + 1, ref_past)[0],
+        atol=1e-4,
+        rtol=0,
+    )
 
 
 def test_parity_detects_a_wrong_weight(export):

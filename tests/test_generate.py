@@ -5,12 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from small_model import SMALL
-
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.generate import GenerationOptions, generate, generate_batch, next_tokens
-from edgekit.targets.cpu import CpuBackend
 
+from small_model import SMALL
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +38,12 @@ def test_greedy_follows_the_argmax_of_the_backend(backend):
 
 def test_sampling_is_reproducible_per_seed_and_differs_across_seeds(backend):
     pixels, prompt = _study(1)
-    runs = {seed: generate(backend, pixels, prompt, GenerationOptions(max_new_tokens=16, temperature=1.0, seed=seed))
-            .token_ids for seed in range(4)}
+    runs = {
+        seed: generate(
+            backend, pixels, prompt, GenerationOptions(max_new_tokens=16, temperature=1.0, seed=seed)
+        ).token_ids
+        for seed in range(4)
+    }
     again = generate(backend, pixels, prompt, GenerationOptions(max_new_tokens=16, temperature=1.0, seed=2)).token_ids
     assert again == runs[2]
     assert len({tuple(t) for t in runs.values()}) > 1
@@ -51,8 +53,9 @@ def test_tiny_top_p_equals_greedy(backend):
     for seed in range(3):
         pixels, prompt = _study(10 + seed)
         greedy = generate(backend, pixels, prompt, GenerationOptions(max_new_tokens=12)).token_ids
-        nucleus = generate(backend, pixels, prompt,
-                           GenerationOptions(max_new_tokens=12, temperature=1.5, top_p=1e-6, seed=seed)).token_ids
+        nucleus = generate(
+            backend, pixels, prompt, GenerationOptions(max_new_tokens=12, temperature=1.5, top_p=1e-6, seed=seed)
+        ).token_ids
         assert nucleus == greedy
 
 

@@ -20,8 +20,15 @@ from edgekit.hf import SafetensorsCheckpoint, convert_hf  # noqa: E402
 from edgekit.passes import make_pass, run_pipeline  # noqa: E402
 
 TOL = 1e-4
-DEC = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-           vocab_size=128, initializer_range=0.2)  # a wide init so logits spread and 1e-4 means something
+DEC = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    initializer_range=0.2,
+)  # a wide init so logits spread and 1e-4 means something
 
 
 def _save(model, path: Path, **kw) -> Path:
@@ -50,9 +57,11 @@ class OnnxLM:
 
     def __call__(self, ids: np.ndarray, past=None):
         past_len = 0 if past is None else past[0][0].shape[2]
-        feed = {"inputs_embeds": self.embed.run(None, {"input_ids": ids})[0],
-                "attention_mask": np.ones((ids.shape[0], past_len + ids.shape[1]), np.int64),
-                "position_ids": np.arange(past_len, past_len + ids.shape[1])[None].repeat(ids.shape[0], 0)}
+        feed = {
+            "inputs_embeds": self.embed.run(None, {"input_ids": ids})[0],
+            "attention_mask": np.ones((ids.shape[0], past_len + ids.shape[1]), np.int64),
+            "position_ids": np.arange(past_len, past_len + ids.shape[1])[None].repeat(ids.shape[0], 0),
+        }
         for i in range(self.spec.layers):
             empty = np.zeros((ids.shape[0], self.spec.kv_heads, 0, self.spec.head_dim), np.float32)
             feed[f"past_key_values.{i}.key"] = empty if past is None else past[i][0]
@@ -77,7 +86,7 @@ def _check_decoder_parity(model, out: Path, spec, ids: np.ndarray) -> None:
     n = ids.shape[1] - 3
     logits, past = lm(ids[:, :n])
     for t in range(n, ids.shape[1]):
-        logits, past = lm(ids[:, t:t + 1], past)
+        logits, past = lm(ids[:, t : t + 1], past)
         assert np.abs(logits[:, -1] - ref[:, t]).max() <= TOL
         assert past[0][0].shape[2] == t + 1
 
@@ -92,16 +101,33 @@ def _check_decoder_parity(model, out: Path, spec, ids: np.ndarray) -> None:
 
 
 IDS = np.array([[5, 17, 3, 99, 42, 7, 64, 1, 120], [9, 8, 7, 6, 5, 4, 3, 2, 1]], np.int64)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
-@pytest.mark.parametrize("family,extra,random_bias", [
-    ("llama", {"rope_parameters": LLAMA3_ROPE}, False),  # untied lm_head, llama3 rope scaling
-    ("qwen2", {}, True),  # q/k/v biases
-    ("llama", {"tie_word_embeddings": True, "head_dim": 24,  # tied embeddings, head_dim != hidden/heads,
-               "rope_parameters": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 2.0}}, False),
-], ids=["llama-llama3rope", "qwen2-bias", "llama-tied-linearrope"])
+@pytest.mark.parametrize(
+    "family,extra,random_bias",
+    [
+        ("llama", {"rope_parameters": LLAMA3_ROPE}, False),  # untied lm_head, llama3 rope scaling
+        ("qwen2", {}, True),  # q/k/v biases
+        (
+            "llama",
+            {
+                "tie_word_embeddings": True,
+                "head_dim": 24,  # tied embeddings, head_dim != hidden/heads,
+                "rope_parameters": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 2.0},
+            },
+            False,
+        ),
+    ],
+    ids=["llama-llama3rope", "qwen2-bias", "llama-tied-linearrope"],
+)
 def test_decoder_parity(tmp_path, family, extra, random_bias):
     cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[family]
     model = _causal_lm(cls(**DEC, **extra), random_bias=random_bias)
@@ -130,8 +156,9 @@ def test_sharded_bf16_checkpoint(tmp_path):
 @pytest.mark.parametrize("family", ["siglip", "vit"])
 def test_vision_encoder_parity(tmp_path, family):
     torch.manual_seed(0)
-    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-                  patch_size=8)
+    common = dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8
+    )
     if family == "siglip":
         model = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**common)).eval()
     else:
@@ -147,8 +174,11 @@ def test_vision_encoder_parity(tmp_path, family):
     assert got.shape == ref.shape == (2, 16 + (family == "vit"), 32)
     assert np.abs(got - ref).max() <= TOL
     names = {i.name for i in __import__("onnx").load(str(result.graphs[0])).graph.initializer}
-    assert ("encoder.layer.0.attention.attention.query.weight" if family == "vit"
-            else "encoder.layers.0.self_attn.q_proj.weight") in names  # the checkpoint's own names
+    assert (
+        "encoder.layer.0.attention.attention.query.weight"
+        if family == "vit"
+        else "encoder.layers.0.self_attn.q_proj.weight"
+    ) in names  # the checkpoint's own names
 
 
 def _tiny_llama_dir(tmp_path: Path) -> Path:
@@ -203,11 +233,13 @@ def test_external_data_convert_and_int4_check_through_files(tmp_path, monkeypatc
         assert 0 < a.worst("logits").rel_l2 < 1.0
     e2e = via_files.end_to_end["decoder_model_merged.onnx"]
     assert max(e.rel_l2 for e in e2e) == pytest.approx(
-        max(e.rel_l2 for e in in_memory.end_to_end["decoder_model_merged.onnx"]), rel=1e-5)
+        max(e.rel_l2 for e in in_memory.end_to_end["decoder_model_merged.onnx"]), rel=1e-5
+    )
     assert not list(tmp_path.glob(".q2*")) and not (tmp_path / "q2" / ".check").exists()  # no scratch left
 
-    skipped = run_pipeline(tmp_path / "onnx", tmp_path / "q3", [make_pass("int4:block=32")],
-                           check_max_bytes=0).reports[0]
+    skipped = run_pipeline(tmp_path / "onnx", tmp_path / "q3", [make_pass("int4:block=32")], check_max_bytes=0).reports[
+        0
+    ]
     assert skipped.check is None and "check_max_bytes" in skipped.notes["check_skipped"]
 
 

@@ -15,9 +15,10 @@ from pydicom.uid import (
     RLELossless,
     generate_uid,
 )
-from ingest_factory import make_dataset, ramp, save, save_pillow_compressed, write_series
 
 from edgekit.ingest import IngestLimits, hash_uid, load_study, to_display
+
+from ingest_factory import make_dataset, ramp, save, save_pillow_compressed, write_series
 
 
 def _expected(pixels, **kw):
@@ -139,9 +140,14 @@ def test_series_normal_accounts_for_orientation(tmp_path):
     folder.mkdir()
     study_uid, series_uid = generate_uid(), generate_uid()
     for k, x in enumerate([3.0, -1.0, 7.0]):
-        ds = make_dataset(np.full((4, 4), int(x * 10 + 100), dtype=np.uint16), study_uid=study_uid,
-                          series_uid=series_uid, orientation=(0, 1, 0, 0, 0, -1), position=(x, 0.0, 50.0 - k),
-                          instance=k + 1)
+        ds = make_dataset(
+            np.full((4, 4), int(x * 10 + 100), dtype=np.uint16),
+            study_uid=study_uid,
+            series_uid=series_uid,
+            orientation=(0, 1, 0, 0, 0, -1),
+            position=(x, 0.0, 50.0 - k),
+            instance=k + 1,
+        )
         save(ds, folder / f"f{k}.dcm")
     means = load_study(folder).frames.mean(axis=(1, 2))
     assert np.all(np.diff(means) < 0), "ascending along -x means descending x"
@@ -152,8 +158,13 @@ def test_series_without_positions_uses_instance_number(tmp_path):
     folder.mkdir()
     study_uid, series_uid = generate_uid(), generate_uid()
     for inst, name in [(3, "a"), (1, "b"), (2, "c")]:
-        ds = make_dataset(np.full((4, 4), inst * 10, dtype=np.uint16), study_uid=study_uid, series_uid=series_uid,
-                          orientation=None, instance=inst)
+        ds = make_dataset(
+            np.full((4, 4), inst * 10, dtype=np.uint16),
+            study_uid=study_uid,
+            series_uid=series_uid,
+            orientation=None,
+            instance=inst,
+        )
         save(ds, folder / name)
     means = load_study(folder).frames.mean(axis=(1, 2))
     assert np.all(np.diff(means) > 0)

@@ -7,10 +7,11 @@ import zipfile
 import numpy as np
 import pytest
 from pydicom.uid import JPEG2000Lossless, generate_uid
-from ingest_factory import make_dataset, ramp, save, write_series
 
 from edgekit.errors import EdgekitError, StudyError, UnsupportedTransferSyntaxError
 from edgekit.ingest import IngestLimits, load_study
+
+from ingest_factory import make_dataset, ramp, save, write_series
 
 
 def _fails(path, exc=StudyError, **kw):

@@ -9,11 +9,12 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom import config
-from ingest_factory import PHI_DATE, PHI_ID, PHI_NAME, make_dataset, ramp, save
 
 from edgekit.errors import StudyError
 from edgekit.ingest import hash_uid, load_study, phi_guard
 from edgekit.ingest.phi import scrub
+
+from ingest_factory import PHI_DATE, PHI_ID, PHI_NAME, make_dataset, ramp, save
 
 BAD_NAME = "Secretname^Johnathan" + "Q" * 70  # PN component over 64 chars: pydicom warns, quoting nothing
 BAD_DATE = "1965-04-12"  # not DA format: pydicom warns and quotes the value

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ingest_factory import write_mp4
 
 from edgekit.errors import StudyError
 from edgekit.ingest import IngestLimits, load_study
 from edgekit.preprocess import sample_indices
+
+from ingest_factory import write_mp4
 
 
 def test_short_video_keeps_every_frame(tmp_path):

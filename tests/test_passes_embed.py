@@ -28,9 +28,14 @@ def _run(model):
     return session(model).run(None, {"input_ids": IDS})[0]
 
 
-@pytest.mark.parametrize("spec, op", [("qembed:block=32", "GatherBlockQuantized"),
-                                      ("qembed:block=32,target=orin", "DequantizeLinear"),
-                                      ("qembed:block=16,bits=8", "DequantizeLinear")])
+@pytest.mark.parametrize(
+    "spec, op",
+    [
+        ("qembed:block=32", "GatherBlockQuantized"),
+        ("qembed:block=32,target=orin", "DequantizeLinear"),
+        ("qembed:block=16,bits=8", "DequantizeLinear"),
+    ],
+)
 def test_encodings_gather_the_numpy_dequantized_rows(spec, op):
     model, table = _embed()
     fp32_bytes = initializer_bytes(model)

@@ -14,14 +14,32 @@ from edgekit.export import export_model, random_weights
 from edgekit.export.model_config import ModelConfig
 from edgekit.names import DECODER
 from edgekit.passes import (
-    GraphPass, PassChanges, PassConfig, PassContext, PassFailedError, PassPreconditionError, load_recipe, make_pass,
-    param, run_pipeline,
+    GraphPass,
+    PassChanges,
+    PassConfig,
+    PassContext,
+    PassFailedError,
+    PassPreconditionError,
+    load_recipe,
+    make_pass,
+    param,
+    run_pipeline,
 )
 from edgekit.passes.int4 import Int4Config
 from edgekit.plugins import get_model_family
 
-SMALL = ModelConfig(vocab_size=256, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
-                    vision_hidden=32, vision_layers=1, vision_heads=2, vision_mlp=64)
+SMALL = ModelConfig(
+    vocab_size=256,
+    hidden=64,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=128,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +56,18 @@ def test_config_parses_types_and_lists():
     assert Int4Config.from_mapping({"block": 128, "method": "awq"}).method == "awq"
 
 
-@pytest.mark.parametrize("text, field", [
-    ("block=48", "int4.block"), ("block=abc", "int4.block"), ("mixed=-1", "int4.mixed"),
-    ("symmetric=maybe", "int4.symmetric"), ("colour=red", "colour"), ("target=orin,symmetric=false", "symmetric"),
-    ("block", "key=value"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("block=48", "int4.block"),
+        ("block=abc", "int4.block"),
+        ("mixed=-1", "int4.mixed"),
+        ("symmetric=maybe", "int4.symmetric"),
+        ("colour=red", "colour"),
+        ("target=orin,symmetric=false", "symmetric"),
+        ("block", "key=value"),
+    ],
+)
 def test_config_errors_name_the_field(text, field):
     with pytest.raises(ConfigError) as err:
         Int4Config.from_string(text, where="int4")
@@ -147,6 +172,7 @@ def test_cli_happy_path_and_bad_pass(model_dir, tmp_path, capsys):
 def test_cli_help_has_examples(capsys):
     with pytest.raises(SystemExit):
         from edgekit.cli.app import app
+
         app(["optimize", "--help"], prog_name="edgekit")
     text = " ".join(capsys.readouterr().out.split())
     assert "Examples:" in text and "method=awq" in text and "--recipe" in text

@@ -15,7 +15,12 @@ from edgekit.passes import PassContext, find_weight_matmuls, make_pass
 from edgekit.passes.calibration import sample_feeds
 from edgekit.passes.check import check_models, session
 from edgekit.passes.int4_encode import (
-    dequantize_matmulnbits, matmulnbits_tensors, pack_nibbles, qdq_tensors, quantize_blocks, unpack_nibbles,
+    dequantize_matmulnbits,
+    matmulnbits_tensors,
+    pack_nibbles,
+    qdq_tensors,
+    quantize_blocks,
+    unpack_nibbles,
 )
 
 SMALL = ModelConfig(vocab_size=256, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)
@@ -50,25 +55,36 @@ def test_matmulnbits_layout_matches_numpy():
         qw = quantize_blocks(w_kn.T, block, symmetric=symmetric)
         b, scales, zp = matmulnbits_tensors(qw)
         assert b.shape == (n, k // block, block // 2) and scales.shape == (n, k // block)
-        np.testing.assert_allclose(dequantize_matmulnbits(b, scales, zp, k=k, bits=4, block=block),
-                                   qw.dequantize().T, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(
+            dequantize_matmulnbits(b, scales, zp, k=k, bits=4, block=block), qw.dequantize().T, rtol=0, atol=1e-6
+        )
 
 
 def test_matmulnbits_node_runs_in_ort_like_numpy():
     model = _decoder()
     make_pass("int4:block=32")(model)
     nodes = [nd for nd in model.graph if nd.op_type == "MatMulNBits"]
-    assert len(nodes) == 2 * 7 + 1 and not [nd for nd in model.graph if nd.op_type == "Transpose" and
-                                           nd.inputs[0].is_initializer()]
+    assert len(nodes) == 2 * 7 + 1 and not [
+        nd for nd in model.graph if nd.op_type == "Transpose" and nd.inputs[0].is_initializer()
+    ]
     nd = nodes[0]
     b, s = nd.inputs[1].const_value.numpy(), nd.inputs[2].const_value.numpy()
     w = dequantize_matmulnbits(b, s, None, k=nd.attributes["K"].as_int(), bits=4, block=32)
     x = ir.val("x", ir.DataType.FLOAT, [3, w.shape[0]])
-    single = ir.node("MatMulNBits", [x, *[ir.Value(name=v.name, const_value=v.const_value) for v in nd.inputs[1:]]],
-                     {a: nd.attributes[a].value for a in ("K", "N", "bits", "block_size")}, domain="com.microsoft")
+    single = ir.node(
+        "MatMulNBits",
+        [x, *[ir.Value(name=v.name, const_value=v.const_value) for v in nd.inputs[1:]]],
+        {a: nd.attributes[a].value for a in ("K", "N", "bits", "block_size")},
+        domain="com.microsoft",
+    )
     single.outputs[0].name, single.outputs[0].dtype = "y", ir.DataType.FLOAT
-    g = ir.Graph([x], single.outputs, nodes=[single], initializers=[v for v in single.inputs[1:]],
-                 opset_imports={"": 21, "com.microsoft": 1})
+    g = ir.Graph(
+        [x],
+        single.outputs,
+        nodes=[single],
+        initializers=[v for v in single.inputs[1:]],
+        opset_imports={"": 21, "com.microsoft": 1},
+    )
     feed = np.random.default_rng(3).standard_normal((3, w.shape[0])).astype(np.float32)
     (y,) = session(ir.Model(g, ir_version=10)).run(None, {"x": feed})
     np.testing.assert_allclose(y, feed @ w, rtol=1e-4, atol=1e-4)
@@ -97,8 +113,15 @@ def test_orin_refuses_asymmetric():
         make_pass("int4:target=orin,symmetric=false")
 
 
-@pytest.mark.parametrize("spec", ["int4:block=32", "int4:block=32,target=orin", "int4:block=64,symmetric=false",
-                                  "int4:block=32,method=awq,mixed=2,calib=4,awq_grid=5"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "int4:block=32",
+        "int4:block=32,target=orin",
+        "int4:block=64,symmetric=false",
+        "int4:block=32,method=awq,mixed=2,calib=4,awq_grid=5",
+    ],
+)
 def test_int4_logits_error_is_small(spec):
     model = _decoder()
     before = ir.to_proto(model).SerializeToString()
@@ -169,14 +192,17 @@ def test_vision_int4_in_the_pipeline_checks_image_features(tmp_path):
     assert [e.name for e in report.check] == ["image_features"]
     assert report.worst().rel_l2 < 0.1
     assert report.notes["matmuls"]["int4"] > 0 and report.notes["matmuls"]["int8"] == 1  # mixed=1 on vision
-    assert sorted(report.notes["other_weights"]) == ["vision_model.embeddings.patch_embedding.weight",
-                                                     "vision_model.embeddings.position_embedding.weight"]
+    assert sorted(report.notes["other_weights"]) == [
+        "vision_model.embeddings.patch_embedding.weight",
+        "vision_model.embeddings.position_embedding.weight",
+    ]
     assert report.size_after < 0.2 * report.size_before
     ops = {n.op_type for n in ir.load(tmp_path / "out" / "vision_encoder.onnx").graph}
     assert {"MatMulNBits", "DequantizeLinear", "Conv"} <= ops
     # the decoder was not asked for: copied byte for byte
-    assert (tmp_path / "out" / "decoder_model_merged.onnx").read_bytes() == \
-        (src / "decoder_model_merged.onnx").read_bytes()
+    assert (tmp_path / "out" / "decoder_model_merged.onnx").read_bytes() == (
+        src / "decoder_model_merged.onnx"
+    ).read_bytes()
 
 
 def test_vision_calibration_is_preprocessed_studies():
@@ -209,11 +235,15 @@ def test_decoder_calibration_feeds_are_image_tokens_then_the_trained_prompt(tmp_
     export_default(weights, tmp_path, check=False)
     (feed,) = record_decoder_feeds(tmp_path, 1)
     (study,) = get_model_family().calibration_studies(1)
-    ids = prompt_ids(Tokenizer.from_file(str(weights / "tokenizer.json")),
-                     json.loads((weights / "generation_config.json").read_text()), study.modality, "")
+    ids = prompt_ids(
+        Tokenizer.from_file(str(weights / "tokenizer.json")),
+        json.loads((weights / "generation_config.json").read_text()),
+        study.modality,
+        "",
+    )
     text = CpuBackend.from_dir(tmp_path, intra_op_threads=1).embed(np.asarray([ids], np.int64))
     x = feed["inputs_embeds"]
-    np.testing.assert_array_equal(x[:, -len(ids):], text)
+    np.testing.assert_array_equal(x[:, -len(ids) :], text)
     assert feed["attention_mask"].shape == (1, x.shape[1]) and feed["position_ids"][0, -1] == x.shape[1] - 1
 
 
@@ -222,6 +252,9 @@ def test_fit_block_uses_the_largest_block_that_divides_each_k():
     with pytest.raises(ConfigError, match="does not divide"):
         make_pass("int4:block=128")(_decoder())
     make_pass("int4:block=128,fit_block=true")(model)
-    blocks = {int(n.attributes["K"].as_int()): int(n.attributes["block_size"].as_int())
-              for n in model.graph if n.op_type == "MatMulNBits"}
+    blocks = {
+        int(n.attributes["K"].as_int()): int(n.attributes["block_size"].as_int())
+        for n in model.graph
+        if n.op_type == "MatMulNBits"
+    }
     assert blocks == {64: 64, 128: 128}

@@ -12,8 +12,8 @@ from onnx import helper, numpy_helper
 
 from edgekit.errors import ConfigError
 from edgekit.export import export_model
-from edgekit.names import DECODER, VISION_ENCODER
 from edgekit.export.model_config import ModelConfig
+from edgekit.names import DECODER, VISION_ENCODER
 from edgekit.passes.base import PassContext
 from edgekit.passes.lora import LoraMergePass, merge_lora
 from edgekit.passes.peft_adapter import AdapterError, read_peft_adapter
@@ -25,8 +25,21 @@ from edgekit.export.parity import TorchBackend  # noqa: E402
 from edgekit.models.radreport_tiny.modeling import RadReportTiny  # noqa: E402
 from edgekit.targets.cpu import CpuBackend  # noqa: E402
 
-TINY = ModelConfig(image_size=16, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-                   vision_mlp=64, vocab_size=61, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64)
+TINY = ModelConfig(
+    image_size=16,
+    patch_size=8,
+    num_frames=2,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    vocab_size=61,
+    hidden=32,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=64,
+)
 TARGETS = ["q_proj", "v_proj", "gate_proj"]
 DECODER_ONLY = r"model\.layers\.\d+\.(self_attn\.(q|v)_proj|mlp\.gate_proj)"
 
@@ -42,8 +55,12 @@ def state(model) -> dict[str, np.ndarray]:
 
 def save_adapter(out, *, seed: int, r: int = 4, alpha: float = 8, target_modules=TARGETS, rslora=False):
     """Wrap a fresh copy of the base model with PEFT, give lora_B non-zero values, save; return the PEFT model."""
-    pm = peft.get_peft_model(tiny_model(), peft.LoraConfig(target_modules=target_modules, r=r, lora_alpha=alpha,
-                                                           use_rslora=rslora, init_lora_weights=True))
+    pm = peft.get_peft_model(
+        tiny_model(),
+        peft.LoraConfig(
+            target_modules=target_modules, r=r, lora_alpha=alpha, use_rslora=rslora, init_lora_weights=True
+        ),
+    )
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in pm.named_parameters():
@@ -128,14 +145,18 @@ def test_fan_in_fan_out_weight_stored_in_out(tmp_path):
     w0 = block.c_attn.weight.detach().numpy().copy()
     x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])
     y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 12])
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "c_attn.weight"], ["y"], name="/c_attn/MatMul")],
-                              "g", [x], [y], [numpy_helper.from_array(w0, "c_attn.weight")])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "c_attn.weight"], ["y"], name="/c_attn/MatMul")],
+        "g",
+        [x],
+        [y],
+        [numpy_helper.from_array(w0, "c_attn.weight")],
+    )
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(model_dir / DECODER))
 
-    pm = peft.get_peft_model(block, peft.LoraConfig(target_modules=["c_attn"], r=2, lora_alpha=4,
-                                                    fan_in_fan_out=True))
+    pm = peft.get_peft_model(block, peft.LoraConfig(target_modules=["c_attn"], r=2, lora_alpha=4, fan_in_fan_out=True))
     with torch.no_grad():
         for name, p in pm.named_parameters():
             if "lora_" in name:
@@ -221,8 +242,7 @@ def test_pass_merges_one_graph_when_siblings_hold_the_rest(base, tmp_path):
         np.testing.assert_allclose(v.const_value.numpy(), reference[name], atol=1e-5, rtol=0)
     # without the sibling graphs, the vision modules cannot be placed: refused
     with pytest.raises(AdapterError, match="vision_model"):
-        LoraMergePass.from_string(f"adapters={tmp_path / 'a'}")(ir.load(base / DECODER),
-                                                                      PassContext(graph=DECODER))
+        LoraMergePass.from_string(f"adapters={tmp_path / 'a'}")(ir.load(base / DECODER), PassContext(graph=DECODER))
 
 
 def test_config_errors_name_the_field():
@@ -253,9 +273,21 @@ def test_finetune_recipe_on_a_tiny_model_and_merge_without_torch(tmp_path):
     pcfg = PreprocessConfig()
     train, val = build_split("train", 16, pcfg), build_split("val", 4, pcfg)
     tok = train_tokenizer(tokenizer_corpus(train) + tokenizer_corpus(to_site(train)), vocab_size=400)
-    cfg = ModelConfig(image_size=pcfg.image_size, patch_size=16, num_frames=pcfg.num_frames, vision_hidden=32,
-                      vision_layers=1, vision_heads=2, vision_mlp=64, vocab_size=tok.get_vocab_size(), hidden=48,
-                      layers=2, heads=4, kv_heads=2, intermediate=96)
+    cfg = ModelConfig(
+        image_size=pcfg.image_size,
+        patch_size=16,
+        num_frames=pcfg.num_frames,
+        vision_hidden=32,
+        vision_layers=1,
+        vision_heads=2,
+        vision_mlp=64,
+        vocab_size=tok.get_vocab_size(),
+        hidden=48,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=96,
+    )
     torch.manual_seed(0)
     model = RadReportTiny(cfg).eval()
     base_weights = state(model)

@@ -10,8 +10,8 @@ import pytest
 
 from edgekit.errors import ConfigError
 from edgekit.export import export_model, random_weights
-from edgekit.names import DECODER
 from edgekit.export.model_config import ModelConfig
+from edgekit.names import DECODER
 from edgekit.passes.base import PassContext, PassPreconditionError
 from edgekit.passes.check import run_all, session
 from edgekit.passes.heads import (
@@ -32,8 +32,21 @@ from edgekit.passes.sparsity import (
     mask_2to4,
 )
 
-SMALL = ModelConfig(image_size=16, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-                    vision_mlp=64, vocab_size=64, hidden=48, layers=3, heads=6, kv_heads=2, intermediate=96)
+SMALL = ModelConfig(
+    image_size=16,
+    patch_size=8,
+    num_frames=2,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    vocab_size=64,
+    hidden=48,
+    layers=3,
+    heads=6,
+    kv_heads=2,
+    intermediate=96,
+)
 DEAD = (1, 4)  # (layer, head) whose o_proj columns are zeroed
 
 
@@ -42,7 +55,7 @@ def model_dir(tmp_path_factory):
     w = random_weights(SMALL, seed=3)
     layer, head = DEAD
     hd = SMALL.head_dim
-    w[f"model.layers.{layer}.self_attn.o_proj.weight"][:, head * hd:(head + 1) * hd] = 0.0
+    w[f"model.layers.{layer}.self_attn.o_proj.weight"][:, head * hd : (head + 1) * hd] = 0.0
     d = tmp_path_factory.mktemp("small")
     export_model(w, SMALL, d)
     return d
@@ -138,8 +151,21 @@ def test_sparse24_is_exactly_two_of_four_along_k_and_runs(model_dir):
 
 
 def test_sparse24_refuses_k_not_multiple_of_4(tmp_path):
-    odd = ModelConfig(image_size=16, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-                      vision_mlp=64, vocab_size=64, hidden=36, layers=1, heads=6, kv_heads=2, intermediate=90)
+    odd = ModelConfig(
+        image_size=16,
+        patch_size=8,
+        num_frames=2,
+        vision_hidden=32,
+        vision_layers=1,
+        vision_heads=2,
+        vision_mlp=64,
+        vocab_size=64,
+        hidden=36,
+        layers=1,
+        heads=6,
+        kv_heads=2,
+        intermediate=90,
+    )
     export_model(random_weights(odd, 0), odd, tmp_path, check=False)
     with pytest.raises(PassPreconditionError, match="down_proj"):
         Sparse24Pass()(ir.load(tmp_path / DECODER))

@@ -11,8 +11,8 @@ from edgekit.errors import ConfigError
 from edgekit.ingest.pixels import to_display
 from edgekit.preprocess import PreprocessConfig, preprocess_frames, sample_indices
 
-
 # --- to_display ---------------------------------------------------------------------------------------------
+
 
 def test_linear_voi_matches_the_standard_formula():
     stored = np.array([[0, 1000, 1040, 1080, 2000]], dtype=np.uint16)
@@ -74,6 +74,7 @@ def test_nan_in_float_pixels_does_not_poison_the_result():
 
 # --- frame sampling and preprocess_frames ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n,k", [(1, 8), (5, 8), (8, 8), (13, 8), (100, 8), (7, 3)])
 def test_sample_indices_follow_the_contract(n, k):
     got = sample_indices(n, k)
@@ -116,6 +117,7 @@ def test_preprocess_rejects_empty_input():
 
 # --- PreprocessConfig ----------------------------------------------------------------------------------------
 
+
 def test_config_round_trips_through_a_file(tmp_path):
     cfg = PreprocessConfig(image_size=96, num_frames=4, mean=0.4, std=0.2)
     path = cfg.save(tmp_path)
@@ -139,8 +141,9 @@ def test_config_bad_json_names_the_file(tmp_path):
     assert str(path) in str(info.value) and "JSON" in str(info.value)
 
 
-@pytest.mark.parametrize("bad", [{"image_size": 0}, {"num_frames": -1}, {"std": 0.0}, {"image_size": "64"},
-                                 {"mean": float("nan")}])
+@pytest.mark.parametrize(
+    "bad", [{"image_size": 0}, {"num_frames": -1}, {"std": 0.0}, {"image_size": "64"}, {"mean": float("nan")}]
+)
 def test_config_rejects_bad_values(tmp_path, bad):
     path = tmp_path / "preprocessor_config.json"
     path.write_text(json.dumps(bad))

@@ -7,8 +7,9 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom.uid import (
-    CTImageStorage,
+    UID,
     ComputedRadiographyImageStorage,
+    CTImageStorage,
     DeflatedExplicitVRLittleEndian,
     DigitalXRayImageStorageForPresentation,
     ExplicitVRLittleEndian,
@@ -17,7 +18,6 @@ from pydicom.uid import (
     JPEGBaseline8Bit,
     MRImageStorage,
     RLELossless,
-    UID,
     UltrasoundMultiFrameImageStorage,
 )
 
@@ -26,10 +26,20 @@ from edgekit.models.synth import generate_study
 from edgekit.models.synth.dicom_writer import verify_dicom, write_dicom
 from edgekit.models.synth.video_writer import read_mp4_gray, write_mp4
 
-LOSSLESS = [ExplicitVRLittleEndian, ImplicitVRLittleEndian, DeflatedExplicitVRLittleEndian, RLELossless,
-            JPEG2000Lossless]
-SOP = {"CT": CTImageStorage, "MR": MRImageStorage, "CR": ComputedRadiographyImageStorage,
-       "DX": DigitalXRayImageStorageForPresentation, "US": UltrasoundMultiFrameImageStorage}
+LOSSLESS = [
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+    DeflatedExplicitVRLittleEndian,
+    RLELossless,
+    JPEG2000Lossless,
+]
+SOP = {
+    "CT": CTImageStorage,
+    "MR": MRImageStorage,
+    "CR": ComputedRadiographyImageStorage,
+    "DX": DigitalXRayImageStorageForPresentation,
+    "US": UltrasoundMultiFrameImageStorage,
+}
 
 
 def _read(paths):
@@ -52,8 +62,9 @@ def test_lossless_syntaxes_decode_exactly(tmp_path, kind_offset, syntax):
     assert all(ds.file_meta.TransferSyntaxUID == syntax for ds in dss)
 
 
-@pytest.mark.parametrize("syntax", [JPEGBaseline8Bit, RLELossless, JPEG2000Lossless, ExplicitVRLittleEndian],
-                         ids=lambda u: u.name)
+@pytest.mark.parametrize(
+    "syntax", [JPEGBaseline8Bit, RLELossless, JPEG2000Lossless, ExplicitVRLittleEndian], ids=lambda u: u.name
+)
 def test_us_cine_syntaxes(tmp_path, syntax):
     study = generate_study(3, "test")
     (path,) = write_dicom(study, tmp_path, syntax=syntax, verify=False)

@@ -8,26 +8,34 @@ import pytest
 from PIL import Image
 
 from edgekit.errors import ConfigError
+from edgekit.findings import KIND_BY_NAME, parse_report
 from edgekit.ingest.pixels import to_display
-from edgekit.findings import parse_report
 from edgekit.models.synth import generate_study
-from edgekit.findings import KIND_BY_NAME
 from edgekit.models.synth.generator import generate_study_with
 
 MODEL_SIZE, MODEL_FRAMES = 64, 8
 
 
 def _display(s):
-    return to_display(s.stored, slope=s.slope, intercept=s.intercept, center=s.center, width=s.width,
-                      photometric=s.photometric)
+    return to_display(
+        s.stored, slope=s.slope, intercept=s.intercept, center=s.center, width=s.width, photometric=s.photometric
+    )
 
 
 def _model_view(frames):
     """The frames the model samples, each area-downsampled to 64x64 (the contract's preprocessing)."""
     n = frames.shape[0]
     idx = [int((i + 0.5) * n / MODEL_FRAMES) for i in range(MODEL_FRAMES)]
-    return np.stack([np.asarray(Image.fromarray(np.ascontiguousarray(frames[i], np.float32), "F")
-                                .resize((MODEL_SIZE, MODEL_SIZE), Image.BOX)) for i in idx])
+    return np.stack(
+        [
+            np.asarray(
+                Image.fromarray(np.ascontiguousarray(frames[i], np.float32), "F").resize(
+                    (MODEL_SIZE, MODEL_SIZE), Image.BOX
+                )
+            )
+            for i in idx
+        ]
+    )
 
 
 def _digest(s) -> str:
@@ -40,8 +48,12 @@ def test_same_study_twice_is_identical():
     for i in range(4):
         a, b = generate_study(i, "train"), generate_study(i, "train")
         assert a.stored.dtype == b.stored.dtype and np.array_equal(a.stored, b.stored)
-        assert (a.findings, a.negatives, a.references, a.study_uid) == (b.findings, b.negatives, b.references,
-                                                                        b.study_uid)
+        assert (a.findings, a.negatives, a.references, a.study_uid) == (
+            b.findings,
+            b.negatives,
+            b.references,
+            b.study_uid,
+        )
 
 
 def test_order_of_generation_does_not_matter():

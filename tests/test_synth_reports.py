@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgekit.findings import Finding, parse_report
+from edgekit.findings import KINDS, Finding, parse_report, sort_findings, sort_types
 from edgekit.models.synth import render_report
-from edgekit.findings import KINDS, sort_findings, sort_types
 from edgekit.models.synth.generator import draw_findings
 from edgekit.models.synth.reports import STYLES
 
@@ -45,41 +44,79 @@ def test_normal_study_has_a_normal_impression():
     assert "No pleural effusion." in text
 
 
-@pytest.mark.parametrize("text, findings, negatives", [
-    ("Findings: 2 nodules in the left lung, up to 3 cm. no mass or pleural effusion.",
-     [Finding("nodule", "left", 30, 2)], ["mass", "pleural effusion"]),
-    ("There is a 1.5 cm lesion in the right hemisphere; ventricles are normal in size",
-     [Finding("lesion", "right", 15)], ["hydrocephalus"]),
-    ("Right-sided pneumothorax. Heart size is normal. Pleural effusion is absent. No consolidation.",
-     [Finding("pneumothorax", "right")], ["consolidation", "pleural effusion", "cardiomegaly"]),
-    ("Hypokinesis. No pericardial effusion.", [Finding("reduced wall motion")], ["pericardial effusion"]),
-    ("Left effusion.", [Finding("pleural effusion", "left")], []),
-    ("INDICATION: Follow-up of lung nodule. FINDINGS: No pulmonary nodules. IMPRESSION: Normal study.",
-     [], ["nodule"]),
-    ("A 20 mm nodule in the right lung and a 50 mm mass in the left lung, no pleural effusion.",
-     [Finding("nodule", "right", 20), Finding("mass", "left", 50)], ["pleural effusion"]),
-    ("Mass and pleural effusion are absent.", [], ["mass", "pleural effusion"]),
-    ("No mass but a 20 mm nodule in the left lung.", [Finding("nodule", "left", 20)], ["mass"]),
-    ("Left lung nodules.", [Finding("nodule", "left", None, 2)], []),
-])
+@pytest.mark.parametrize(
+    "text, findings, negatives",
+    [
+        (
+            "Findings: 2 nodules in the left lung, up to 3 cm. no mass or pleural effusion.",
+            [Finding("nodule", "left", 30, 2)],
+            ["mass", "pleural effusion"],
+        ),
+        (
+            "There is a 1.5 cm lesion in the right hemisphere; ventricles are normal in size",
+            [Finding("lesion", "right", 15)],
+            ["hydrocephalus"],
+        ),
+        (
+            "Right-sided pneumothorax. Heart size is normal. Pleural effusion is absent. No consolidation.",
+            [Finding("pneumothorax", "right")],
+            ["consolidation", "pleural effusion", "cardiomegaly"],
+        ),
+        ("Hypokinesis. No pericardial effusion.", [Finding("reduced wall motion")], ["pericardial effusion"]),
+        ("Left effusion.", [Finding("pleural effusion", "left")], []),
+        (
+            "INDICATION: Follow-up of lung nodule. FINDINGS: No pulmonary nodules. IMPRESSION: Normal study.",
+            [],
+            ["nodule"],
+        ),
+        (
+            "A 20 mm nodule in the right lung and a 50 mm mass in the left lung, no pleural effusion.",
+            [Finding("nodule", "right", 20), Finding("mass", "left", 50)],
+            ["pleural effusion"],
+        ),
+        ("Mass and pleural effusion are absent.", [], ["mass", "pleural effusion"]),
+        ("No mass but a 20 mm nodule in the left lung.", [Finding("nodule", "left", 20)], ["mass"]),
+        ("Left lung nodules.", [Finding("nodule", "left", None, 2)], []),
+    ],
+)
 def test_near_misses(text, findings, negatives):
     parsed = parse_report(text)
     assert parsed.findings == sort_findings(findings)
     assert parsed.negatives == sort_types(negatives)
 
 
-@pytest.mark.parametrize("junk", [None, "", "   ", b"\xff\xfe FINDINGS", "....;;;,,,", "no no no", 42,
-                                  "FINDINGS: IMPRESSION:", "mm mm 3 cm cm", "nodule" * 5000,
-                                  "1. 2. 3. left right left", "\x00\x01 mass \u202e right"])
+@pytest.mark.parametrize(
+    "junk",
+    [
+        None,
+        "",
+        "   ",
+        b"\xff\xfe FINDINGS",
+        "....;;;,,,",
+        "no no no",
+        42,
+        "FINDINGS: IMPRESSION:",
+        "mm mm 3 cm cm",
+        "nodule" * 5000,
+        "1. 2. 3. left right left",
+        "\x00\x01 mass \u202e right",
+    ],
+)
 def test_parser_never_raises_on_garbage(junk):
     parsed = parse_report(junk)
     assert isinstance(parsed.findings, list) and isinstance(parsed.negatives, list)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(list("abcdeilmnoprstuvwxyz 0123456789.,;:-") + [
-    " nodule", " mass", " no ", " left", " right", " mm", " effusion", " and", " or", " two", " absent"]),
-    max_size=120).map("".join))
+@given(
+    st.lists(
+        st.sampled_from(
+            list("abcdeilmnoprstuvwxyz 0123456789.,;:-")
+            + [" nodule", " mass", " no ", " left", " right", " mm", " effusion", " and", " or", " two", " absent"]
+        ),
+        max_size=120,
+    ).map("".join)
+)
 def test_parser_total_on_model_like_noise(text):
     parsed = parse_report(text)
     assert all(isinstance(f, Finding) for f in parsed.findings)

@@ -51,14 +51,22 @@ class ToyTarget:
     def prepare(self, inputs):
         note = inputs.work / "toy.json"
         note.write_text(json.dumps({"recipe": inputs.recipe}))
-        return TargetBuild(graphs=inputs.graphs, components={"toy_note": note},
-                           figures={"toy": {"value": 1, "source": "toy target"}},
-                           steps=[{"name": "toy", "params": {}}], runtime={"greeting": "hello"})
+        return TargetBuild(
+            graphs=inputs.graphs,
+            components={"toy_note": note},
+            figures={"toy": {"value": 1, "source": "toy target"}},
+            steps=[{"name": "toy", "params": {}}],
+            runtime={"greeting": "hello"},
+        )
 
     def load_backend(self, bundle, options):
         settings = runtime_settings({"greeting": "hi"}, bundle.manifest.runtime, options.settings, bundle.source)
-        backend = CountingBackend(bundle.component(names.VISION), bundle.component(names.EMBED),
-                                  bundle.component(names.DECODER_ROLE), intra_op_threads=1)
+        backend = CountingBackend(
+            bundle.component(names.VISION),
+            bundle.component(names.EMBED),
+            bundle.component(names.DECODER_ROLE),
+            intra_op_threads=1,
+        )
         backend.greeting = settings["greeting"]
         return backend
 

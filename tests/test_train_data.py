@@ -39,8 +39,14 @@ def test_pixels_are_what_inference_sees(split):
     for i in (0, N - 1):
         s = generate_study(i, "train")
         want = preprocess_frames(
-            to_display(s.stored, slope=s.slope, intercept=s.intercept, center=s.center, width=s.width,
-                       photometric=s.photometric),
+            to_display(
+                s.stored,
+                slope=s.slope,
+                intercept=s.intercept,
+                center=s.center,
+                width=s.width,
+                photometric=s.photometric,
+            ),
             cfg,
         )
         np.testing.assert_array_equal(split.pixels[i], want.astype(np.float16))

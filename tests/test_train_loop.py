@@ -19,8 +19,17 @@ from edgekit.models.radreport_tiny.train import (  # noqa: E402
 )
 from edgekit.preprocess import PreprocessConfig  # noqa: E402
 
-TINY = dict(vision_hidden=32, vision_layers=1, vision_heads=2, vision_mlp=64, hidden=32, layers=2, heads=4,
-            kv_heads=2, intermediate=64)
+TINY = dict(
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    hidden=32,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=64,
+)
 STEPS = 24
 
 
@@ -69,7 +78,7 @@ def test_greedy_kv_cache_matches_full_recompute(enc):
             for _ in range(len(batched[i])):
                 logits = model(pv[i : i + 1], torch.tensor([ids]))
                 ids.append(int(logits[0, -1].argmax()))
-        assert ids[len(prompts[i]):] == batched[i]
+        assert ids[len(prompts[i]) :] == batched[i]
 
 
 def test_model_options_are_checked():

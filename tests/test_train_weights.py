@@ -14,8 +14,14 @@ from edgekit.models.radreport_tiny.tokenizer import SPECIAL_TOKENS, load_tokeniz
 from edgekit.preprocess import PreprocessConfig
 
 WEIGHTS = Path(pkg.__file__).parent / "weights"
-FILES = ("model.safetensors", "config.json", "tokenizer.json", "generation_config.json",
-         "preprocessor_config.json", "training_log.json")
+FILES = (
+    "model.safetensors",
+    "config.json",
+    "tokenizer.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "training_log.json",
+)
 
 
 def test_artefacts_present_and_small():

@@ -20,8 +20,21 @@ from edgekit.targets.x1.analysis import (
     snr_db,
 )
 
-SMALL = ModelConfig(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-                    vision_mlp=64, vocab_size=97, hidden=48, layers=3, heads=4, kv_heads=2, intermediate=96)
+SMALL = ModelConfig(
+    image_size=32,
+    patch_size=8,
+    num_frames=2,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    vocab_size=97,
+    hidden=48,
+    layers=3,
+    heads=4,
+    kv_heads=2,
+    intermediate=96,
+)
 
 
 @pytest.fixture(scope="module")

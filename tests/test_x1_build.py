@@ -16,8 +16,9 @@ def x1_bundle(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("x1b")
     model = write_tiny_model(root / "model", max_new_tokens=6)
-    res = CliRunner().invoke(app, ["build", str(model), "--target", "x1", "-o", str(root / "b"), "--no-parity",
-                                   "--json"])
+    res = CliRunner().invoke(
+        app, ["build", str(model), "--target", "x1", "-o", str(root / "b"), "--no-parity", "--json"]
+    )
     assert res.exit_code == 0, res.output
     return root / "b"
 
@@ -47,8 +48,11 @@ def test_run_generates_through_the_emulator(x1_bundle):
     pv = np.zeros((1, 2, 1, 32, 32), np.float32)
     feats = rep.backend.encode_images(pv)
     cost = rep.backend.take_cost()
-    assert feats.shape[0] == 1 and cost["phases"]["encode"] == {"calls": 1, "ms": cost["emulated_ms_total"],
-                                                                "mj": cost["mj_total"]} and cost["mj_total"] > 0
+    assert (
+        feats.shape[0] == 1
+        and cost["phases"]["encode"] == {"calls": 1, "ms": cost["emulated_ms_total"], "mj": cost["mj_total"]}
+        and cost["mj_total"] > 0
+    )
 
 
 def _sample_study(x1_bundle):

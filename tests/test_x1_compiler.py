@@ -47,8 +47,10 @@ def _mod_model(path: Path) -> Path:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
     three = helper.make_tensor("three", TensorProto.FLOAT, [], [3.0])
     one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
-    nodes = [helper.make_node("Mod", ["x", "three"], ["m"], name="/odd/Mod", fmod=1),
-             helper.make_node("Add", ["m", "one"], ["y"], name="/odd/Add")]
+    nodes = [
+        helper.make_node("Mod", ["x", "three"], ["m"], name="/odd/Mod", fmod=1),
+        helper.make_node("Add", ["m", "one"], ["y"], name="/odd/Add"),
+    ]
     g = helper.make_graph(nodes, "odd", [x], [y], [three, one])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), str(path))
     return path

@@ -40,7 +40,8 @@ def test_bench_reports_the_same_gate(machine, tmp_path):
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "x1_calibration", Path(__file__).parents[1] / "bench" / "x1_calibration.py")
+        "x1_calibration", Path(__file__).parents[1] / "bench" / "x1_calibration.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "cal.json"
@@ -86,8 +87,9 @@ def test_head_sparsity_saves_attention_and_q_o_but_never_kv_append(machine):
     for kind in ("attn_scores", "attn_values", "softmax", "q_proj", "o_proj"):
         assert t(sparse, kind) < t(dense, kind), kind
     assert c(sparse, "attn_scores", "sram_read_bit") == pytest.approx(0.5 * c(dense, "attn_scores", "sram_read_bit"))
-    assert c(sparse, "q_proj", "near_memory_read_bit") == pytest.approx(0.5 * c(dense, "q_proj",
-                                                                              "near_memory_read_bit"))
+    assert c(sparse, "q_proj", "near_memory_read_bit") == pytest.approx(
+        0.5 * c(dense, "q_proj", "near_memory_read_bit")
+    )
     for kind in ("k_proj", "v_proj", "kv_append"):  # K and V are still computed and appended
         assert [o.counts for o in _kind(sparse, kind)] == [o.counts for o in _kind(dense, kind)], kind
         assert t(sparse, kind) == t(dense, kind)
@@ -107,7 +109,8 @@ def test_kv_cache_spills_to_dram_only_when_it_outgrows_the_banks(machine):
     dram = lambda e, k: sum(op.counts.get("dram_read_bit", 0) for op in _kind(e, k))  # noqa: E731
     assert dram(fits, "attn_scores") == 0
     assert dram(spills, "attn_scores") == pytest.approx(
-        QWEN2_7B.layers * QWEN2_7B.kv_heads * 1000 * QWEN2_7B.head_dim * machine.kv_bits)
+        QWEN2_7B.layers * QWEN2_7B.kv_heads * 1000 * QWEN2_7B.head_dim * machine.kv_bits
+    )
     assert all(op.counts.get("dram_write_bit", 0) > 0 for op in _kind(spills, "kv_append"))  # eviction
     assert spills.time_s > fits.time_s
 
@@ -133,8 +136,15 @@ def test_small_models_and_tables(machine):
     json.dumps(tiny.to_dict())  # JSON-ready
 
 
-@pytest.mark.parametrize("kwargs,field", [({"weights": "int3"}, "weights"), ({"head_sparsity": 1.0}, "head_sparsity"),
-                                          ({"head_sparsity": -0.1}, "head_sparsity"), ({"context": 0}, "context")])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"weights": "int3"}, "weights"),
+        ({"head_sparsity": 1.0}, "head_sparsity"),
+        ({"head_sparsity": -0.1}, "head_sparsity"),
+        ({"context": 0}, "context"),
+    ],
+)
 def test_bad_workload_is_refused_by_name(kwargs, field):
     with pytest.raises(ConfigError, match=f"'{field}'"):
         Workload(**kwargs)
@@ -143,9 +153,19 @@ def test_bad_workload_is_refused_by_name(kwargs, field):
 def test_model_shapes_resolve_and_bad_ones_are_refused(tmp_path):
     assert resolve("qwen2-7b").linear_params() == pytest.approx(7.07e9, rel=0.01)
     hf = tmp_path / "config.json"
-    hf.write_text(json.dumps({"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
-                              "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
-                              "tie_word_embeddings": True}))
+    hf.write_text(
+        json.dumps(
+            {
+                "hidden_size": 576,
+                "num_hidden_layers": 30,
+                "num_attention_heads": 9,
+                "num_key_value_heads": 3,
+                "intermediate_size": 1536,
+                "vocab_size": 49152,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     assert dataclasses.replace(resolve(str(tmp_path)), name="smollm2-135m") == SMOLLM2_135M
     hf.write_text(json.dumps({"hidden_size": 576}))
     with pytest.raises(ConfigError, match="num_hidden_layers"):
@@ -160,8 +180,9 @@ def test_cli_estimate_table_and_json(machine, tmp_path):
     from edgekit.cli.x1_cmd import app
 
     runner = CliRunner()
-    r = runner.invoke(app, ["estimate", "qwen2-7b", "--weights", "int4", "--head-sparsity", "0.38",
-                            "--context", "1024", "--json"])
+    r = runner.invoke(
+        app, ["estimate", "qwen2-7b", "--weights", "int4", "--head-sparsity", "0.38", "--context", "1024", "--json"]
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["machine"]["hash"] == machine.hash

@@ -15,8 +15,9 @@ L, H = 4, 6
 
 
 def _policy(target=0.38, threshold=0.015, g=None, **kw) -> HeadMaskPolicy:
-    return HeadMaskPolicy(np.ones((L, H)) if g is None else g, sparsity_target=target,
-                          sensitivity_threshold=threshold, **kw)
+    return HeadMaskPolicy(
+        np.ones((L, H)) if g is None else g, sparsity_target=target, sensitivity_threshold=threshold, **kw
+    )
 
 
 def _norms(small: dict[tuple[int, int], float], base: float = 1.0) -> np.ndarray:
@@ -130,7 +131,9 @@ def test_batch_statistics_use_the_largest_row():
 
 
 def test_head_importance_file_is_normalised_per_layer(tmp_path):
-    doc = {"layers": [{"score": [1, 1, 2, 2, 3, 3]}, {"score": [0] * 6}, {"score": [5] * 6}, {"score": [6, 0, 0, 0, 0, 0]}]}
+    doc = {
+        "layers": [{"score": [1, 1, 2, 2, 3, 3]}, {"score": [0] * 6}, {"score": [5] * 6}, {"score": [6, 0, 0, 0, 0, 0]}]
+    }
     path = tmp_path / "head_importance.json"
     path.write_text(json.dumps(doc))
     g = load_head_importance(path, L, H)

@@ -1,17 +1,16 @@
 """The X1 emulator: integer kernels against numpy references, the compiled decoder against ONNX Runtime, and the
 KV spill path (same results as a cache that fits; eviction and reload are counted)."""
 
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from x1_support import fixed_scenario, small_kv_machine, tiny_int4_dir
-
 from edgekit.targets.x1.compiler import compile_model
 from edgekit.targets.x1.emulator import Emulator
-from edgekit.targets.x1.kernels import IntGemm, quantize_groups_int4, dequantize_groups, quantize_rows_int8
+from edgekit.targets.x1.kernels import IntGemm, dequantize_groups, quantize_groups_int4, quantize_rows_int8
 from edgekit.targets.x1.machine import load_machine
+
+from x1_support import fixed_scenario, small_kv_machine, tiny_int4_dir
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +48,11 @@ def test_kv_int4_groups_round_trip():
 
 
 def _feeds(rng, seq, hidden, layers, kvh, hd, past=0):
-    f = {"inputs_embeds": rng.standard_normal((1, seq, hidden)).astype(np.float32),
-         "attention_mask": np.ones((1, past + seq), np.int64),
-         "position_ids": np.arange(past, past + seq)[None].astype(np.int64)}
+    f = {
+        "inputs_embeds": rng.standard_normal((1, seq, hidden)).astype(np.float32),
+        "attention_mask": np.ones((1, past + seq), np.int64),
+        "position_ids": np.arange(past, past + seq)[None].astype(np.int64),
+    }
     for i in range(layers):
         f[f"past_key_values.{i}.key"] = np.zeros((1, kvh, 0, hd), np.float32)
         f[f"past_key_values.{i}.value"] = np.zeros((1, kvh, 0, hd), np.float32)
@@ -66,8 +67,11 @@ def _greedy(step, embed_table, first, n):
     for _ in range(n):
         tok = int(logits[0, -1].argmax())
         out.append(tok)
-        feeds = {"inputs_embeds": embed_table[tok % len(embed_table)][None, None], "attention_mask": np.ones((1, pos + 1), np.int64),
-                 "position_ids": np.array([[pos]], np.int64)}
+        feeds = {
+            "inputs_embeds": embed_table[tok % len(embed_table)][None, None],
+            "attention_mask": np.ones((1, pos + 1), np.int64),
+            "position_ids": np.array([[pos]], np.int64),
+        }
         logits, past = step(feeds, past, 1)
         pos += 1
     return out
@@ -137,8 +141,11 @@ def test_kv_spill_gives_identical_results_and_counts_dram(int4_dir):
         logits, recs, kv = [r.outputs["logits"]], list(r.records), r.kv_state
         for step in range(10):
             pos = 16 + step
-            feeds = {"inputs_embeds": rng.standard_normal((1, 1, 48)).astype(np.float32),
-                     "attention_mask": np.ones((1, pos + 1), np.int64), "position_ids": np.array([[pos]])}
+            feeds = {
+                "inputs_embeds": rng.standard_normal((1, 1, 48)).astype(np.float32),
+                "attention_mask": np.ones((1, pos + 1), np.int64),
+                "position_ids": np.array([[pos]]),
+            }
             r = emu.run("decoder", feeds, kv_state=kv, want_present=False)
             logits.append(r.outputs["logits"])
             recs += r.records
@@ -166,9 +173,9 @@ def test_to_fp16_bit_arithmetic_is_identical_to_numpy_float16():
     from edgekit.targets.x1.kernels import to_fp16
 
     rng = np.random.default_rng(11)
-    bits = rng.integers(0, 2 ** 32, 400_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    scaled = np.concatenate([(rng.standard_normal(20_000) * 2.0 ** e).astype(np.float32) for e in range(-28, 18)])
-    h = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    bits = rng.integers(0, 2**32, 400_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    scaled = np.concatenate([(rng.standard_normal(20_000) * 2.0**e).astype(np.float32) for e in range(-28, 18)])
+    h = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     h = h[np.abs(h.astype(np.float32)) < 65504]  # finite, with a finite FP16 neighbour above
     up = np.nextafter(h, np.float16(np.inf)).astype(np.float64)
     mid = ((h.astype(np.float64) + up) / 2).astype(np.float32)  # exact halfway points: ties to even
@@ -180,8 +187,13 @@ def test_to_fp16_bit_arithmetic_is_identical_to_numpy_float16():
 
 def test_quantize_rows_fast_path_matches_the_plain_formula():
     rng = np.random.default_rng(12)
-    rows = [rng.standard_normal((1, 64)), np.zeros((1, 64)), np.full((1, 64), 1e-41), rng.standard_normal((5, 64)),
-            np.concatenate([np.zeros((1, 64)), rng.standard_normal((1, 64)) * 1e-39])]
+    rows = [
+        rng.standard_normal((1, 64)),
+        np.zeros((1, 64)),
+        np.full((1, 64), 1e-41),
+        rng.standard_normal((5, 64)),
+        np.concatenate([np.zeros((1, 64)), rng.standard_normal((1, 64)) * 1e-39]),
+    ]
     for x in rows:
         x = x.astype(np.float32)
         q, s = quantize_rows_int8(x)
@@ -194,8 +206,14 @@ def test_quantize_rows_fast_path_matches_the_plain_formula():
 def test_fused_int_gemm_columns_are_bit_identical_to_separate_gemms():
     rng = np.random.default_rng(13)
     k, g = 96, 32
-    parts = [IntGemm(rng.integers(-8, 8, (k, n)).astype(np.float32),
-                     (rng.random((n, k // g)) * 0.05 + 0.01).astype(np.float16), g) for n in (48, 16, 16)]
+    parts = [
+        IntGemm(
+            rng.integers(-8, 8, (k, n)).astype(np.float32),
+            (rng.random((n, k // g)) * 0.05 + 0.01).astype(np.float16),
+            g,
+        )
+        for n in (48, 16, 16)
+    ]
     fused = IntGemm.fused(parts)
     for m in (1, 7):
         x = rng.standard_normal((1, m, k)).astype(np.float32)
@@ -211,8 +229,9 @@ def test_erf_matches_the_plain_expression():
     x = np.random.default_rng(14).standard_normal(5000).astype(np.float32) * 3
     a = np.abs(x).astype(np.float64)
     t = 1.0 / (1.0 + 0.3275911 * a)
-    y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t \
-        * np.exp(-a * a)
+    y = 1.0 - (
+        ((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592
+    ) * t * np.exp(-a * a)
     np.testing.assert_array_equal(erf(x), (np.sign(x) * y).astype(np.float32))
 
 
@@ -221,23 +240,39 @@ def test_erf_matches_the_plain_expression():
 # closures, memoised costs, fused GEMMs, lazy records) must reproduce them exactly.
 PRE_OPTIMISATION_TOTALS = {
     "default": [
-        [12065.87890625, 2.5795323433179002e-05, 59], [11859.183593749998, 2.5288195476543205e-05, 59],
-        [11859.546874999998, 2.5289042609722216e-05, 59], [11854.864062499999, 2.5179021813734566e-05, 59],
-        [11860.273437499998, 2.529073687608024e-05, 59], [11860.636718749998, 2.5291584009259256e-05, 59],
-        [11855.567187499999, 2.5180670989660484e-05, 59], [11861.363281249998, 2.5293278275617274e-05, 59],
-        [11861.726562499998, 2.5294125408796292e-05, 59], [11856.270312499999, 2.5182320165586416e-05, 59],
-        [11862.453124999998, 2.529581967515431e-05, 59], [11862.816406249998, 2.5296666808333325e-05, 59],
-        [11856.973437499999, 2.518396934151234e-05, 59], [7316.448958333333, 1.6513622080864197e-05, 35],
-        [200.5625, 4.015565111111111e-07, 1]],
+        [12065.87890625, 2.5795323433179002e-05, 59],
+        [11859.183593749998, 2.5288195476543205e-05, 59],
+        [11859.546874999998, 2.5289042609722216e-05, 59],
+        [11854.864062499999, 2.5179021813734566e-05, 59],
+        [11860.273437499998, 2.529073687608024e-05, 59],
+        [11860.636718749998, 2.5291584009259256e-05, 59],
+        [11855.567187499999, 2.5180670989660484e-05, 59],
+        [11861.363281249998, 2.5293278275617274e-05, 59],
+        [11861.726562499998, 2.5294125408796292e-05, 59],
+        [11856.270312499999, 2.5182320165586416e-05, 59],
+        [11862.453124999998, 2.529581967515431e-05, 59],
+        [11862.816406249998, 2.5296666808333325e-05, 59],
+        [11856.973437499999, 2.518396934151234e-05, 59],
+        [7316.448958333333, 1.6513622080864197e-05, 35],
+        [200.5625, 4.015565111111111e-07, 1],
+    ],
     "small_kv": [
-        [13688.791666666668, 2.904114895401234e-05, 59], [12053.40208333333, 2.567663245570987e-05, 59],
-        [12065.943749999997, 2.5701836359722215e-05, 59], [12005.710416666665, 2.5480714522067893e-05, 59],
-        [12091.02708333333, 2.5752244167746904e-05, 59], [12103.568749999997, 2.577744807175926e-05, 59],
-        [12029.460416666665, 2.5528457447993812e-05, 59], [12128.65208333333, 2.5827855879783938e-05, 59],
-        [12141.193749999997, 2.5853059783796292e-05, 59], [12454.804166666665, 2.7187581905401227e-05, 63],
-        [12567.87083333333, 2.75197430140432e-05, 63], [12580.412499999997, 2.754984080879629e-05, 63],
-        [12478.554166666665, 2.725000650354938e-05, 63], [10300.166666666668, 2.2481057497530863e-05, 35],
-        [206.0, 4.124315111111111e-07, 1]],
+        [13688.791666666668, 2.904114895401234e-05, 59],
+        [12053.40208333333, 2.567663245570987e-05, 59],
+        [12065.943749999997, 2.5701836359722215e-05, 59],
+        [12005.710416666665, 2.5480714522067893e-05, 59],
+        [12091.02708333333, 2.5752244167746904e-05, 59],
+        [12103.568749999997, 2.577744807175926e-05, 59],
+        [12029.460416666665, 2.5528457447993812e-05, 59],
+        [12128.65208333333, 2.5827855879783938e-05, 59],
+        [12141.193749999997, 2.5853059783796292e-05, 59],
+        [12454.804166666665, 2.7187581905401227e-05, 63],
+        [12567.87083333333, 2.75197430140432e-05, 63],
+        [12580.412499999997, 2.754984080879629e-05, 63],
+        [12478.554166666665, 2.725000650354938e-05, 63],
+        [10300.166666666668, 2.2481057497530863e-05, 35],
+        [206.0, 4.124315111111111e-07, 1],
+    ],
 }
 
 
@@ -262,8 +297,11 @@ def test_overrides_replace_a_produced_value_before_its_consumers(int4_dir):
     f = _feeds(np.random.default_rng(15), 5, 48, emu.layers, emu.kv_heads, emu.head_dim)
     ids = emu.prepared["decoder"].ids
     produced = {i for st in emu.prepared["decoder"].steps for i in st.out_ids}
-    name = next(n for n in ids if n.startswith("/model/layers.1/") and n.endswith("output_0") and ids[n] in produced
-                and "mlp" in n)
+    name = next(
+        n
+        for n in ids
+        if n.startswith("/model/layers.1/") and n.endswith("output_0") and ids[n] in produced and "mlp" in n
+    )
     base = emu.run("decoder", f, capture={name})
     value = base.captured[name]
     same = emu.run("decoder", f, capture={name}, overrides={name: value.astype(np.float64)})
@@ -290,8 +328,12 @@ def test_kv_cache_grows_in_place_and_earlier_states_stay_valid():
         seen.append(r)
         ref_k, ref_v = np.concatenate(seen, axis=2), -np.concatenate(seen, axis=2)
         kq, ks, vq, vs = kv.full(0)
-        for got, want in ((kq, quantize_groups_int4(ref_k, 32)[0]), (ks, quantize_groups_int4(ref_k, 32)[1]),
-                          (vq, quantize_groups_int4(ref_v, 32)[0]), (vs, quantize_groups_int4(ref_v, 32)[1])):
+        for got, want in (
+            (kq, quantize_groups_int4(ref_k, 32)[0]),
+            (ks, quantize_groups_int4(ref_k, 32)[1]),
+            (vq, quantize_groups_int4(ref_v, 32)[0]),
+            (vs, quantize_groups_int4(ref_v, 32)[1]),
+        ):
             assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
         np.testing.assert_array_equal(kv.values(0), dequantize_groups(vq, vs, 32))
         assert kv.length(0) == (min(ref_k.shape[2], 4), max(0, ref_k.shape[2] - 4))  # window 4, the rest spilled
@@ -330,8 +372,9 @@ def test_input_determined_steps_are_replayed_with_identical_results(int4_dir):
     again = emu.run("decoder", f)  # replayed: same outputs, same cost entries in the same order
     for name in first.outputs:
         assert first.outputs[name].tobytes() == again.outputs[name].tobytes()
-    assert {k: again.totals[k] for k in ("cycles", "energy_j", "instructions")} == \
-        {k: first.totals[k] for k in ("cycles", "energy_j", "instructions")}
+    assert {k: again.totals[k] for k in ("cycles", "energy_j", "instructions")} == {
+        k: first.totals[k] for k in ("cycles", "energy_j", "instructions")
+    }
     # padding changes the mask: a new key, never a stale replay (same as an emulator that never saw the first)
     padded = dict(f, attention_mask=np.array([[0, 1, 1, 1, 1]], np.int64))
     a, b = emu.run("decoder", padded), fresh.run("decoder", padded)
@@ -343,9 +386,13 @@ def test_input_determined_steps_are_replayed_with_identical_results(int4_dir):
 def test_rope_and_head_norms_follow_their_formulas(int4_dir):
     m = load_machine()
     emu = Emulator(compile_model(int4_dir, m), m)
-    names = {"x": "/model/layers.1/self_attn/Transpose_output_0", "cos": "/model/rotary_emb/Unsqueeze_1_output_0",
-             "sin": "/model/rotary_emb/Unsqueeze_2_output_0", "y": "/model/layers.1/self_attn/rotary_q/Add_output_0",
-             "o": "/model/layers.1/self_attn/MatMul_1_output_0"}
+    names = {
+        "x": "/model/layers.1/self_attn/Transpose_output_0",
+        "cos": "/model/rotary_emb/Unsqueeze_1_output_0",
+        "sin": "/model/rotary_emb/Unsqueeze_2_output_0",
+        "y": "/model/layers.1/self_attn/rotary_q/Add_output_0",
+        "o": "/model/layers.1/self_attn/MatMul_1_output_0",
+    }
     f = _feeds(np.random.default_rng(23), 4, 48, emu.layers, emu.kv_heads, emu.head_dim)
     r = emu.run("decoder", f, capture=set(names.values()))
     c = {k: r.captured[v] for k, v in names.items()}
@@ -360,7 +407,7 @@ def test_to_fp16_in_place_on_owned_arrays_is_bit_identical():
     from edgekit.targets.x1.kernels import to_fp16
 
     rng = np.random.default_rng(24)
-    x = np.concatenate([(rng.standard_normal(3000) * 2.0 ** e).astype(np.float32) for e in (-30, -20, -14, 0, 17)])
+    x = np.concatenate([(rng.standard_normal(3000) * 2.0**e).astype(np.float32) for e in (-30, -20, -14, 0, 17)])
     x[:4] = [np.inf, -np.inf, 70000.0, -0.0]
     want = _fp16_reference(x)
     own = x.copy()
@@ -385,8 +432,9 @@ def test_int_gemm_one_row_and_group_by_group_paths_match_the_batched_formula():
 
     rng = np.random.default_rng(25)
     k, n, grp = 128, 1024, 32
-    g = IntGemm(rng.integers(-8, 8, (k, n)).astype(np.float32), (rng.random((n, k // grp)) * 0.05).astype(np.float16),
-                grp)
+    g = IntGemm(
+        rng.integers(-8, 8, (k, n)).astype(np.float32), (rng.random((n, k // grp)) * 0.05).astype(np.float16), grp
+    )
     rows = int(np.ceil(kernels._GROUP_BY_GROUP_FROM / (g.groups * n))) + 3  # past the group-by-group threshold
     for x in (rng.standard_normal((1, 1, k)), np.zeros((1, 1, k)), rng.standard_normal((1, rows, k)) * 40):
         x = x.astype(np.float32)
@@ -435,8 +483,11 @@ def test_one_row_rmsnorm_matches_the_array_formula(int4_dir):
     m = load_machine()
     emu = Emulator(compile_model(int4_dir, m), m)
     prog = emu.programs["decoder"]
-    attr = next(prog.attrs[i.operands[0]] for i in prog.instructions if i.mnemonic == "VRMSNORM"
-                and prog.attrs[i.operands[0]]["layer"] == 1)
+    attr = next(
+        prog.attrs[i.operands[0]]
+        for i in prog.instructions
+        if i.mnemonic == "VRMSNORM" and prog.attrs[i.operands[0]]["layer"] == 1
+    )
     names = {t: prog.memory_plan["tensors"][attr[f"{t}_ids"][0]]["name"] for t in ("in", "out")}
     f = _feeds(np.random.default_rng(29), 1, 48, emu.layers, emu.kv_heads, emu.head_dim)
     r = emu.run("decoder", f, capture=set(names.values()))
@@ -479,11 +530,17 @@ def test_attention_probabilities_quantise_as_the_formula_with_the_zero_guard(int
     m = load_machine()
     emu = Emulator(compile_model(int4_dir, m), m)
     prog = emu.programs["decoder"]
-    attr = next(prog.attrs[i.operands[0]] for i in prog.instructions if i.mnemonic == "VSOFTMAX"
-                and prog.attrs[i.operands[0]].get("attn"))
+    attr = next(
+        prog.attrs[i.operands[0]]
+        for i in prog.instructions
+        if i.mnemonic == "VSOFTMAX" and prog.attrs[i.operands[0]].get("attn")
+    )
     names = {t: prog.memory_plan["tensors"][attr[f"{t}_ids"][0]]["name"] for t in ("in", "out")}
-    r = emu.run("decoder", _feeds(np.random.default_rng(31), 5, 48, emu.layers, emu.kv_heads, emu.head_dim),
-                capture=set(names.values()))
+    r = emu.run(
+        "decoder",
+        _feeds(np.random.default_rng(31), 5, 48, emu.layers, emu.kv_heads, emu.head_dim),
+        capture=set(names.values()),
+    )
     s, (p_int, p_s) = r.captured[names["in"]], r.captured[names["out"]]
     p = softmax(s.copy())
     want_s = p.max(axis=-1, keepdims=True) / np.float32(127.0)
@@ -495,8 +552,9 @@ def test_attention_probabilities_quantise_as_the_formula_with_the_zero_guard(int
 def test_int_gemm_one_row_with_a_column_mask_matches_the_batched_formula():
     rng = np.random.default_rng(32)
     k, n, grp = 96, 48, 32
-    g = IntGemm(rng.integers(-8, 8, (k, n)).astype(np.float32), (rng.random((n, k // grp)) * 0.05).astype(np.float16),
-                grp)
+    g = IntGemm(
+        rng.integers(-8, 8, (k, n)).astype(np.float32), (rng.random((n, k // grp)) * 0.05).astype(np.float16), grp
+    )
     mask = (rng.random(n) < 0.5).astype(np.float32)
     x = (rng.standard_normal((1, 1, k)) * 3e4).astype(np.float32)  # large enough for the FP16 clip to matter
     qa, a_s = quantize_rows_int8(x.reshape(1, k))

@@ -23,8 +23,21 @@ from edgekit.targets.x1 import trace as x1trace
 from edgekit.targets.x1.engine import SparseConfig, X1Engine
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ModelConfig(image_size=32, patch_size=8, num_frames=2, vision_hidden=32, vision_layers=1, vision_heads=2,
-                    vision_mlp=64, vocab_size=97, hidden=48, layers=2, heads=4, kv_heads=2, intermediate=96)
+SMALL = ModelConfig(
+    image_size=32,
+    patch_size=8,
+    num_frames=2,
+    vision_hidden=32,
+    vision_layers=1,
+    vision_heads=2,
+    vision_mlp=64,
+    vocab_size=97,
+    hidden=48,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=96,
+)
 
 
 # --- hand-made instruction records, for the trace tests ----------------------------------------------
@@ -56,10 +69,11 @@ def _records(layers: int, active: np.ndarray | None) -> list[Rec]:
     for l in range(layers):
         heads = int(active[l].sum()) if active is not None else 4
         for q, mn, sym, cyc, bound in (
-                ("LOAD", "VLD.GLB.128B", f"/model/layers.{l}/self_attn/q_proj/MatMul", 100, "memory"),
-                ("COMPUTE", "XL_GEMM.W4A8", f"/model/layers.{l}/self_attn/q_proj/MatMul", 50 * heads, "memory"),
-                ("COMPUTE", "XL_VMATMUL_CAUSAL", f"/model/layers.{l}/self_attn/MatMul", 30 * heads, "compute"),
-                ("STORE", "VST.GLB.128B", f"/model/layers.{l}/Add_1", 40, "memory")):
+            ("LOAD", "VLD.GLB.128B", f"/model/layers.{l}/self_attn/q_proj/MatMul", 100, "memory"),
+            ("COMPUTE", "XL_GEMM.W4A8", f"/model/layers.{l}/self_attn/q_proj/MatMul", 50 * heads, "memory"),
+            ("COMPUTE", "XL_VMATMUL_CAUSAL", f"/model/layers.{l}/self_attn/MatMul", 30 * heads, "compute"),
+            ("STORE", "VST.GLB.128B", f"/model/layers.{l}/Add_1", 40, "memory"),
+        ):
             out.append(Rec(len(out), mn, q, sym, l, t, cyc, cyc // 2, cyc, bound, {"sram_read_bit": 10.0 * cyc}))
             t += cyc if q == "COMPUTE" else cyc // 2
     return out
@@ -67,8 +81,16 @@ def _records(layers: int, active: np.ndarray | None) -> list[Rec]:
 
 def _run(records: list[Rec]) -> Run:
     cycles = max(r.start_cycle + r.cycles for r in records)
-    return Run({}, records, {}, {"cycles": cycles, "seconds": cycles / 1e9,
-                                 "energy_j": sum(sum(r.energy_pj.values()) for r in records) * 1e-12})
+    return Run(
+        {},
+        records,
+        {},
+        {
+            "cycles": cycles,
+            "seconds": cycles / 1e9,
+            "energy_j": sum(sum(r.energy_pj.values()) for r in records) * 1e-12,
+        },
+    )
 
 
 @pytest.fixture
@@ -98,14 +120,28 @@ def x1_bundle(tmp_path_factory) -> Path:
     src = tmp / "src"
     graphs = export_model(random_weights(SMALL, seed=3), SMALL, src)
     (src / "config.json").write_text(json.dumps(SMALL.to_dict()))
-    (src / "generation_config.json").write_text(json.dumps({
-        "bos_token_id": 1, "eos_token_id": 2, "sep_token_id": 3, "pad_token_id": 0, "max_new_tokens": 12,
-        "prompt_template": "{modality}: {prompt}"}))
+    (src / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+                "sep_token_id": 3,
+                "pad_token_id": 0,
+                "max_new_tokens": 12,
+                "prompt_template": "{modality}: {prompt}",
+            }
+        )
+    )
     PreprocessConfig(image_size=32, num_frames=2).save(src / "preprocessor_config.json")
-    components = {"vision_encoder": graphs.vision_encoder, "embed_tokens": graphs.embed_tokens,
-                  "decoder": graphs.decoder, "tokenizer": _tokenizer(src / "tokenizer.json", SMALL.vocab_size),
-                  "generation_config": src / "generation_config.json",
-                  "preprocessor_config": src / "preprocessor_config.json", "model_config": src / "config.json"}
+    components = {
+        "vision_encoder": graphs.vision_encoder,
+        "embed_tokens": graphs.embed_tokens,
+        "decoder": graphs.decoder,
+        "tokenizer": _tokenizer(src / "tokenizer.json", SMALL.vocab_size),
+        "generation_config": src / "generation_config.json",
+        "preprocessor_config": src / "preprocessor_config.json",
+        "model_config": src / "config.json",
+    }
     from edgekit.targets.x1.backend import PROGRAM_FILES, PROGRAM_ROLES
     from edgekit.targets.x1.compiler import compile_model
     from edgekit.targets.x1.machine import load_machine
@@ -121,12 +157,19 @@ def test_sparse_config_defaults_are_the_seed_operating_point():
     assert (c.sparsity_target, c.sensitivity_threshold, c.enable_kv_caching) == (0.38, 0.015, True)
 
 
-@pytest.mark.parametrize("kw, field_name", [
-    ({"sparsity_target": 1.0}, "sparsity_target"), ({"sparsity_target": -0.1}, "sparsity_target"),
-    ({"sparsity_target": "0.38"}, "sparsity_target"), ({"sensitivity_threshold": 2.0}, "sensitivity_threshold"),
-    ({"sensitivity_threshold": -1e-3}, "sensitivity_threshold"), ({"enable_kv_caching": "yes"}, "enable_kv_caching"),
-    ({"max_consecutive_skips": 0}, "max_consecutive_skips"), ({"sparsity_target": True}, "sparsity_target"),
-])
+@pytest.mark.parametrize(
+    "kw, field_name",
+    [
+        ({"sparsity_target": 1.0}, "sparsity_target"),
+        ({"sparsity_target": -0.1}, "sparsity_target"),
+        ({"sparsity_target": "0.38"}, "sparsity_target"),
+        ({"sensitivity_threshold": 2.0}, "sensitivity_threshold"),
+        ({"sensitivity_threshold": -1e-3}, "sensitivity_threshold"),
+        ({"enable_kv_caching": "yes"}, "enable_kv_caching"),
+        ({"max_consecutive_skips": 0}, "max_consecutive_skips"),
+        ({"sparsity_target": True}, "sparsity_target"),
+    ],
+)
 def test_sparse_config_names_the_bad_field(kw, field_name):
     with pytest.raises(ConfigError, match=field_name):
         SparseConfig(**kw)
@@ -218,8 +261,11 @@ def test_report_on_a_study_returns_an_edgekit_report(x1_bundle, x1_backend):
 
 # --- traces and reports ------------------------------------------------------------------------------------------
 def test_trace_loads_and_has_the_three_queues(tmp_path):
-    history = [("prefill", _run(_records(2, None))), ("decode", _run(_records(2, None))),
-               ("decode", _run(_records(2, np.array([[True, False, True, True]] * 2))))]
+    history = [
+        ("prefill", _run(_records(2, None))),
+        ("decode", _run(_records(2, None))),
+        ("decode", _run(_records(2, np.array([[True, False, True, True]] * 2)))),
+    ]
     doc = x1trace.chrome_trace(history, 1e9, machine="x1-default")
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(doc))
@@ -253,15 +299,17 @@ def test_edgekit_profile_on_an_x1_bundle_writes_trace_reports_and_plot(x1_bundle
     from edgekit.cli.app import main
 
     out = tmp_path / "prof"
-    rc = main(["profile", str(x1_bundle), "--study", str(REPO / "models" / "samples" / "cr_chest"), "-o", str(out),
-               "--json"])
+    rc = main(
+        ["profile", str(x1_bundle), "--study", str(REPO / "models" / "samples" / "cr_chest"), "-o", str(out), "--json"]
+    )
     assert rc == 0
     result = json.loads(capsys.readouterr().out)
     assert result["target"] == "x1" and result["per_report"]["emulated_ms"] > 0 and result["per_report"]["mj"] > 0
     assert all(r["bound"] in ("compute", "memory", "dispatch") for r in result["layers"])
     trace = json.loads((out / "trace.json").read_text())
-    assert {"LOAD", "COMPUTE", "STORE"} <= {e["args"]["name"] for e in trace["traceEvents"]
-                                             if e.get("name") == "thread_name"}
+    assert {"LOAD", "COMPUTE", "STORE"} <= {
+        e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"
+    }
     for name in ("ops.csv", "layers.json", "tokens.csv", "layer_types.png", "profile.json"):
         assert (out / name).stat().st_size > 0
 

@@ -8,8 +8,14 @@ import math
 import pytest
 
 from edgekit.errors import ConfigError
-from edgekit.targets.x1.machine import (DEFAULT_MACHINE, ENERGY_ACTIONS, SCHEMA, Machine, load_machine,
-                                        logic_energy_scale)
+from edgekit.targets.x1.machine import (
+    DEFAULT_MACHINE,
+    ENERGY_ACTIONS,
+    SCHEMA,
+    Machine,
+    load_machine,
+    logic_energy_scale,
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,30 +65,55 @@ def test_logic_energies_are_horowitz_45nm_scaled_to_the_stated_node(default):
     assert "CALIBRATED" in default.energy["near_memory_read_bit"].source
 
 
-@pytest.mark.parametrize("field", ["clock.ghz", "sram.kv_banks", "near_memory.bandwidth_gbs", "numerics.kv_bits",
-                                   "energy.dram_read_bit", "energy.mac_fp16.source", "power", "energy"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "clock.ghz",
+        "sram.kv_banks",
+        "near_memory.bandwidth_gbs",
+        "numerics.kv_bits",
+        "energy.dram_read_bit",
+        "energy.mac_fp16.source",
+        "power",
+        "energy",
+    ],
+)
 def test_missing_field_is_refused_by_name(default, field):
     with pytest.raises(ConfigError, match=f"missing field '{field}'"):
         Machine.from_dict(_with(_raw(default), field, _DELETE), "m.toml")
 
 
-@pytest.mark.parametrize("field,value", [
-    ("clock.ghz", 0.0), ("clock.ghz", 1000.0), ("clock.ghz", math.nan), ("near_memory.bandwidth_gbs", -5.0),
-    ("near_memory.bandwidth_gbs", 7.2e8), ("sram.banks", 0), ("sram.kv_banks", 2.5), ("matrix.rows", "8"),
-    ("energy.mac_fp16.pj_45nm", 0.0), ("energy.dram_read_bit.pj", 8000.0), ("power.static_w", True),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("clock.ghz", 0.0),
+        ("clock.ghz", 1000.0),
+        ("clock.ghz", math.nan),
+        ("near_memory.bandwidth_gbs", -5.0),
+        ("near_memory.bandwidth_gbs", 7.2e8),
+        ("sram.banks", 0),
+        ("sram.kv_banks", 2.5),
+        ("matrix.rows", "8"),
+        ("energy.mac_fp16.pj_45nm", 0.0),
+        ("energy.dram_read_bit.pj", 8000.0),
+        ("power.static_w", True),
+    ],
+)
 def test_absurd_value_is_refused_by_name(default, field, value):
     with pytest.raises(ConfigError, match=f"'{field}'") as err:
         Machine.from_dict(_with(_raw(default), field, value), "m.toml")
     assert err.value.path == "m.toml"
 
 
-@pytest.mark.parametrize("field,value,named", [
-    ("sram.kv_banks", 96, "sram.kv_banks"),  # every bank for KV: nowhere left for activations
-    ("matrix.int8_weights_per_cycle", 4096, "matrix.int8_weights_per_cycle"),
-    ("numerics.weight_group_size", 48, "numerics.weight_group_size"),
-    ("numerics.accumulator_bits", 16, "numerics.accumulator_bits"),
-])
+@pytest.mark.parametrize(
+    "field,value,named",
+    [
+        ("sram.kv_banks", 96, "sram.kv_banks"),  # every bank for KV: nowhere left for activations
+        ("matrix.int8_weights_per_cycle", 4096, "matrix.int8_weights_per_cycle"),
+        ("numerics.weight_group_size", 48, "numerics.weight_group_size"),
+        ("numerics.accumulator_bits", 16, "numerics.accumulator_bits"),
+    ],
+)
 def test_inconsistent_fields_are_refused_by_name(default, field, value, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         Machine.from_dict(_with(_raw(default), field, value))
@@ -110,8 +141,9 @@ def test_file_errors_name_the_file(tmp_path):
 
 def test_hash_ignores_layout_comments_and_int_vs_float(default, tmp_path):
     text = DEFAULT_MACHINE.read_text()
-    edited = "# a new comment\n\n" + text.replace("ghz = 1.0", "ghz   =   1").replace("bank_kib = 256.0",
-                                                                                      "bank_kib = 256")
+    edited = "# a new comment\n\n" + text.replace("ghz = 1.0", "ghz   =   1").replace(
+        "bank_kib = 256.0", "bank_kib = 256"
+    )
     assert edited != text
     p = tmp_path / "same.toml"
     p.write_text(edited)

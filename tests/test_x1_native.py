@@ -15,8 +15,9 @@ from edgekit.targets.x1.machine import load_machine
 
 from x1_support import fixed_scenario, small_kv_machine, tiny_int4_dir
 
-needs_native = pytest.mark.skipif(not native.available,
-                                  reason="edgekit.targets.x1._native was not built (no C compiler at install time)")
+needs_native = pytest.mark.skipif(
+    not native.available, reason="edgekit.targets.x1._native was not built (no C compiler at install time)"
+)
 
 
 @pytest.fixture
@@ -58,8 +59,11 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 def test_int_gemm_is_bit_identical_to_numpy(switch, paths, k, n, group, bits, rows):
     rng = np.random.default_rng(k + n + rows)
     lim = 8 if bits == 4 else 128
-    g = IntGemm(rng.integers(-lim, lim, (k, n)).astype(np.float32), (rng.random((n, k // group)) * 0.05)
-                .astype(np.float16), group)
+    g = IntGemm(
+        rng.integers(-lim, lim, (k, n)).astype(np.float32),
+        (rng.random((n, k // group)) * 0.05).astype(np.float16),
+        group,
+    )
     for trial in range(8):
         x = (rng.standard_normal((1, rows, k)) * [1e-3, 1.0, 30.0, 1e4][trial % 4]).astype(np.float32)
         if trial == 1:
@@ -71,15 +75,17 @@ def test_int_gemm_is_bit_identical_to_numpy(switch, paths, k, n, group, bits, ro
         if trial == 5:
             x[0, 0, 3] = np.nan  # NaN spreads to the whole row, as a float matmul spreads it
         mask = None if trial % 2 else rng.integers(0, 2, n).astype(np.float32)
-        a, b = both(lambda: g(x, mask))
+        a, b = both(lambda x=x, mask=mask: g(x, mask))
         assert same_bits(a, b), f"trial {trial}"
 
 
 @needs_native
 def test_fused_gemm_and_int8_codes_stay_exact(switch, paths):
     rng = np.random.default_rng(3)
-    parts = [IntGemm(rng.integers(-8, 8, (128, n)).astype(np.float32), (rng.random((n, 2)) * 0.1).astype(np.float16),
-                     64) for n in (96, 32, 32)]
+    parts = [
+        IntGemm(rng.integers(-8, 8, (128, n)).astype(np.float32), (rng.random((n, 2)) * 0.1).astype(np.float16), 64)
+        for n in (96, 32, 32)
+    ]
     fused = IntGemm.fused(parts)
     layout = {"nk8": (np.int8, (160, 128)), "pairs8": (np.int8, (64, 160, 2))}[native.lib.gemm_layout]
     assert (fused.codes_nk.dtype, fused.codes_nk.shape) == layout
@@ -93,18 +99,20 @@ def test_fused_gemm_and_int8_codes_stay_exact(switch, paths):
 @needs_native
 def test_fp16_rounding_is_numpys_on_random_bit_patterns_and_edges(switch, paths):
     rng = np.random.default_rng(0)
-    bits = rng.integers(0, 2 ** 32, 200_003, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    edges = np.array([0.0, -0.0, 65504, 65519.99, 65520, -65520, 1e-8, 2.0 ** -14, 2.0 ** -24, 3 * 2.0 ** -25,
-                      np.inf, -np.inf, 6.1e-5], np.float32)
+    bits = rng.integers(0, 2**32, 200_003, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = np.array(
+        [0.0, -0.0, 65504, 65519.99, 65520, -65520, 1e-8, 2.0**-14, 2.0**-24, 3 * 2.0**-25, np.inf, -np.inf, 6.1e-5],
+        np.float32,
+    )
     for x in (bits, edges, bits[:17]):  # the vector loop and its scalar tail
         out = np.empty_like(x)
         native.lib.fp16_round(x, out, False)
         with np.errstate(over="ignore"):
             ref = x.astype(np.float16).astype(np.float32)
         assert same_bits(ref, out)
-        a, b = both(lambda: to_fp16(x.copy()))
+        a, b = both(lambda x=x: to_fp16(x.copy()))
         assert same_bits(a, b)
-        a, b = both(lambda: to_fp16(x.copy(), owned=True))
+        a, b = both(lambda x=x: to_fp16(x.copy(), owned=True))
         assert same_bits(a, b)
 
 
@@ -133,7 +141,7 @@ def test_kv_append_stores_the_same_codes_scales_and_values(switch):
         for x, y in zip(a.full(layer), b.full(layer)):
             assert x.dtype == y.dtype and same_bits(x.astype(np.float32), y.astype(np.float32))
         assert same_bits(a.values(layer), b.values(layer))
-        codes = b.rows[layer].codes[..., :b.lengths[layer], :]
+        codes = b.rows[layer].codes[..., : b.lengths[layer], :]
         assert not np.signbit(codes[codes == 0]).any()  # zero codes are +0.0, as int8 0 converts
 
 
@@ -176,8 +184,13 @@ def test_environment_switches_the_native_kernels_off():
     import sys
 
     code = "from edgekit.targets.x1.kernels import native; print(native.available, native.enabled)"
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "EDGEKIT_X1_NATIVE": "0"},
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "EDGEKIT_X1_NATIVE": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out[1] == "False"
 
 
@@ -189,9 +202,13 @@ def test_edge_layouts_and_signs_match_numpy(switch):
 
     rng = np.random.default_rng(11)
     scale = rng.standard_normal(16).astype(np.float32)
-    for x in (np.full((2, 16), -0.0, np.float32), rng.standard_normal((16, 40)).astype(np.float32).T[:, :16].copy(),
-              rng.standard_normal((40, 16)).astype(np.float32).T.T, rng.standard_normal((16, 16)).astype(np.float32).T):
-        a, b = both(lambda: layernorm(x, scale))
+    for x in (
+        np.full((2, 16), -0.0, np.float32),
+        rng.standard_normal((16, 40)).astype(np.float32).T[:, :16].copy(),
+        rng.standard_normal((40, 16)).astype(np.float32).T.T,
+        rng.standard_normal((16, 16)).astype(np.float32).T,
+    ):
+        a, b = both(lambda x=x: layernorm(x, scale))
         assert same_bits(a, b)
     g = IntGemm(rng.integers(-8, 8, (6, 17)).astype(np.float32), (rng.random((17, 2)) * 0.1).astype(np.float16), 3)
     a, b = both(lambda: g(np.zeros((1, 0, 6), np.float32)))

@@ -5,20 +5,39 @@ import struct
 import numpy as np
 import pytest
 
-from edgekit.targets.x1.machine import load_machine, Machine
+from edgekit.targets.x1.machine import Machine, load_machine
 from edgekit.targets.x1.program import (
-    Instr, Program, ProgramError, check_tokens, disassemble, load_program, PUSH_NEXT,
+    PUSH_NEXT,
+    Instr,
+    Program,
+    ProgramError,
+    check_tokens,
+    disassemble,
+    load_program,
 )
 
 
 def _program(machine) -> Program:
     instrs = [Instr("XL_GEMM.W4A8", (0, 1, 2)), Instr("VADD", (1, 2, 3, 4)), Instr("END")]
     attrs = [{"weight": "w", "in": ["x"], "out": ["y"]}, {"op": "Add", "in": ["y", "b"], "out": ["z"]}]
-    w = {"w.q": np.arange(12, dtype=np.uint8).reshape(3, 4), "w.s": np.ones((3, 1), np.float16),
-         "const:b": np.array(2.5, np.float32)}
-    return Program({"magic": "EKX1PRG", "isa_version": 1, "machine_hash": machine.hash}, instrs,
-                   {0: "/model/q_proj/MatMul", 1: "/model/Add"}, {"inputs": [], "outputs": []}, attrs, w,
-                   {k: "NMW" for k in w}, {"tensors": []}, [], [], {"graph": "t"})
+    w = {
+        "w.q": np.arange(12, dtype=np.uint8).reshape(3, 4),
+        "w.s": np.ones((3, 1), np.float16),
+        "const:b": np.array(2.5, np.float32),
+    }
+    return Program(
+        {"magic": "EKX1PRG", "isa_version": 1, "machine_hash": machine.hash},
+        instrs,
+        {0: "/model/q_proj/MatMul", 1: "/model/Add"},
+        {"inputs": [], "outputs": []},
+        attrs,
+        w,
+        {k: "NMW" for k in w},
+        {"tensors": []},
+        [],
+        [],
+        {"graph": "t"},
+    )
 
 
 def test_round_trip(tmp_path):

@@ -31,21 +31,27 @@ def fixed_scenario(emu):
     """Prefill 12 tokens, 12 decode steps (every third with heads masked), one vision and one embed call."""
     rng = np.random.default_rng(7)
     layers, heads = emu.layers, emu.heads
-    feeds = {"inputs_embeds": rng.standard_normal((1, 12, 48)).astype(np.float32),
-             "attention_mask": np.ones((1, 12), np.int64), "position_ids": np.arange(12)[None]}
+    feeds = {
+        "inputs_embeds": rng.standard_normal((1, 12, 48)).astype(np.float32),
+        "attention_mask": np.ones((1, 12), np.int64),
+        "position_ids": np.arange(12)[None],
+    }
     for i in range(layers):
-        feeds[f"past_key_values.{i}.key"] = feeds[f"past_key_values.{i}.value"] = \
-            np.zeros((1, emu.kv_heads, 0, emu.head_dim), np.float32)
+        feeds[f"past_key_values.{i}.key"] = feeds[f"past_key_values.{i}.value"] = np.zeros(
+            (1, emu.kv_heads, 0, emu.head_dim), np.float32
+        )
     runs = [emu.run("decoder", feeds, kv_state=emu.new_kv(), want_present=False)]
     kv = runs[0].kv_state
     mask = np.ones((layers, heads), bool)
     mask[0, 1] = mask[1, 3] = mask[1, 0] = False
     for step in range(12):
         pos = 12 + step
-        f = {"inputs_embeds": rng.standard_normal((1, 1, 48)).astype(np.float32),
-             "attention_mask": np.ones((1, pos + 1), np.int64), "position_ids": np.array([[pos]])}
-        runs.append(emu.run("decoder", f, kv_state=kv, want_present=False,
-                            head_mask=mask if step % 3 == 2 else None))
+        f = {
+            "inputs_embeds": rng.standard_normal((1, 1, 48)).astype(np.float32),
+            "attention_mask": np.ones((1, pos + 1), np.int64),
+            "position_ids": np.array([[pos]]),
+        }
+        runs.append(emu.run("decoder", f, kv_state=kv, want_present=False, head_mask=mask if step % 3 == 2 else None))
         kv = runs[-1].kv_state
     runs.append(emu.run("vision_encoder", {"pixel_values": rng.standard_normal((1, 2, 1, 32, 32)).astype(np.float32)}))
     runs.append(emu.run("embed_tokens", {"input_ids": np.array([[1, 2, 3]], np.int64)}))

@@ -5,6 +5,18 @@ from edgekit.bundle.io import Bundle, cache_dir, load_bundle, sha256_file, verif
 from edgekit.bundle.manifest import MANIFEST_NAME, REQUIRED_ROLES, ROLES, SCHEMA_VERSION, Component, Manifest
 
 __all__ = [
-    "MANIFEST_NAME", "REQUIRED_ROLES", "ROLES", "SCHEMA_VERSION", "Bundle", "Component", "Manifest", "cache_dir",
-    "load_bundle", "pack_bundle", "sha256_file", "unpack_bundle", "verify_dir", "write_bundle",
+    "MANIFEST_NAME",
+    "REQUIRED_ROLES",
+    "ROLES",
+    "SCHEMA_VERSION",
+    "Bundle",
+    "Component",
+    "Manifest",
+    "cache_dir",
+    "load_bundle",
+    "pack_bundle",
+    "sha256_file",
+    "unpack_bundle",
+    "verify_dir",
+    "write_bundle",
 ]

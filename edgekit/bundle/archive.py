@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from edgekit.bundle.io import ARCHIVE_SUFFIX, replace_dir, zip_dir, load_bundle
+from edgekit.bundle.io import ARCHIVE_SUFFIX, load_bundle, replace_dir, zip_dir
 from edgekit.errors import BundleError
 
 

@@ -81,6 +81,7 @@ class Bundle:
 
 # --- writing --------------------------------------------------------------------------------------------------
 
+
 def _check_figures(figures: dict[str, Any]) -> None:
     for key, value in figures.items():
         if not isinstance(value, dict) or not isinstance(value.get("source"), str):
@@ -206,6 +207,7 @@ def zip_dir(root: Path, out: Path) -> None:
 
 # --- loading --------------------------------------------------------------------------------------------------
 
+
 def verify_dir(root: Path, *, required_roles: tuple[str, ...] = REQUIRED_ROLES) -> Manifest:
     """Check the manifest and every component file under `root`; raise BundleError naming the bad file."""
     manifest = read_manifest(root)
@@ -247,8 +249,11 @@ def _extract_archive(path: Path) -> Path:
         with zf:
             for info in zf.infolist():
                 parts = PurePosixPath(info.filename).parts
-                if info.filename.startswith(("/", "\\")) or ".." in parts or "\\" in info.filename or (
-                    parts and ":" in parts[0]
+                if (
+                    info.filename.startswith(("/", "\\"))
+                    or ".." in parts
+                    or "\\" in info.filename
+                    or (parts and ":" in parts[0])
                 ):
                     raise BundleError(f"archive entry {info.filename!r} escapes the bundle", path)
             try:
@@ -285,7 +290,11 @@ def load_bundle(path: str | os.PathLike, *, required_roles: tuple[str, ...] = RE
     except BundleError as err:
         if root is not path:  # name the archive, not our cache, and drop a cache copy that went bad
             shutil.rmtree(root, ignore_errors=True)
-            inner = Path(err.path).relative_to(root).as_posix() if err.path and Path(err.path).is_relative_to(root) else None
+            inner = (
+                Path(err.path).relative_to(root).as_posix()
+                if err.path and Path(err.path).is_relative_to(root)
+                else None
+            )
             raise BundleError(f"{inner}: {err.reason}" if inner else err.reason, path) from None
         raise
     return Bundle(manifest=manifest, root=root, source=path)

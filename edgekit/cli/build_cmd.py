@@ -7,19 +7,30 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import ForceOption, JsonOption, MachineOption, ModelArgument, emit, err_console, examples, \
-    out_option
+from edgekit.cli.common import (
+    ForceOption,
+    JsonOption,
+    MachineOption,
+    ModelArgument,
+    emit,
+    err_console,
+    examples,
+    out_option,
+)
 
 app = typer.Typer(help="Build a deployable bundle for a target.")
 
 
-@app.command(epilog=examples(
-    "edgekit build --target cpu -o out/radreport-tiny-cpu     # the embedded model; parity measured against PyTorch",
-    "edgekit build --target x1 -o out/radreport-tiny-x1 --no-parity          # compiled for the X1 NPU",
-    "edgekit build models/radreport_tiny/weights -o out/radreport-tiny.ekb --archive --no-parity",
-    "edgekit build --recipe int4 -o out/radreport-tiny-int4 --no-parity      # or int4-awq, int8, fp16, ...",
-    "edgekit build -o out/radreport-tiny-cpu --force --no-parity --eval data/test --eval-limit 4 --json",
-    note="--eval takes a split written by edgekit data synth; --force replaces an earlier bundle."))
+@app.command(
+    epilog=examples(
+        "edgekit build --target cpu -o out/radreport-tiny-cpu     # the embedded model; parity against PyTorch",
+        "edgekit build --target x1 -o out/radreport-tiny-x1 --no-parity          # compiled for the X1 NPU",
+        "edgekit build models/radreport_tiny/weights -o out/radreport-tiny.ekb --archive --no-parity",
+        "edgekit build --recipe int4 -o out/radreport-tiny-int4 --no-parity      # or int4-awq, int8, fp16, ...",
+        "edgekit build -o out/radreport-tiny-cpu --force --no-parity --eval data/test --eval-limit 4 --json",
+        note="--eval takes a split written by edgekit data synth; --force replaces an earlier bundle.",
+    )
+)
 def build(
     model: ModelArgument = None,
     target: Annotated[str, typer.Option("--target", "-t", help="cpu (ONNX Runtime) or x1 (the emulated NPU).")] = "cpu",
@@ -27,12 +38,21 @@ def build(
     force: ForceOption = False,
     archive: Annotated[bool, typer.Option("--archive", help="Write one .ekb file instead of a directory.")] = False,
     name: Annotated[str | None, typer.Option(help="Model name stamped into the manifest.")] = None,
-    recipe: Annotated[str | None, typer.Option(help="Passes to apply first: a recipe TOML or a bundled recipe "
-                                               "name (fp16, int8, int4, int4-awq, int4-heads38, int4-sparse24).")] = None,
+    recipe: Annotated[
+        str | None,
+        typer.Option(
+            help="Passes to apply first: a recipe TOML or a bundled recipe "
+            "name (fp16, int8, int4, int4-awq, int4-heads38, int4-sparse24)."
+        ),
+    ] = None,
     machine: MachineOption = None,
     parity: Annotated[bool, typer.Option(help="Measure ONNX-vs-PyTorch parity (needs the train extra).")] = True,
-    eval_data: Annotated[Path | None, typer.Option("--eval", help="Evaluate on this split (from `edgekit data "
-                                                    "synth`) and stamp the quality into the manifest.")] = None,
+    eval_data: Annotated[
+        Path | None,
+        typer.Option(
+            "--eval", help="Evaluate on this split (from `edgekit data synth`) and stamp the quality into the manifest."
+        ),
+    ] = None,
     eval_limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N studies.")] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -43,6 +63,17 @@ def build(
         if not as_json:
             err_console.print(f"[dim]{msg}[/dim]")
 
-    result = run_build(target, out, model_dir=model, name=name, archive=archive, parity=parity,
-                       eval_data=eval_data, eval_limit=eval_limit, progress=say, recipe=recipe, machine=machine)
+    result = run_build(
+        target,
+        out,
+        model_dir=model,
+        name=name,
+        archive=archive,
+        parity=parity,
+        eval_data=eval_data,
+        eval_limit=eval_limit,
+        progress=say,
+        recipe=recipe,
+        machine=machine,
+    )
     emit({"bundle": str(result.bundle), "target": target, "figures": result.figures}, as_json)

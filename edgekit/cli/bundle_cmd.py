@@ -15,9 +15,14 @@ from edgekit.bundle.manifest import read_manifest
 from edgekit.cli.common import BundleArgument, ForceOption, JsonOption, claim_out, emit, examples, out_option
 from edgekit.errors import BundleError
 
-app = typer.Typer(help="Inspect, verify, pack and unpack bundles.", no_args_is_help=True,
-                  epilog=examples("edgekit bundle verify out/radreport-tiny-cpu",
-                                  "edgekit bundle pack out/radreport-tiny-cpu -o out/radreport-tiny-cpu.ekb"))
+app = typer.Typer(
+    help="Inspect, verify, pack and unpack bundles.",
+    no_args_is_help=True,
+    epilog=examples(
+        "edgekit bundle verify out/radreport-tiny-cpu",
+        "edgekit bundle pack out/radreport-tiny-cpu -o out/radreport-tiny-cpu.ekb",
+    ),
+)
 
 
 @app.callback()
@@ -44,9 +49,12 @@ def _read_manifest_only(path: Path) -> Manifest:
         raise BundleError(f"manifest is not valid JSON (line {err.lineno}: {err.msg})", path) from None
 
 
-@app.command(epilog=examples(
-    "edgekit bundle inspect out/radreport-tiny-cpu",
-    "edgekit bundle inspect out/radreport-tiny-x1 --json | jq .figures"))
+@app.command(
+    epilog=examples(
+        "edgekit bundle inspect out/radreport-tiny-cpu",
+        "edgekit bundle inspect out/radreport-tiny-x1 --json | jq .figures",
+    )
+)
 def inspect(path: BundleArgument, as_json: JsonOption = False) -> None:
     """Show a bundle's manifest: components, provenance and measured figures (files are not checked)."""
     manifest = _read_manifest_only(path)
@@ -69,9 +77,12 @@ def inspect(path: BundleArgument, as_json: JsonOption = False) -> None:
         emit(data["figures"], False, title="figures")
 
 
-@app.command(epilog=examples(
-    "edgekit bundle verify out/radreport-tiny-cpu",
-    "edgekit bundle pack out/radreport-tiny-cpu -o out/b.ekb && edgekit bundle verify out/b.ekb --json"))
+@app.command(
+    epilog=examples(
+        "edgekit bundle verify out/radreport-tiny-cpu",
+        "edgekit bundle pack out/radreport-tiny-cpu -o out/b.ekb && edgekit bundle verify out/b.ekb --json",
+    )
+)
 def verify(path: BundleArgument, as_json: JsonOption = False) -> None:
     """Check every component's size and sha256 against the manifest; exit 2 naming the first bad file."""
     bundle = load_bundle(path)
@@ -87,13 +98,17 @@ def verify(path: BundleArgument, as_json: JsonOption = False) -> None:
     if as_json:
         emit(result, True)
     else:
-        typer.echo(f"ok: {path}: {bundle.name} ({bundle.target}), {result['components']} components, "
-                   f"{total} bytes verified")
+        typer.echo(
+            f"ok: {path}: {bundle.name} ({bundle.target}), {result['components']} components, {total} bytes verified"
+        )
 
 
-@app.command(epilog=examples(
-    "edgekit bundle pack out/radreport-tiny-cpu                # writes out/radreport-tiny-cpu.ekb",
-    "edgekit bundle pack out/radreport-tiny-x1 -o out/x1.ekb --json"))
+@app.command(
+    epilog=examples(
+        "edgekit bundle pack out/radreport-tiny-cpu                # writes out/radreport-tiny-cpu.ekb",
+        "edgekit bundle pack out/radreport-tiny-x1 -o out/x1.ekb --json",
+    )
+)
 def pack(
     path: Annotated[Path, typer.Argument(help="A bundle directory.", show_default=False)],
     out: Annotated[Path | None, out_option("The .ekb file to write (default: PATH.ekb).")] = None,
@@ -109,10 +124,13 @@ def pack(
     emit({"written": str(written)}, as_json) if as_json else typer.echo(str(written))
 
 
-@app.command(epilog=examples(
-    "edgekit bundle pack out/radreport-tiny-cpu -o out/b.ekb && edgekit bundle unpack out/b.ekb -o out/b",
-    "edgekit bundle pack out/radreport-tiny-x1 && edgekit bundle unpack out/radreport-tiny-x1.ekb "
-    "-o out/radreport-tiny-x1 --force --json"))
+@app.command(
+    epilog=examples(
+        "edgekit bundle pack out/radreport-tiny-cpu -o out/b.ekb && edgekit bundle unpack out/b.ekb -o out/b",
+        "edgekit bundle pack out/radreport-tiny-x1 && edgekit bundle unpack out/radreport-tiny-x1.ekb "
+        "-o out/radreport-tiny-x1 --force --json",
+    )
+)
 def unpack(
     path: Annotated[Path, typer.Argument(help="An .ekb file.", show_default=False)],
     out: Annotated[Path | None, out_option("The bundle directory to write (default: PATH without .ekb).")] = None,

@@ -44,33 +44,49 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from edgekit.errors import ConfigError
+
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
-
-from edgekit.errors import ConfigError
 
 # --- the shared arguments and flags -------------------------------------------------------------------------------
 
 BundleArgument = Annotated[Path, typer.Argument(help="Bundle directory or .ekb file.", show_default=False)]
-ModelArgument = Annotated[Path | None, typer.Argument(
-    help="Model directory (model.safetensors, config.json, tokenizer.json, ...). Default: the embedded "
-         "radreport-tiny.", show_default=False)]
-StudyOption = Annotated[Path, typer.Option(
-    "--study", "-s", help="The study: a DICOM file, a folder holding one series, a .zip of one series, or a video "
-                          "file.", show_default=False)]
+ModelArgument = Annotated[
+    Path | None,
+    typer.Argument(
+        help="Model directory (model.safetensors, config.json, tokenizer.json, ...). Default: the embedded "
+        "radreport-tiny.",
+        show_default=False,
+    ),
+]
+StudyOption = Annotated[
+    Path,
+    typer.Option(
+        "--study",
+        "-s",
+        help="The study: a DICOM file, a folder holding one series, a .zip of one series, or a video file.",
+        show_default=False,
+    ),
+]
 PromptOption = Annotated[str, typer.Option("--prompt", "-p", help="Clinical indication / request text.")]
-ThreadsOption = Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads (default: physical "
-                                                                             "cores).")]
-MachineOption = Annotated[Path | None, typer.Option("--machine", help="X1 machine description TOML (default: the "
-                                                                      "bundled x1-default.toml).")]
+ThreadsOption = Annotated[
+    int | None, typer.Option("--threads", min=1, help="Intra-op threads (default: physical cores).")
+]
+MachineOption = Annotated[
+    Path | None, typer.Option("--machine", help="X1 machine description TOML (default: the bundled x1-default.toml).")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout (errors too).")]
 # Eager, so its value is known when `--out` is checked, whatever the order on the command line.
-ForceOption = Annotated[bool, typer.Option("--force", is_eager=True, help="Replace the output (--out) if it "
-                                                                          "already exists.")]
+ForceOption = Annotated[
+    bool, typer.Option("--force", is_eager=True, help="Replace the output (--out) if it already exists.")
+]
 
 # The sampling flags: they only override the bundle's generation config when given.
-MaxNewTokensOption = Annotated[int | None, typer.Option(
-    "--max-new-tokens", min=1, help="Most tokens to generate (default: the bundle's generation config).")]
+MaxNewTokensOption = Annotated[
+    int | None,
+    typer.Option("--max-new-tokens", min=1, help="Most tokens to generate (default: the bundle's generation config)."),
+]
 TemperatureOption = Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 = greedy.")]
 
 
@@ -80,9 +96,12 @@ def _top_p(value: float) -> float:
     return value
 
 
-TopPOption = Annotated[float, typer.Option("--top-p", callback=_top_p,
-                                           help="Nucleus sampling: keep the most likely tokens up to this mass, "
-                                                "in (0, 1].")]
+TopPOption = Annotated[
+    float,
+    typer.Option(
+        "--top-p", callback=_top_p, help="Nucleus sampling: keep the most likely tokens up to this mass, in (0, 1]."
+    ),
+]
 SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed for sampling (same seed, same report).")]
 
 
@@ -111,8 +130,9 @@ def out_option(what: str) -> Any:
     return typer.Option("--out", "-o", help=f"{what} Refused if it exists, unless --force.", callback=_check_out)
 
 
-def generation_options(defaults: Any, *, max_new_tokens: int | None, temperature: float, top_p: float,
-                       seed: int | None) -> Any:
+def generation_options(
+    defaults: Any, *, max_new_tokens: int | None, temperature: float, top_p: float, seed: int | None
+) -> Any:
     """The bundle's `GenerationOptions` with the sampling flags applied (a copy; ranges are checked by the flags)."""
     changes: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "seed": seed}
     if max_new_tokens is not None:
@@ -216,8 +236,11 @@ def emit(data: Any, as_json: bool, *, title: str | None = None) -> None:
         for key, value in _flatten(data):
             table.add_row(key, Text(_cell(value)))  # values are data, never rich markup
         console.print(table)
-    elif isinstance(data, Sequence) and not isinstance(data, (str, bytes)) and data and all(
-        isinstance(row, Mapping) for row in data
+    elif (
+        isinstance(data, Sequence)
+        and not isinstance(data, (str, bytes))
+        and data
+        and all(isinstance(row, Mapping) for row in data)
     ):
         columns: list[str] = []
         for row in data:

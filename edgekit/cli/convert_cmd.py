@@ -14,11 +14,14 @@ from edgekit.cli.common import ForceOption, JsonOption, ModelArgument, emit, exa
 app = typer.Typer(help="Convert a trained model to ONNX graphs.")
 
 
-@app.command(epilog=examples(
-    "edgekit convert -o out/onnx                       # the embedded radreport-tiny",
-    "edgekit convert models/radreport_tiny/weights -o out/onnx --json",
-    note="MODEL may also be a local Hugging Face directory (llama, qwen2, vit, siglip), such as "
-         "~/models/TinyLlama-1.1B."))
+@app.command(
+    epilog=examples(
+        "edgekit convert -o out/onnx                       # the embedded radreport-tiny",
+        "edgekit convert models/radreport_tiny/weights -o out/onnx --json",
+        note="MODEL may also be a local Hugging Face directory (llama, qwen2, vit, siglip), such as "
+        "~/models/TinyLlama-1.1B.",
+    )
+)
 def convert(
     model: ModelArgument = None,
     out: Annotated[Path, out_option("Folder for the .onnx files.")] = Path("out/onnx"),
@@ -40,6 +43,11 @@ def convert(
     rows = []
     for p in files:
         data = p.with_name(p.name + ".data")
-        rows.append({"graph": p.name, "bytes": p.stat().st_size + (data.stat().st_size if data.is_file() else 0),
-                     "path": str(p)})
+        rows.append(
+            {
+                "graph": p.name,
+                "bytes": p.stat().st_size + (data.stat().st_size if data.is_file() else 0),
+                "path": str(p),
+            }
+        )
     emit(rows, as_json)

@@ -20,25 +20,35 @@ app = typer.Typer(
     epilog=examples("edgekit data synth -o data/test --count 8"),
 )
 
+
 @app.callback()
 def _data() -> None:
     """Synthetic DICOM and video studies with ground-truth reports."""
 
 
-@app.command("synth", epilog=examples(
-    "edgekit data synth -o data/test --count 8",
-    "edgekit data synth -o data/train --split train --count 8",
-    "edgekit data synth -o data/sample --split sample --count 8 --json",
-    note="Writes OUT/studies.jsonl (id, modality, path, findings, negatives, indication, references per study) and "
-         "one folder per study: DICOM slices (CT, MR), one image (CR/DX), or a multi-frame cine (US) plus the same "
-         "loop as cine.mp4. Every run writes identical studies: each is a pure function of (split, index). "
-         "Without --count: 240 studies."))
+@app.command(
+    "synth",
+    epilog=examples(
+        "edgekit data synth -o data/test --count 8",
+        "edgekit data synth -o data/train --split train --count 8",
+        "edgekit data synth -o data/sample --split sample --count 8 --json",
+        note="Writes OUT/studies.jsonl (id, modality, path, findings, negatives, indication, references per study) and "
+        "one folder per study: DICOM slices (CT, MR), one image (CR/DX), or a multi-frame cine (US) plus the same "
+        "loop as cine.mp4. Every run writes identical studies: each is a pure function of (split, index). "
+        "Without --count: 240 studies.",
+    ),
+)
 def synth(
-    out: Annotated[Path | None, out_option("Folder to write. With --force, one holding the same split is "
-                                           "rewritten; an unrelated folder never is.")] = None,
+    out: Annotated[
+        Path | None,
+        out_option(
+            "Folder to write. With --force, one holding the same split is rewritten; an unrelated folder never is."
+        ),
+    ] = None,
     split: Annotated[str, typer.Option("--split", help="train, val, test or sample: independent streams.")] = "test",
-    count: Annotated[int, typer.Option("--count", min=0, help="Number of studies (kinds rotate CT, MR, CR/DX, "
-                                                               "US).")] = 240,
+    count: Annotated[
+        int, typer.Option("--count", min=0, help="Number of studies (kinds rotate CT, MR, CR/DX, US).")
+    ] = 240,
     force: ForceOption = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -58,5 +68,8 @@ def synth(
         emit(summary, True)
         return
     kinds = ", ".join(f"{k} {v}" for k, v in summary["by_kind"].items())
-    console.print(f"wrote {summary['studies']} {split} studies ({kinds}); {summary['files']} files in "
-                  f"{summary['seconds']:.1f} s -> {index}", markup=False)
+    console.print(
+        f"wrote {summary['studies']} {split} studies ({kinds}); {summary['files']} files in "
+        f"{summary['seconds']:.1f} s -> {index}",
+        markup=False,
+    )

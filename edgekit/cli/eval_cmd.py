@@ -8,8 +8,17 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import (BundleArgument, ForceOption, JsonOption, ThreadsOption, console, emit, examples,
-                                out_option, progress)
+from edgekit.cli.common import (
+    BundleArgument,
+    ForceOption,
+    JsonOption,
+    ThreadsOption,
+    console,
+    emit,
+    examples,
+    out_option,
+    progress,
+)
 
 app = typer.Typer(help="Evaluate a bundle's reports against references.")
 
@@ -32,31 +41,41 @@ def table_rows(result: dict) -> list[dict]:
         if not s.get("n"):
             rows.append({"subset": name, "n": 0, "failed": s.get("failed", 0)})
             continue
-        rows.append({
-            "subset": name,
-            "n": s["n"],
-            "finding F1 [95% CI]": _fmt(s["finding_f1"]),
-            "P": _fmt(s["finding_precision"]),
-            "R": _fmt(s["finding_recall"]),
-            "halluc.": _fmt(s["hallucinated_finding_rate"]),
-            "BLEU-4 [95% CI]": _fmt(s["bleu4"]),
-            "ROUGE-L": _fmt(s["rouge_l"]["value"]),
-            "p50 ms": f"{s['latency_ms']['p50']:.0f}",
-            "decode tok/s": f"{s['decode_tokens_per_s']:.0f}",
-            "failed": s["failed"],
-        })
+        rows.append(
+            {
+                "subset": name,
+                "n": s["n"],
+                "finding F1 [95% CI]": _fmt(s["finding_f1"]),
+                "P": _fmt(s["finding_precision"]),
+                "R": _fmt(s["finding_recall"]),
+                "halluc.": _fmt(s["hallucinated_finding_rate"]),
+                "BLEU-4 [95% CI]": _fmt(s["bleu4"]),
+                "ROUGE-L": _fmt(s["rouge_l"]["value"]),
+                "p50 ms": f"{s['latency_ms']['p50']:.0f}",
+                "decode tok/s": f"{s['decode_tokens_per_s']:.0f}",
+                "failed": s["failed"],
+            }
+        )
     return rows
 
 
-@app.command(epilog=examples(
-    "edgekit eval out/radreport-tiny-cpu --data data/test --limit 8",
-    "edgekit eval out/radreport-tiny-x1 --data data/test --limit 4 --no-video -o out/eval-x1.json",
-    "edgekit eval out/radreport-tiny-cpu --data data/test --limit 4 --json | jq .overall.finding_f1",
-    note="Without --data: the 240-study synthetic test split, generated once into the cache."))
+@app.command(
+    epilog=examples(
+        "edgekit eval out/radreport-tiny-cpu --data data/test --limit 8",
+        "edgekit eval out/radreport-tiny-x1 --data data/test --limit 4 --no-video -o out/eval-x1.json",
+        "edgekit eval out/radreport-tiny-cpu --data data/test --limit 4 --json | jq .overall.finding_f1",
+        note="Without --data: the 240-study synthetic test split, generated once into the cache.",
+    )
+)
 def eval(  # noqa: A001 - the subcommand's name
     bundle: BundleArgument,
-    data: Annotated[Path | None, typer.Option(help="A split written by `edgekit data synth` (default: the "
-                                              "240-study test split, generated once into the cache).")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="A split written by `edgekit data synth` (default: the "
+            "240-study test split, generated once into the cache)."
+        ),
+    ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Only the first N studies.")] = None,
     video: Annotated[bool, typer.Option(help="Also score cine studies from their MP4 copies.")] = True,
     out: Annotated[Path | None, out_option("Write the full result (with per-study records) as JSON here.")] = None,
@@ -71,8 +90,13 @@ def eval(  # noqa: A001 - the subcommand's name
     data_dir = data if data is not None else default_test_split()
     reporter = Reporter.from_bundle(bundle, threads=threads)
     with progress("reports", as_json=as_json) as task:
-        result = evaluate(reporter, data_dir, limit=limit, include_video=video,
-                          progress=lambda done, total: task.update(completed=done, total=total))
+        result = evaluate(
+            reporter,
+            data_dir,
+            limit=limit,
+            include_video=video,
+            progress=lambda done, total: task.update(completed=done, total=total),
+        )
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
@@ -80,6 +104,9 @@ def eval(  # noqa: A001 - the subcommand's name
     if as_json:
         emit(summary, True)
         return
-    emit(table_rows(result), False,
-         title=f"{result['bundle']} on {result['target']}: synthetic test split, {result['studies']} studies")
+    emit(
+        table_rows(result),
+        False,
+        title=f"{result['bundle']} on {result['target']}: synthetic test split, {result['studies']} studies",
+    )
     console.print(f"[dim]{result['notes']['ci95']}; eval wall time {result['wall_s']:.1f} s[/dim]")

@@ -7,25 +7,39 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import (BundleArgument, ForceOption, JsonOption, PromptOption, StudyOption, ThreadsOption,
-                                console, emit, examples, out_option)
+from edgekit.cli.common import (
+    BundleArgument,
+    ForceOption,
+    JsonOption,
+    PromptOption,
+    StudyOption,
+    ThreadsOption,
+    console,
+    emit,
+    examples,
+    out_option,
+)
 
 app = typer.Typer(help="Measure where a bundle's time goes on a target.")
 
 
-@app.command(epilog=examples(
-    "edgekit profile out/radreport-tiny-cpu --study models/samples/ct_chest -o out/profile",
-    "edgekit profile out/radreport-tiny-x1 -s models/samples/cr_chest -o out/profile-x1 --json",
-    "edgekit profile out/radreport-tiny-x1 -s models/samples/cr_chest -o out/profile-x1 --dense --force",
-    note="Open out/profile/trace.json in https://ui.perfetto.dev or chrome://tracing. An x1 bundle profiles on the "
-         "emulator: emulated time and energy per op, layer and token (ops/layers/tokens/layer_types .json and "
-         ".csv), a trace with the LOAD/COMPUTE/STORE queues and layer_types.png."))
+@app.command(
+    epilog=examples(
+        "edgekit profile out/radreport-tiny-cpu --study models/samples/ct_chest -o out/profile",
+        "edgekit profile out/radreport-tiny-x1 -s models/samples/cr_chest -o out/profile-x1 --json",
+        "edgekit profile out/radreport-tiny-x1 -s models/samples/cr_chest -o out/profile-x1 --dense --force",
+        note="Open out/profile/trace.json in https://ui.perfetto.dev or chrome://tracing. An x1 bundle profiles on the "
+        "emulator: emulated time and energy per op, layer and token (ops/layers/tokens/layer_types .json and "
+        ".csv), a trace with the LOAD/COMPUTE/STORE queues and layer_types.png.",
+    )
+)
 def profile(
     bundle: BundleArgument,
     study: StudyOption,
     prompt: PromptOption = "",
     out: Annotated[Path, out_option("Folder for trace.json, the tables, the plot and profile.json.")] = Path(
-        "out/profile"),
+        "out/profile"
+    ),
     force: ForceOption = False,
     threads: ThreadsOption = None,
     dense: Annotated[bool, typer.Option("--dense", help="x1: run without dynamic head sparsity.")] = False,

@@ -4,19 +4,35 @@ from __future__ import annotations
 
 import typer
 
-from edgekit.cli.common import (BundleArgument, JsonOption, MaxNewTokensOption, PromptOption, SeedOption,
-                                StudyOption, TemperatureOption, ThreadsOption, TopPOption, console, emit,
-                                err_console, examples, generation_options)
+from edgekit.cli.common import (
+    BundleArgument,
+    JsonOption,
+    MaxNewTokensOption,
+    PromptOption,
+    SeedOption,
+    StudyOption,
+    TemperatureOption,
+    ThreadsOption,
+    TopPOption,
+    console,
+    emit,
+    err_console,
+    examples,
+    generation_options,
+)
 
 app = typer.Typer(help="Generate a report for a study with a bundle.")
 
 
-@app.command(epilog=examples(
-    "edgekit run out/radreport-tiny-cpu --study models/samples/ct_chest --prompt 'Cough and fever.'",
-    "edgekit run out/radreport-tiny-x1 -s models/samples/cr_chest -p Follow-up.   # on the X1 emulator",
-    "edgekit run out/radreport-tiny-cpu -s models/samples/us_cardiac/cine.mp4 --temperature 0.7 --top-p 0.9 "
-    "--seed 1 --json",
-    note="Sampling flags override the bundle's generation config (greedy unless --temperature is above 0)."))
+@app.command(
+    epilog=examples(
+        "edgekit run out/radreport-tiny-cpu --study models/samples/ct_chest --prompt 'Cough and fever.'",
+        "edgekit run out/radreport-tiny-x1 -s models/samples/cr_chest -p Follow-up.   # on the X1 emulator",
+        "edgekit run out/radreport-tiny-cpu -s models/samples/us_cardiac/cine.mp4 --temperature 0.7 --top-p 0.9 "
+        "--seed 1 --json",
+        note="Sampling flags override the bundle's generation config (greedy unless --temperature is above 0).",
+    )
+)
 def run(
     bundle: BundleArgument,
     study: StudyOption,
@@ -32,8 +48,9 @@ def run(
     from edgekit.reporter import Reporter
 
     reporter = Reporter.from_bundle(bundle, threads=threads)
-    options = generation_options(reporter.default_options, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 top_p=top_p, seed=seed)
+    options = generation_options(
+        reporter.default_options, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+    )
     report = reporter.report(study, prompt, options)
     if as_json:
         emit(report.to_dict(), True)

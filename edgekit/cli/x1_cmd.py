@@ -12,11 +12,12 @@ from edgekit.cli.common import ForceOption, JsonOption, MachineOption, console, 
 
 app = typer.Typer(
     help="The X1 edge NPU: analytic estimates, compiling and disassembling programs (run them with "
-         "`edgekit run` / `edgekit profile` on an x1 bundle).",
+    "`edgekit run` / `edgekit profile` on an x1 bundle).",
     no_args_is_help=True,
     epilog=examples(
         "edgekit x1 estimate qwen2-7b --weights int4 --head-sparsity 0.38 --context 1024",
-        "edgekit x1 inspect out/radreport-tiny-x1/decoder_model_merged.x1"),
+        "edgekit x1 inspect out/radreport-tiny-x1/decoder_model_merged.x1",
+    ),
 )
 
 
@@ -25,19 +26,28 @@ def _x1() -> None:
     """The X1 edge NPU (docs/x1/)."""
 
 
-@app.command(epilog=examples(
-    "edgekit x1 estimate qwen2-7b --weights int4 --head-sparsity 0.38 --context 1024",
-    "edgekit x1 estimate                                  # the embedded radreport-tiny",
-    "edgekit x1 estimate models/radreport_tiny/weights/config.json --weights int8 --json",
-    note="MODEL is only a shape: no weights are read."))
+@app.command(
+    epilog=examples(
+        "edgekit x1 estimate qwen2-7b --weights int4 --head-sparsity 0.38 --context 1024",
+        "edgekit x1 estimate                                  # the embedded radreport-tiny",
+        "edgekit x1 estimate models/radreport_tiny/weights/config.json --weights int8 --json",
+        note="MODEL is only a shape: no weights are read.",
+    )
+)
 def estimate(
-    model: Annotated[str | None, typer.Argument(
-        help="qwen2-7b, radreport-tiny, smollm2-135m, a config.json or a model directory holding one. "
-             "Default: the embedded radreport-tiny.", show_default=False, metavar="[MODEL]")] = None,
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="qwen2-7b, radreport-tiny, smollm2-135m, a config.json or a model directory holding one. "
+            "Default: the embedded radreport-tiny.",
+            show_default=False,
+            metavar="[MODEL]",
+        ),
+    ] = None,
     weights: Annotated[str, typer.Option("--weights", "-w", help="Weight format: int4, int8 or fp16.")] = "int4",
-    head_sparsity: Annotated[float, typer.Option("--head-sparsity",
-                                                 help="DSS target: fraction of attention heads skipped per "
-                                                      "token.")] = 0.0,
+    head_sparsity: Annotated[
+        float, typer.Option("--head-sparsity", help="DSS target: fraction of attention heads skipped per token.")
+    ] = 0.0,
     context: Annotated[int, typer.Option("--context", "-c", help="KV-cache length when the token is made.")] = 1024,
     machine: MachineOption = None,
     as_json: JsonOption = False,
@@ -53,29 +63,58 @@ def estimate(
     if as_json:
         emit(result.to_dict(), True)
         return
-    rows = [{"op": r["op"], "unit": r["unit"], "n": r["count"], "us/token": round(r["time_us"], 1),
-             "time %": round(r["time_pct"], 1), "uJ/token": round(r["energy_uj"], 1),
-             "energy %": round(r["energy_pct"], 1), "bound": r["bound"]} for r in result.by_kind()]
-    emit(rows, False, title=f"{shape.name} on {mach.machine.name}: {weights}, head sparsity {head_sparsity:g}, "
-                            f"context {context}")
+    rows = [
+        {
+            "op": r["op"],
+            "unit": r["unit"],
+            "n": r["count"],
+            "us/token": round(r["time_us"], 1),
+            "time %": round(r["time_pct"], 1),
+            "uJ/token": round(r["energy_uj"], 1),
+            "energy %": round(r["energy_pct"], 1),
+            "bound": r["bound"],
+        }
+        for r in result.by_kind()
+    ]
+    emit(
+        rows,
+        False,
+        title=f"{shape.name} on {mach.machine.name}: {weights}, head sparsity {head_sparsity:g}, context {context}",
+    )
     t = result.totals()
-    emit({"ms/token": round(t["ms_per_token"], 3), "J/token": round(t["j_per_token"], 4),
-          "tokens/s": round(t["tokens_per_s"], 1), "average power W": round(t["avg_power_w"], 2),
-          "weights streamed MB/token": round(t["weight_bytes_per_token"] / 1e6, 1),
-          "of which from DRAM MB": round(t["weights_from_dram_bytes"] / 1e6, 1),
-          "KV window / spilled tokens": f"{t['kv_window_tokens']} / {t['kv_spilled_tokens']}",
-          "memory-bound time %": round(t["memory_bound_pct"], 1)}, False, title="per token")
+    emit(
+        {
+            "ms/token": round(t["ms_per_token"], 3),
+            "J/token": round(t["j_per_token"], 4),
+            "tokens/s": round(t["tokens_per_s"], 1),
+            "average power W": round(t["avg_power_w"], 2),
+            "weights streamed MB/token": round(t["weight_bytes_per_token"] / 1e6, 1),
+            "of which from DRAM MB": round(t["weights_from_dram_bytes"] / 1e6, 1),
+            "KV window / spilled tokens": f"{t['kv_window_tokens']} / {t['kv_spilled_tokens']}",
+            "memory-bound time %": round(t["memory_bound_pct"], 1),
+        },
+        False,
+        title="per token",
+    )
     console.print(f"machine {mach.machine.name} {mach.short_hash} · analytic model, no weights read", markup=False)
 
 
-@app.command(epilog=examples(
-    "edgekit optimize out/radreport-tiny-cpu -o out/int4 --pass int4:target=x1 && edgekit x1 compile out/int4 "
-    "-o out/x1",
-    "edgekit x1 compile out/radreport-tiny-x1 -o out/x1 --strict --json   # refuse host partitions",
-    note="An x1 bundle (edgekit build --target x1) already holds its programs."))
+@app.command(
+    epilog=examples(
+        "edgekit optimize out/radreport-tiny-cpu -o out/int4 --pass int4:target=x1 && edgekit x1 compile out/int4 "
+        "-o out/x1",
+        "edgekit x1 compile out/radreport-tiny-x1 -o out/x1 --strict --json   # refuse host partitions",
+        note="An x1 bundle (edgekit build --target x1) already holds its programs.",
+    )
+)
 def compile(  # noqa: A001 - the subcommand's name
-    model_dir: Annotated[Path, typer.Argument(help="Folder with the ONNX graphs (after the INT4 pass, target x1), "
-                                                   "or an x1 bundle directory.", show_default=False)],
+    model_dir: Annotated[
+        Path,
+        typer.Argument(
+            help="Folder with the ONNX graphs (after the INT4 pass, target x1), or an x1 bundle directory.",
+            show_default=False,
+        ),
+    ],
     out: Annotated[Path, out_option("Folder for the .x1 programs.")] = Path("out/x1"),
     force: ForceOption = False,
     machine: MachineOption = None,
@@ -93,17 +132,27 @@ def compile(  # noqa: A001 - the subcommand's name
     rows = []
     for graph, prog in programs.items():
         path = prog.save(out / PROGRAM_FILES[graph])
-        rows.append({"graph": graph, "program": str(path), "bytes": path.stat().st_size,
-                     "instructions": len(prog.instructions), "host_partitions": prog.meta["host_partitions"],
-                     "compile_s": round(prog.meta["compile_seconds"], 3),
-                     "act_peak_kib": round(prog.memory_plan["act_peak_bytes"] / 1024, 1)})
+        rows.append(
+            {
+                "graph": graph,
+                "program": str(path),
+                "bytes": path.stat().st_size,
+                "instructions": len(prog.instructions),
+                "host_partitions": prog.meta["host_partitions"],
+                "compile_s": round(prog.meta["compile_seconds"], 3),
+                "act_peak_kib": round(prog.memory_plan["act_peak_bytes"] / 1024, 1),
+            }
+        )
     emit(rows, as_json, title=f"X1 programs for {mach.machine.name} ({mach.short_hash})")
 
 
-@app.command(epilog=examples(
-    "edgekit x1 inspect out/radreport-tiny-x1/decoder_model_merged.x1",
-    "edgekit x1 inspect out/radreport-tiny-x1/vision_encoder.x1 --json | jq '.instructions | length'",
-    note="--machine must name the machine the program was compiled for."))
+@app.command(
+    epilog=examples(
+        "edgekit x1 inspect out/radreport-tiny-x1/decoder_model_merged.x1",
+        "edgekit x1 inspect out/radreport-tiny-x1/vision_encoder.x1 --json | jq '.instructions | length'",
+        note="--machine must name the machine the program was compiled for.",
+    )
+)
 def inspect(
     program: Annotated[Path, typer.Argument(help="An .x1 program file.", show_default=False)],
     machine: MachineOption = None,
@@ -118,6 +167,17 @@ def inspect(
     if as_json:
         emit({"header": prog.header, "meta": prog.meta, "host": prog.host, "instructions": rows}, True)
         return
-    emit([{"#": r["index"], "mnemonic": r["mnemonic"], "queue": r["queue"], "operands": " ".join(r["operands"]),
-           "symbol": r["symbol"]} for r in rows], False,
-         title=f"{program.name}: ISA {prog.header['isa_version']}, machine {prog.machine_hash[:16]}")
+    emit(
+        [
+            {
+                "#": r["index"],
+                "mnemonic": r["mnemonic"],
+                "queue": r["queue"],
+                "operands": " ".join(r["operands"]),
+                "symbol": r["symbol"],
+            }
+            for r in rows
+        ],
+        False,
+        title=f"{program.name}: ISA {prog.header['isa_version']}, machine {prog.machine_hash[:16]}",
+    )

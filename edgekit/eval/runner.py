@@ -73,10 +73,12 @@ def _summarise(records: list[dict], *, resamples: int, seed: int) -> dict:
     costs = [r["cost"] for r in ok if r.get("cost")]
     emulated = None
     if costs and len(costs) == len(ok) and all("mj_total" in c for c in costs):
-        emulated = {"ms_per_report": float(np.mean([c["emulated_ms_total"] for c in costs])),
-                    "mj_per_report": float(np.mean([c["mj_total"] for c in costs])),
-                    "mj_per_token": float(np.mean([c["mj_per_token"] for c in costs])),
-                    "source": costs[0].get("source", "the target's backend") + f", mean of {len(costs)} reports"}
+        emulated = {
+            "ms_per_report": float(np.mean([c["emulated_ms_total"] for c in costs])),
+            "mj_per_report": float(np.mean([c["mj_total"] for c in costs])),
+            "mj_per_token": float(np.mean([c["mj_per_token"] for c in costs])),
+            "source": costs[0].get("source", "the target's backend") + f", mean of {len(costs)} reports",
+        }
     return {
         "n": len(ok),
         "failed": len(records) - len(ok),

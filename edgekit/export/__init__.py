@@ -9,7 +9,22 @@ from .vision import build_vision_encoder
 from .weights import check_weights, expected_shapes, load_weights, random_weights
 
 __all__ = [
-    "DECODER", "EMBED_TOKENS", "VISION_ENCODER", "EXTERNAL_DATA_THRESHOLD_BYTES", "DecoderSpec", "VisionSpec",
-    "ExportedGraphs", "build_decoder", "build_embed_tokens", "build_vision_encoder", "check_weights",
-    "expected_shapes", "export_default", "export_model", "load_weights", "random_weights", "save_model", "validate",
+    "DECODER",
+    "EMBED_TOKENS",
+    "VISION_ENCODER",
+    "EXTERNAL_DATA_THRESHOLD_BYTES",
+    "DecoderSpec",
+    "VisionSpec",
+    "ExportedGraphs",
+    "build_decoder",
+    "build_embed_tokens",
+    "build_vision_encoder",
+    "check_weights",
+    "expected_shapes",
+    "export_default",
+    "export_model",
+    "load_weights",
+    "random_weights",
+    "save_model",
+    "validate",
 ]

@@ -137,4 +137,3 @@ def build_decoder(weights: Mapping[str, np.ndarray], spec: DecoderSpec) -> ir.Mo
         b.output(pk, f"present.{i}.key", F32, present_shape)
         b.output(pv, f"present.{i}.value", F32, present_shape)
     return b.model()
-

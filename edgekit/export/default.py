@@ -31,9 +31,14 @@ class ExportedGraphs:
     decoder: Path
 
 
-def export_model(weights: Mapping[str, np.ndarray], config: ModelConfig, out_dir: str | Path, *,
-                 external_data_threshold_bytes: int = EXTERNAL_DATA_THRESHOLD_BYTES,
-                 check: bool = True) -> ExportedGraphs:
+def export_model(
+    weights: Mapping[str, np.ndarray],
+    config: ModelConfig,
+    out_dir: str | Path,
+    *,
+    external_data_threshold_bytes: int = EXTERNAL_DATA_THRESHOLD_BYTES,
+    check: bool = True,
+) -> ExportedGraphs:
     """Build, write and (by default) fully check all three graphs. Weights are checked against the config first."""
     check_weights(dict(weights), config)
     out_dir = Path(out_dir)
@@ -67,4 +72,3 @@ def export_default(weights_dir: str | Path, out_dir: str | Path, **kwargs) -> Ex
     weights = load_weights(weights_dir / "model.safetensors")
     check_weights(weights, config, weights_dir / "model.safetensors")
     return export_model(weights, config, out_dir, **kwargs)
-

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.errors import ConfigError
-from edgekit.generate import KV, Backend, GenerationOptions, generate
 from edgekit.export.model_config import ModelConfig
+from edgekit.generate import KV, Backend, GenerationOptions, generate
 
 
 def _torch():
@@ -52,8 +52,10 @@ class TorchBackend:
         tpast = None if past is None else [(t(k), t(v)) for k, v in past]
         with self.torch.no_grad():
             logits, present = self.model.decode(
-                t(np.asarray(inputs_embeds, np.float32)), t(np.asarray(attention_mask, np.int64)),
-                t(np.asarray(position_ids, np.int64)), tpast,
+                t(np.asarray(inputs_embeds, np.float32)),
+                t(np.asarray(attention_mask, np.int64)),
+                t(np.asarray(position_ids, np.int64)),
+                tpast,
             )
         return logits.numpy(), [(k.numpy(), v.numpy()) for k, v in present]
 
@@ -95,13 +97,21 @@ def _teacher_forced_logits(backend: Backend, pixels, prompt, tokens: list[int]) 
     return out
 
 
-def measure_parity(candidate: Backend, weights: Mapping[str, np.ndarray], config: ModelConfig, *,
-                   samples: int = 10, decode_steps: int = 20, seed: int = 0,
-                   reference: Backend | None = None) -> ParityReport:
+def measure_parity(
+    candidate: Backend,
+    weights: Mapping[str, np.ndarray],
+    config: ModelConfig,
+    *,
+    samples: int = 10,
+    decode_steps: int = 20,
+    seed: int = 0,
+    reference: Backend | None = None,
+) -> ParityReport:
     """Compare `candidate` with the torch reference built from the same weights on `samples` random inputs."""
     with _single_threaded_torch():
-        return _measure_parity(candidate, weights, config, samples=samples, decode_steps=decode_steps, seed=seed,
-                               reference=reference)
+        return _measure_parity(
+            candidate, weights, config, samples=samples, decode_steps=decode_steps, seed=seed, reference=reference
+        )
 
 
 @contextmanager
@@ -121,8 +131,16 @@ def _single_threaded_torch():
         torch.set_num_threads(before)
 
 
-def _measure_parity(candidate: Backend, weights: Mapping[str, np.ndarray], config: ModelConfig, *,
-                    samples: int, decode_steps: int, seed: int, reference: Backend | None) -> ParityReport:
+def _measure_parity(
+    candidate: Backend,
+    weights: Mapping[str, np.ndarray],
+    config: ModelConfig,
+    *,
+    samples: int,
+    decode_steps: int,
+    seed: int,
+    reference: Backend | None,
+) -> ParityReport:
     ref = reference if reference is not None else TorchBackend(weights, config)
     rng = np.random.default_rng(seed)
     greedy = GenerationOptions(max_new_tokens=decode_steps)
@@ -140,20 +158,26 @@ def _measure_parity(candidate: Backend, weights: Mapping[str, np.ndarray], confi
         for r, c in zip(ref_logits[1:], cand_logits[1:]):
             decode_err = max(decode_err, float(np.abs(r - c).max()))
         exact += ref_tokens == cand_tokens
-        prefix = next((i for i, (a, b) in enumerate(zip(ref_tokens, cand_tokens)) if a != b),
-                      min(len(ref_tokens), len(cand_tokens)))
+        prefix = next(
+            (i for i, (a, b) in enumerate(zip(ref_tokens, cand_tokens)) if a != b),
+            min(len(ref_tokens), len(cand_tokens)),
+        )
         matched += prefix
         total += max(len(ref_tokens), len(cand_tokens))
     return ParityReport(
-        samples=samples, decode_steps=decode_steps, image_features_max_abs=img_err,
-        prefill_logits_max_abs=prefill_err, decode_logits_max_abs=decode_err,
+        samples=samples,
+        decode_steps=decode_steps,
+        image_features_max_abs=img_err,
+        prefill_logits_max_abs=prefill_err,
+        decode_logits_max_abs=decode_err,
         greedy_match_rate=exact / samples if samples else 1.0,
         greedy_token_match_rate=matched / total if total else 1.0,
     )
 
 
-def measure_export_parity(onnx_dir: str | Path, weights: Mapping[str, np.ndarray], config: ModelConfig,
-                          **kwargs) -> ParityReport:
+def measure_export_parity(
+    onnx_dir: str | Path, weights: Mapping[str, np.ndarray], config: ModelConfig, **kwargs
+) -> ParityReport:
     """Parity of the three graphs in `onnx_dir` run on the cpu target (ONNX Runtime)."""
     from edgekit.ort import CpuBackend
 

@@ -21,8 +21,9 @@ def initializer_bytes(model: ir.Model) -> int:
     return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
 
 
-def save_model(model: ir.Model, path: str | Path, *,
-               external_data_threshold_bytes: int = EXTERNAL_DATA_THRESHOLD_BYTES) -> Path:
+def save_model(
+    model: ir.Model, path: str | Path, *, external_data_threshold_bytes: int = EXTERNAL_DATA_THRESHOLD_BYTES
+) -> Path:
     """Save `model`; weights go external when their total exceeds the threshold. Returns the graph's path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,13 +47,19 @@ def check_external_data(model: ir.Model, path: str | Path) -> None:
         data = Path(tensor.path)
         if data not in sizes:
             if not data.is_file():
-                raise EdgekitError(f"external data file {data.name} is missing (it holds this graph's weights)",
-                                   path, code="missing_external_data")
+                raise EdgekitError(
+                    f"external data file {data.name} is missing (it holds this graph's weights)",
+                    path,
+                    code="missing_external_data",
+                )
             sizes[data] = data.stat().st_size
         end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
         if sizes[data] < end:
-            raise EdgekitError(f"external data file {data.name} is truncated ({sizes[data]} bytes, tensor "
-                               f"{value.name} ends at {end})", path, code="missing_external_data")
+            raise EdgekitError(
+                f"external data file {data.name} is truncated ({sizes[data]} bytes, tensor {value.name} ends at {end})",
+                path,
+                code="missing_external_data",
+            )
 
 
 def non_default_domains(model: onnx.ModelProto) -> set[str]:

@@ -34,10 +34,17 @@ class DecoderSpec:
     rope_inv_freq: tuple[float, ...] | None = None
 
     @classmethod
-    def from_model_config(cls, c: ModelConfig) -> "DecoderSpec":
+    def from_model_config(cls, c: ModelConfig) -> DecoderSpec:
         return cls(
-            hidden=c.hidden, layers=c.layers, heads=c.heads, kv_heads=c.kv_heads, head_dim=c.head_dim,
-            intermediate=c.intermediate, vocab_size=c.vocab_size, rms_eps=c.rms_eps, rope_theta=c.rope_theta,
+            hidden=c.hidden,
+            layers=c.layers,
+            heads=c.heads,
+            kv_heads=c.kv_heads,
+            head_dim=c.head_dim,
+            intermediate=c.intermediate,
+            vocab_size=c.vocab_size,
+            rms_eps=c.rms_eps,
+            rope_theta=c.rope_theta,
         )
 
 
@@ -73,9 +80,16 @@ class VisionSpec:
         return (self.grid // self.pool_stride) ** 2
 
     @classmethod
-    def from_model_config(cls, c: ModelConfig) -> "VisionSpec":
+    def from_model_config(cls, c: ModelConfig) -> VisionSpec:
         return cls(
-            image_size=c.image_size, patch_size=c.patch_size, channels=1, hidden=c.vision_hidden,
-            layers=c.vision_layers, heads=c.vision_heads, mlp=c.vision_mlp, ln_eps=c.vision_ln_eps,
-            pool_stride=c.pool_stride, out_hidden=c.hidden,
+            image_size=c.image_size,
+            patch_size=c.patch_size,
+            channels=1,
+            hidden=c.vision_hidden,
+            layers=c.vision_layers,
+            heads=c.vision_heads,
+            mlp=c.vision_mlp,
+            ln_eps=c.vision_ln_eps,
+            pool_stride=c.pool_stride,
+            out_hidden=c.hidden,
         )

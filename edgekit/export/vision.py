@@ -62,10 +62,14 @@ def vision_mlp(b: GraphBuilder, x: ir.Value, prefix: str, spec: VisionSpec) -> i
 def vision_layer(b: GraphBuilder, x: ir.Value, prefix: str, spec: VisionSpec) -> ir.Value:
     """Pre-norm transformer layer (SigLIP naming: layer_norm1, self_attn, layer_norm2, mlp)."""
     scope = scope_of(prefix)
-    x = b.op(scope, "Add", [x, vision_attention(b, layer_norm(b, x, f"{prefix}.layer_norm1", spec.ln_eps),
-                                                 f"{prefix}.self_attn", spec)])
-    return b.op(scope, "Add", [x, vision_mlp(b, layer_norm(b, x, f"{prefix}.layer_norm2", spec.ln_eps),
-                                             f"{prefix}.mlp", spec)])
+    x = b.op(
+        scope,
+        "Add",
+        [x, vision_attention(b, layer_norm(b, x, f"{prefix}.layer_norm1", spec.ln_eps), f"{prefix}.self_attn", spec)],
+    )
+    return b.op(
+        scope, "Add", [x, vision_mlp(b, layer_norm(b, x, f"{prefix}.layer_norm2", spec.ln_eps), f"{prefix}.mlp", spec)]
+    )
 
 
 def temporal_mean_std_pool(b: GraphBuilder, x: ir.Value, pixel_values: ir.Value, spec: VisionSpec) -> ir.Value:
@@ -99,11 +103,10 @@ def connector(b: GraphBuilder, x: ir.Value, spec: VisionSpec) -> ir.Value:
 
 def build_vision_encoder(weights: Mapping[str, np.ndarray], spec: VisionSpec) -> ir.Model:
     b = GraphBuilder(weights, "vision_encoder")
-    pixel_values = b.input(
-        "pixel_values", F32, ["batch", "frames", spec.channels, spec.image_size, spec.image_size]
+    pixel_values = b.input("pixel_values", F32, ["batch", "frames", spec.channels, spec.image_size, spec.image_size])
+    images = b.op(
+        scope_of(spec.prefix), "Reshape", [pixel_values, b.const([-1, spec.channels, spec.image_size, spec.image_size])]
     )
-    images = b.op(scope_of(spec.prefix), "Reshape",
-                  [pixel_values, b.const([-1, spec.channels, spec.image_size, spec.image_size])])
     x = patch_embeddings(b, images, spec)
     for i in range(spec.layers):
         x = vision_layer(b, x, f"{spec.prefix}.encoder.layers.{i}", spec)

@@ -40,22 +40,30 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         for ln in ("layer_norm1", "layer_norm2"):
             shapes[f"{p}.{ln}.weight"] = (d,)
             shapes[f"{p}.{ln}.bias"] = (d,)
-        shapes.update({f"{p}.mlp.fc1.weight": (m, d), f"{p}.mlp.fc1.bias": (m,),
-                       f"{p}.mlp.fc2.weight": (d, m), f"{p}.mlp.fc2.bias": (d,)})
+        shapes.update(
+            {
+                f"{p}.mlp.fc1.weight": (m, d),
+                f"{p}.mlp.fc1.bias": (m,),
+                f"{p}.mlp.fc2.weight": (d, m),
+                f"{p}.mlp.fc2.bias": (d,),
+            }
+        )
     h, hd = c.hidden, c.head_dim
     for i in range(c.layers):
         p = f"model.layers.{i}"
-        shapes.update({
-            f"{p}.input_layernorm.weight": (h,),
-            f"{p}.post_attention_layernorm.weight": (h,),
-            f"{p}.self_attn.q_proj.weight": (c.heads * hd, h),
-            f"{p}.self_attn.k_proj.weight": (c.kv_heads * hd, h),
-            f"{p}.self_attn.v_proj.weight": (c.kv_heads * hd, h),
-            f"{p}.self_attn.o_proj.weight": (h, c.heads * hd),
-            f"{p}.mlp.gate_proj.weight": (c.intermediate, h),
-            f"{p}.mlp.up_proj.weight": (c.intermediate, h),
-            f"{p}.mlp.down_proj.weight": (h, c.intermediate),
-        })
+        shapes.update(
+            {
+                f"{p}.input_layernorm.weight": (h,),
+                f"{p}.post_attention_layernorm.weight": (h,),
+                f"{p}.self_attn.q_proj.weight": (c.heads * hd, h),
+                f"{p}.self_attn.k_proj.weight": (c.kv_heads * hd, h),
+                f"{p}.self_attn.v_proj.weight": (c.kv_heads * hd, h),
+                f"{p}.self_attn.o_proj.weight": (h, c.heads * hd),
+                f"{p}.mlp.gate_proj.weight": (c.intermediate, h),
+                f"{p}.mlp.up_proj.weight": (c.intermediate, h),
+                f"{p}.mlp.down_proj.weight": (h, c.intermediate),
+            }
+        )
     return shapes
 
 
@@ -69,8 +77,9 @@ def check_weights(weights: dict[str, np.ndarray], c: ModelConfig, path: str | Pa
             problems.append(f"{name} has shape {tuple(weights[name].shape)}, config.json needs {shape}")
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise EdgekitError("weights do not match config.json: " + "; ".join(problems[:3]) + more, path,
-                           code="invalid_weights")
+        raise EdgekitError(
+            "weights do not match config.json: " + "; ".join(problems[:3]) + more, path, code="invalid_weights"
+        )
 
 
 def load_weights(path: str | Path) -> dict[str, np.ndarray]:
@@ -83,8 +92,9 @@ def load_weights(path: str | Path) -> dict[str, np.ndarray]:
     try:
         tensors = load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types for truncated or foreign files
-        raise EdgekitError(f"not a readable safetensors file ({type(exc).__name__})", path,
-                           code="invalid_weights") from exc
+        raise EdgekitError(
+            f"not a readable safetensors file ({type(exc).__name__})", path, code="invalid_weights"
+        ) from exc
     return {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}
 
 

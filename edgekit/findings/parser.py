@@ -13,8 +13,18 @@ from dataclasses import dataclass, field
 
 from .vocabulary import COUNTED_TYPES, LATERAL_TYPES, SIZED_TYPES, Finding, sort_findings, sort_types
 
-NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight",
-                 9: "nine", 10: "ten"}
+NUMBER_WORDS = {
+    1: "one",
+    2: "two",
+    3: "three",
+    4: "four",
+    5: "five",
+    6: "six",
+    7: "seven",
+    8: "eight",
+    9: "nine",
+    10: "ten",
+}
 
 
 @dataclass
@@ -35,37 +45,64 @@ _MENTIONS: list[tuple[str, bool, str]] = [
     ("lesion", True, r"lesions?"),
     ("consolidation", True, r"consolidations?|airspace (?:disease|opacit(?:y|ies))|pneumonia"),
     ("pneumothorax", True, r"pneumothora(?:x|ces)"),
-    ("hydrocephalus", False, r"(?:the )?ventricles (?:are |appear )?(?:normal|not (?:enlarged|dilated))"
-                             r"|normal(?:-sized| sized)? ventricles|ventricles: normal|ventricular size is normal"),
-    ("hydrocephalus", True, r"hydrocephalus|ventriculomegaly|(?:enlarged|dilated) ventricles"
-                            r"|ventricles (?:are |appear )?(?:enlarged|dilated)|ventricles: (?:enlarged|dilated)"),
-    ("cardiomegaly", False, r"heart size (?:is )?normal|normal heart size|heart: normal(?: size)?"
-                            r"|heart (?:is )?(?:normal in size|not enlarged)|normal cardiac (?:size|silhouette)"
-                            r"|cardiac silhouette (?:is )?(?:normal|not enlarged)"),
-    ("cardiomegaly", True, r"cardiomegaly|enlarged (?:heart|cardiac silhouette)"
-                           r"|(?:heart|cardiac silhouette) (?:is |appears )?enlarged|heart: enlarged"),
+    (
+        "hydrocephalus",
+        False,
+        r"(?:the )?ventricles (?:are |appear )?(?:normal|not (?:enlarged|dilated))"
+        r"|normal(?:-sized| sized)? ventricles|ventricles: normal|ventricular size is normal",
+    ),
+    (
+        "hydrocephalus",
+        True,
+        r"hydrocephalus|ventriculomegaly|(?:enlarged|dilated) ventricles"
+        r"|ventricles (?:are |appear )?(?:enlarged|dilated)|ventricles: (?:enlarged|dilated)",
+    ),
+    (
+        "cardiomegaly",
+        False,
+        r"heart size (?:is )?normal|normal heart size|heart: normal(?: size)?"
+        r"|heart (?:is )?(?:normal in size|not enlarged)|normal cardiac (?:size|silhouette)"
+        r"|cardiac silhouette (?:is )?(?:normal|not enlarged)",
+    ),
+    (
+        "cardiomegaly",
+        True,
+        r"cardiomegaly|enlarged (?:heart|cardiac silhouette)"
+        r"|(?:heart|cardiac silhouette) (?:is |appears )?enlarged|heart: enlarged",
+    ),
     ("reduced wall motion", False, r"normal wall motion|wall motion (?:is )?normal|wall motion: normal"),
-    ("reduced wall motion", True, r"(?:reduced|decreased|impaired|diminished|abnormal) wall motion"
-                                  r"|wall motion (?:is )?(?:reduced|decreased|impaired|diminished|abnormal)"
-                                  r"|wall motion: (?:reduced|decreased|impaired)|hypokine(?:sis|tic)"
-                                  r"|wall motion abnormalit(?:y|ies)"),
+    (
+        "reduced wall motion",
+        True,
+        r"(?:reduced|decreased|impaired|diminished|abnormal) wall motion"
+        r"|wall motion (?:is )?(?:reduced|decreased|impaired|diminished|abnormal)"
+        r"|wall motion: (?:reduced|decreased|impaired)|hypokine(?:sis|tic)"
+        r"|wall motion abnormalit(?:y|ies)",
+    ),
 ]
 _MENTION_RES = [(t, pol, re.compile(r"\b(?:" + p + r")\b")) for t, pol, p in _MENTIONS]
 
-_SECTION = re.compile(r"\b(findings|impression|conclusion|indication|clinical history|history|comparison|"
-                      r"technique|reason for exam)\s*:", re.I)
+_SECTION = re.compile(
+    r"\b(findings|impression|conclusion|indication|clinical history|history|comparison|"
+    r"technique|reason for exam)\s*:",
+    re.I,
+)
 _SKIPPED_SECTIONS = {"indication", "clinical history", "history", "comparison", "technique", "reason for exam"}
 _CLAUSE_SPLIT = re.compile(r"[;!?\n]|\.(?!\d)")
 _PHRASE_SPLIT = re.compile(r"(,|\band\b|\bor\b|\bnor\b|\bbut\b|\bhowever\b|\bas well as\b)")
 _PRE_NEG = re.compile(r"\b(?:no|without|negative for|absence of|free of|rules? out|ruled out)\b")
-_POST_NEG = re.compile(r"\b(?:is|are|was|were)\s+(?:absent|not\s+(?:seen|identified|present|visuali[sz]ed|"
-                       r"demonstrated|evident))\b|\babsent\b|:\s*none\b|\bnot (?:seen|identified|present)\b"
-                       r"|\bresolved\b")
+_POST_NEG = re.compile(
+    r"\b(?:is|are|was|were)\s+(?:absent|not\s+(?:seen|identified|present|visuali[sz]ed|"
+    r"demonstrated|evident))\b|\babsent\b|:\s*none\b|\bnot (?:seen|identified|present)\b"
+    r"|\bresolved\b"
+)
 _SIZE = re.compile(r"(\d{1,4}(?:\.\d+)?)\s*(mm|millimet(?:er|re)s?|cm|centimet(?:er|re)s?)\b")
 _SIDE = re.compile(r"\b(right|left)\b")
 _COUNT_WORDS = {w: n for n, w in NUMBER_WORDS.items()} | {"single": 1, "solitary": 1}
-_COUNT_BEFORE = re.compile(r"\b(one|two|three|four|five|six|seven|eight|nine|ten|single|solitary|\d{1,2})\s+"
-                           r"(?:(?!mm\b|cm\b)[a-z-]+\s+){0,2}$")
+_COUNT_BEFORE = re.compile(
+    r"\b(one|two|three|four|five|six|seven|eight|nine|ten|single|solitary|\d{1,2})\s+"
+    r"(?:(?!mm\b|cm\b)[a-z-]+\s+){0,2}$"
+)
 _POSITIVE_START = re.compile(r"^\s*(?:a|an|there|the|one|two|three|\d)\b")
 _MAX_CHARS = 20000
 
@@ -173,7 +210,7 @@ def _parse_clause(clause: str) -> list[_Mention]:
         if mentions:
             _attach(mentions, pending_sides + sides, pending_sizes + sizes, own=True)
             pending_sides, pending_sizes = [], []
-            bare_run = ([] if has_attrs else bare_run + mentions)
+            bare_run = [] if has_attrs else bare_run + mentions
             prev = mentions
             out.extend(mentions)
         elif prev:

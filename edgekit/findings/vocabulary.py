@@ -27,7 +27,7 @@ class Finding:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Finding":
+    def from_dict(cls, d: dict) -> Finding:
         return cls(type=d["type"], location=d.get("location"), size_mm=d.get("size_mm"), count=d.get("count", 1))
 
 
@@ -75,8 +75,15 @@ CT_CHEST = KindSpec(
         FindingSpec("mass", SIDES, (50, 70)),
         FindingSpec("pleural effusion", SIDES),
     ),
-    indications=("Cough and fever.", "Follow-up.", "Shortness of breath.", "Chest pain.", "Staging.",
-                 "Weight loss.", "Hemoptysis."),
+    indications=(
+        "Cough and fever.",
+        "Follow-up.",
+        "Shortness of breath.",
+        "Chest pain.",
+        "Staging.",
+        "Weight loss.",
+        "Hemoptysis.",
+    ),
 )
 
 MR_BRAIN = KindSpec(
@@ -103,8 +110,7 @@ CR_CHEST = KindSpec(
         FindingSpec("pleural effusion", SIDES),
         FindingSpec("cardiomegaly"),
     ),
-    indications=("Cough and fever.", "Shortness of breath.", "Chest pain.", "Pre-operative.", "Follow-up.",
-                 "Trauma."),
+    indications=("Cough and fever.", "Shortness of breath.", "Chest pain.", "Pre-operative.", "Follow-up.", "Trauma."),
 )
 
 US_CARDIAC = KindSpec(
@@ -124,8 +130,16 @@ KIND_BY_NAME = {k.name: k for k in KINDS}
 
 # Every type once, in the order reports mention them; parse_report returns findings and negatives in this order.
 TYPE_ORDER: tuple[str, ...] = (
-    "nodule", "mass", "lesion", "consolidation", "pneumothorax", "pleural effusion", "hydrocephalus",
-    "cardiomegaly", "reduced wall motion", "pericardial effusion",
+    "nodule",
+    "mass",
+    "lesion",
+    "consolidation",
+    "pneumothorax",
+    "pleural effusion",
+    "hydrocephalus",
+    "cardiomegaly",
+    "reduced wall motion",
+    "pericardial effusion",
 )
 # Types that take a side / a size / a count in at least one kind (the parser keeps only these attributes).
 LATERAL_TYPES = frozenset(f.type for k in KINDS for f in k.findings if f.locations)
@@ -133,10 +147,11 @@ SIZED_TYPES = frozenset(f.type for k in KINDS for f in k.findings if f.sizes_mm)
 COUNTED_TYPES = frozenset(f.type for k in KINDS for f in k.findings if f.max_count > 1)
 
 
-
 def sort_findings(findings) -> list[Finding]:
-    return sorted(findings, key=lambda f: (TYPE_ORDER.index(f.type) if f.type in TYPE_ORDER else len(TYPE_ORDER),
-                                           f.type, f.location or ""))
+    return sorted(
+        findings,
+        key=lambda f: (TYPE_ORDER.index(f.type) if f.type in TYPE_ORDER else len(TYPE_ORDER), f.type, f.location or ""),
+    )
 
 
 def sort_types(types) -> list[str]:

@@ -6,6 +6,11 @@ from .config import SUPPORTED_MODEL_TYPES, decoder_spec, is_hf_model_dir, read_h
 from .convert import HfConversion, convert_hf
 
 __all__ = [
-    "SUPPORTED_MODEL_TYPES", "HfConversion", "SafetensorsCheckpoint", "convert_hf", "decoder_spec",
-    "is_hf_model_dir", "read_hf_config",
+    "SUPPORTED_MODEL_TYPES",
+    "HfConversion",
+    "SafetensorsCheckpoint",
+    "convert_hf",
+    "decoder_spec",
+    "is_hf_model_dir",
+    "read_hf_config",
 ]

@@ -65,13 +65,15 @@ def _read_header(path: Path) -> dict[str, TensorEntry]:
             continue
         try:
             begin, end = (int(x) for x in info["data_offsets"])
-            entry = TensorEntry(path, str(info["dtype"]), tuple(int(d) for d in info["shape"]), base + begin,
-                                end - begin)
+            entry = TensorEntry(
+                path, str(info["dtype"]), tuple(int(d) for d in info["shape"]), base + begin, end - begin
+            )
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"tensor {name!r} has a malformed header entry", path) from None
         if base + end > size:
-            raise CheckpointError(f"file is truncated: tensor {name!r} ends at byte {base + end}, "
-                                  f"the file has {size}", path)
+            raise CheckpointError(
+                f"file is truncated: tensor {name!r} ends at byte {base + end}, the file has {size}", path
+            )
         entries[name] = entry
     return entries
 
@@ -95,16 +97,17 @@ class SafetensorsCheckpoint(Mapping[str, np.ndarray]):
                 self.entries.update({k: v for k, v in found.items() if weight_map.get(k) == shard})
             missing = sorted(set(weight_map) - set(self.entries))
             if missing:
-                raise CheckpointError(f"{len(missing)} tensor(s) listed in the index are not in their shard "
-                                      f"(first: {missing[0]!r})", index)
+                raise CheckpointError(
+                    f"{len(missing)} tensor(s) listed in the index are not in their shard (first: {missing[0]!r})",
+                    index,
+                )
         elif (self.dir / SINGLE_FILE).is_file():
             self.entries = _read_header(self.dir / SINGLE_FILE)
         else:
             raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in the model directory", self.dir)
         for name, e in self.entries.items():
             if e.dtype not in _DTYPES:
-                raise CheckpointError(f"tensor {name!r} has dtype {e.dtype}; edgekit reads F32, F16, BF16, F64",
-                                      e.file)
+                raise CheckpointError(f"tensor {name!r} has dtype {e.dtype}; edgekit reads F32, F16, BF16, F64", e.file)
 
     # Mapping ---------------------------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> np.ndarray:
@@ -129,8 +132,7 @@ class SafetensorsCheckpoint(Mapping[str, np.ndarray]):
         stored = _DTYPES[e.dtype]
         count = int(np.prod(e.shape, dtype=np.int64))
         if count * stored.itemsize != e.nbytes:
-            raise CheckpointError(f"tensor {name!r}: {e.nbytes} bytes do not hold shape {e.shape} of {e.dtype}",
-                                  e.file)
+            raise CheckpointError(f"tensor {name!r}: {e.nbytes} bytes do not hold shape {e.shape} of {e.dtype}", e.file)
         raw = np.empty(count, stored)
         with open(e.file, "rb") as f:
             f.seek(e.start)
@@ -147,8 +149,13 @@ class SafetensorsCheckpoint(Mapping[str, np.ndarray]):
 
     def lazy(self, name: str) -> ir.LazyTensor:
         """An initializer payload that reads the tensor only when the ONNX writer asks for its bytes."""
-        return ir.LazyTensor(lambda: ir.Tensor(self.read(name), name=name), dtype=ir.DataType.FLOAT,
-                             shape=ir.Shape(self.shape(name)), name=name, cache=False)
+        return ir.LazyTensor(
+            lambda: ir.Tensor(self.read(name), name=name),
+            dtype=ir.DataType.FLOAT,
+            shape=ir.Shape(self.shape(name)),
+            name=name,
+            cache=False,
+        )
 
 
 class ShapeOnlyWeights(Mapping[str, np.ndarray]):
@@ -179,8 +186,9 @@ class ShapeOnlyWeights(Mapping[str, np.ndarray]):
         return self.aliases.get(name, name) in self.checkpoint.entries  # type: ignore[arg-type]
 
 
-def attach_lazy_weights(model: ir.Model, checkpoint: SafetensorsCheckpoint,
-                        aliases: Mapping[str, str] | None = None) -> int:
+def attach_lazy_weights(
+    model: ir.Model, checkpoint: SafetensorsCheckpoint, aliases: Mapping[str, str] | None = None
+) -> int:
     """Point every initializer of `model` at its checkpoint tensor (read at save time). Returns how many."""
     aliases = dict(aliases or {})
     n = 0

@@ -56,10 +56,12 @@ def decoder_shape_fields(cfg: dict[str, Any], where: str | Path) -> dict[str, An
         if cfg.get(key) is None:
             raise ConfigError(f"{key} is missing", where)
     heads = cfg["num_attention_heads"]
-    return {**{key: cfg[key] for key in DECODER_SHAPE_KEYS},
-            "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
-            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False))}
+    return {
+        **{key: cfg[key] for key in DECODER_SHAPE_KEYS},
+        "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
+        "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+    }
 
 
 def is_hf_model_dir(model_dir: str | Path) -> bool:
@@ -81,8 +83,10 @@ def model_kind(cfg: dict[str, Any], model_dir: str | Path) -> str:
         return "decoder"
     if mt in VISION_TYPES:
         return "vision"
-    raise ConfigError(f"model_type {mt!r} is not supported; edgekit imports {', '.join(SUPPORTED_MODEL_TYPES)}",
-                      Path(model_dir) / "config.json")
+    raise ConfigError(
+        f"model_type {mt!r} is not supported; edgekit imports {', '.join(SUPPORTED_MODEL_TYPES)}",
+        Path(model_dir) / "config.json",
+    )
 
 
 def _get(cfg: dict, key: str, where: Path, kind=int):
@@ -109,8 +113,10 @@ def rope_inv_freq(params: dict[str, Any], head_dim: int, where: Path) -> tuple[f
     following transformers' `ROPE_INIT_FUNCTIONS` for the types that only rescale frequencies."""
     rope_type = params["rope_type"]
     if rope_type not in ROPE_TYPES:
-        raise ConfigError(f"rope_parameters.rope_type {rope_type!r} is not supported "
-                          f"(edgekit computes {', '.join(ROPE_TYPES)})", where)
+        raise ConfigError(
+            f"rope_parameters.rope_type {rope_type!r} is not supported (edgekit computes {', '.join(ROPE_TYPES)})",
+            where,
+        )
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ConfigError("partial_rotary_factor other than 1.0 is not supported", where)
     theta = float(params["rope_theta"])
@@ -154,8 +160,16 @@ def decoder_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[s
     tied = bool(cfg.get("tie_word_embeddings", False))
     lm_head = "model.embed_tokens" if tied or "lm_head.weight" not in names else "lm_head"
     return DecoderSpec(
-        hidden=hidden, layers=_get(cfg, "num_hidden_layers", where), heads=heads, kv_heads=kv_heads,
-        head_dim=head_dim, intermediate=_get(cfg, "intermediate_size", where),
-        vocab_size=_get(cfg, "vocab_size", where), rms_eps=_get(cfg, "rms_norm_eps", where, float),
-        rope_theta=float(params["rope_theta"]), qkv_bias=mt == "qwen2", lm_head=lm_head, rope_inv_freq=inv_freq,
+        hidden=hidden,
+        layers=_get(cfg, "num_hidden_layers", where),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=_get(cfg, "intermediate_size", where),
+        vocab_size=_get(cfg, "vocab_size", where),
+        rms_eps=_get(cfg, "rms_norm_eps", where, float),
+        rope_theta=float(params["rope_theta"]),
+        qkv_bias=mt == "qwen2",
+        lm_head=lm_head,
+        rope_inv_freq=inv_freq,
     )

@@ -32,8 +32,16 @@ from .config import decoder_spec, model_kind, read_hf_config
 from .vision_tower import VisionTowerSpec, build_vision_tower, vision_tower_spec
 
 # files copied next to the graphs (config.json is renamed: edgekit's own config.json means a ModelConfig)
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-              "preprocessor_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
 HF_CONFIG = "hf_config.json"
 
 
@@ -48,21 +56,34 @@ class HfConversion:
 
 def expected_decoder_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
     h, hd = spec.hidden, spec.head_dim
-    shapes = {f"{spec.embed_tokens}.weight": (spec.vocab_size, h), f"{spec.final_norm}.weight": (h,),
-              f"{spec.lm_head}.weight": (spec.vocab_size, h)}
+    shapes = {
+        f"{spec.embed_tokens}.weight": (spec.vocab_size, h),
+        f"{spec.final_norm}.weight": (h,),
+        f"{spec.lm_head}.weight": (spec.vocab_size, h),
+    }
     for i in range(spec.layers):
         p = f"{spec.layer_prefix}.{i}"
-        shapes.update({
-            f"{p}.input_layernorm.weight": (h,), f"{p}.post_attention_layernorm.weight": (h,),
-            f"{p}.self_attn.q_proj.weight": (spec.heads * hd, h), f"{p}.self_attn.k_proj.weight": (spec.kv_heads * hd, h),
-            f"{p}.self_attn.v_proj.weight": (spec.kv_heads * hd, h), f"{p}.self_attn.o_proj.weight": (h, spec.heads * hd),
-            f"{p}.mlp.gate_proj.weight": (spec.intermediate, h), f"{p}.mlp.up_proj.weight": (spec.intermediate, h),
-            f"{p}.mlp.down_proj.weight": (h, spec.intermediate),
-        })
+        shapes.update(
+            {
+                f"{p}.input_layernorm.weight": (h,),
+                f"{p}.post_attention_layernorm.weight": (h,),
+                f"{p}.self_attn.q_proj.weight": (spec.heads * hd, h),
+                f"{p}.self_attn.k_proj.weight": (spec.kv_heads * hd, h),
+                f"{p}.self_attn.v_proj.weight": (spec.kv_heads * hd, h),
+                f"{p}.self_attn.o_proj.weight": (h, spec.heads * hd),
+                f"{p}.mlp.gate_proj.weight": (spec.intermediate, h),
+                f"{p}.mlp.up_proj.weight": (spec.intermediate, h),
+                f"{p}.mlp.down_proj.weight": (h, spec.intermediate),
+            }
+        )
         if spec.qkv_bias:
-            shapes.update({f"{p}.self_attn.q_proj.bias": (spec.heads * hd,),
-                           f"{p}.self_attn.k_proj.bias": (spec.kv_heads * hd,),
-                           f"{p}.self_attn.v_proj.bias": (spec.kv_heads * hd,)})
+            shapes.update(
+                {
+                    f"{p}.self_attn.q_proj.bias": (spec.heads * hd,),
+                    f"{p}.self_attn.k_proj.bias": (spec.kv_heads * hd,),
+                    f"{p}.self_attn.v_proj.bias": (spec.kv_heads * hd,),
+                }
+            )
     return shapes
 
 
@@ -84,8 +105,13 @@ def _write(model: ir.Model, ckpt: SafetensorsCheckpoint, path: Path, threshold: 
     return save_model(model, path, external_data_threshold_bytes=threshold)
 
 
-def convert_hf(model_dir: str | Path, out_dir: str | Path, *,
-               external_data_threshold_bytes: int = EXTERNAL_DATA_THRESHOLD_BYTES, check: bool = True) -> HfConversion:
+def convert_hf(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    external_data_threshold_bytes: int = EXTERNAL_DATA_THRESHOLD_BYTES,
+    check: bool = True,
+) -> HfConversion:
     """Convert the Hugging Face model in `model_dir` into graphs in `out_dir` (created or updated)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if not model_dir.is_dir():
@@ -104,13 +130,20 @@ def convert_hf(model_dir: str | Path, out_dir: str | Path, *,
             spec = decoder_spec(cfg, model_dir, ckpt.entries)
             check_shapes(expected_decoder_shapes(spec), ckpt)
             stand_ins = ShapeOnlyWeights(ckpt)
-            written.append(_write(build_embed_tokens(stand_ins, spec), ckpt, tmp / EMBED_TOKENS,
-                                  external_data_threshold_bytes))
+            written.append(
+                _write(build_embed_tokens(stand_ins, spec), ckpt, tmp / EMBED_TOKENS, external_data_threshold_bytes)
+            )
             written.append(_write(build_decoder(stand_ins, spec), ckpt, tmp / DECODER, external_data_threshold_bytes))
         else:
             spec = vision_tower_spec(cfg, model_dir, ckpt.entries)
-            written.append(_write(build_vision_tower(ShapeOnlyWeights(ckpt), spec), ckpt, tmp / VISION_ENCODER,
-                                  external_data_threshold_bytes))
+            written.append(
+                _write(
+                    build_vision_tower(ShapeOnlyWeights(ckpt), spec),
+                    ckpt,
+                    tmp / VISION_ENCODER,
+                    external_data_threshold_bytes,
+                )
+            )
         result.spec = spec
         if check:
             for p in written:

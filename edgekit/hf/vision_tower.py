@@ -28,21 +28,34 @@ GELU = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 # role -> name template ({p}: model prefix, {i}: layer index)
 NAMES = {
     "siglip": {
-        "patch": "{p}embeddings.patch_embedding", "pos": "{p}embeddings.position_embedding.weight", "cls": None,
-        "ln1": "{p}encoder.layers.{i}.layer_norm1", "q": "{p}encoder.layers.{i}.self_attn.q_proj",
-        "k": "{p}encoder.layers.{i}.self_attn.k_proj", "v": "{p}encoder.layers.{i}.self_attn.v_proj",
-        "o": "{p}encoder.layers.{i}.self_attn.out_proj", "ln2": "{p}encoder.layers.{i}.layer_norm2",
-        "fc1": "{p}encoder.layers.{i}.mlp.fc1", "fc2": "{p}encoder.layers.{i}.mlp.fc2",
-        "final": "{p}post_layernorm", "layer": "{p}encoder.layers.{i}",
+        "patch": "{p}embeddings.patch_embedding",
+        "pos": "{p}embeddings.position_embedding.weight",
+        "cls": None,
+        "ln1": "{p}encoder.layers.{i}.layer_norm1",
+        "q": "{p}encoder.layers.{i}.self_attn.q_proj",
+        "k": "{p}encoder.layers.{i}.self_attn.k_proj",
+        "v": "{p}encoder.layers.{i}.self_attn.v_proj",
+        "o": "{p}encoder.layers.{i}.self_attn.out_proj",
+        "ln2": "{p}encoder.layers.{i}.layer_norm2",
+        "fc1": "{p}encoder.layers.{i}.mlp.fc1",
+        "fc2": "{p}encoder.layers.{i}.mlp.fc2",
+        "final": "{p}post_layernorm",
+        "layer": "{p}encoder.layers.{i}",
     },
     "vit": {
-        "patch": "{p}embeddings.patch_embeddings.projection", "pos": "{p}embeddings.position_embeddings",
+        "patch": "{p}embeddings.patch_embeddings.projection",
+        "pos": "{p}embeddings.position_embeddings",
         "cls": "{p}embeddings.cls_token",
-        "ln1": "{p}encoder.layer.{i}.layernorm_before", "q": "{p}encoder.layer.{i}.attention.attention.query",
-        "k": "{p}encoder.layer.{i}.attention.attention.key", "v": "{p}encoder.layer.{i}.attention.attention.value",
-        "o": "{p}encoder.layer.{i}.attention.output.dense", "ln2": "{p}encoder.layer.{i}.layernorm_after",
-        "fc1": "{p}encoder.layer.{i}.intermediate.dense", "fc2": "{p}encoder.layer.{i}.output.dense",
-        "final": "{p}layernorm", "layer": "{p}encoder.layer.{i}",
+        "ln1": "{p}encoder.layer.{i}.layernorm_before",
+        "q": "{p}encoder.layer.{i}.attention.attention.query",
+        "k": "{p}encoder.layer.{i}.attention.attention.key",
+        "v": "{p}encoder.layer.{i}.attention.attention.value",
+        "o": "{p}encoder.layer.{i}.attention.output.dense",
+        "ln2": "{p}encoder.layer.{i}.layernorm_after",
+        "fc1": "{p}encoder.layer.{i}.intermediate.dense",
+        "fc2": "{p}encoder.layer.{i}.output.dense",
+        "final": "{p}layernorm",
+        "layer": "{p}encoder.layer.{i}",
     },
 }
 PREFIXES = {"siglip": ("", "vision_model.", "model.vision_model."), "vit": ("", "vit.")}
@@ -83,17 +96,26 @@ def vision_tower_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collect
     probe = NAMES[family]["final"]
     prefix = next((p for p in PREFIXES[family] if probe.format(p=p) + ".weight" in names), None)
     if prefix is None:
-        raise ConfigError(f"no {family} vision tower weights found (looked for {probe.format(p='')}.weight "
-                          f"under prefixes {', '.join(repr(p) for p in PREFIXES[family])})", where)
+        raise ConfigError(
+            f"no {family} vision tower weights found (looked for {probe.format(p='')}.weight "
+            f"under prefixes {', '.join(repr(p) for p in PREFIXES[family])})",
+            where,
+        )
     act = cfg.get("hidden_act", "gelu_pytorch_tanh" if family == "siglip" else "gelu")
     if act not in GELU:
         raise ConfigError(f"hidden_act {act!r} is not supported (edgekit builds {', '.join(GELU)})", where)
     try:
         spec = VisionTowerSpec(
-            family=family, prefix=prefix, image_size=int(cfg["image_size"]), patch_size=int(cfg["patch_size"]),
-            channels=int(cfg.get("num_channels", 3)), hidden=int(cfg["hidden_size"]),
-            layers=int(cfg["num_hidden_layers"]), heads=int(cfg["num_attention_heads"]),
-            ln_eps=float(cfg.get("layer_norm_eps", 1e-12 if family == "vit" else 1e-6)), gelu=GELU[act],
+            family=family,
+            prefix=prefix,
+            image_size=int(cfg["image_size"]),
+            patch_size=int(cfg["patch_size"]),
+            channels=int(cfg.get("num_channels", 3)),
+            hidden=int(cfg["hidden_size"]),
+            layers=int(cfg["num_hidden_layers"]),
+            heads=int(cfg["num_attention_heads"]),
+            ln_eps=float(cfg.get("layer_norm_eps", 1e-12 if family == "vit" else 1e-6)),
+            gelu=GELU[act],
             qkv_bias=bool(cfg.get("qkv_bias", True)),
         )
     except KeyError as exc:
@@ -107,8 +129,12 @@ def _embeddings(b: GraphBuilder, pixels: ir.Value, spec: VisionTowerSpec) -> ir.
     patch = spec.name("patch")
     scope = scope_of(patch)
     p = spec.patch_size
-    y = b.op(scope, "Conv", [pixels, b.weight(f"{patch}.weight"), b.weight(f"{patch}.bias")],
-             {"kernel_shape": [p, p], "strides": [p, p]})
+    y = b.op(
+        scope,
+        "Conv",
+        [pixels, b.weight(f"{patch}.weight"), b.weight(f"{patch}.bias")],
+        {"kernel_shape": [p, p], "strides": [p, p]},
+    )
     y = b.op(scope, "Transpose", [b.op(scope, "Reshape", [y, b.const([0, spec.hidden, -1])])], {"perm": [0, 2, 1]})
     if spec.family == "vit":  # a learned [CLS] token in front of the patches
         cls_name = spec.name("cls")

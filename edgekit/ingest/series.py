@@ -21,9 +21,7 @@ def check_one_series(images: list[DicomImage], label: str) -> None:
     """A folder or zip must hold exactly one series: the model reports on one stack of images."""
     series = {img.series_uid for img in images}
     if len(series) > 1:
-        raise StudyError(
-            f"holds {len(series)} different series (SeriesInstanceUID); pass one series at a time", label
-        )
+        raise StudyError(f"holds {len(series)} different series (SeriesInstanceUID); pass one series at a time", label)
 
 
 def order_images(images: list[DicomImage]) -> list[DicomImage]:
@@ -94,7 +92,11 @@ def assemble(images: list[DicomImage], label: str, limits: IngestLimits, warning
             frames[start:stop] = 1.0 - d.stored if d.photometric == "MONOCHROME1" else d.stored
         elif per_object:
             frames[start:stop] = to_display(
-                d.stored, slope=d.slope, intercept=d.intercept, center=d.center, width=d.width,
+                d.stored,
+                slope=d.slope,
+                intercept=d.intercept,
+                center=d.center,
+                width=d.width,
                 photometric=d.photometric,
             )
         else:

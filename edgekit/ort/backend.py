@@ -23,8 +23,11 @@ from .threads import physical_cores
 KV = list[tuple[np.ndarray, np.ndarray]]
 
 
-def session_options(*, intra_op_threads: int | None = None, profile_prefix: str | Path | None = None,
-                    ) -> ort.SessionOptions:
+def session_options(
+    *,
+    intra_op_threads: int | None = None,
+    profile_prefix: str | Path | None = None,
+) -> ort.SessionOptions:
     """ORT_ENABLE_ALL, intra-op threads = physical cores unless given, optional chrome-trace profiling."""
     if intra_op_threads is not None and intra_op_threads < 1:
         raise ConfigError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
@@ -51,8 +54,15 @@ def _open(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
 class CpuBackend:
     """`encode_images`, `embed`, `decode` over three ORT InferenceSessions."""
 
-    def __init__(self, vision_encoder: str | Path, embed_tokens: str | Path, decoder: str | Path, *,
-                 intra_op_threads: int | None = None, profile_dir: str | Path | None = None):
+    def __init__(
+        self,
+        vision_encoder: str | Path,
+        embed_tokens: str | Path,
+        decoder: str | Path,
+        *,
+        intra_op_threads: int | None = None,
+        profile_dir: str | Path | None = None,
+    ):
         self.profile_dir = Path(profile_dir) if profile_dir is not None else None
         if self.profile_dir is not None:
             self.profile_dir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +81,7 @@ class CpuBackend:
         self._read_decoder_signature()
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, **kwargs) -> "CpuBackend":
+    def from_dir(cls, model_dir: str | Path, **kwargs) -> CpuBackend:
         """A folder holding the three graphs under their standard names (what `export_default` writes)."""
         d = Path(model_dir)
         return cls(d / names.VISION_ENCODER, d / names.EMBED_TOKENS, d / names.DECODER, **kwargs)
@@ -102,8 +112,9 @@ class CpuBackend:
         z = np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)
         return [(z, z) for _ in range(self.num_layers)]
 
-    def decode(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-               past: KV | None = None) -> tuple[np.ndarray, KV]:
+    def decode(
+        self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: KV | None = None
+    ) -> tuple[np.ndarray, KV]:
         """One decoder call: prefill (`past` None) or decode. Returns logits (batch, seq, vocab) and the new cache."""
         x = np.ascontiguousarray(inputs_embeds, dtype=np.float32)
         if past is None:
@@ -134,8 +145,11 @@ class CpuBackend:
         traces = self.end_profiling()
         merge_traces(traces, out / "trace.json")
         ops = op_summary(traces)
-        plot_ops(ops, out / "ops.png", f"{report.model} on {report.target}: one report "
-                                       f"({report.timings['new_tokens']} tokens)")
+        plot_ops(
+            ops,
+            out / "ops.png",
+            f"{report.model} on {report.target}: one report ({report.timings['new_tokens']} tokens)",
+        )
         return {
             "summary": {k: round(v, 2) if isinstance(v, float) else v for k, v in report.timings.items()},
             "summary_title": "stages",
@@ -152,4 +166,3 @@ class CpuBackend:
         if self.profile_dir is None:
             return []
         return [Path(s.end_profiling()) for s in (self.vision, self.embed_session, self.decoder)]
-

@@ -3,8 +3,15 @@ passes share (`patterns`), a pipeline over model directories (`pipeline`), recip
 (`registry`) and the passes themselves (`int4`, `qembed`, `fp16`, `int8`, `lora`, `prune`, `sparse24`, `heads`)."""
 
 from .base import (
-    BoundPass, GraphPass, GraphPassResult, OutputError, PassChanges, PassContext, PassFailedError,
-    PassPreconditionError, PassReport,
+    BoundPass,
+    GraphPass,
+    GraphPassResult,
+    OutputError,
+    PassChanges,
+    PassContext,
+    PassFailedError,
+    PassPreconditionError,
+    PassReport,
 )
 from .config import PassConfig, param
 from .patterns import WeightMatMul, find_weight_matmuls, require_weight_matmuls
@@ -13,8 +20,27 @@ from .recipe import Recipe, load_recipe, parse_pass_options
 from .registry import available_passes, get_pass_class, make_pass, register_pass
 
 __all__ = [
-    "BoundPass", "GraphPass", "GraphPassResult", "OutputError", "PassChanges", "PassConfig", "PassContext",
-    "PassFailedError", "PassPreconditionError", "PassReport", "PipelineResult", "Recipe", "WeightMatMul",
-    "available_passes", "find_weight_matmuls", "get_pass_class", "load_recipe", "make_pass", "param",
-    "parse_pass_options", "register_pass", "require_weight_matmuls", "run_pipeline",
+    "BoundPass",
+    "GraphPass",
+    "GraphPassResult",
+    "OutputError",
+    "PassChanges",
+    "PassConfig",
+    "PassContext",
+    "PassFailedError",
+    "PassPreconditionError",
+    "PassReport",
+    "PipelineResult",
+    "Recipe",
+    "WeightMatMul",
+    "available_passes",
+    "find_weight_matmuls",
+    "get_pass_class",
+    "load_recipe",
+    "make_pass",
+    "param",
+    "parse_pass_options",
+    "register_pass",
+    "require_weight_matmuls",
+    "run_pipeline",
 ]

@@ -171,11 +171,11 @@ class GraphPass:
         self.config = config
 
     @classmethod
-    def from_string(cls, text: str) -> "GraphPass":
+    def from_string(cls, text: str) -> GraphPass:
         return cls(cls.Config.from_string(text, where=cls.name))
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "GraphPass":
+    def from_mapping(cls, values: Mapping[str, Any]) -> GraphPass:
         return cls(cls.Config.from_mapping(values, where=cls.name))
 
     def applies_to(self, graph: str) -> bool:
@@ -195,7 +195,7 @@ class GraphPass:
         """Raise if the transformed model breaks a promise of the pass."""
 
     # running ---------------------------------------------------------------------------------------------------
-    def bind(self, ctx: PassContext | None = None) -> "BoundPass":
+    def bind(self, ctx: PassContext | None = None) -> BoundPass:
         """This pass with one run's context, as an onnx-ir pass (default: a lone graph of the first kind it
         applies to, no folder, no calibration data)."""
         return BoundPass(self, ctx if ctx is not None else PassContext(graph=self.graphs[0]))
@@ -234,10 +234,16 @@ class BoundPass(ir.passes.InPlacePass):
         changes = p.transform(model, ctx)
         seconds = time.perf_counter() - start
         report = PassReport(
-            pass_name=p.name, graph=ctx.graph, config=p.config.to_dict(),
-            nodes_added=changes.nodes_added, nodes_removed=changes.nodes_removed,
-            initializers_touched=list(changes.initializers_touched), size_before=before,
-            size_after=initializer_bytes(model), seconds=seconds, notes=dict(changes.notes),
+            pass_name=p.name,
+            graph=ctx.graph,
+            config=p.config.to_dict(),
+            nodes_added=changes.nodes_added,
+            nodes_removed=changes.nodes_removed,
+            initializers_touched=list(changes.initializers_touched),
+            size_before=before,
+            size_after=initializer_bytes(model),
+            seconds=seconds,
+            notes=dict(changes.notes),
         )
         return GraphPassResult(model, changes.modified, report)
 

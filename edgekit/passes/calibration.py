@@ -40,8 +40,11 @@ def embedding_table(model_dir: str | Path | None) -> np.ndarray | None:
     model = ir.load(path)
     for node in model.graph:
         table = node.inputs[0] if node.op_type == "Gather" and node.inputs else None
-        if table is not None and table.const_value is not None and table.dtype in (
-                ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE):
+        if (
+            table is not None
+            and table.const_value is not None
+            and table.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
+        ):
             return table.const_value.numpy().astype(np.float32)
     shapes = [v.shape for v in model.graph.initializers.values() if v.shape is not None and len(v.shape) == 2]
     if not shapes or [i.name for i in model.graph.inputs] != [names.INPUT_IDS]:
@@ -55,8 +58,9 @@ def _np_dtype(dtype: ir.DataType):
     return dtype.numpy() if dtype is not None else np.float32
 
 
-def sample_feeds(model: ir.Model, n: int = 4, *, seq: int = 16, past: int = 0, seed: int = 0,
-                 embeddings: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
+def sample_feeds(
+    model: ir.Model, n: int = 4, *, seq: int = 16, past: int = 0, seed: int = 0, embeddings: np.ndarray | None = None
+) -> list[dict[str, np.ndarray]]:
     """`n` random feed dicts in `model`'s input signature. Symbolic dims: batch 1, seq `seq`, past `past`
     (every other sample uses a past of 4 so the KV-cache path is exercised too), total = past + seq."""
     rng = np.random.default_rng(seed)
@@ -86,8 +90,9 @@ def sample_feeds(model: ir.Model, n: int = 4, *, seq: int = 16, past: int = 0, s
     return feeds
 
 
-def capture_values(model: ir.Model, value_names: Sequence[str], feeds: Sequence[dict[str, np.ndarray]]
-                   ) -> dict[str, np.ndarray]:
+def capture_values(
+    model: ir.Model, value_names: Sequence[str], feeds: Sequence[dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
     """The values named `value_names` (e.g. each weight MatMul's activation input) on every feed, flattened to
     (tokens, features) and concatenated across feeds. The model is not modified."""
     proto = ir.to_proto(model)
@@ -108,8 +113,15 @@ def capture_values(model: ir.Model, value_names: Sequence[str], feeds: Sequence[
     return {n: np.concatenate(c) for n, c in chunks.items()}
 
 
-def record_decoder_feeds(model_dir: str | Path, n: int = 8, *, split: str = "train", start: int = 0,
-                         prompt: str = "", family: str = DEFAULT_MODEL) -> list[dict[str, np.ndarray]]:
+def record_decoder_feeds(
+    model_dir: str | Path,
+    n: int = 8,
+    *,
+    split: str = "train",
+    start: int = 0,
+    prompt: str = "",
+    family: str = DEFAULT_MODEL,
+) -> list[dict[str, np.ndarray]]:
     """Real prefill feeds for the decoder: the model family's calibration studies of `split` through the graphs'
     vision encoder and embeddings (ONNX Runtime), arranged as the reporter does: image tokens, then
     `prompt_ids` (`<bos> {modality}: {prompt} <sep>`, the template and ids of `generation_config.json`)."""
@@ -130,8 +142,11 @@ def record_decoder_feeds(model_dir: str | Path, n: int = 8, *, split: str = "tra
         embeds = backend.embed(np.asarray([ids], np.int64))
         x = np.concatenate([image, embeds], axis=1).astype(np.float32)
         seq = x.shape[1]
-        feed = {names.INPUTS_EMBEDS: x, names.ATTENTION_MASK: np.ones((1, seq), np.int64),
-                names.POSITION_IDS: np.arange(seq, dtype=np.int64)[None]}
+        feed = {
+            names.INPUTS_EMBEDS: x,
+            names.ATTENTION_MASK: np.ones((1, seq), np.int64),
+            names.POSITION_IDS: np.arange(seq, dtype=np.int64)[None],
+        }
         for layer, (k, v) in enumerate(backend.empty_past(1)):
             feed[names.past_key(layer)] = k
             feed[names.past_value(layer)] = v
@@ -139,8 +154,9 @@ def record_decoder_feeds(model_dir: str | Path, n: int = 8, *, split: str = "tra
     return feeds
 
 
-def vision_feeds(model: ir.Model, n: int, *, seed: int = 0, family: str = DEFAULT_MODEL
-                 ) -> list[dict[str, np.ndarray]] | None:
+def vision_feeds(
+    model: ir.Model, n: int, *, seed: int = 0, family: str = DEFAULT_MODEL
+) -> list[dict[str, np.ndarray]] | None:
     """`n` `pixel_values` feeds from the model family's calibration studies (train split, from study `seed`),
     preprocessed as the reporter does; None when the graph's input does not have that shape (e.g. an imported
     Hugging Face encoder). Why not noise: Gaussian pixels calibrate the patch statistics of noise."""

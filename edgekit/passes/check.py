@@ -53,8 +53,9 @@ def session(model: ModelRef, *, optimize: bool = True, threads: int | None = Non
         keep = tempfile.TemporaryDirectory(prefix="edgekit-check-")
         data = str(snapshot(model, keep.name))
     so = ort.SessionOptions()
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
     if threads:
         so.intra_op_num_threads = threads
     so.log_severity_level = 3
@@ -70,8 +71,11 @@ def run_all(sess: ort.InferenceSession, feeds: Sequence[dict[str, np.ndarray]]) 
     return [dict(zip(names, sess.run(names, {k: v for k, v in f.items() if k in wanted}))) for f in feeds]
 
 
-def compare_outputs(before: Sequence[dict[str, np.ndarray]], after: Sequence[dict[str, np.ndarray]],
-                    outputs: Sequence[str] | None = None) -> list[OutputError]:
+def compare_outputs(
+    before: Sequence[dict[str, np.ndarray]],
+    after: Sequence[dict[str, np.ndarray]],
+    outputs: Sequence[str] | None = None,
+) -> list[OutputError]:
     """max/mean abs error, relative L2 error and max-relative error per output, pooled over samples."""
     names = list(outputs) if outputs is not None else list(before[0])
     errors = []
@@ -83,16 +87,21 @@ def compare_outputs(before: Sequence[dict[str, np.ndarray]], after: Sequence[dic
             continue
         diff = np.abs(got - ref)
         ref_norm, ref_max = float(np.linalg.norm(ref)), float(np.abs(ref).max())
-        errors.append(OutputError(
-            name=name, max_abs=float(diff.max()), mean_abs=float(diff.mean()),
-            rel_l2=float(np.linalg.norm(got - ref) / ref_norm) if ref_norm else float(diff.max()),
-            max_rel=float(diff.max() / ref_max) if ref_max else float(diff.max()),
-        ))
+        errors.append(
+            OutputError(
+                name=name,
+                max_abs=float(diff.max()),
+                mean_abs=float(diff.mean()),
+                rel_l2=float(np.linalg.norm(got - ref) / ref_norm) if ref_norm else float(diff.max()),
+                max_rel=float(diff.max() / ref_max) if ref_max else float(diff.max()),
+            )
+        )
     return errors
 
 
-def check_models(before: ModelRef, after: ModelRef, feeds: Sequence[dict[str, np.ndarray]], *,
-                 outputs: Sequence[str] | None = None) -> list[OutputError]:
+def check_models(
+    before: ModelRef, after: ModelRef, feeds: Sequence[dict[str, np.ndarray]], *, outputs: Sequence[str] | None = None
+) -> list[OutputError]:
     """Run both models on `feeds` and compare (all outputs unless `outputs` names some)."""
     ref = run_all(session(before), feeds)
     got = run_all(session(after), feeds)

@@ -8,7 +8,6 @@ A pass declares its fields once with `param(...)`; parsing, coercion and range c
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -16,11 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from edgekit.errors import ConfigError
 
 
-def param(default: Any, *, choices: Sequence[Any] | None = None, min: float | None = None,  # noqa: A002
-          max: float | None = None, help: str = "") -> Any:  # noqa: A002
+def param(
+    default: Any,
+    *,
+    choices: Sequence[Any] | None = None,
+    min: float | None = None,  # noqa: A002
+    max: float | None = None,
+    help: str = "",
+) -> Any:  # noqa: A002
     """A config field with its allowed values; `PassConfig.from_mapping` enforces them and names the field."""
     meta = {"choices": tuple(choices) if choices is not None else None, "min": min, "max": max, "help": help}
     if isinstance(default, (list, dict, set)):
@@ -97,15 +104,16 @@ class PassConfig:
     """Base of every pass's config. Subclasses are dataclasses whose fields use `param(...)`."""
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], *, where: str = "pass") -> "PassConfig":
+    def from_mapping(cls, values: Mapping[str, Any], *, where: str = "pass") -> PassConfig:
         """Build from TOML values or parsed strings; unknown keys, wrong types and out-of-range values raise
         `ConfigError` naming `where.field`."""
         hints = typing.get_type_hints(cls)
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
-            raise ConfigError(f"{where}: unknown parameter(s) {', '.join(unknown)}; "
-                              f"known: {', '.join(known) or '(none)'}")
+            raise ConfigError(
+                f"{where}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(known) or '(none)'}"
+            )
         kwargs = {}
         for name, raw in values.items():
             here = f"{where}.{name}"
@@ -117,7 +125,7 @@ class PassConfig:
         return config
 
     @classmethod
-    def from_string(cls, text: str, *, where: str = "pass") -> "PassConfig":
+    def from_string(cls, text: str, *, where: str = "pass") -> PassConfig:
         """`block=32,method=awq` -> config. List values are separated by `;` (`keep=lm_head;model.layers.0.*`)."""
         values: dict[str, str] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):

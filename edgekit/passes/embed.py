@@ -34,16 +34,23 @@ class EmbedQuantConfig(PassConfig):
     block: int = param(32, choices=(16, 32, 64, 128), help="block size along the hidden axis")
     clip: int = param(0, min=0, max=50, help="range-shrink search steps per block (0: plain round to nearest)")
     target: str = param("cpu", choices=("cpu", "orin", "x1"), help="cpu uses GatherBlockQuantized for 4 bits")
-    encoding: str = param("auto", choices=("auto", "gather", "dequantize"),
-                          help="auto: gather on cpu at 4 bits, else dequantize (DequantizeLinear + Gather)")
+    encoding: str = param(
+        "auto",
+        choices=("auto", "gather", "dequantize"),
+        help="auto: gather on cpu at 4 bits, else dequantize (DequantizeLinear + Gather)",
+    )
 
     def validate(self, where: str) -> None:
         if self.encoding == "gather" and self.bits != 4:
-            raise ConfigError(f"{where}.encoding: gather (GatherBlockQuantized) is written for 4 bits only; "
-                              "use bits=4 or encoding=dequantize")
+            raise ConfigError(
+                f"{where}.encoding: gather (GatherBlockQuantized) is written for 4 bits only; "
+                "use bits=4 or encoding=dequantize"
+            )
         if self.encoding == "gather" and self.target != "cpu":
-            raise ConfigError(f"{where}.encoding: gather is an ONNX Runtime contrib op, for target cpu only; "
-                              f"target {self.target} takes encoding=dequantize")
+            raise ConfigError(
+                f"{where}.encoding: gather is an ONNX Runtime contrib op, for target cpu only; "
+                f"target {self.target} takes encoding=dequantize"
+            )
 
     def resolved_encoding(self) -> str:
         if self.encoding != "auto":
@@ -68,8 +75,12 @@ def find_embedding_gathers(model: ir.Model) -> list[EmbeddingGather]:
         table = node.inputs[0]
         if (axis is not None and axis.as_int() != 0) or table is None or not table.is_initializer():
             continue
-        if (table.const_value is None or table.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16)
-                or table.shape is None or len(table.shape) != 2):
+        if (
+            table.const_value is None
+            or table.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+            or table.shape is None
+            or len(table.shape) != 2
+        ):
             continue
         out.append(EmbeddingGather(node, table))
     return out
@@ -83,8 +94,9 @@ class EmbedQuantPass(GraphPass):
     def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         found = find_embedding_gathers(model)
         if not found:
-            raise PassPreconditionError(f"{self.name}: no Gather of a float (vocab, hidden) table to quantize in "
-                                        f"{ctx.graph}", ctx.graph or None)
+            raise PassPreconditionError(
+                f"{self.name}: no Gather of a float (vocab, hidden) table to quantize in {ctx.graph}", ctx.graph or None
+            )
         for g in found:
             check_block(int(g.table.shape[1]), self.config.block, g.table.name)
 
@@ -95,10 +107,8 @@ class EmbedQuantPass(GraphPass):
         for g in find_embedding_gathers(model):
             float_dtype = g.table.const_value.numpy().dtype  # the output keeps it (float32, or float16 after fp16)
             table = g.table.const_value.numpy().astype(np.float32)
-            qw = quantize_blocks(table, cfg.block, bits=cfg.bits, symmetric=True, clip_grid=cfg.clip,
-                                 name=g.table.name)
-            signed = (qw.q.astype(np.int16) - 2 ** (cfg.bits - 1)).astype(
-                ml_dtypes.int4 if cfg.bits == 4 else np.int8)
+            qw = quantize_blocks(table, cfg.block, bits=cfg.bits, symmetric=True, clip_grid=cfg.clip, name=g.table.name)
+            signed = (qw.q.astype(np.int16) - 2 ** (cfg.bits - 1)).astype(ml_dtypes.int4 if cfg.bits == 4 else np.int8)
             base = g.table.name[: -len(".weight")] if g.table.name.endswith(".weight") else g.table.name
             codes = add_initializer(model.graph, signed, f"{base}.qweight")
             scales = add_initializer(model.graph, qw.scales.astype(float_dtype), f"{base}.scales")
@@ -112,19 +122,30 @@ class EmbedQuantPass(GraphPass):
                 model.graph.initializers.pop(g.table.name, None)
             err = np.abs(qw.dequantize() - table)
             changes.notes.setdefault("tables", {})[g.table.name] = {
-                "shape": list(table.shape), "max_abs_error": float(err.max()),
-                "rel_l2": float(np.linalg.norm(err) / (np.linalg.norm(table) + 1e-12))}
-        changes.notes.update({"encoding": {"gather": "GatherBlockQuantized", "dequantize": "DequantizeLinear+Gather"}[
-            encoding], "bits": cfg.bits, "block": cfg.block})
+                "shape": list(table.shape),
+                "max_abs_error": float(err.max()),
+                "rel_l2": float(np.linalg.norm(err) / (np.linalg.norm(table) + 1e-12)),
+            }
+        changes.notes.update(
+            {
+                "encoding": {"gather": "GatherBlockQuantized", "dequantize": "DequantizeLinear+Gather"}[encoding],
+                "bits": cfg.bits,
+                "block": cfg.block,
+            }
+        )
         return changes
 
 
 def _encode_gather(model: ir.Model, g: EmbeddingGather, codes: ir.Value, scales: ir.Value, block: int) -> int:
     """Replace the Gather with GatherBlockQuantized(codes, ids, scales) on the same output value's name."""
     graph = model.graph
-    node = ir.node("GatherBlockQuantized", [codes, g.node.inputs[1], scales],
-                   {"gather_axis": 0, "quantize_axis": 1, "block_size": block}, domain=MS_DOMAIN,
-                   name=f"{g.node.name}_Q")
+    node = ir.node(
+        "GatherBlockQuantized",
+        [codes, g.node.inputs[1], scales],
+        {"gather_axis": 0, "quantize_axis": 1, "block_size": block},
+        domain=MS_DOMAIN,
+        name=f"{g.node.name}_Q",
+    )
     graph.insert_before(g.node, node)
     old = g.node.outputs[0]
     new = node.outputs[0]
@@ -138,8 +159,9 @@ def _encode_gather(model: ir.Model, g: EmbeddingGather, codes: ir.Value, scales:
 
 def _encode_dequantize(model: ir.Model, g: EmbeddingGather, codes: ir.Value, scales: ir.Value, block: int) -> int:
     """Feed the Gather from DequantizeLinear(codes (V, H), scales (V, H/B), axis=1, block_size=B)."""
-    dq = ir.node("DequantizeLinear", [codes, scales], {"axis": 1, "block_size": block},
-                 name=f"{g.node.name}_DequantizeLinear")
+    dq = ir.node(
+        "DequantizeLinear", [codes, scales], {"axis": 1, "block_size": block}, name=f"{g.node.name}_DequantizeLinear"
+    )
     dq.outputs[0].name = f"{g.table.name}_dq"
     dq.outputs[0].dtype = scales.dtype
     dq.outputs[0].shape = ir.Shape(list(codes.shape))

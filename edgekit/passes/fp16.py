@@ -36,8 +36,9 @@ class Fp16Pass(GraphPass):
 
     def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         if not find_weight_matmuls(model) and not _embedding_gathers(model):
-            raise PassPreconditionError(f"fp16: no weight MatMul or embedding table to convert in {ctx.graph}",
-                                        ctx.graph)
+            raise PassPreconditionError(
+                f"fp16: no weight MatMul or embedding table to convert in {ctx.graph}", ctx.graph
+            )
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         changes = PassChanges()
@@ -69,8 +70,10 @@ class Fp16Pass(GraphPass):
                 table.dtype = F16
                 changes.nodes_added += self._cast_back(model, node, changes)
                 changes.initializers_touched.append(table.name)
-        changes.notes = {"fp32_kept": "norms, softmax, RoPE, residual stream, graph inputs/outputs",
-                         "shared_input_casts": len(casts)}
+        changes.notes = {
+            "fp32_kept": "norms, softmax, RoPE, residual stream, graph inputs/outputs",
+            "shared_input_casts": len(casts),
+        }
         return changes
 
     @staticmethod

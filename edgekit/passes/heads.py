@@ -62,8 +62,12 @@ def _reshape_head_dim(q: WeightMatMul) -> int | None:
                 if node.op_type == "Reshape":
                     shape = node.inputs[1]
                     const = shape.const_value if shape is not None else None
-                    if const is None and shape is not None and shape.producer() is not None \
-                            and shape.producer().op_type == "Constant":
+                    if (
+                        const is None
+                        and shape is not None
+                        and shape.producer() is not None
+                        and shape.producer().op_type == "Constant"
+                    ):
                         const = shape.producer().attributes["value"].as_tensor()
                     if const is not None:
                         dims = const.numpy().tolist()
@@ -88,8 +92,10 @@ def attention_layers(model: ir.Model, head_dim: int = 0) -> list[AttentionLayer]
             continue
         hd = head_dim or _reshape_head_dim(q)
         if not hd or q.n % hd or o.k != q.n:
-            raise PassPreconditionError(f"heads: cannot tell the head layout of {prefix} (q_proj N={q.n}, "
-                                        f"o_proj K={o.k}, head_dim={hd}); set head_dim")
+            raise PassPreconditionError(
+                f"heads: cannot tell the head layout of {prefix} (q_proj N={q.n}, "
+                f"o_proj K={o.k}, head_dim={hd}); set head_dim"
+            )
         layers.append(AttentionLayer(prefix, q, o, q.n // hd, hd))
     return layers
 
@@ -100,9 +106,11 @@ def attention_layers(model: ir.Model, head_dim: int = 0) -> list[AttentionLayer]
 def decoder_feeds(inputs_embeds: np.ndarray, model: ir.Model) -> dict[str, np.ndarray]:
     """Prefill feeds (no past) for one batch of embeddings, in the decoder's input signature."""
     b, s, _ = inputs_embeds.shape
-    feeds = {names.INPUTS_EMBEDS: inputs_embeds.astype(np.float32),
-             names.ATTENTION_MASK: np.ones((b, s), np.int64),
-             names.POSITION_IDS: np.tile(np.arange(s, dtype=np.int64), (b, 1))}
+    feeds = {
+        names.INPUTS_EMBEDS: inputs_embeds.astype(np.float32),
+        names.ATTENTION_MASK: np.ones((b, s), np.int64),
+        names.POSITION_IDS: np.tile(np.arange(s, dtype=np.int64), (b, 1)),
+    }
     for v in model.graph.inputs:
         if v.name.startswith(names.PAST_PREFIX):
             kv_heads, head_dim = int(v.shape[1]), int(v.shape[3])
@@ -110,8 +118,9 @@ def decoder_feeds(inputs_embeds: np.ndarray, model: ir.Model) -> dict[str, np.nd
     return feeds
 
 
-def default_calibration(model: ir.Model, model_dir: Path | None, *, samples: int = 8, seq: int = 48,
-                        seed: int = 0) -> list[dict[str, np.ndarray]]:
+def default_calibration(
+    model: ir.Model, model_dir: Path | None, *, samples: int = 8, seq: int = 48, seed: int = 0
+) -> list[dict[str, np.ndarray]]:
     """Calibration feeds when none are given: random token ids through the model's own embedding table when the
     sibling `embed_tokens.onnx` is there (realistic activation scale), else unit-normal embeddings."""
     rng = np.random.default_rng(seed)
@@ -124,7 +133,7 @@ def default_calibration(model: ir.Model, model_dir: Path | None, *, samples: int
         embeds = table[rng.integers(5, table.shape[0], size=(samples, seq))]
     else:
         embeds = rng.standard_normal((samples, seq, hidden)).astype(np.float32)
-    return [decoder_feeds(embeds[i:i + 1], model) for i in range(samples)]
+    return [decoder_feeds(embeds[i : i + 1], model) for i in range(samples)]
 
 
 def head_outputs(model: ir.Model, layers: list[AttentionLayer], feeds: list[dict[str, np.ndarray]]):
@@ -144,7 +153,7 @@ def head_outputs(model: ir.Model, layers: list[AttentionLayer], feeds: list[dict
     for feed in feeds:
         outs = sess.run(wanted_outputs, {k: v for k, v in feed.items() if k in wanted})
         mask = feed.get(names.ATTENTION_MASK)
-        keep = mask[:, -outs[0].shape[1]:].astype(bool) if mask is not None else None
+        keep = mask[:, -outs[0].shape[1] :].astype(bool) if mask is not None else None
         yield [o[keep] if keep is not None else o.reshape(-1, o.shape[-1]) for o in outs]
 
 
@@ -169,17 +178,26 @@ def head_importance(model: ir.Model, feeds: list[dict[str, np.ndarray]], head_di
     for i, L in enumerate(layers):
         s = score[i] / max(tokens, 1)
         total = s.sum()
-        doc_layers.append({
-            "layer": i, "module": L.prefix, "heads": L.heads, "head_dim": L.head_dim,
-            "score": [float(x) for x in s],
-            "share": [float(x) for x in (s / total if total > 0 else np.zeros_like(s))],
-            "activation_norm": [float(x) for x in act[i] / max(tokens, 1)],
-            "o_proj_norm": [float(np.linalg.norm(w_o[i][h * L.head_dim:(h + 1) * L.head_dim]))
-                            for h in range(L.heads)],
-        })
-    return {"version": SCORES_VERSION,
-            "method": "E_tokens ||W_o[:, h] a_h||_2 on calibration prefill; share = score / layer total",
-            "calibration_tokens": int(tokens), "layers": doc_layers}
+        doc_layers.append(
+            {
+                "layer": i,
+                "module": L.prefix,
+                "heads": L.heads,
+                "head_dim": L.head_dim,
+                "score": [float(x) for x in s],
+                "share": [float(x) for x in (s / total if total > 0 else np.zeros_like(s))],
+                "activation_norm": [float(x) for x in act[i] / max(tokens, 1)],
+                "o_proj_norm": [
+                    float(np.linalg.norm(w_o[i][h * L.head_dim : (h + 1) * L.head_dim])) for h in range(L.heads)
+                ],
+            }
+        )
+    return {
+        "version": SCORES_VERSION,
+        "method": "E_tokens ||W_o[:, h] a_h||_2 on calibration prefill; share = score / layer total",
+        "calibration_tokens": int(tokens),
+        "layers": doc_layers,
+    }
 
 
 def heads_to_prune(doc: dict, ratio: float, min_heads_per_layer: int = 1) -> list[tuple[int, int]]:
@@ -189,7 +207,7 @@ def heads_to_prune(doc: dict, ratio: float, min_heads_per_layer: int = 1) -> lis
     budget = int(round(ratio * len(entries)))
     left = {li: L["heads"] for li, L in enumerate(doc["layers"])}
     chosen = []
-    for share, li, h in sorted(entries):
+    for _share, li, h in sorted(entries):
         if len(chosen) >= budget:
             break
         if left[li] > min_heads_per_layer:
@@ -244,17 +262,26 @@ class HeadPrunePass(GraphPass):
             entry["pruned"] = mine
             if mine:
                 zero_heads(L, mine)
-            per_layer[L.prefix] = {"heads_pruned": len(mine), "q_proj": round(sparsity(L.q.kn()), 6),
-                                   "o_proj": round(sparsity(L.o.kn()), 6)}
+            per_layer[L.prefix] = {
+                "heads_pruned": len(mine),
+                "q_proj": round(sparsity(L.q.kn()), 6),
+                "o_proj": round(sparsity(L.o.kn()), 6),
+            }
         total = sum(L.heads for L in layers)
         doc["pruned_ratio"] = len(pruned) / total
         if c.scores_out:
             Path(c.scores_out).parent.mkdir(parents=True, exist_ok=True)
             Path(c.scores_out).write_text(json.dumps(doc, indent=1))
-        touched = sorted({w for li in {l2 for l2, _ in pruned}
-                          for w in (layers[li].q.weight.name, layers[li].o.weight.name)})
-        return PassChanges(initializers_touched=touched, notes={
-            "heads_pruned": len(pruned), "heads_total": total, "pruned_ratio": round(len(pruned) / total, 6),
-            "sparsity_per_layer": per_layer, "head_importance": doc,
-        })
-
+        touched = sorted(
+            {w for li in {l2 for l2, _ in pruned} for w in (layers[li].q.weight.name, layers[li].o.weight.name)}
+        )
+        return PassChanges(
+            initializers_touched=touched,
+            notes={
+                "heads_pruned": len(pruned),
+                "heads_total": total,
+                "pruned_ratio": round(len(pruned) / total, 6),
+                "sparsity_per_layer": per_layer,
+                "head_importance": doc,
+            },
+        )

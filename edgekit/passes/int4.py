@@ -43,8 +43,9 @@ class Int4Config(PassConfig):
     block: int = param(32, choices=(16, 32, 64, 128), help="block size along K")
     symmetric: bool = param(True, help="symmetric (no zero points; required for orin/x1) or asymmetric")
     method: str = param("rtn", choices=("rtn", "awq"), help="rtn: round to nearest; awq: activation-aware scaling")
-    target: str = param("cpu", choices=("cpu", "orin", "x1"),
-                        help="encoding: cpu=MatMulNBits, orin/x1=blocked DequantizeLinear INT4")
+    target: str = param(
+        "cpu", choices=("cpu", "orin", "x1"), help="encoding: cpu=MatMulNBits, orin/x1=blocked DequantizeLinear INT4"
+    )
     clip: int = param(0, min=0, max=50, help="range-shrink search steps per block (0: plain RTN; awq uses 10 if 0)")
     accuracy_level: int = param(0, choices=(0, 1, 2, 3, 4), help="MatMulNBits accuracy_level (cpu only)")
     mixed: int = param(0, min=0, max=1000, help="keep the N most sensitive MatMuls at keep_bits")
@@ -54,18 +55,26 @@ class Int4Config(PassConfig):
     calib: int = param(8, min=1, max=4096, help="calibration samples when none are given")
     seq: int = param(32, min=1, max=4096, help="tokens per generated calibration sample")
     awq_grid: int = param(10, min=1, max=100, help="alpha grid points in [0, 1] for awq")
-    graphs: list[str] = param(["decoder"], choices=tuple(GRAPHS),
-                              help="graphs whose weight MatMuls are quantized (decoder;vision)")
-    fit_block: bool = param(False, help="use the largest block <= block that divides each K (e.g. 128 where K "
-                                        "allows, 64 for K=192) instead of refusing a K it does not divide")
-    other_bits: int = param(0, choices=(0, 4, 8),
-                            help="also store other large float weights (a patch Conv, a position table) at these "
-                                 "bits as blocked DequantizeLinear; 0 leaves them float")
+    graphs: list[str] = param(
+        ["decoder"], choices=tuple(GRAPHS), help="graphs whose weight MatMuls are quantized (decoder;vision)"
+    )
+    fit_block: bool = param(
+        False,
+        help="use the largest block <= block that divides each K (e.g. 128 where K "
+        "allows, 64 for K=192) instead of refusing a K it does not divide",
+    )
+    other_bits: int = param(
+        0,
+        choices=(0, 4, 8),
+        help="also store other large float weights (a patch Conv, a position table) at these "
+        "bits as blocked DequantizeLinear; 0 leaves them float",
+    )
 
     def validate(self, where: str) -> None:
         if self.target in ("orin", "x1") and not self.symmetric:
-            raise ConfigError(f"{where}.symmetric: target {self.target} takes symmetric INT4 only "
-                              "(TensorRT 10 refuses zero points)")
+            raise ConfigError(
+                f"{where}.symmetric: target {self.target} takes symmetric INT4 only (TensorRT 10 refuses zero points)"
+            )
         if not self.graphs:
             raise ConfigError(f"{where}.graphs: name at least one of {', '.join(GRAPHS)}")
 
@@ -79,8 +88,11 @@ class Int4Pass(GraphPass):
         return graph in {GRAPHS[g] for g in self.config.graphs}
 
     def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
-        mms = [m for m in require_weight_matmuls(model, self.name, ctx.graph)
-               if not matches_any(m.name, self.config.exclude)]
+        mms = [
+            m
+            for m in require_weight_matmuls(model, self.name, ctx.graph)
+            if not matches_any(m.name, self.config.exclude)
+        ]
         if not mms:
             raise ConfigError("int4.exclude: every weight MatMul is excluded, nothing to quantize")
         for m in mms:  # refuse before touching anything
@@ -118,8 +130,15 @@ class Int4Pass(GraphPass):
             if act_of[id(m)] in acts and cfg.method == "awq":
                 x = acts[act_of[id(m)]] if s is None else acts[act_of[id(m)]] / s
                 imp = (x.astype(np.float64) ** 2).mean(0)
-            return quantize_blocks(w, self.block_for(m.k), bits=bits, symmetric=cfg.symmetric, importance=imp,
-                                   clip_grid=clip, name=m.weight.name)
+            return quantize_blocks(
+                w,
+                self.block_for(m.k),
+                bits=bits,
+                symmetric=cfg.symmetric,
+                importance=imp,
+                clip_grid=clip,
+                name=m.weight.name,
+            )
 
         sensitivity = self._sensitivity(mms, acts, quantize, scales) if cfg.mixed > 0 else {}
         ranked = sorted(sensitivity, key=sensitivity.get, reverse=True)
@@ -150,11 +169,12 @@ class Int4Pass(GraphPass):
                 model.graph.initializers.pop(m.weight.name, None)
             if not m.weight.uses():  # replaced (remove_if_unused may already have dropped the initializer)
                 _release(m.weight)
-        others = (quantize_other_weights(model, cfg.other_bits, cfg.block, changes) if cfg.other_bits else [])
+        others = quantize_other_weights(model, cfg.other_bits, cfg.block, changes) if cfg.other_bits else []
         changes.notes = {
             "other_weights": others,
             "encoding": {"cpu": "MatMulNBits", "orin": "DequantizeLinear-int4", "x1": "DequantizeLinear-int4"}[
-                cfg.target],
+                cfg.target
+            ],
             "matmuls": dict(counts),
             "kept": sorted(kept),
             "sensitivity_top": {n: round(sensitivity[n], 6) for n in ranked[: max(cfg.mixed, 5)]},
@@ -177,12 +197,13 @@ class Int4Pass(GraphPass):
             ref = [x @ m.kn() for m in members]
             best, best_err = None, np.inf
             for alpha in np.linspace(0.0, 1.0, cfg.awq_grid + 1):
-                s = mean_abs ** alpha
+                s = mean_abs**alpha
                 s = s / np.sqrt(s.max() * s.min())
                 err = 0.0
                 for m, y in zip(members, ref):
-                    qw = quantize_blocks(m.kn().T * s[None, :], self.block_for(m.k), symmetric=cfg.symmetric,
-                                         name=m.weight.name)
+                    qw = quantize_blocks(
+                        m.kn().T * s[None, :], self.block_for(m.k), symmetric=cfg.symmetric, name=m.weight.name
+                    )
                     err += float(((x @ (qw.dequantize().T / s[:, None]) - y) ** 2).mean())
                 if err < best_err:
                     best, best_err = s, err
@@ -239,17 +260,28 @@ def quantize_other_weights(model: ir.Model, bits: int, block: int, changes: Pass
     done = []
     for value in list(model.graph.initializers.values()):
         arr = value.const_value.numpy() if value.const_value is not None else None
-        if (arr is None or value.dtype != ir.DataType.FLOAT or arr.ndim < 2 or arr.size < OTHER_MIN_ELEMENTS
-                or not value.uses()
-                or any(u.node.op_type in ("MatMul", "Gather", "Transpose") for u in value.uses())):
+        if (
+            arr is None
+            or value.dtype != ir.DataType.FLOAT
+            or arr.ndim < 2
+            or arr.size < OTHER_MIN_ELEMENTS
+            or not value.uses()
+            or any(u.node.op_type in ("MatMul", "Gather", "Transpose") for u in value.uses())
+        ):
             continue
         flat = arr.reshape(arr.shape[0], -1).astype(np.float32)
         b = int(np.gcd(block, flat.shape[1]))
         qw = quantize_blocks(flat, b, bits=bits, symmetric=True, name=value.name)
         signed = (qw.q.astype(np.int16) - 2 ** (bits - 1)).astype(ml_dtypes.int4 if bits == 4 else np.int8)
-        dq = ir.node("DequantizeLinear", [add_initializer(model.graph, signed, f"{value.name}.q{bits}"),
-                                          add_initializer(model.graph, qw.scales, f"{value.name}.scales")],
-                     {"axis": 1, "block_size": b}, name=f"{value.name}_DequantizeLinear")
+        dq = ir.node(
+            "DequantizeLinear",
+            [
+                add_initializer(model.graph, signed, f"{value.name}.q{bits}"),
+                add_initializer(model.graph, qw.scales, f"{value.name}.scales"),
+            ],
+            {"axis": 1, "block_size": b},
+            name=f"{value.name}_DequantizeLinear",
+        )
         out, nodes = dq.outputs[0], [dq]
         out.name, out.dtype, out.shape = f"{value.name}_dq", ir.DataType.FLOAT, ir.Shape(list(flat.shape))
         if arr.ndim != 2:
@@ -294,8 +326,14 @@ def _norm_weight(producer: ir.Node | None, act: ir.Value, k: int) -> ir.Value | 
     if producer is None or producer.op_type != "Mul" or act.is_graph_output():
         return None
     for v in producer.inputs:
-        if (v is not None and v.is_initializer() and v.const_value is not None and v.shape is not None
-                and list(v.shape) == [k] and len(v.uses()) == 1):
+        if (
+            v is not None
+            and v.is_initializer()
+            and v.const_value is not None
+            and v.shape is not None
+            and list(v.shape) == [k]
+            and len(v.uses()) == 1
+        ):
             return v
     return None
 

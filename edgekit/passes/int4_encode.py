@@ -54,8 +54,10 @@ class QuantizedWeight:
 
 def check_block(k: int, block: int, tensor: str) -> None:
     if k % block:
-        raise ConfigError(f"int4.block: {block} does not divide K={k} of {tensor}; choose a block that does "
-                          f"(e.g. {', '.join(str(b) for b in (16, 32, 64, 128) if k % b == 0) or 'none fits'})")
+        raise ConfigError(
+            f"int4.block: {block} does not divide K={k} of {tensor}; choose a block that does "
+            f"(e.g. {', '.join(str(b) for b in (16, 32, 64, 128) if k % b == 0) or 'none fits'})"
+        )
 
 
 def _codes(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmax: int) -> np.ndarray:
@@ -63,9 +65,17 @@ def _codes(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmax: int) -> np.
     return np.clip(np.rint(w / safe + zero), 0, qmax)
 
 
-def quantize_blocks(w_nk: np.ndarray, block: int, *, bits: int = 4, symmetric: bool = True,
-                    importance: np.ndarray | None = None, clip_grid: int = 0, min_clip: float = 0.7,
-                    name: str = "weight") -> QuantizedWeight:
+def quantize_blocks(
+    w_nk: np.ndarray,
+    block: int,
+    *,
+    bits: int = 4,
+    symmetric: bool = True,
+    importance: np.ndarray | None = None,
+    clip_grid: int = 0,
+    min_clip: float = 0.7,
+    name: str = "weight",
+) -> QuantizedWeight:
     """Quantize an (N, K) weight in blocks of `block` along K.
 
     `clip_grid` > 0 searches, per block, a shrink of the range in [min_clip, 1] that minimises the block's squared
@@ -99,8 +109,11 @@ def quantize_blocks(w_nk: np.ndarray, block: int, *, bits: int = 4, symmetric: b
         q = np.where(better[..., None], q2, q)
         scale, zero, err = np.where(better, s2, scale), np.where(better, z2, zero), np.where(better, e2, err)
     return QuantizedWeight(
-        q=q.reshape(n, k).astype(np.uint8), scales=scale.astype(np.float32),
-        zero_points=None if symmetric else zero.astype(np.uint8), bits=bits, block=block,
+        q=q.reshape(n, k).astype(np.uint8),
+        scales=scale.astype(np.float32),
+        zero_points=None if symmetric else zero.astype(np.uint8),
+        bits=bits,
+        block=block,
     )
 
 
@@ -133,13 +146,17 @@ def matmulnbits_tensors(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np
     return b, qw.scales.copy(), zp
 
 
-def dequantize_matmulnbits(b: np.ndarray, scales: np.ndarray, zp: np.ndarray | None, *, k: int, bits: int,
-                           block: int) -> np.ndarray:
+def dequantize_matmulnbits(
+    b: np.ndarray, scales: np.ndarray, zp: np.ndarray | None, *, k: int, bits: int, block: int
+) -> np.ndarray:
     """Reference dequantization of MatMulNBits inputs to the (K, N) weight MatMul would use (for tests)."""
     n, kb = scales.shape
     codes = unpack_nibbles(b, block) if bits == 4 else b
-    zeros = (np.full((n, kb), 2 ** (bits - 1), np.float32) if zp is None
-             else (unpack_nibbles(zp, kb) if bits == 4 else zp).astype(np.float32))
+    zeros = (
+        np.full((n, kb), 2 ** (bits - 1), np.float32)
+        if zp is None
+        else (unpack_nibbles(zp, kb) if bits == 4 else zp).astype(np.float32)
+    )
     w = (codes.astype(np.float32) - zeros[..., None]) * scales[..., None]
     return w.reshape(n, kb * block)[:, :k].T
 
@@ -147,8 +164,10 @@ def dequantize_matmulnbits(b: np.ndarray, scales: np.ndarray, zp: np.ndarray | N
 def qdq_tensors(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
     """(signed INT4/INT8 weight (K, N), scale (K/B, N)) for a symmetric blocked DequantizeLinear on axis 0."""
     if not qw.symmetric:
-        raise ConfigError("int4.symmetric: the blocked DequantizeLinear encoding (orin/x1) takes symmetric "
-                          "quantization only (TensorRT 10 refuses zero points); set symmetric=true")
+        raise ConfigError(
+            "int4.symmetric: the blocked DequantizeLinear encoding (orin/x1) takes symmetric "
+            "quantization only (TensorRT 10 refuses zero points); set symmetric=true"
+        )
     signed = qw.q.astype(np.int16) - 2 ** (qw.bits - 1)
     dtype = ml_dtypes.int4 if qw.bits == 4 else np.int8
     return np.ascontiguousarray(signed.T).astype(dtype), np.ascontiguousarray(qw.scales.T)
@@ -165,8 +184,11 @@ def encode_matmulnbits(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, na
     n, k = qw.q.shape
     b, scales, zp = matmulnbits_tensors(qw)
     graph = model.graph
-    inputs = [matmul.inputs[0], add_initializer(graph, b, f"{name}.qweight"),
-              add_initializer(graph, scales, f"{name}.scales")]
+    inputs = [
+        matmul.inputs[0],
+        add_initializer(graph, b, f"{name}.qweight"),
+        add_initializer(graph, scales, f"{name}.scales"),
+    ]
     if zp is not None:
         inputs.append(add_initializer(graph, zp, f"{name}.qzeros"))
     attrs = {"K": k, "N": n, "bits": qw.bits, "block_size": qw.block}
@@ -187,9 +209,12 @@ def encode_qdq(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, name: str,
     """Feed `matmul` from DequantizeLinear(int4 (K, N), scale (K/B, N), axis=0, block_size=B)."""
     w, scale = qdq_tensors(qw)
     graph = model.graph
-    dq = ir.node("DequantizeLinear",
-                 [add_initializer(graph, w, f"{name}.qweight"), add_initializer(graph, scale, f"{name}.scales")],
-                 {"axis": 0, "block_size": qw.block}, name=f"{matmul.name}_DequantizeLinear")
+    dq = ir.node(
+        "DequantizeLinear",
+        [add_initializer(graph, w, f"{name}.qweight"), add_initializer(graph, scale, f"{name}.scales")],
+        {"axis": 0, "block_size": qw.block},
+        name=f"{matmul.name}_DequantizeLinear",
+    )
     dq.outputs[0].name = f"{name}.weight_dq"
     dq.outputs[0].dtype = ir.DataType.FLOAT
     dq.outputs[0].shape = ir.Shape(list(w.shape))

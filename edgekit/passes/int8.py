@@ -64,18 +64,28 @@ class Int8Pass(GraphPass):
             src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
             onnx.save(ir.to_proto(model), src)
             with _quiet():
-                quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], nodes_to_quantize=names,
-                                 per_channel=self.config.per_channel, reduce_range=self.config.reduce_range,
-                                 weight_type=QuantType.QInt8, extra_options={"MatMulConstBOnly": True})
+                quantize_dynamic(
+                    src,
+                    dst,
+                    op_types_to_quantize=["MatMul"],
+                    nodes_to_quantize=names,
+                    per_channel=self.config.per_channel,
+                    reduce_range=self.config.reduce_range,
+                    weight_type=QuantType.QInt8,
+                    extra_options={"MatMulConstBOnly": True},
+                )
             quantized = ir.load(dst)
             # materialise tensors before the temp dir goes away
             for v in quantized.graph.initializers.values():
                 v.const_value = ir.Tensor(v.const_value.numpy(), name=v.name)
         _replace_model_contents(model, quantized)
         nodes_after = len(list(model.graph))
-        return PassChanges(nodes_added=max(nodes_after - nodes_before + removed, 0), nodes_removed=removed,
-                           initializers_touched=touched,
-                           notes={"engine": "onnxruntime.quantization.quantize_dynamic", "matmuls": len(names)})
+        return PassChanges(
+            nodes_added=max(nodes_after - nodes_before + removed, 0),
+            nodes_removed=removed,
+            initializers_touched=touched,
+            notes={"engine": "onnxruntime.quantization.quantize_dynamic", "matmuls": len(names)},
+        )
 
 
 @contextlib.contextmanager

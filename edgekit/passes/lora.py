@@ -35,8 +35,9 @@ from .peft_adapter import AdapterError, PeftAdapter, read_peft_adapter
 class LoraConfig(PassConfig):
     adapters: list[str] = param([], help="PEFT adapter directories (adapter_config.json + adapter_model.safetensors)")
     weights: list[float] = param([], help="one weight per adapter (default 1.0 each): W += sum w_i * delta_i")
-    module_prefix: str = param("", help="prepended to adapter module names, e.g. 'model.' for an adapter "
-                                         "trained on the bare decoder")
+    module_prefix: str = param(
+        "", help="prepended to adapter module names, e.g. 'model.' for an adapter trained on the bare decoder"
+    )
 
     def validate(self, where: str) -> None:
         if not self.adapters:
@@ -66,8 +67,9 @@ def weight_slots(model: ir.Model | onnx.ModelProto, graph: str) -> dict[str, Wei
     return slots
 
 
-def plan_merge(adapters: list[tuple[PeftAdapter, float]], slots: dict[str, WeightSlot],
-               module_prefix: str = "") -> dict[str, list[tuple[WeightSlot, object, float]]]:
+def plan_merge(
+    adapters: list[tuple[PeftAdapter, float]], slots: dict[str, WeightSlot], module_prefix: str = ""
+) -> dict[str, list[tuple[WeightSlot, object, float]]]:
     """Map every adapter module to a weight slot; raise one `AdapterError` listing every module that does not
     map or whose shape differs. Returns graph -> [(slot, LoraModule, adapter weight)]."""
     plan: dict[str, list] = {}
@@ -84,8 +86,9 @@ def plan_merge(adapters: list[tuple[PeftAdapter, float]], slots: dict[str, Weigh
             else:
                 plan.setdefault(slot.graph, []).append((slot, module, weight))
     if problems:
-        raise AdapterError(f"{len(problems)} adapter module(s) do not fit the model; nothing was merged",
-                           problems=problems)
+        raise AdapterError(
+            f"{len(problems)} adapter module(s) do not fit the model; nothing was merged", problems=problems
+        )
     return plan
 
 
@@ -134,15 +137,33 @@ class LoraMergePass(GraphPass):
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         adapters = load_adapters(self.config)
         rel = apply_plan(model, self._plan(model, ctx, adapters))
-        return PassChanges(initializers_touched=sorted(rel), notes={
-            "adapters": [{"path": a.path.name, "weight": w, "r": a.r, "alpha": a.lora_alpha,
-                          "rslora": a.use_rslora, "modules": len(a.modules)} for a, w in adapters],
-            "relative_update": {k: round(v, 6) for k, v in sorted(rel.items())},
-        })
+        return PassChanges(
+            initializers_touched=sorted(rel),
+            notes={
+                "adapters": [
+                    {
+                        "path": a.path.name,
+                        "weight": w,
+                        "r": a.r,
+                        "alpha": a.lora_alpha,
+                        "rslora": a.use_rslora,
+                        "modules": len(a.modules),
+                    }
+                    for a, w in adapters
+                ],
+                "relative_update": {k: round(v, 6) for k, v in sorted(rel.items())},
+            },
+        )
 
 
-def merge_lora(model_dir: str | Path, out_dir: str | Path, adapters: list[str | Path],
-               weights: list[float] | None = None, *, module_prefix: str = "") -> dict[str, dict[str, float]]:
+def merge_lora(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    adapters: list[str | Path],
+    weights: list[float] | None = None,
+    *,
+    module_prefix: str = "",
+) -> dict[str, dict[str, float]]:
     """Merge adapters into the graphs of `model_dir`, writing all graphs to `out_dir`.
 
     All-or-nothing: adapters are read and every module mapped before anything is written, and the output is
@@ -155,8 +176,7 @@ def merge_lora(model_dir: str | Path, out_dir: str | Path, adapters: list[str | 
         raise ConfigError("no ONNX graphs found", model_dir)
     if out_dir.exists():
         raise ConfigError("output directory already exists; refusing to overwrite", out_dir)
-    config = LoraConfig(adapters=[str(a) for a in adapters], weights=list(weights or []),
-                        module_prefix=module_prefix)
+    config = LoraConfig(adapters=[str(a) for a in adapters], weights=list(weights or []), module_prefix=module_prefix)
     config.validate("lora")
     loaded = load_adapters(config)
     models = {g: ir.load(model_dir / g) for g in graphs}

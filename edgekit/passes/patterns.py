@@ -53,8 +53,13 @@ class WeightMatMul:
 
 
 def _is_float_initializer(v: ir.Value | None) -> bool:
-    return (v is not None and v.const_value is not None and v.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16)
-            and v.shape is not None and len(v.shape) == 2)
+    return (
+        v is not None
+        and v.const_value is not None
+        and v.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+        and v.shape is not None
+        and len(v.shape) == 2
+    )
 
 
 def find_weight_matmuls(model: ir.Model) -> list[WeightMatMul]:
@@ -67,8 +72,13 @@ def find_weight_matmuls(model: ir.Model) -> list[WeightMatMul]:
         producer = b.producer() if b is not None else None
         if _is_float_initializer(b) and b.is_initializer():
             out.append(WeightMatMul(node, b, None))
-        elif (producer is not None and producer.op_type == "Transpose" and producer.domain in ("", "ai.onnx")
-              and _is_float_initializer(producer.inputs[0]) and producer.inputs[0].is_initializer()):
+        elif (
+            producer is not None
+            and producer.op_type == "Transpose"
+            and producer.domain in ("", "ai.onnx")
+            and _is_float_initializer(producer.inputs[0])
+            and producer.inputs[0].is_initializer()
+        ):
             perm = producer.attributes.get("perm")
             if perm is None or list(perm.as_ints()) == [1, 0]:
                 out.append(WeightMatMul(node, producer.inputs[0], producer))
@@ -80,8 +90,7 @@ def require_weight_matmuls(model: ir.Model, pass_name: str, graph: str = "") -> 
     found = find_weight_matmuls(model)
     if not found:
         where = f" in {graph}" if graph else ""
-        raise PassPreconditionError(f"{pass_name}: no MatMul with a constant weight to quantize{where}",
-                                    graph or None)
+        raise PassPreconditionError(f"{pass_name}: no MatMul with a constant weight to quantize{where}", graph or None)
     return found
 
 

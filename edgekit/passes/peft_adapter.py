@@ -154,18 +154,24 @@ def read_peft_adapter(path: str | Path) -> PeftAdapter:
     rank_pattern, alpha_pattern = cfg.get("rank_pattern") or {}, cfg.get("alpha_pattern") or {}
     rslora = bool(cfg.get("use_rslora", False))
     tm = cfg.get("target_modules")
-    adapter = PeftAdapter(path=path, r=r, lora_alpha=alpha, use_rslora=rslora,
-                          fan_in_fan_out=bool(cfg.get("fan_in_fan_out", False)),
-                          target_modules=sorted(tm) if isinstance(tm, list) else tm)
+    adapter = PeftAdapter(
+        path=path,
+        r=r,
+        lora_alpha=alpha,
+        use_rslora=rslora,
+        fan_in_fan_out=bool(cfg.get("fan_in_fan_out", False)),
+        target_modules=sorted(tm) if isinstance(tm, list) else tm,
+    )
 
     pairs: dict[str, dict[str, np.ndarray]] = {}
     problems = []
     for key, value in tensors.items():
-        name = key[len(_PREFIX):] if key.startswith(_PREFIX) else key
+        name = key[len(_PREFIX) :] if key.startswith(_PREFIX) else key
         m = _KEY.match(name)
         if m is None:
-            problems.append(f"{key}: not a lora_A/lora_B weight (embedding LoRA, biases and "
-                            "modules_to_save are not supported)")
+            problems.append(
+                f"{key}: not a lora_A/lora_B weight (embedding LoRA, biases and modules_to_save are not supported)"
+            )
             continue
         pairs.setdefault(m["module"], {})[m["ab"]] = value
     for module, ab in sorted(pairs.items()):
@@ -178,15 +184,17 @@ def read_peft_adapter(path: str | Path) -> PeftAdapter:
             continue
         mod_r = int(pattern_value(rank_pattern, module, r))
         if A.shape[0] != mod_r or B.shape[1] != mod_r:
-            problems.append(f"{module}: rank is {mod_r} by the config but A is {tuple(A.shape)} "
-                            f"and B is {tuple(B.shape)}")
+            problems.append(
+                f"{module}: rank is {mod_r} by the config but A is {tuple(A.shape)} and B is {tuple(B.shape)}"
+            )
             continue
         if not adapter.targets(module):
             problems.append(f"{module}: not matched by target_modules {tm!r}")
             continue
         mod_alpha = float(pattern_value(alpha_pattern, module, alpha))
-        adapter.modules[module] = LoraModule(module, np.asarray(A, np.float32), np.asarray(B, np.float32),
-                                             lora_scaling(mod_alpha, mod_r, rslora))
+        adapter.modules[module] = LoraModule(
+            module, np.asarray(A, np.float32), np.asarray(B, np.float32), lora_scaling(mod_alpha, mod_r, rslora)
+        )
     if problems:
         raise AdapterError("adapter weights are inconsistent", path / WEIGHTS_FILE, problems)
     if not adapter.modules:

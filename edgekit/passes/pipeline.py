@@ -41,8 +41,10 @@ class PipelineResult:
     seconds: float = 0.0
 
     def provenance(self) -> dict[str, Any]:
-        return {"passes": [r.to_dict() for r in self.reports],
-                "end_to_end_error": {g: [e.to_dict() for e in errs] for g, errs in self.end_to_end.items()}}
+        return {
+            "passes": [r.to_dict() for r in self.reports],
+            "end_to_end_error": {g: [e.to_dict() for e in errs] for g, errs in self.end_to_end.items()},
+        }
 
 
 def resolve_source(path: str | Path) -> Path:
@@ -58,17 +60,26 @@ def resolve_source(path: str | Path) -> Path:
         bundle = load_bundle(path)
         for role, name in names.GRAPH_FILES.items():
             if role in bundle.roles and bundle.component(role).name != name:
-                raise BundleError(f"bundle component {role} is not named {name}; run optimize on the model "
-                                  "directory instead", path)
+                raise BundleError(
+                    f"bundle component {role} is not named {name}; run optimize on the model directory instead", path
+                )
         return bundle.root
     raise ConfigError(f"no ONNX graphs ({', '.join(ALL_GRAPHS)}) in this folder", path)
 
 
-def run_pipeline(source: str | Path, out: str | Path, passes: Sequence[GraphPass], *,
-                 calibration: dict[str, list[dict[str, np.ndarray]]] | None = None, check: bool = True,
-                 check_samples: int = 4, overwrite: bool = False, seed: int = 0,
-                 on_pass: Callable[[GraphPass, str, str], None] | None = None,
-                 check_max_bytes: int = CHECK_MAX_BYTES) -> PipelineResult:
+def run_pipeline(
+    source: str | Path,
+    out: str | Path,
+    passes: Sequence[GraphPass],
+    *,
+    calibration: dict[str, list[dict[str, np.ndarray]]] | None = None,
+    check: bool = True,
+    check_samples: int = 4,
+    overwrite: bool = False,
+    seed: int = 0,
+    on_pass: Callable[[GraphPass, str, str], None] | None = None,
+    check_max_bytes: int = CHECK_MAX_BYTES,
+) -> PipelineResult:
     """Apply `passes` (in order) to each graph they apply to; write graphs and every other file of `source`
     to `out`. `on_pass(pass, graph, "start"|"done")` drives progress bars.
 
@@ -103,16 +114,20 @@ def run_pipeline(source: str | Path, out: str | Path, passes: Sequence[GraphPass
                 continue
             model = ir.load(src / graph)
             check_external_data(model, src / graph)
-            feeds = (calibration or {}).get(graph) or sample_feeds(model, check_samples, seed=seed,
-                                                                  embeddings=embeddings)
+            feeds = (calibration or {}).get(graph) or sample_feeds(
+                model, check_samples, seed=seed, embeddings=embeddings
+            )
             size = initializer_bytes(model)
             big = size > IN_MEMORY_LIMIT_BYTES
             if not big:  # small graphs live in memory (so they serialize); big ones stay memory-mapped
                 ir.external_data.load_to_model(model)
             checking = check and size <= check_max_bytes
-            skip_reason = (None if checking or not check else
-                           f"numerical check skipped: {size / 1e9:.1f} GB of weights exceeds check_max_bytes "
-                           f"({check_max_bytes / 1e9:.1f} GB)")
+            skip_reason = (
+                None
+                if checking or not check
+                else f"numerical check skipped: {size / 1e9:.1f} GB of weights exceeds check_max_bytes "
+                f"({check_max_bytes / 1e9:.1f} GB)"
+            )
             scratch = tmp / ".check"
             original = (src / graph if big else snapshot(model, scratch)) if checking else None
             for i, p in enumerate(mine):
@@ -130,8 +145,10 @@ def run_pipeline(source: str | Path, out: str | Path, passes: Sequence[GraphPass
                     report.check_samples = len(feeds)
                     worst = report.worst()
                     if p.max_rel_error is not None and worst is not None and worst.rel_l2 > p.max_rel_error:
-                        raise PassFailedError(f"{p.name} on {graph}: output {worst.name} relative error "
-                                              f"{worst.rel_l2:.3g} exceeds {p.max_rel_error}")
+                        raise PassFailedError(
+                            f"{p.name} on {graph}: output {worst.name} relative error "
+                            f"{worst.rel_l2:.3g} exceeds {p.max_rel_error}"
+                        )
                 reports.append(report)
                 if on_pass:
                     on_pass(p, graph, "done")

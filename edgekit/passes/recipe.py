@@ -57,8 +57,7 @@ def load_recipe(recipe: str | Path, *, family: str = DEFAULT_MODEL) -> Recipe:
             passes.append(cls(cls.Config.from_mapping(params, where=f"pass[{i}] {entry['name']}")))
         except ConfigError as err:
             raise ConfigError(err.reason, path) from err
-    return Recipe(name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
-                  passes=passes)
+    return Recipe(name=str(data.get("name", path.stem)), description=str(data.get("description", "")), passes=passes)
 
 
 def parse_pass_options(specs: list[str]) -> list[GraphPass]:

@@ -41,7 +41,7 @@ def global_magnitude_masks(weights: list[np.ndarray], ratio: float) -> list[np.n
     keep[np.argsort(pooled, kind="stable")[: int(round(ratio * pooled.size))]] = False
     out, start = [], 0
     for w, n in zip(weights, sizes):
-        out.append(keep[start:start + n].reshape(w.shape))
+        out.append(keep[start : start + n].reshape(w.shape))
         start += n
     return out
 
@@ -80,8 +80,7 @@ def select_weights(model: ir.Model, include, exclude, pass_name: str) -> list[We
         seen.add(mm.weight.name)
         out.append(mm)
     if not out:
-        raise PassPreconditionError(f"{pass_name}: no weight matches include={list(include)} "
-                                    f"exclude={list(exclude)}")
+        raise PassPreconditionError(f"{pass_name}: no weight matches include={list(include)} exclude={list(exclude)}")
     return out
 
 
@@ -103,8 +102,11 @@ _DEFAULT_EXCLUDE = ["lm_head"]  # the LM head is the most sensitive matmul; prun
 @dataclass
 class PruneConfig(PassConfig):
     ratio: float = param(0.5, min=0.0, max=0.99, help="fraction of each selected weight set to zero")
-    scope: str = param("layer", choices=("layer", "global"),
-                       help="layer: every weight reaches `ratio`; global: one magnitude threshold for all")
+    scope: str = param(
+        "layer",
+        choices=("layer", "global"),
+        help="layer: every weight reaches `ratio`; global: one magnitude threshold for all",
+    )
     include: list[str] = param(["*"], help="module-name patterns to prune (fnmatch)")
     exclude: list[str] = param(list(_DEFAULT_EXCLUDE), help="module-name patterns to leave dense")
 
@@ -132,8 +134,10 @@ class PrunePass(GraphPass):
             pruned = np.where(keep, w, np.float32(0))
             write_kn(mm, pruned)
             reached[mm.name], sizes[mm.name] = sparsity(pruned), pruned.size
-        return PassChanges(initializers_touched=[mm.weight.name for mm in mms],
-                           notes={**sparsity_notes(reached, sizes), "target": c.ratio, "scope": c.scope})
+        return PassChanges(
+            initializers_touched=[mm.weight.name for mm in mms],
+            notes={**sparsity_notes(reached, sizes), "target": c.ratio, "scope": c.scope},
+        )
 
 
 @dataclass
@@ -154,8 +158,10 @@ class Sparse24Pass(GraphPass):
         mms = select_weights(model, self.config.include, self.config.exclude, self.name)
         bad = [f"{mm.name} (K={mm.k})" for mm in mms if mm.k % 4]
         if bad:
-            raise PassPreconditionError(f"{self.name}: the input dimension K must be a multiple of 4 for 2:4 "
-                                        f"sparsity; not so for {', '.join(bad)} (exclude them to go on)")
+            raise PassPreconditionError(
+                f"{self.name}: the input dimension K must be a multiple of 4 for 2:4 "
+                f"sparsity; not so for {', '.join(bad)} (exclude them to go on)"
+            )
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         mms = select_weights(model, self.config.include, self.config.exclude, self.name)
@@ -165,6 +171,7 @@ class Sparse24Pass(GraphPass):
             pruned = np.where(mask_2to4(w), w, np.float32(0))
             write_kn(mm, pruned)
             reached[mm.name], sizes[mm.name] = sparsity(pruned), pruned.size
-        return PassChanges(initializers_touched=[mm.weight.name for mm in mms],
-                           notes={**sparsity_notes(reached, sizes), "pattern": "2:4 along K"})
-
+        return PassChanges(
+            initializers_touched=[mm.weight.name for mm in mms],
+            notes={**sparsity_notes(reached, sizes), "pattern": "2:4 along K"},
+        )

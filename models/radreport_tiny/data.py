@@ -45,6 +45,8 @@ def finding_label_vector(findings) -> np.ndarray:
     for f in findings:
         v[_LABEL_INDEX[(f.type, f.location)]] = 1.0
     return v
+
+
 VIDEO_MODALITY = "XC"  # what a cine loop served as MP4 is called at inference
 CACHE_VERSION = 1
 
@@ -143,8 +145,11 @@ def build_split(
             made = list(pool.map(_make_one, jobs, chunksize=max(1, n // (8 * workers))))
     else:
         made = [_make_one(j) for j in jobs]
-    pixels = np.stack([m[0] for m in made]) if made else np.zeros((0, cfg.num_frames, 1, cfg.image_size,
-                                                                      cfg.image_size), np.float16)
+    pixels = (
+        np.stack([m[0] for m in made])
+        if made
+        else np.zeros((0, cfg.num_frames, 1, cfg.image_size, cfg.image_size), np.float16)
+    )
     data = SplitData(split, pixels, [m[1] for m in made])
     if cache is not None:
         tmp = cache.with_name(cache.name + ".tmp")
@@ -219,8 +224,13 @@ def make_batch(enc: EncodedSplit, items: Sequence[tuple[int, str, int]]) -> dict
         labels[b, start : len(s)] = s[start:]
     pixels = enc.data.pixels[[i for i, _, _ in items]].astype(np.float32)
     findings = np.stack([finding_label_vector(enc.data.texts[i].findings) for i, _, _ in items])
-    return {"pixel_values": pixels, "input_ids": ids, "attention_mask": mask, "labels": labels,
-            "finding_labels": findings}
+    return {
+        "pixel_values": pixels,
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": labels,
+        "finding_labels": findings,
+    }
 
 
 def epoch_items(enc: EncodedSplit, seed: int, epoch: int, xc_share: float) -> list[tuple[int, str, int]]:

@@ -35,8 +35,14 @@ class RadReportTiny:
         out = []
         for i in range(start, start + n):
             s = generate_study(i, split)
-            frames = to_display(s.stored, slope=s.slope, intercept=s.intercept, center=s.center, width=s.width,
-                                photometric=s.photometric)
+            frames = to_display(
+                s.stored,
+                slope=s.slope,
+                intercept=s.intercept,
+                center=s.center,
+                width=s.width,
+                photometric=s.photometric,
+            )
             out.append(CalibrationStudy(frames=frames, modality=s.modality))
         return out
 

@@ -108,8 +108,7 @@ def score(reports: list[str], data: SplitData) -> dict:
     return {"bleu4": round(bleu, 3), "finding_f1": round(prf(tp, fp, fn)[2], 4)}
 
 
-def finetune(model, tok, train: SplitData, val: SplitData, opts: LoraRecipe, out: Path,
-             max_new_tokens: int) -> dict:
+def finetune(model, tok, train: SplitData, val: SplitData, opts: LoraRecipe, out: Path, max_new_tokens: int) -> dict:
     """Wrap `model` with PEFT LoRA, train on site-style reports, save the adapter to `out/adapter`, and measure
     BLEU-4 / finding F1 on `val` before and after (the merged model). Returns the result dict (also saved)."""
     import peft
@@ -118,8 +117,9 @@ def finetune(model, tok, train: SplitData, val: SplitData, opts: LoraRecipe, out
     enc_train, enc_val = encode_split(tok, to_site(train)), encode_split(tok, to_site(val))
     t0 = time.perf_counter()
     before = score(generate_reports(model, tok, enc_val, max_new_tokens, opts.eval_batch), enc_val.data)
-    lcfg = peft.LoraConfig(r=opts.r, lora_alpha=opts.alpha, use_rslora=opts.rslora,
-                           target_modules=opts.target_modules, lora_dropout=0.0)
+    lcfg = peft.LoraConfig(
+        r=opts.r, lora_alpha=opts.alpha, use_rslora=opts.rslora, target_modules=opts.target_modules, lora_dropout=0.0
+    )
     pm = peft.get_peft_model(model, lcfg)  # injects LoRA layers into `model` in place, freezes the rest
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=opts.lr, weight_decay=0.0)
@@ -127,8 +127,9 @@ def finetune(model, tok, train: SplitData, val: SplitData, opts: LoraRecipe, out
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(steps, 1))
     losses = []
     model.train()
-    for batch in iterate_batches(enc_train, batch_size=opts.batch_size, epochs=opts.epochs, seed=opts.seed,
-                                 xc_share=0.0):
+    for batch in iterate_batches(
+        enc_train, batch_size=opts.batch_size, epochs=opts.epochs, seed=opts.seed, xc_share=0.0
+    ):
         loss = lm_loss(model, to_torch(batch))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -141,16 +142,22 @@ def finetune(model, tok, train: SplitData, val: SplitData, opts: LoraRecipe, out
     merged = pm.merge_and_unload().eval()
     after = score(generate_reports(merged, tok, enc_val, max_new_tokens, opts.eval_batch), enc_val.data)
     with torch.no_grad():
-        val_loss = float(lm_loss(merged, to_torch(make_batch(enc_val, [(i, t.modality, 0) for i, t in
-                                                                      enumerate(enc_val.data.texts)]))))
+        val_loss = float(
+            lm_loss(
+                merged, to_torch(make_batch(enc_val, [(i, t.modality, 0) for i, t in enumerate(enc_val.data.texts)]))
+            )
+        )
     result = {
         "task": "site report style (SITE_REWRITES) on radreport-tiny",
         "recipe": asdict(opts),
         "trainable_params": int(sum(p.numel() for p in params)),
-        "steps": len(losses), "first_loss": round(losses[0], 4) if losses else None,
+        "steps": len(losses),
+        "first_loss": round(losses[0], 4) if losses else None,
         "last_loss": round(float(np.mean(losses[-5:])), 4) if losses else None,
-        "val_loss_after": round(val_loss, 4), "train_seconds": round(train_s, 1),
-        "before": before, "after": after,
+        "val_loss_after": round(val_loss, 4),
+        "train_seconds": round(train_s, 1),
+        "before": before,
+        "after": after,
         "bleu4_gain": round(after["bleu4"] - before["bleu4"], 3),
         "adapter": str(out / "adapter"),
     }
@@ -163,6 +170,7 @@ def load_base(weights_dir: Path):
     from safetensors.torch import load_file
 
     from edgekit.export.model_config import ModelConfig
+
     from .modeling import RadReportTiny
     from .tokenizer import load_tokenizer
 
@@ -180,8 +188,12 @@ def main(argv: list[str] | None = None) -> dict:
     for f, v in asdict(LoraRecipe()).items():
         ap.add_argument(f"--{f.replace('_', '-')}", type=type(v) if not isinstance(v, bool) else int, default=v)
     args = ap.parse_args(argv)
-    opts = LoraRecipe(**{f: (bool(getattr(args, f)) if isinstance(v, bool) else getattr(args, f))
-                         for f, v in asdict(LoraRecipe()).items()})
+    opts = LoraRecipe(
+        **{
+            f: (bool(getattr(args, f)) if isinstance(v, bool) else getattr(args, f))
+            for f, v in asdict(LoraRecipe()).items()
+        }
+    )
     model, tok, max_new = load_base(args.weights)
     pcfg = PreprocessConfig()
     cache = args.out / "cache"

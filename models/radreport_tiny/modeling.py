@@ -232,4 +232,4 @@ class RadReportTiny(nn.Module):
             attention_mask = torch.cat([torch.ones(b, img.shape[1], dtype=attention_mask.dtype), attention_mask], 1)
         pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         logits, _ = self.decode(x, attention_mask, pos)
-        return logits[:, img.shape[1]:]
+        return logits[:, img.shape[1] :]

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgekit.errors import ConfigError
+from edgekit.export.model_config import ModelConfig
 from edgekit.preprocess import PreprocessConfig
 
-from edgekit.export.model_config import ModelConfig
 from .data import (
     FINDING_LABELS,
     IGNORE,
@@ -122,15 +122,17 @@ class FindingProbe(nn.Module):
         return self.proj(image_features.flatten(1))
 
 
-def training_loss(model: RadReportTiny, probe: FindingProbe | None, batch: dict[str, torch.Tensor],
-                  aux_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+def training_loss(
+    model: RadReportTiny, probe: FindingProbe | None, batch: dict[str, torch.Tensor], aux_weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(total loss, LM loss): report cross-entropy plus `aux_weight` x the probe's binary cross-entropy."""
     img = model.encode_images(batch["pixel_values"])
     x = torch.cat([img, model.model.embed_tokens(batch["input_ids"])], dim=1)
-    mask = torch.cat([torch.ones(x.shape[0], img.shape[1], dtype=batch["attention_mask"].dtype),
-                      batch["attention_mask"]], 1)
+    mask = torch.cat(
+        [torch.ones(x.shape[0], img.shape[1], dtype=batch["attention_mask"].dtype), batch["attention_mask"]], 1
+    )
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model.decode(x, mask, pos)[0][:, img.shape[1]:]
+    logits = model.decode(x, mask, pos)[0][:, img.shape[1] :]
     lm = F.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), batch["labels"][:, 1:].reshape(-1), ignore_index=IGNORE
     )
@@ -167,8 +169,15 @@ def make_optimizer(model: RadReportTiny, opts: TrainOptions, total_steps: int):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def train_loop(model, batches, opts: TrainOptions, total_steps: int, log_every: int = 20, out=sys.stdout,
-               probe: FindingProbe | None = None):
+def train_loop(
+    model,
+    batches,
+    opts: TrainOptions,
+    total_steps: int,
+    log_every: int = 20,
+    out=sys.stdout,
+    probe: FindingProbe | None = None,
+):
     """Run the optimiser over `batches`; returns the per-step training (LM) losses."""
     params = nn.ModuleList([model] + ([probe] if probe is not None else []))
     opt, sched = make_optimizer(params, opts, total_steps)
@@ -208,7 +217,9 @@ def eval_loss(model, enc: EncodedSplit, batch_size: int) -> float:
 
 
 @torch.no_grad()
-def greedy_generate(model, pixel_values: torch.Tensor, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+def greedy_generate(
+    model, pixel_values: torch.Tensor, prompts: list[list[int]], max_new_tokens: int
+) -> list[list[int]]:
     """Batched greedy decoding with the KV cache of `model.decode`; prompts are left-padded and masked."""
     model.eval()
     b = len(prompts)
@@ -240,8 +251,9 @@ def greedy_generate(model, pixel_values: torch.Tensor, prompts: list[list[int]],
     return out
 
 
-def evaluate_generation(model, tok, enc: EncodedSplit, max_new_tokens: int, batch_size: int = 64,
-                        limit: int | None = None) -> dict:
+def evaluate_generation(
+    model, tok, enc: EncodedSplit, max_new_tokens: int, batch_size: int = 64, limit: int | None = None
+) -> dict:
     """Greedy reports for the val studies, parsed and scored at finding level against the ground truth."""
     from edgekit.eval.finding_metrics import prf, score_study
     from edgekit.findings import parse_report
@@ -280,8 +292,9 @@ def evaluate_generation(model, tok, enc: EncodedSplit, max_new_tokens: int, batc
                     truth_keys.remove((f.type, f.location))
                     per_type.setdefault(f.type, {"truth": 0, "found": 0})["found"] += 1
             if len(samples) < 6 and s == 0:
-                samples.append({"modality": modality, "indication": t.indication, "generated": text,
-                                "reference": t.references[0]})
+                samples.append(
+                    {"modality": modality, "indication": t.indication, "generated": text, "reference": t.references[0]}
+                )
     p, r, f1 = prf(tp, fp, fn)
     return {
         "reports": len(items),
@@ -289,7 +302,9 @@ def evaluate_generation(model, tok, enc: EncodedSplit, max_new_tokens: int, batc
         "precision": p,
         "recall": r,
         "f1": f1,
-        "tp": tp, "fp": fp, "fn": fn,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
         "false_positive_rate": fp / predicted if predicted else 0.0,
         "hallucination_rate": halluc / predicted if predicted else 0.0,
         "contradictions": contra,
@@ -359,8 +374,15 @@ def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = T
     probe = FindingProbe(cfg, len(FINDING_LABELS)) if opts.aux_weight > 0 else None
     if probe is not None:
         init_weights(probe, opts.seed + 1)
-    losses = train_loop(model, iterate_batches(enc_train, batch_size=opts.batch_size, epochs=opts.epochs,
-                                               seed=opts.seed, xc_share=opts.xc_share), opts, total, probe=probe)
+    losses = train_loop(
+        model,
+        iterate_batches(
+            enc_train, batch_size=opts.batch_size, epochs=opts.epochs, seed=opts.seed, xc_share=opts.xc_share
+        ),
+        opts,
+        total,
+        probe=probe,
+    )
     train_s = time.perf_counter() - t_train
     val_loss = eval_loss(model, enc_val, 64)
     print(f"val loss {val_loss:.4f}", flush=True)
@@ -384,7 +406,7 @@ def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = T
         "vocab_size": tok.get_vocab_size(),
         "longest_report_tokens": longest,
         "loss_curve": [round(float(np.mean(losses[i : i + 50])), 4) for i in range(0, len(losses), 50)],
-        "final_train_loss": round(float(np.mean(losses[-max(1, steps_per_epoch // 4):])), 4),
+        "final_train_loss": round(float(np.mean(losses[-max(1, steps_per_epoch // 4) :])), 4),
         "final_val_loss": round(val_loss, 4),
         "val_generation": metrics,
         "data_sha256": {"train": train.digest(), "val": val.digest()},
@@ -397,8 +419,9 @@ def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = T
         },
     }
     save_artifacts(out, model, cfg, tok, pcfg, generation_config(max_new), log)
-    print(f"wrote {out} in {log['seconds']['wall_total']:.0f}s wall, {log['seconds']['cpu_total']:.0f}s CPU",
-          flush=True)
+    print(
+        f"wrote {out} in {log['seconds']['wall_total']:.0f}s wall, {log['seconds']['cpu_total']:.0f}s CPU", flush=True
+    )
     return log
 
 
@@ -419,9 +442,19 @@ def parse_args(argv: list[str] | None) -> tuple[TrainOptions, argparse.Namespace
     ap.add_argument("--no-eval", action="store_true", help="skip greedy generation on val")
     ap.add_argument("--no-cache", action="store_true", help="do not read or write the pixel cache")
     a = ap.parse_args(argv)
-    opts = replace(d, train_studies=a.train_studies, val_studies=a.val_studies, epochs=a.epochs,
-                   batch_size=a.batch_size, lr=a.lr, seed=a.seed, workers=a.workers, eval_studies=a.eval_studies,
-                   model=a.model, aux_weight=a.aux_weight)
+    opts = replace(
+        d,
+        train_studies=a.train_studies,
+        val_studies=a.val_studies,
+        epochs=a.epochs,
+        batch_size=a.batch_size,
+        lr=a.lr,
+        seed=a.seed,
+        workers=a.workers,
+        eval_studies=a.eval_studies,
+        model=a.model,
+        aux_weight=a.aux_weight,
+    )
     for name in ("train_studies", "val_studies", "epochs", "batch_size"):
         if getattr(opts, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")

@@ -8,5 +8,10 @@ from .reports import render_report
 from .splits import write_split
 
 __all__ = [
-    "GENERATOR_VERSION", "SPLITS", "SynthStudy", "generate_study", "render_report", "write_split",
+    "GENERATOR_VERSION",
+    "SPLITS",
+    "SynthStudy",
+    "generate_study",
+    "render_report",
+    "write_split",
 ]

@@ -21,8 +21,8 @@ from pydicom.uid import (
 )
 
 from edgekit.errors import ConfigError
-
 from edgekit.findings import KINDS, TYPE_ORDER, Finding, KindSpec, sort_findings, sort_types
+
 from .render import Rendered, render_cr_chest, render_ct_chest, render_mr_brain, render_us_cardiac
 from .reports import STYLES, render_report
 
@@ -31,10 +31,21 @@ GENERATOR_VERSION = 1
 SPLITS = ("train", "val", "test", "sample")
 
 # Studies cycle through these by index, so any 20+ consecutive studies of a kind cover every syntax.
-LOSSLESS_SYNTAXES = (ExplicitVRLittleEndian, ImplicitVRLittleEndian, DeflatedExplicitVRLittleEndian, RLELossless,
-                     JPEG2000Lossless)
-US_SYNTAXES = (JPEGBaseline8Bit, ExplicitVRLittleEndian, JPEGBaseline8Bit, RLELossless, JPEGBaseline8Bit,
-               JPEG2000Lossless)
+LOSSLESS_SYNTAXES = (
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+    DeflatedExplicitVRLittleEndian,
+    RLELossless,
+    JPEG2000Lossless,
+)
+US_SYNTAXES = (
+    JPEGBaseline8Bit,
+    ExplicitVRLittleEndian,
+    JPEGBaseline8Bit,
+    RLELossless,
+    JPEGBaseline8Bit,
+    JPEG2000Lossless,
+)
 POSITIVE_COUNT_P = (0.25, 0.35, 0.25, 0.15)  # 0..3 positive findings; about a quarter of studies are normal
 
 _STREAM_FINDINGS, _STREAM_INDICATION, _STREAM_ANATOMY, _STREAM_NOISE, _STREAM_META = range(5)

@@ -77,8 +77,9 @@ def _side_sign(side: str) -> int:
 # ------------------------------------------------------------------------------------------------------ CT chest
 
 
-def render_ct_chest(findings: list[Finding], n: int, anat: np.random.Generator, noise: np.random.Generator,
-                    place: RngFor) -> Rendered:
+def render_ct_chest(
+    findings: list[Finding], n: int, anat: np.random.Generator, noise: np.random.Generator, place: RngFor
+) -> Rendered:
     size, mm = CT_CHEST.rows, CT_CHEST.pixel_spacing_mm
     yy, xx = _grid(size)
     oy, ox = anat.uniform(-3, 3, 2)
@@ -103,7 +104,7 @@ def render_ct_chest(findings: list[Finding], n: int, anat: np.random.Generator, 
         img[(body <= 1) & (body > 0.82)] = -100.0  # subcutaneous fat
         img[spine <= 1] = 650.0
         img[spine <= 0.4] = 250.0
-        for side, (ly, lx) in lung_centre.items():
+        for ly, lx in lung_centre.values():
             m = _ellipse(yy, xx, ly, lx, lung_ry * lung_scale[k], lung_rx * lung_scale[k]) <= 1
             lungs[k] |= m
             img[m] = -850.0 + texture[m]
@@ -137,9 +138,14 @@ def render_ct_chest(findings: list[Finding], n: int, anat: np.random.Generator, 
         ly, lx = lung_centre[f.location]
         rng = place(f.type)
         radii = [f.size_mm / mm / 2] + [min(CT_CHEST.spec("nodule").sizes_mm) / mm / 2] * (f.count - 1)
-        centres = _place_apart(rng, radii, y_range=(ly + 4, ly + 0.5 * lung_ry),
-                               x_range=(lx - lung_rx + 3, lx + lung_rx - 3), gap=4.0,
-                               inside=lambda y, x, r: _ellipse(y, x, ly, lx, lung_ry * 0.9 - r, lung_rx * 0.9 - r) <= 1)
+        centres = _place_apart(
+            rng,
+            radii,
+            y_range=(ly + 4, ly + 0.5 * lung_ry),
+            x_range=(lx - lung_rx + 3, lx + lung_rx - 3),
+            gap=4.0,
+            inside=lambda y, x, r: _ellipse(y, x, ly, lx, lung_ry * 0.9 - r, lung_rx * 0.9 - r) <= 1,
+        )
         m = np.zeros((n, size, size), bool)
         for (ny, nx), r in zip(centres, radii):
             prof = _z_profile(n, rng)
@@ -177,8 +183,9 @@ def _place_apart(rng, radii, *, y_range, x_range, gap, inside) -> list[tuple[flo
 # ------------------------------------------------------------------------------------------------------ MR brain
 
 
-def render_mr_brain(findings: list[Finding], n: int, anat: np.random.Generator, noise: np.random.Generator,
-                    place: RngFor) -> Rendered:
+def render_mr_brain(
+    findings: list[Finding], n: int, anat: np.random.Generator, noise: np.random.Generator, place: RngFor
+) -> Rendered:
     size, mm = MR_BRAIN.rows, MR_BRAIN.pixel_spacing_mm
     yy, xx = _grid(size)
     oy, ox = anat.uniform(-3, 3, 2)
@@ -251,8 +258,9 @@ def render_mr_brain(findings: list[Finding], n: int, anat: np.random.Generator, 
 # ---------------------------------------------------------------------------------------------- chest radiograph
 
 
-def render_cr_chest(findings: list[Finding], anat: np.random.Generator, noise: np.random.Generator,
-                    place: RngFor, *, monochrome1: bool) -> Rendered:
+def render_cr_chest(
+    findings: list[Finding], anat: np.random.Generator, noise: np.random.Generator, place: RngFor, *, monochrome1: bool
+) -> Rendered:
     size = CR_CHEST.rows
     yy, xx = _grid(size)
     oy, ox = anat.uniform(-5, 5, 2)
@@ -323,8 +331,9 @@ def render_cr_chest(findings: list[Finding], anat: np.random.Generator, noise: n
     img += noise.normal(0, 0.015, img.shape).astype(np.float32)
     mono2 = np.clip(np.rint(np.clip(img, 0, 1) * 4000 + 40), 0, 4095)
     stored = (4095 - mono2 if monochrome1 else mono2).astype(np.uint16)[None]
-    return Rendered(stored, masks, center=2048.0, width=4096.0,
-                    photometric="MONOCHROME1" if monochrome1 else "MONOCHROME2")
+    return Rendered(
+        stored, masks, center=2048.0, width=4096.0, photometric="MONOCHROME1" if monochrome1 else "MONOCHROME2"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- cardiac echo cine
@@ -337,8 +346,15 @@ US_SYSTOLE_RADIUS = {"normal": 13.0, "reduced": 20.0}
 US_EFFUSION_PX = 9.0
 
 
-def render_us_cardiac(findings: list[Finding], n: int, anat: np.random.Generator, noise: np.random.Generator,
-                      place: RngFor, *, cycles: int) -> Rendered:
+def render_us_cardiac(
+    findings: list[Finding],
+    n: int,
+    anat: np.random.Generator,
+    noise: np.random.Generator,
+    place: RngFor,
+    *,
+    cycles: int,
+) -> Rendered:
     size = US_CARDIAC.rows
     yy, xx = _grid(size)
     apex_x = 64 + anat.uniform(-2, 2)

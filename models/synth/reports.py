@@ -10,7 +10,6 @@ fixed order. That makes the text learnable by a tiny model and lets evaluation s
 
 from __future__ import annotations
 
-
 from edgekit.findings import COUNTED_TYPES, NUMBER_WORDS, Finding, sort_findings, sort_types
 
 STYLES = (0, 1, 2, 3)
@@ -44,9 +43,12 @@ def _noun_sentence(f: Finding, style: int) -> str:
     noun = _PLURAL.get(t, t) if many else t
     size_pre = f"{s} mm " if s else ""
     if t == "consolidation":
-        return [f"Consolidation{where}.", f"There is consolidation{where}.",
-                f"{_cap(f.location)} lung: consolidation." if f.location else "Consolidation is present.",
-                f"{_cap(f.location)} lung consolidation." if f.location else "Consolidation."][style]
+        return [
+            f"Consolidation{where}.",
+            f"There is consolidation{where}.",
+            f"{_cap(f.location)} lung: consolidation." if f.location else "Consolidation is present.",
+            f"{_cap(f.location)} lung consolidation." if f.location else "Consolidation.",
+        ][style]
     if style == 0:
         if many:
             return f"{_cap(_count_word(f.count))} {noun}{where}" + (f", the largest {s} mm." if s else ".")
@@ -74,26 +76,49 @@ def _side_sentence(f: Finding, style: int) -> str:
     """pleural effusion, pneumothorax: the side is an adjective."""
     t, side = f.type, f.location
     if side:
-        return [f"{_cap(side)} {t}.", f"There is a {side} {t}.", f"{_cap(t)} on the {side}.",
-                f"A {side}-sided {t} is present."][style]
+        return [
+            f"{_cap(side)} {t}.",
+            f"There is a {side} {t}.",
+            f"{_cap(t)} on the {side}.",
+            f"A {side}-sided {t} is present.",
+        ][style]
     return [f"{_cap(t)}.", f"There is a {t}.", f"{_cap(t)} is present.", f"A {t} is present."][style]
 
 
 _FIXED_POSITIVE = {
-    "hydrocephalus": ("Hydrocephalus with enlarged ventricles.", "There is hydrocephalus.",
-                      "Ventricles: enlarged, consistent with hydrocephalus.",
-                      "The ventricles are enlarged (hydrocephalus)."),
-    "cardiomegaly": ("Cardiomegaly.", "The heart is enlarged.", "Heart: enlarged.",
-                     "Enlarged cardiac silhouette (cardiomegaly)."),
-    "reduced wall motion": ("Reduced wall motion.", "Wall motion is reduced.", "Wall motion: reduced.",
-                            "Globally reduced wall motion (hypokinesis)."),
-    "pericardial effusion": ("Pericardial effusion.", "There is a pericardial effusion.",
-                             "Pericardial effusion is present.", "A pericardial effusion surrounds the heart."),
+    "hydrocephalus": (
+        "Hydrocephalus with enlarged ventricles.",
+        "There is hydrocephalus.",
+        "Ventricles: enlarged, consistent with hydrocephalus.",
+        "The ventricles are enlarged (hydrocephalus).",
+    ),
+    "cardiomegaly": (
+        "Cardiomegaly.",
+        "The heart is enlarged.",
+        "Heart: enlarged.",
+        "Enlarged cardiac silhouette (cardiomegaly).",
+    ),
+    "reduced wall motion": (
+        "Reduced wall motion.",
+        "Wall motion is reduced.",
+        "Wall motion: reduced.",
+        "Globally reduced wall motion (hypokinesis).",
+    ),
+    "pericardial effusion": (
+        "Pericardial effusion.",
+        "There is a pericardial effusion.",
+        "Pericardial effusion is present.",
+        "A pericardial effusion surrounds the heart.",
+    ),
 }
 # Negatives said in words of their own rather than "No X." (style 3 keeps them out of the grouped list).
 _FIXED_NEGATIVE = {
-    "reduced wall motion": ("Normal wall motion.", "Wall motion is normal.", "Wall motion: normal.",
-                            "Wall motion is normal."),
+    "reduced wall motion": (
+        "Normal wall motion.",
+        "Wall motion is normal.",
+        "Wall motion: normal.",
+        "Wall motion is normal.",
+    ),
     "hydrocephalus": (None, "The ventricles are normal in size.", None, None),
     "cardiomegaly": (None, "Heart size is normal.", "Heart: normal size.", None),
 }

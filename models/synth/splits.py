@@ -70,8 +70,9 @@ def _prepare(out_dir: Path, split: str) -> None:
         old = [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
         splits = {r.get("split") for r in old}
         if splits - {split}:
-            raise ConfigError(f"already holds split {sorted(s for s in splits if s)}; write {split!r} into another "
-                              "folder", out_dir)
+            raise ConfigError(
+                f"already holds split {sorted(s for s in splits if s)}; write {split!r} into another folder", out_dir
+            )
         for r in old:
             folder = out_dir / str(r.get("id", ""))
             if r.get("id") and folder.is_dir() and folder.parent == out_dir:
@@ -81,8 +82,9 @@ def _prepare(out_dir: Path, split: str) -> None:
         raise ConfigError("folder is not empty and holds no studies.jsonl; choose an empty or new folder", out_dir)
 
 
-def write_split(out_dir: str | Path, split: str, n: int, *, progress: Progress | None = None,
-                verify: bool = True) -> Path:
+def write_split(
+    out_dir: str | Path, split: str, n: int, *, progress: Progress | None = None, verify: bool = True
+) -> Path:
     """Write studies 0..n-1 of `split` into `out_dir`; returns the path of `studies.jsonl`.
 
     Each DICOM file is read back and checked against the generated pixels unless `verify` is False.

@@ -23,9 +23,13 @@ class CpuTarget:
         from edgekit.target import runtime_settings
 
         runtime_settings({}, bundle.manifest.runtime, options.settings, bundle.source)
-        return CpuBackend(bundle.component(names.VISION), bundle.component(names.EMBED),
-                          bundle.component(names.DECODER_ROLE), intra_op_threads=options.threads,
-                          profile_dir=options.profile_dir)
+        return CpuBackend(
+            bundle.component(names.VISION),
+            bundle.component(names.EMBED),
+            bundle.component(names.DECODER_ROLE),
+            intra_op_threads=options.threads,
+            profile_dir=options.profile_dir,
+        )
 
 
 TARGET = CpuTarget()

@@ -17,8 +17,8 @@ How the device side is driven: a runner is anything with `run(feeds, capture, ov
 overridden value turned into a graph input (its producer's result is dropped). `EmulatorRunner` calls
 `Emulator.run(graph, feeds, capture=..., overrides=...)`: the emulator substitutes each overridden ONNX value for
 its own result of that value (the instruction producing it still runs; its output is replaced before any consumer
-reads it), and `capture` returns the emulator's value of each layer output. The reference values come from ORT on the same graph (or another FP32 graph with the same value
-names: the unquantised export, for instance).
+reads it), and `capture` returns the emulator's value of each layer output. The reference values come from ORT on
+the same graph (or another FP32 graph with the same value names: the unquantised export, for instance).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
     err = float(np.sum((a - b) ** 2))
     if err == 0:
         return math.inf
-    sig = float(np.sum(a ** 2))
+    sig = float(np.sum(a**2))
     return 10 * math.log10(sig / err) if sig > 0 else -math.inf
 
 
@@ -126,9 +126,13 @@ def find_layers(model: onnx.ModelProto) -> list[Layer]:
 # ------------------------------------------------------------------------------------------------------------
 # runners
 # ------------------------------------------------------------------------------------------------------------
-_ORT_ELEM = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float16): onnx.TensorProto.FLOAT16,
-             np.dtype(np.int64): onnx.TensorProto.INT64, np.dtype(np.int32): onnx.TensorProto.INT32,
-             np.dtype(np.bool_): onnx.TensorProto.BOOL}
+_ORT_ELEM = {
+    np.dtype(np.float32): onnx.TensorProto.FLOAT,
+    np.dtype(np.float16): onnx.TensorProto.FLOAT16,
+    np.dtype(np.int64): onnx.TensorProto.INT64,
+    np.dtype(np.int32): onnx.TensorProto.INT32,
+    np.dtype(np.bool_): onnx.TensorProto.BOOL,
+}
 
 
 class OrtRunner:
@@ -165,8 +169,9 @@ class OrtRunner:
         self._sessions[key] = sess
         return sess
 
-    def run(self, feeds: Mapping[str, np.ndarray], capture, overrides: Mapping[str, np.ndarray] | None = None
-            ) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: Mapping[str, np.ndarray], capture, overrides: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
         overrides = dict(overrides or {})
         ov = tuple(sorted((k, np.asarray(v).dtype, np.asarray(v).shape) for k, v in overrides.items()))
         capture = tuple(sorted(set(capture)))
@@ -188,10 +193,12 @@ class EmulatorRunner:
         self.emulator, self.graph = emulator, graph
         self.last_not_substituted: list[str] = []
 
-    def run(self, feeds: Mapping[str, np.ndarray], capture, overrides: Mapping[str, np.ndarray] | None = None
-            ) -> dict[str, np.ndarray]:
-        result = self.emulator.run(self.graph, dict(feeds), capture=set(capture),
-                                   overrides=dict(overrides) if overrides else None)
+    def run(
+        self, feeds: Mapping[str, np.ndarray], capture, overrides: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        result = self.emulator.run(
+            self.graph, dict(feeds), capture=set(capture), overrides=dict(overrides) if overrides else None
+        )
         done = set(getattr(result, "overridden", []) or [])
         self.last_not_substituted = sorted(n for n in (overrides or {}) if n not in done)
         got = dict(getattr(result, "captured", {}) or {})
@@ -236,14 +243,26 @@ class AccuracyReport:
         return [L.layer for L in self.layers if L.flagged]
 
     def to_dict(self) -> dict:
-        return {"graph": self.graph, "mode": self.mode, "flag_below_db": self.flag_below_db,
-                "flagged": self.flagged, "layers": [L.to_dict() for L in self.layers],
-                "source": f"edgekit x1 accuracy analysis ({self.mode}): device vs ONNX Runtime FP32, "
-                          "worst cosine and SNR over each layer's outputs"}
+        return {
+            "graph": self.graph,
+            "mode": self.mode,
+            "flag_below_db": self.flag_below_db,
+            "flagged": self.flagged,
+            "layers": [L.to_dict() for L in self.layers],
+            "source": f"edgekit x1 accuracy analysis ({self.mode}): device vs ONNX Runtime FP32, "
+            "worst cosine and SNR over each layer's outputs",
+        }
 
     def table(self) -> list[dict]:
-        return [{"layer": L.layer, "cosine": round(L.cosine, 6), "snr_db": _json_float(round(L.snr_db, 2)),
-                 "flag": "<-- " if L.flagged else ""} for L in self.layers]
+        return [
+            {
+                "layer": L.layer,
+                "cosine": round(L.cosine, 6),
+                "snr_db": _json_float(round(L.snr_db, 2)),
+                "flag": "<-- " if L.flagged else "",
+            }
+            for L in self.layers
+        ]
 
 
 def _compare(layer: Layer, ref: Mapping, dev: Mapping, flag_below_db: float) -> LayerAccuracy:
@@ -259,8 +278,9 @@ def _compare(layer: Layer, ref: Mapping, dev: Mapping, flag_below_db: float) -> 
             continue
         r, d = np.asarray(r, np.float64), np.asarray(d, np.float64)
         if r.shape != d.shape:
-            raise EdgekitError(f"accuracy analysis: value {v!r} has shape {d.shape} on the device, "
-                               f"{r.shape} in ONNX Runtime")
+            raise EdgekitError(
+                f"accuracy analysis: value {v!r} has shape {d.shape} on the device, {r.shape} in ONNX Runtime"
+            )
         n += 1
         c, s = cosine(r, d), snr_db(r, d)
         err = float(np.max(np.abs(r - d))) if r.size else 0.0
@@ -272,8 +292,16 @@ def _compare(layer: Layer, ref: Mapping, dev: Mapping, flag_below_db: float) -> 
     return LayerAccuracy(layer.name, c, s, err, v, n, flagged=bool(n) and s < flag_below_db, missing=missing)
 
 
-def analyze(model: onnx.ModelProto | str | Path, device, feeds: Mapping[str, np.ndarray], *,
-            mode: str = "entire", reference=None, graph: str = "", flag_below_db: float = 15.0) -> AccuracyReport:
+def analyze(
+    model: onnx.ModelProto | str | Path,
+    device,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    mode: str = "entire",
+    reference=None,
+    graph: str = "",
+    flag_below_db: float = 15.0,
+) -> AccuracyReport:
     """Compare `device` (a runner) with ONNX Runtime FP32 on `model`, layer by layer.
 
     `reference`: the reference runner (default: `OrtRunner(model)`); `flag_below_db`: a layer whose worst SNR
@@ -299,13 +327,14 @@ def analyze(model: onnx.ModelProto | str | Path, device, feeds: Mapping[str, np.
     return AccuracyReport(graph or proto.graph.name, mode, rows, flag_below_db)
 
 
-def decoder_prefill_feeds(model: onnx.ModelProto, *, seq: int = 16, seed: int = 0,
-                          embeddings: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def decoder_prefill_feeds(
+    model: onnx.ModelProto, *, seq: int = 16, seed: int = 0, embeddings: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Feeds for a decoder prefill: `embeddings` (1, seq, hidden) or unit-normal ones scaled like token
     embeddings (0.02 std would vanish in RMSNorm-free paths; the exported table's scale is used when given)."""
-    from edgekit.passes.heads import decoder_feeds
-
     import onnx_ir as ir
+
+    from edgekit.passes.heads import decoder_feeds
 
     if embeddings is None:
         hidden = model.graph.input[0].type.tensor_type.shape.dim[-1].dim_value

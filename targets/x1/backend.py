@@ -45,6 +45,7 @@ RUNTIME_DEFAULTS = {
 
 def check_settings(s: dict, where=None) -> dict:
     """Types and ranges of the runtime settings; every error names the setting."""
+
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -53,8 +54,10 @@ def check_settings(s: dict, where=None) -> dict:
         "kv_caching": (lambda v: isinstance(v, bool), "true or false"),
         "sparsity_target": (lambda v: number(v) and 0.0 <= v < 1.0, "a number in [0, 1)"),
         "sensitivity_threshold": (lambda v: number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
-        "max_consecutive_skips": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000,
-                                  "an integer >= 1"),
+        "max_consecutive_skips": (
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000,
+            "an integer >= 1",
+        ),
     }
     for key, (ok, expected) in checks.items():
         if not ok(s[key]):
@@ -112,8 +115,9 @@ class ReportCost:
 class X1Backend:
     """`encode_images`, `embed`, `decode` on the emulator, DSS as configured, cost per report."""
 
-    def __init__(self, bundle_or_dir, machine=None, *, settings: dict | None = None, keep_runs: bool = False,
-                 head_mask_fn=None):
+    def __init__(
+        self, bundle_or_dir, machine=None, *, settings: dict | None = None, keep_runs: bool = False, head_mask_fn=None
+    ):
         files, machine_file, bundle = locate_programs(bundle_or_dir)
         where = getattr(bundle, "source", None)
         runtime = bundle.manifest.runtime if bundle is not None else {}
@@ -126,9 +130,11 @@ class X1Backend:
         self.heads = self.emulator.heads
         if head_mask_fn is None and self.dss_active:
             head_mask_fn = HeadMaskPolicy(
-                self.head_importance(bundle), sparsity_target=self.settings["sparsity_target"],
+                self.head_importance(bundle),
+                sparsity_target=self.settings["sparsity_target"],
                 sensitivity_threshold=self.settings["sensitivity_threshold"],
-                max_consecutive_skips=self.settings["max_consecutive_skips"])
+                max_consecutive_skips=self.settings["max_consecutive_skips"],
+            )
         self.head_mask_fn = head_mask_fn
         self.policy = head_mask_fn if isinstance(head_mask_fn, HeadMaskPolicy) else None
         self.keep_runs = keep_runs
@@ -185,9 +191,12 @@ class X1Backend:
             self._seq = (x, pos)
             logits, _ = self._run_decoder("decode", x, attention_mask, pos, self.emulator.new_kv(), None)
             self._decoder_calls += 1
-            return logits[:, -inputs_embeds.shape[1]:], "recompute"
-        kv = past if isinstance(past, KVCache) else KVCache.from_arrays(
-            list(past), self.emulator.window, self.emulator.new_kv().group)
+            return logits[:, -inputs_embeds.shape[1] :], "recompute"
+        kv = (
+            past
+            if isinstance(past, KVCache)
+            else KVCache.from_arrays(list(past), self.emulator.window, self.emulator.new_kv().group)
+        )
         if self.policy is not None:
             self.policy.begin_decode()
         mask = None
@@ -208,11 +217,14 @@ class X1Backend:
         return self._run_decoder("prefill", inputs_embeds, attention_mask, position_ids, self.emulator.new_kv(), None)
 
     def _run_decoder(self, phase, inputs_embeds, attention_mask, position_ids, kv, mask):
-        feeds = {names.INPUTS_EMBEDS: np.ascontiguousarray(inputs_embeds, np.float32),
-                 names.ATTENTION_MASK: np.ascontiguousarray(attention_mask, np.int64),
-                 names.POSITION_IDS: np.ascontiguousarray(position_ids, np.int64)}
-        r = self._record(phase, self.emulator.run(names.DECODER_ROLE, feeds, head_mask=mask, kv_state=kv,
-                                                  want_present=False))
+        feeds = {
+            names.INPUTS_EMBEDS: np.ascontiguousarray(inputs_embeds, np.float32),
+            names.ATTENTION_MASK: np.ascontiguousarray(attention_mask, np.int64),
+            names.POSITION_IDS: np.ascontiguousarray(position_ids, np.int64),
+        }
+        r = self._record(
+            phase, self.emulator.run(names.DECODER_ROLE, feeds, head_mask=mask, kv_state=kv, want_present=False)
+        )
         if self.head_mask_fn is not None and r.head_norms is not None:  # only a policy reads them (lazy)
             self._layer_stats = np.where(np.isnan(r.head_norms), self._layer_stats, r.head_norms).astype(np.float32)
         return r.outputs[names.LOGITS], r.kv_state
@@ -233,14 +245,13 @@ class X1Backend:
             "mj_per_token": (decode.energy_j + c.decode_embed.energy_j) / steps * 1e3 if steps else 0.0,
             "emulated_ms_total": total_s * 1e3,
             "mj_total": total_j * 1e3,
-            "phases": {k: {"calls": v.calls, "ms": v.seconds * 1e3, "mj": v.energy_j * 1e3}
-                       for k, v in phases.items()},
+            "phases": {k: {"calls": v.calls, "ms": v.seconds * 1e3, "mj": v.energy_j * 1e3} for k, v in phases.items()},
             "kv_caching": self.settings["kv_caching"],
             "sparsity_target": self.settings["sparsity_target"] if self.dss_active else 0.0,
             "skip_rate": 0.0,
             "machine": {"name": self.machine.machine.name, "hash": self.machine.hash},
             "source": f"edgekit x1 emulator, machine {self.machine.machine.name} ({self.machine.short_hash}): "
-                      "emulated cycles and energy per instruction",
+            "emulated cycles and energy per instruction",
         }
         if self.policy is not None:
             cost["dss"] = self.policy.report()
@@ -261,32 +272,54 @@ class X1Backend:
         cost = report.cost
         m = self.machine
         tokens = report.timings["new_tokens"]
-        tables = write_profile(self.last_runs, m.hz, out, machine=m.machine.name,
-                               title=f"{report.model} on x1 ({m.machine.name}): one report, {tokens} tokens, "
-                                     f"{cost['emulated_ms_total']:.2f} ms, {cost['mj_total']:.2f} mJ emulated")
+        tables = write_profile(
+            self.last_runs,
+            m.hz,
+            out,
+            machine=m.machine.name,
+            title=f"{report.model} on x1 ({m.machine.name}): one report, {tokens} tokens, "
+            f"{cost['emulated_ms_total']:.2f} ms, {cost['mj_total']:.2f} mJ emulated",
+        )
         dss = cost.get("dss", {"sparsity_target": 0.0, "skip_rate": 0.0})
         return {
-            "summary": {"emulated ms / report": round(cost["emulated_ms_total"], 3),
-                        "mJ / report": round(cost["mj_total"], 3),
-                        "emulated ms / token": round(cost["emulated_ms_per_token"], 4),
-                        "mJ / token": round(cost["mj_per_token"], 4), "tokens": tokens,
-                        "DSS": (f"skip rate {cost['skip_rate']:.3f} of target {cost['sparsity_target']:.2f}"
-                                if self.dss_active else "off")},
+            "summary": {
+                "emulated ms / report": round(cost["emulated_ms_total"], 3),
+                "mJ / report": round(cost["mj_total"], 3),
+                "emulated ms / token": round(cost["emulated_ms_per_token"], 4),
+                "mJ / token": round(cost["mj_per_token"], 4),
+                "tokens": tokens,
+                "DSS": (
+                    f"skip rate {cost['skip_rate']:.3f} of target {cost['sparsity_target']:.2f}"
+                    if self.dss_active
+                    else "off"
+                ),
+            },
             "summary_title": f"x1 emulated, machine {m.machine.name} ({m.short_hash})",
             "tables": {
-                "per layer": [{"layer": r["layer"], "ms": round(r["ms"], 4), "mJ": round(r["mj"], 4),
-                               "bound": r["bound"]} for r in tables["layers"]],
-                "by layer type": [{"layer type": r["layer_type"], "ms": round(r["ms"], 4), "mJ": round(r["mj"], 4),
-                                   "bound": r["bound"]} for r in tables["layer_types"][:12]],
+                "per layer": [
+                    {"layer": r["layer"], "ms": round(r["ms"], 4), "mJ": round(r["mj"], 4), "bound": r["bound"]}
+                    for r in tables["layers"]
+                ],
+                "by layer type": [
+                    {
+                        "layer type": r["layer_type"],
+                        "ms": round(r["ms"], 4),
+                        "mJ": round(r["mj"], 4),
+                        "bound": r["bound"],
+                    }
+                    for r in tables["layer_types"][:12]
+                ],
             },
             "details": {
                 "machine": cost["machine"],
                 "per_report": {"emulated_ms": cost["emulated_ms_total"], "mj": cost["mj_total"], "tokens": tokens},
                 "per_token": {"emulated_ms": cost["emulated_ms_per_token"], "mj": cost["mj_per_token"]},
-                "dss": dss, "phases": cost["phases"],
+                "dss": dss,
+                "phases": cost["phases"],
                 "layers": [{k: r[k] for k in ("layer", "ms", "mj", "bound", "time_share")} for r in tables["layers"]],
-                "layer_types": [{k: r[k] for k in ("layer_type", "ms", "mj", "bound", "time_share")}
-                                for r in tables["layer_types"]],
+                "layer_types": [
+                    {k: r[k] for k in ("layer_type", "ms", "mj", "bound", "time_share")} for r in tables["layer_types"]
+                ],
             },
             "files": tables["paths"],
             "trace": str(out / "trace.json"),

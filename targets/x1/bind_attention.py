@@ -24,8 +24,10 @@ def kv_evict(binder, attr, ins, outs, layer):
         if not evicted:
             return None  # predicated off: the window still has room
         ebits = evicted * 2 * k.shape[0] * k.shape[1] * k.shape[3] * kv_bits
-        return costs.vector("kv_evict", layer, 0, 1, {"sram_read_bit": ebits, "dram_write_bit": ebits,
-                                                      "_kv_sram_bits": ebits})
+        return costs.vector(
+            "kv_evict", layer, 0, 1, {"sram_read_bit": ebits, "dram_write_bit": ebits, "_kv_sram_bits": ebits}
+        )
+
     return run
 
 
@@ -41,9 +43,11 @@ def kv_append(binder, attr, ins, outs, layer):
         e = table.get(values)
         if e is None:
             bits = values * kv_bits
-            e = table[values] = costs.vector("kv_append", layer, values, ops,
-                                             {"sram_write_bit": bits, "_kv_sram_bits": bits})
+            e = table[values] = costs.vector(
+                "kv_append", layer, values, ops, {"sram_write_bit": bits, "_kv_sram_bits": bits}
+            )
         return e
+
     return run
 
 
@@ -59,13 +63,23 @@ def kv_load(binder, attr, ins, outs, layer):
         b_ = ctx.kv.batch(layer)
         bits = groups * dram * emu.head_dim * emu.machine.kv_bits * 2 * b_
         return costs.vector("kv_load", layer, 0, 1, {"dram_read_bit": bits, "sram_write_bit": bits})
+
     return run
 
 
 def attn_entry(binder, kind, layer, ctx, t, rows) -> Entry:
     emu = binder.emu
-    return binder.costs.attention(kind, layer, emu.heads * ctx.frac_or_one(layer), ctx.groups_active(layer), t,
-                                rows, emu.head_dim, emu.kv_bytes_per_token, emu.window)
+    return binder.costs.attention(
+        kind,
+        layer,
+        emu.heads * ctx.frac_or_one(layer),
+        ctx.groups_active(layer),
+        t,
+        rows,
+        emu.head_dim,
+        emu.kv_bytes_per_token,
+        emu.window,
+    )
 
 
 def scores(binder, attr, ins, outs, layer):
@@ -83,8 +97,15 @@ def scores(binder, attr, ins, outs, layer):
             if ks is not None and mask.size == ks[2]:  # one query row over T keys: the C kernel
                 t = ks[2]
                 out = np.empty((1, kvh, h // kvh, 1, t), np.float32)
-                native.lib.attn_scores(q.reshape(h, d) if q.flags.c_contiguous else np.ascontiguousarray(q).reshape(
-                    h, d), ks[0], ks[1], t, float(scale), np.ascontiguousarray(mask).reshape(t), out)
+                native.lib.attn_scores(
+                    q.reshape(h, d) if q.flags.c_contiguous else np.ascontiguousarray(q).reshape(h, d),
+                    ks[0],
+                    ks[1],
+                    t,
+                    float(scale),
+                    np.ascontiguousarray(mask).reshape(t),
+                    out,
+                )
                 store[s_id] = out
                 return attn_entry(binder, "attn_scores", layer, ctx, t, 1)
         kf, ksf = kv.keys(layer)  # (b, kv, T, hd) INT4 codes, (b, kv, T, G) FP16 scales, as float32
@@ -102,11 +123,11 @@ def scores(binder, attr, ins, outs, layer):
             s = 0
             for j in range(G):
                 sl = slice(j * group, (j + 1) * group)
-                s = s + np.matmul(q_int[..., sl], kf[:, :, None, :, sl].swapaxes(-1, -2)) \
-                    * ksf[:, :, None, None, :, j]
+                s = s + np.matmul(q_int[..., sl], kf[:, :, None, :, sl].swapaxes(-1, -2)) * ksf[:, :, None, None, :, j]
         store[s_id] = s * q_s / scale + mask
         res, dram = kv.length(layer)
         return attn_entry(binder, "attn_scores", layer, ctx, res + dram, s_ * b)
+
     return run
 
 
@@ -125,6 +146,7 @@ def attn_softmax(binder, attr, ins, outs, layer):
         np.divide(p, p_s, out=p)  # p is softmax's own array
         store[p_id] = (np.rint(p, out=p), p_s)
         return entry(s.size * ctx.frac_or_one(layer))
+
     return run
 
 
@@ -146,4 +168,5 @@ def pv(binder, attr, ins, outs, layer):
         ctx.attn_out.append((layer, o[0, :, :, -1, :], act))  # head norms, computed if read
         res, dram = kv.length(layer)
         return attn_entry(binder, "attn_values", layer, ctx, res + dram, o.shape[3] * o.shape[0])
+
     return run

@@ -33,18 +33,23 @@ def generic(binder, attr, ins, outs, layer):
             if widen and isinstance(y[0], np.ndarray) and y[0].dtype == np.float64:
                 y = [y[0].astype(np.float32)]
             return y
+
     if op in FREE_OPS:
+
         def free(store, ctx):
             for i, o in zip(outs, compute([store[i] for i in ins])):
                 store[i] = o
+
         return free
     if op == "MatMul":
+
         def matmul(store, ctx):
             args = [store[i] for i in ins]
             y = compute(args)
             for i, o in zip(outs, y):
                 store[i] = o
             return costs.act_matmul(layer, int(np.size(y[0])), args[0].shape, args[1].shape)
+
         return matmul
     ops = {"Softmax": binder.v.softmax_ops, "LayerNormalization": binder.v.rmsnorm_ops}.get(op, binder.v.residual_ops)
     table: dict = {}
@@ -61,6 +66,7 @@ def generic(binder, attr, ins, outs, layer):
             if e is None:
                 e = table[size] = costs.vector(op, layer, size, ops)
             return e
+
         return binary
     if len(outs) == 1:
         o0 = outs[0]
@@ -73,6 +79,7 @@ def generic(binder, attr, ins, outs, layer):
             if e is None:
                 e = table[size] = costs.vector(op, layer, size, ops)
             return e
+
         return vector1
 
     def vector(store, ctx):
@@ -84,6 +91,7 @@ def generic(binder, attr, ins, outs, layer):
         if e is None:
             e = table[size] = costs.vector(op, layer, size, ops)
         return e
+
     return vector
 
 
@@ -96,9 +104,13 @@ def layout(binder, op, a, attr, ins, outs):
 
             def reshape(store, ctx):
                 store[y_id] = store[x_id].reshape(shape_t)
+
             return reshape
-    if op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten") and len(outs) == 1 \
-            and all(n in attr.get("const", {}) for n in attr["in"][1:] if n):
+    if (
+        op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten")
+        and len(outs) == 1
+        and all(n in attr.get("const", {}) for n in attr["in"][1:] if n)
+    ):
         return reshape_by_input_shape(op, a, ins, outs)
     if op == "Transpose" and len(ins) == 1 and set(a) <= {"perm"}:
         perm, x_id, y_id = a.get("perm"), ins[0], outs[0]
@@ -107,6 +119,7 @@ def layout(binder, op, a, attr, ins, outs):
         def transpose(store, ctx):
             y = store[y_id] = store[x_id].transpose(perm)
             return entry(y.size)
+
         return transpose
     return None
 
@@ -127,6 +140,7 @@ def reshape_by_input_shape(op, a, ins, outs):
             store[y_id] = y
         else:
             store[y_id] = x.reshape(out)
+
     return reshape
 
 
@@ -136,8 +150,7 @@ def hostcall(binder, attr, ins, outs, layer):
     part = binder.program.host[attr["partition"]]
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(binder.program.host_models[attr["partition"]], so,
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(binder.program.host_models[attr["partition"]], so, providers=["CPUExecutionProvider"])
     entry = binder.sized("hostcall", layer, 1)
     names_in, names_out = part["inputs"], part["outputs"]
 
@@ -148,4 +161,5 @@ def hostcall(binder, attr, ins, outs, layer):
         for i, o in zip(outs, y):
             store[i] = o
         return entry(0)
+
     return run

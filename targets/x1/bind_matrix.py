@@ -14,7 +14,7 @@ import numpy as np
 from .kernels import F16Gemm, IntGemm
 
 
-def fusable_gemms(binder) -> dict[int, "FusedGemm"]:
+def fusable_gemms(binder) -> dict[int, FusedGemm]:
     """Integer GEMMs that read the same activation tensor (Q/K/V, gate/up) share one `FusedGemm`, keyed by
     the index of each member's ATTR record. ONNX values are written once, so all members see the same input."""
     by_input: dict[tuple, list[dict]] = {}
@@ -60,6 +60,7 @@ def gemm(binder, mnem, attr, ins, outs, layer):
                 fused.run(store, ctx)
             frac = ctx.frac[layer] if role is not None and ctx.mask is not None and layer is not None else 1.0
             return entry(fused.rows, frac)
+
         return run_fused
     if mnem in ("XL_GEMM.W4A8", "XL_GEMM.W8A8"):
         gemm = binder.int_gemm(attr)
@@ -80,8 +81,11 @@ def gemm(binder, mnem, attr, ins, outs, layer):
         if im2col:
             kh, kw = im2col
             n_, c, h, w_ = x.shape
-            x = x.reshape(n_, c, h // kh, kh, w_ // kw, kw).transpose(0, 2, 4, 1, 3, 5).reshape(
-                n_, (h // kh) * (w_ // kw), c * kh * kw)
+            x = (
+                x.reshape(n_, c, h // kh, kh, w_ // kw, kw)
+                .transpose(0, 2, 4, 1, 3, 5)
+                .reshape(n_, (h // kh) * (w_ // kw), c * kh * kw)
+            )
         col_mask, frac = None, 1.0
         if role is not None and ctx.mask is not None and layer is not None:
             frac = ctx.frac[layer]
@@ -94,6 +98,7 @@ def gemm(binder, mnem, attr, ins, outs, layer):
             y = y.reshape(x.shape[0], h // kh, w_ // kw, n).transpose(0, 3, 1, 2)
         store[y_id] = y
         return entry(math.prod(x.shape[:-1]), frac)
+
     return run
 
 

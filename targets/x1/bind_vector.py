@@ -39,6 +39,7 @@ def rmsnorm(binder, attr, ins, outs, layer):
             ms = np.mean(x * x, axis=-1, keepdims=True)
         store[y_id] = x * (one / np.sqrt(ms + eps)) * gamma
         return entry(x.size)
+
     return run
 
 
@@ -51,6 +52,7 @@ def silu_mul(binder, attr, ins, outs, layer):
         g = store[g_id]
         store[y_id] = g / (one + np.exp(-g)) * store[u_id]
         return entry(g.size)
+
     return run
 
 
@@ -74,6 +76,7 @@ def gelu(binder, attr, ins, outs, layer):
             return entry(x.size)
         store[y_id] = by_row_blocks(gelu, x)
         return entry(x.size)
+
     return run
 
 
@@ -89,11 +92,23 @@ def rope(binder, attr, ins, outs, layer):
         d = x.shape[-1]
         half = d // 2
         cos = store[cos_id]
-        if native.enabled and sin.size == d and cos.size == d and not d % 2 and x.dtype == np.float32 \
-                and sin.dtype == np.float32 and cos.dtype == np.float32 and x.ndim >= cos.ndim:
+        if (
+            native.enabled
+            and sin.size == d
+            and cos.size == d
+            and not d % 2
+            and x.dtype == np.float32
+            and sin.dtype == np.float32
+            and cos.dtype == np.float32
+            and x.ndim >= cos.ndim
+        ):
             y = store[y_id] = np.empty(x.shape, np.float32)  # one position (decode): the C kernel
-            native.lib.rope(x if x.flags.c_contiguous else np.ascontiguousarray(x), np.ascontiguousarray(cos),
-                         np.ascontiguousarray(sin), y)
+            native.lib.rope(
+                x if x.flags.c_contiguous else np.ascontiguousarray(x),
+                np.ascontiguousarray(cos),
+                np.ascontiguousarray(sin),
+                y,
+            )
         elif d % 2 or sin.shape[-1] != d:
             rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
             store[y_id] = x * store[cos_id] + rot * sin
@@ -112,4 +127,5 @@ def rope(binder, attr, ins, outs, layer):
             store[y_id] = y
         frac = ctx.frac[layer] if is_q and ctx.mask is not None and layer is not None else 1.0
         return entry(x.size * frac)
+
     return run

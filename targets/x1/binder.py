@@ -20,11 +20,18 @@ if TYPE_CHECKING:
     from .emulator import Emulator
 
 
-_MAKERS = {"VRMSNORM": bind_vector.rmsnorm, "VSILU_MUL": bind_vector.silu_mul, "VGELU": bind_vector.gelu,
-           "XL_ROPE_ROTATE": bind_vector.rope, "KVEVICT": bind_attention.kv_evict,
-           "KVAPPEND": bind_attention.kv_append, "KVLD": bind_attention.kv_load,
-           "XL_VMATMUL_CAUSAL": bind_attention.scores, "XL_VMATMUL_PV": bind_attention.pv,
-           "HOSTCALL": bind_generic.hostcall}
+_MAKERS = {
+    "VRMSNORM": bind_vector.rmsnorm,
+    "VSILU_MUL": bind_vector.silu_mul,
+    "VGELU": bind_vector.gelu,
+    "XL_ROPE_ROTATE": bind_vector.rope,
+    "KVEVICT": bind_attention.kv_evict,
+    "KVAPPEND": bind_attention.kv_append,
+    "KVLD": bind_attention.kv_load,
+    "XL_VMATMUL_CAUSAL": bind_attention.scores,
+    "XL_VMATMUL_PV": bind_attention.pv,
+    "HOSTCALL": bind_generic.hostcall,
+}
 
 
 class Binder:
@@ -32,10 +39,10 @@ class Binder:
     indexed by memory-plan tensor id) and the per-call state (`ctx`), write their outputs back, and return their
     cost entry (None: free, or predicated off)."""
 
-    def __init__(self, emu: "Emulator", program: Program):
+    def __init__(self, emu: Emulator, program: Program):
         self.emu, self.program = emu, program
         self.costs, self.v = emu.costs, emu.machine.vector
-        self.fused: dict[int, "FusedGemm"] = bind_matrix.fusable_gemms(self)
+        self.fused: dict[int, FusedGemm] = bind_matrix.fusable_gemms(self)
         self.signed_sin: list = [None]  # (sin array, its RoPE-signed copy): see `bind_vector.rope`
         readers: dict[int, int] = {}
         for ins in program.instructions:
@@ -59,6 +66,7 @@ class Binder:
             if e is None:
                 e = table[size] = costs.vector(kind, layer, size, ops)
             return e
+
         return entry
 
     def bind(self, mnem: str, attr: dict):
@@ -72,9 +80,11 @@ class Binder:
         if mnem == "VSOFTMAX" and attr.get("attn"):
             maker = bind_attention.attn_softmax
         if maker is None:
+
             def unknown(store, ctx):
                 from .emulator import EmulatorError
 
                 raise EmulatorError(f"instruction {mnem} has no semantics in this emulator")
+
             return unknown
         return maker(self, attr, ins, outs, layer)

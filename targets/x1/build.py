@@ -59,12 +59,17 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
         sizes[graph] = path.stat().st_size
     components[MACHINE_ROLE] = Path(inputs.machine) if inputs.machine else DEFAULT_MACHINE
     steps.append({"name": "x1_compile", "params": {"machine": mach.machine.name, "machine_hash": mach.hash}})
-    figures = {"x1_compile": {
-        "machine": mach.machine.name, "machine_hash": mach.hash, "compile_seconds": round(seconds, 3),
-        "program_bytes": sizes,
-        "host_partitions": {g: p.meta["host_partitions"] for g, p in programs.items()},
-        "instructions": {g: len(p.instructions) for g, p in programs.items()},
-        "source": "measured during this build: wall time of compile_model on the INT4 graphs; program file sizes",
-    }}
-    return TargetBuild(graphs=int4_dir, components=components, figures=figures, steps=steps,
-                       runtime=dict(RUNTIME_DEFAULTS))
+    figures = {
+        "x1_compile": {
+            "machine": mach.machine.name,
+            "machine_hash": mach.hash,
+            "compile_seconds": round(seconds, 3),
+            "program_bytes": sizes,
+            "host_partitions": {g: p.meta["host_partitions"] for g, p in programs.items()},
+            "instructions": {g: len(p.instructions) for g, p in programs.items()},
+            "source": "measured during this build: wall time of compile_model on the INT4 graphs; program file sizes",
+        }
+    }
+    return TargetBuild(
+        graphs=int4_dir, components=components, figures=figures, steps=steps, runtime=dict(RUNTIME_DEFAULTS)
+    )

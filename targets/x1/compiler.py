@@ -40,8 +40,9 @@ def _io_entry(g: GraphView, v: ir.Value) -> dict:
     return {"name": v.name, "shape": g.shape(v.name), "dtype": int(v.dtype) if v.dtype is not None else 0}
 
 
-def compile_graph(path: str | Path, machine: Machine, *, strict: bool = False, graph_name: str | None = None,
-                  plan_seq: int = 64) -> Program:
+def compile_graph(
+    path: str | Path, machine: Machine, *, strict: bool = False, graph_name: str | None = None, plan_seq: int = 64
+) -> Program:
     """One ONNX file -> one Program."""
     path = Path(path)
     start = time.perf_counter()
@@ -65,9 +66,15 @@ def compile_graph(path: str | Path, machine: Machine, *, strict: bool = False, g
             dt = g.dtype(name)
             nbytes = 8 if dt == onnx.TensorProto.INT64 else (1 if dt == onnx.TensorProto.BOOL else 4)
             const = g.is_const_name(name)
-            tensors.append({"name": name, "shape": g.shape(name), "resident": const,
-                            "space": "NMW" if const else "ACT",
-                            "bytes": nominal_bytes(g.shape(name), nbytes, plan_seq)})
+            tensors.append(
+                {
+                    "name": name,
+                    "shape": g.shape(name),
+                    "resident": const,
+                    "space": "NMW" if const else "ACT",
+                    "bytes": nominal_bytes(g.shape(name), nbytes, plan_seq),
+                }
+            )
         i = tensor_ids[name]
         f, _ = uses.get(i, (index, index))
         uses[i] = (f, index)
@@ -96,17 +103,27 @@ def compile_graph(path: str | Path, machine: Machine, *, strict: bool = False, g
             tid(v.name, end)
     instrs.append(Instr("END"))
     plan = plan_memory(tensors, uses, int((machine.sram.banks - machine.sram.kv_banks) * machine.bank_bytes))
-    io = {"inputs": [_io_entry(g, v) for v in g.inputs], "outputs": [_io_entry(g, v) for v in g.outputs],
-          "kv_outputs": {str(k): list(v) for k, v in low.kv_outputs.items()}}
+    io = {
+        "inputs": [_io_entry(g, v) for v in g.inputs],
+        "outputs": [_io_entry(g, v) for v in g.outputs],
+        "kv_outputs": {str(k): list(v) for k, v in low.kv_outputs.items()},
+    }
     counts = defaultdict(int)
     for ins in instrs:
         counts[ins.mnemonic] += 1
-    meta = {"graph": graph_name or path.stem, "source": path.name, "compile_seconds": time.perf_counter() - start,
-            "instructions": dict(counts), "fused": dict(low.fused), "host_partitions": len(low.host),
-            "onnx_nodes": len(g.nodes)}
+    meta = {
+        "graph": graph_name or path.stem,
+        "source": path.name,
+        "compile_seconds": time.perf_counter() - start,
+        "instructions": dict(counts),
+        "fused": dict(low.fused),
+        "host_partitions": len(low.host),
+        "onnx_nodes": len(g.nodes),
+    }
     header = {"magic": "EKX1PRG", "isa_version": ISA_VERSION, "machine_hash": machine.hash}
-    return Program(header, instrs, symbols, io, attrs, low.weights, low.weight_space, plan, low.host,
-                   low.host_models, meta)
+    return Program(
+        header, instrs, symbols, io, attrs, low.weights, low.weight_space, plan, low.host, low.host_models, meta
+    )
 
 
 def compile_model(model_dir: str | Path, machine: Machine, *, strict: bool = False) -> dict[str, Program]:

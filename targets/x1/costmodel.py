@@ -115,8 +115,17 @@ class TokenEstimate:
         rows: dict[str, dict] = {}
         total_t, total_e = self.time_s, self.energy_j
         for op in self.ops:
-            r = rows.setdefault(op.kind, {"op": op.kind, "unit": op.unit, "count": 0, "time_us": 0.0,
-                                          "energy_uj": 0.0, "_bounds": defaultdict(float)})
+            r = rows.setdefault(
+                op.kind,
+                {
+                    "op": op.kind,
+                    "unit": op.unit,
+                    "count": 0,
+                    "time_us": 0.0,
+                    "energy_uj": 0.0,
+                    "_bounds": defaultdict(float),
+                },
+            )
             r["count"] += 1
             r["time_us"] += op.time_s * 1e6
             r["energy_uj"] += op.energy_j * 1e6
@@ -135,8 +144,7 @@ class TokenEstimate:
         layers: dict = {}
         for op in self.ops:
             key = op.layer if op.layer is not None else "head"
-            r = layers.setdefault(key, {"layer": key, "time_us": 0.0, "energy_uj": 0.0,
-                                        "_bounds": defaultdict(float)})
+            r = layers.setdefault(key, {"layer": key, "time_us": 0.0, "energy_uj": 0.0, "_bounds": defaultdict(float)})
             r["time_us"] += op.time_s * 1e6
             r["energy_uj"] += op.energy_j * 1e6
             r["_bounds"][op.bound] += op.time_s
@@ -185,13 +193,15 @@ def _weight_tensors(shape: DecoderShape) -> list[tuple[str, int, int]]:
     hd = shape.head_dim
     out = []
     for i in range(shape.layers):
-        out += [(f"layers.{i}.q_proj", shape.hidden, shape.heads * hd),
-                (f"layers.{i}.k_proj", shape.hidden, shape.kv_heads * hd),
-                (f"layers.{i}.v_proj", shape.hidden, shape.kv_heads * hd),
-                (f"layers.{i}.o_proj", shape.heads * hd, shape.hidden),
-                (f"layers.{i}.gate_proj", shape.hidden, shape.intermediate),
-                (f"layers.{i}.up_proj", shape.hidden, shape.intermediate),
-                (f"layers.{i}.down_proj", shape.intermediate, shape.hidden)]
+        out += [
+            (f"layers.{i}.q_proj", shape.hidden, shape.heads * hd),
+            (f"layers.{i}.k_proj", shape.hidden, shape.kv_heads * hd),
+            (f"layers.{i}.v_proj", shape.hidden, shape.kv_heads * hd),
+            (f"layers.{i}.o_proj", shape.heads * hd, shape.hidden),
+            (f"layers.{i}.gate_proj", shape.hidden, shape.intermediate),
+            (f"layers.{i}.up_proj", shape.hidden, shape.intermediate),
+            (f"layers.{i}.down_proj", shape.intermediate, shape.hidden),
+        ]
     out.append(("lm_head", shape.hidden, shape.vocab))
     if not shape.tied_embeddings:
         out.append(("embed_tokens", shape.vocab, shape.hidden))
@@ -227,57 +237,85 @@ class CostBuilder:
         op.energy_j = sum(n * m.energy[a].pj for a, n in op.counts.items()) * 1e-12
         self.ops.append(op)
 
-    def matmul(self, name: str, kind: str, layer: int | None, k: float, n: float, dram_fraction: float,
-               rows: int = 1) -> None:
+    def matmul(
+        self, name: str, kind: str, layer: int | None, k: float, n: float, dram_fraction: float, rows: int = 1
+    ) -> None:
         m, dtype = self.m, self.w.weights
         weights = k * n
         weight_bits = weights * m.weight_bits(dtype)
-        counts = {_MAC_ACTION[dtype]: weights * rows,
-                  "near_memory_read_bit": weight_bits * (1 - dram_fraction),
-                  "dram_read_bit": weight_bits * dram_fraction,
-                  "sram_read_bit": k * rows * self.act_bytes * 8,
-                  "sram_write_bit": n * rows * 2 * 8}
+        counts = {
+            _MAC_ACTION[dtype]: weights * rows,
+            "near_memory_read_bit": weight_bits * (1 - dram_fraction),
+            "dram_read_bit": weight_bits * dram_fraction,
+            "sram_read_bit": k * rows * self.act_bytes * 8,
+            "sram_write_bit": n * rows * 2 * 8,
+        }
         if dtype != "fp16":
             counts["group_rescale"] = weights / m.numerics.weight_group_size * rows
         lanes = getattr(m.matrix, f"{dtype}_weights_per_cycle")
         cycles = weights / lanes * math.ceil(rows / m.matrix.rows)
-        paths = {"near_memory": counts["near_memory_read_bit"] / 8 / m.near_memory_bandwidth,
-                 "dram": counts["dram_read_bit"] / 8 / m.dram_bandwidth,
-                 "sram": (counts["sram_read_bit"] + counts["sram_write_bit"]) / 8 / m.act_sram_bandwidth}
+        paths = {
+            "near_memory": counts["near_memory_read_bit"] / 8 / m.near_memory_bandwidth,
+            "dram": counts["dram_read_bit"] / 8 / m.dram_bandwidth,
+            "sram": (counts["sram_read_bit"] + counts["sram_write_bit"]) / 8 / m.act_sram_bandwidth,
+        }
         self._finish(OpCost(name, kind, layer, "matrix", counts), cycles, paths)
 
-    def vector(self, name: str, kind: str, layer: int | None, elements: float, ops_per_element: float,
-               extra: dict[str, float] | None = None) -> None:
+    def vector(
+        self,
+        name: str,
+        kind: str,
+        layer: int | None,
+        elements: float,
+        ops_per_element: float,
+        extra: dict[str, float] | None = None,
+    ) -> None:
         m = self.m
-        counts = {"vector_op": elements * ops_per_element,
-                  "sram_read_bit": elements * 2 * 8, "sram_write_bit": elements * 2 * 8}
+        counts = {
+            "vector_op": elements * ops_per_element,
+            "sram_read_bit": elements * 2 * 8,
+            "sram_write_bit": elements * 2 * 8,
+        }
         for a, v in (extra or {}).items():
             counts[a] = counts.get(a, 0.0) + v
         cycles = elements * ops_per_element / m.vector.lanes
         kv = counts.get("_kv_sram_bits", 0.0)
         counts.pop("_kv_sram_bits", None)
-        paths = {"sram": (counts["sram_read_bit"] + counts["sram_write_bit"] - kv) / 8 / m.act_sram_bandwidth,
-                 "kv_sram": kv / 8 / m.kv_sram_bandwidth,
-                 "near_memory": counts.get("near_memory_read_bit", 0.0) / 8 / m.near_memory_bandwidth,
-                 "dram": (counts.get("dram_write_bit", 0.0) + counts.get("dram_read_bit", 0.0)) / 8
-                 / m.dram_bandwidth}
+        paths = {
+            "sram": (counts["sram_read_bit"] + counts["sram_write_bit"] - kv) / 8 / m.act_sram_bandwidth,
+            "kv_sram": kv / 8 / m.kv_sram_bandwidth,
+            "near_memory": counts.get("near_memory_read_bit", 0.0) / 8 / m.near_memory_bandwidth,
+            "dram": (counts.get("dram_write_bit", 0.0) + counts.get("dram_read_bit", 0.0)) / 8 / m.dram_bandwidth,
+        }
         self._finish(OpCost(name, kind, layer, "vector", counts), cycles, paths)
 
-    def attention_matmul(self, name: str, kind: str, layer: int, heads_active: float, groups_active: float,
-                         head_dim: int, kv: KvPlacement) -> None:
+    def attention_matmul(
+        self,
+        name: str,
+        kind: str,
+        layer: int,
+        heads_active: float,
+        groups_active: float,
+        head_dim: int,
+        kv: KvPlacement,
+    ) -> None:
         """QK^T or PV for one decode row: each active head streams its group's K (or V) rows from the KV banks;
         spilled rows are fetched from DRAM once per active group and staged in SRAM."""
         m = self.m
         context = kv.resident + kv.spilled
         per_row_bits = head_dim * m.kv_bits
         dram_bits = groups_active * kv.spilled * per_row_bits
-        counts = {"mac_int4xint8": heads_active * context * head_dim,
-                  "sram_read_bit": heads_active * context * per_row_bits,
-                  "sram_write_bit": dram_bits,
-                  "dram_read_bit": dram_bits}
+        counts = {
+            "mac_int4xint8": heads_active * context * head_dim,
+            "sram_read_bit": heads_active * context * per_row_bits,
+            "sram_write_bit": dram_bits,
+            "dram_read_bit": dram_bits,
+        }
         cycles = counts["mac_int4xint8"] / (m.sram.kv_banks * m.attention.macs_per_kv_bank)
-        paths = {"kv_sram": (counts["sram_read_bit"] + dram_bits) / 8 / m.kv_sram_bandwidth,
-                 "dram": dram_bits / 8 / m.dram_bandwidth}
+        paths = {
+            "kv_sram": (counts["sram_read_bit"] + dram_bits) / 8 / m.kv_sram_bandwidth,
+            "dram": dram_bits / 8 / m.dram_bandwidth,
+        }
         self._finish(OpCost(name, kind, layer, "attention", counts), cycles, paths)
 
 
@@ -294,8 +332,14 @@ def estimate_decode(shape: DecoderShape, machine: Machine, workload: Workload) -
 
     embed_bits = shape.hidden * m.weight_bits(w.weights)
     embed_dram = placement.get("embed_tokens", placement["lm_head"])
-    b.vector("embed_tokens", "embed_tokens", None, shape.hidden, 1.0,
-             {"near_memory_read_bit": embed_bits * (1 - embed_dram), "dram_read_bit": embed_bits * embed_dram})
+    b.vector(
+        "embed_tokens",
+        "embed_tokens",
+        None,
+        shape.hidden,
+        1.0,
+        {"near_memory_read_bit": embed_bits * (1 - embed_dram), "dram_read_bit": embed_bits * embed_dram},
+    )
     for i in range(shape.layers):
         p = f"layers.{i}."
         b.vector(p + "input_norm", "rmsnorm", i, shape.hidden, v.rmsnorm_ops)
@@ -332,5 +376,4 @@ def estimate_decode(shape: DecoderShape, machine: Machine, workload: Workload) -
         op.energy_j += static
         by_action["static"] += static
     weights_in_dram = sum(op.counts.get("dram_read_bit", 0.0) for op in b.ops if op.unit == "matrix") / 8
-    return TokenEstimate(shape, w, m.machine.name, m.hash, b.ops, kv, static_w, weights_in_dram,
-                         dict(by_action))
+    return TokenEstimate(shape, w, m.machine.name, m.hash, b.ops, kv, static_w, weights_in_dram, dict(by_action))

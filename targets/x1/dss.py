@@ -75,8 +75,13 @@ class MaskStats:
         return self.heads_skipped / self.heads_total if self.heads_total else 0.0
 
     def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "heads_total": self.heads_total, "heads_skipped": self.heads_skipped,
-                "forced_active": self.forced_active, "skip_rate": self.skip_rate}
+        return {
+            "tokens": self.tokens,
+            "heads_total": self.heads_total,
+            "heads_skipped": self.heads_skipped,
+            "forced_active": self.forced_active,
+            "skip_rate": self.skip_rate,
+        }
 
 
 class HeadMaskPolicy:
@@ -85,8 +90,14 @@ class HeadMaskPolicy:
     The engine calls `begin_prefill()` before a prefill call and `begin_decode()` before each decode call, so the
     policy knows the phase whatever the backend passes; `reset()` starts a new sequence."""
 
-    def __init__(self, importance: np.ndarray, *, sparsity_target: float, sensitivity_threshold: float,
-                 max_consecutive_skips: int = 8):
+    def __init__(
+        self,
+        importance: np.ndarray,
+        *,
+        sparsity_target: float,
+        sensitivity_threshold: float,
+        max_consecutive_skips: int = 8,
+    ):
         g = np.asarray(importance, dtype=np.float64)
         if g.ndim != 2 or g.size == 0:
             raise ConfigError(f"head importance must be (layers, heads), got shape {g.shape}")
@@ -193,8 +204,12 @@ class HeadMaskPolicy:
 
     def report(self) -> dict:
         """The reached skip rate next to the target, for `last_stats` and benchmarks."""
-        return {"sparsity_target": self.sparsity_target, "sensitivity_threshold": self.sensitivity_threshold,
-                "budget_heads_per_token": self.budget, **self.stats.to_dict()}
+        return {
+            "sparsity_target": self.sparsity_target,
+            "sensitivity_threshold": self.sensitivity_threshold,
+            "budget_heads_per_token": self.budget,
+            **self.stats.to_dict(),
+        }
 
 
 def _as_norms(layer_stats, layers: int, heads: int) -> np.ndarray | None:

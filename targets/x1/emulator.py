@@ -43,8 +43,7 @@ from edgekit.names import DECODER_ROLE, PAST_PREFIX, past_key, past_value
 from .blas_threads import blas_limiter
 from .kvcache import KVCache, kv_window
 from .machine import Machine
-from .prepared import (MODE_COMPUTE, MODE_COMPUTE_AFTER_LOAD, MODE_COMPUTE_AFTER_STORE, MODE_LOAD_QUEUE, Prepared,
-                       Step)
+from .prepared import MODE_COMPUTE, MODE_COMPUTE_AFTER_LOAD, MODE_COMPUTE_AFTER_STORE, MODE_LOAD_QUEUE, Prepared, Step
 from .program import Program
 from .run_result import InstrRecord, RunResult
 from .step_costs import Costs
@@ -56,15 +55,16 @@ class EmulatorError(EdgekitError):
     """Inputs a program cannot run on (missing feed, wrong shape or dtype)."""
 
 
-
 class Emulator:
     """Runs the programs of one model: `run(graph, feeds, head_mask=..., capture=..., overrides=...)`."""
 
     def __init__(self, programs: dict[str, Program], machine: Machine, *, blas_threads: int | None = 1):
         for name, p in programs.items():
             if p.machine_hash != machine.hash:
-                raise EmulatorError(f"program '{name}' was compiled for machine {p.machine_hash[:16]}, not "
-                                    f"'{machine.machine.name}' ({machine.short_hash})")
+                raise EmulatorError(
+                    f"program '{name}' was compiled for machine {p.machine_hash[:16]}, not "
+                    f"'{machine.machine.name}' ({machine.short_hash})"
+                )
         self.machine = machine
         self.programs = programs
         self.costs = Costs(machine)
@@ -92,9 +92,17 @@ class Emulator:
     def new_kv(self) -> KVCache:
         return KVCache(self.layers, self.window, min(self.kv_group, self.head_dim))
 
-    def run(self, graph: str, feeds: dict[str, np.ndarray], *, head_mask: np.ndarray | None = None,
-            capture: set[str] | None = None, kv_state: KVCache | None = None, want_present: bool = True,
-            overrides: dict[str, np.ndarray] | None = None) -> RunResult:
+    def run(
+        self,
+        graph: str,
+        feeds: dict[str, np.ndarray],
+        *,
+        head_mask: np.ndarray | None = None,
+        capture: set[str] | None = None,
+        kv_state: KVCache | None = None,
+        want_present: bool = True,
+        overrides: dict[str, np.ndarray] | None = None,
+    ) -> RunResult:
         """Execute one program. `overrides` maps ONNX value names to arrays that replace the emulator's own value
         when the instruction producing it has run (cast to the dtype and shape the emulator holds it in), before
         any consumer reads it: per-layer accuracy analysis feeds reference inputs this way. Values the program
@@ -127,8 +135,7 @@ class Emulator:
             if kv_state is not None:
                 kv = kv_state.copy()
             else:
-                past = [(feeds[past_key(i)], feeds[past_value(i)])
-                        for i in range(self.layers)]
+                past = [(feeds[past_key(i)], feeds[past_value(i)]) for i in range(self.layers)]
                 kv = KVCache.from_arrays(past, self.window, min(self.kv_group, self.head_dim))
         mask = None if head_mask is None else np.asarray(head_mask, bool)
         if mask is not None and mask.shape != (self.layers, self.heads):
@@ -200,10 +207,24 @@ class Emulator:
                 outputs[kname], outputs[vname] = kv.dequantized(layer)
         captured = {n: store[ids[n]] for n in (capture or ()) if n in ids and store[ids[n]] is not None}
         cycles = max(c0, c1, c2)
-        totals = {"cycles": cycles, "seconds": cycles / self.hz, "energy_j": sum(energies) * 1e-12,
-                  "instructions": len(log), "host_partitions_s": ctx.host_s}
-        return RunResult(outputs, captured, totals, kv, ctx.head_norms if prep.kv_outputs else None,
-                         ctx.host_s, time.perf_counter() - t0, log=log, overridden=replaced)
+        totals = {
+            "cycles": cycles,
+            "seconds": cycles / self.hz,
+            "energy_j": sum(energies) * 1e-12,
+            "instructions": len(log),
+            "host_partitions_s": ctx.host_s,
+        }
+        return RunResult(
+            outputs,
+            captured,
+            totals,
+            kv,
+            ctx.head_norms if prep.kv_outputs else None,
+            ctx.host_s,
+            time.perf_counter() - t0,
+            log=log,
+            overridden=replaced,
+        )
 
     @staticmethod
     def _substitute(st: Step, store: list, by_id: dict, names: dict, replaced: list) -> None:
@@ -217,8 +238,19 @@ class Emulator:
 class _RunContext:
     """Per-call state: the KV cache, the head mask (and what follows from it per layer), attention statistics."""
 
-    __slots__ = ("kv", "mask", "frac", "col_mask", "_groups", "attn_out", "ctx_len", "host_s", "kv_heads",
-                 "_norm_shape", "fp16_inputs")
+    __slots__ = (
+        "kv",
+        "mask",
+        "frac",
+        "col_mask",
+        "_groups",
+        "attn_out",
+        "ctx_len",
+        "host_s",
+        "kv_heads",
+        "_norm_shape",
+        "fp16_inputs",
+    )
 
     def __init__(self, emu: Emulator, kv: KVCache | None, mask: np.ndarray | None, attention: bool = True):
         self.kv, self.mask = kv, mask
@@ -249,6 +281,7 @@ class _RunContext:
                 norms = np.sqrt(np.add.reduce(last * last, axis=-1)).reshape(-1)  # np.linalg.norm's own formula
                 norms_all[layer] = norms if act is None else np.where(act, norms, np.nan)
             return norms_all
+
         return build
 
     def frac_or_one(self, layer) -> float:

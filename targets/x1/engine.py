@@ -47,17 +47,26 @@ class SparseConfig:
             return ConfigError(f"SparseConfig field '{field}' = {getattr(self, field)!r} (expected {expected})")
 
         num = (int, float)
-        if isinstance(self.sparsity_target, bool) or not isinstance(self.sparsity_target, num) \
-                or not 0.0 <= self.sparsity_target < 1.0:
+        if (
+            isinstance(self.sparsity_target, bool)
+            or not isinstance(self.sparsity_target, num)
+            or not 0.0 <= self.sparsity_target < 1.0
+        ):
             raise bad("sparsity_target", "a number with 0 <= target < 1")
-        if isinstance(self.sensitivity_threshold, bool) or not isinstance(self.sensitivity_threshold, num) \
-                or not 0.0 <= self.sensitivity_threshold <= 1.0:
+        if (
+            isinstance(self.sensitivity_threshold, bool)
+            or not isinstance(self.sensitivity_threshold, num)
+            or not 0.0 <= self.sensitivity_threshold <= 1.0
+        ):
             raise bad("sensitivity_threshold", "a number with 0 <= threshold <= 1 (a share of a layer's output)")
         for flag in ("enable_kv_caching", "enable_sparsity"):
             if not isinstance(getattr(self, flag), bool):
                 raise bad(flag, "True or False")
-        if isinstance(self.max_consecutive_skips, bool) or not isinstance(self.max_consecutive_skips, int) \
-                or not 1 <= self.max_consecutive_skips <= 1_000_000:
+        if (
+            isinstance(self.max_consecutive_skips, bool)
+            or not isinstance(self.max_consecutive_skips, int)
+            or not 1 <= self.max_consecutive_skips <= 1_000_000
+        ):
             raise bad("max_consecutive_skips", "an integer >= 1")
         if self.machine is not None and not isinstance(self.machine, (str, os.PathLike)):
             raise bad("machine", "a path to a machine-description TOML or None")
@@ -68,9 +77,13 @@ class SparseConfig:
 
     def settings(self) -> dict:
         """The x1 runtime settings (`backend.RUNTIME_DEFAULTS`) this config asks for."""
-        return {"dss": self.enable_sparsity, "sparsity_target": float(self.sparsity_target),
-                "sensitivity_threshold": float(self.sensitivity_threshold),
-                "max_consecutive_skips": self.max_consecutive_skips, "kv_caching": self.enable_kv_caching}
+        return {
+            "dss": self.enable_sparsity,
+            "sparsity_target": float(self.sparsity_target),
+            "sensitivity_threshold": float(self.sensitivity_threshold),
+            "max_consecutive_skips": self.max_consecutive_skips,
+            "kv_caching": self.enable_kv_caching,
+        }
 
 
 def resolve_bundle(model_path: str | os.PathLike | Bundle) -> Bundle:
@@ -90,16 +103,17 @@ def resolve_bundle(model_path: str | os.PathLike | Bundle) -> Bundle:
         for cand in (name, f"{name}.ekb", f"{name}-x1", f"{name}-x1.ekb"):
             if (root / cand).exists():
                 return load_bundle(root / cand)
-    raise BundleError(f"no bundle named {name!r} in {', '.join(str(r) for r in roots)} "
-                      f"(give a bundle directory or .ekb, or set {BUNDLE_PATH_ENV})")
+    raise BundleError(
+        f"no bundle named {name!r} in {', '.join(str(r) for r in roots)} "
+        f"(give a bundle directory or .ekb, or set {BUNDLE_PATH_ENV})"
+    )
 
 
 class X1Engine:
     """An x1 bundle on the emulated X1, with DSS as configured: a thin seed-API wrapper over `X1Backend` and
     edgekit's one decoding loop (`edgekit.generate`). One engine per model; not thread-safe."""
 
-    def __init__(self, model_path: str | os.PathLike | Bundle, config: SparseConfig | None = None, *,
-                 machine=None):
+    def __init__(self, model_path: str | os.PathLike | Bundle, config: SparseConfig | None = None, *, machine=None):
         from .machine import load_machine
 
         self.config = config if config is not None else SparseConfig()
@@ -107,8 +121,11 @@ class X1Engine:
             raise ConfigError(f"config must be a SparseConfig, got {type(self.config).__name__}")
         self.bundle = resolve_bundle(model_path)
         if self.bundle.target != "x1":
-            raise BundleError(f"bundle is built for target '{self.bundle.target}', not x1 "
-                              "(build one with: edgekit build --target x1)", self.bundle.source)
+            raise BundleError(
+                f"bundle is built for target '{self.bundle.target}', not x1 "
+                "(build one with: edgekit build --target x1)",
+                self.bundle.source,
+            )
         self.machine = machine if machine is not None else load_machine(self.config.machine)
         self.model_config = ModelConfig.load(self.bundle.component("model_config"))
         self.generation_config = json.loads(self.bundle.component("generation_config").read_text())
@@ -124,23 +141,35 @@ class X1Engine:
         return self.backend.head_importance(self.bundle)
 
     # text only: the seed's snippet -----------------------------------------------------------------------------
-    def generate(self, input_ids, max_new_tokens: int = 128, temperature: float = 0.7, *, top_p: float = 1.0,
-                 seed: int | None = None, stop_token_ids=None) -> list[int]:
+    def generate(
+        self,
+        input_ids,
+        max_new_tokens: int = 128,
+        temperature: float = 0.7,
+        *,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_token_ids=None,
+    ) -> list[int]:
         """New token ids after `input_ids` (a list or array of ids, (seq,) or (1, seq)), stopping at the
         bundle's `<eos>` (or `stop_token_ids`). Sampling is seeded by `seed`; temperature 0 is greedy."""
         ids = np.asarray(input_ids)
         if ids.ndim == 2 and ids.shape[0] == 1:
             ids = ids[0]
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-            raise EdgekitError(f"input_ids must be a non-empty list or (seq,) / (1, seq) array of integer token "
-                               f"ids, got dtype {ids.dtype} shape {ids.shape}")
+            raise EdgekitError(
+                f"input_ids must be a non-empty list or (seq,) / (1, seq) array of integer token "
+                f"ids, got dtype {ids.dtype} shape {ids.shape}"
+            )
         vocab = self.model_config.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:
-            raise EdgekitError(f"input_ids must lie in [0, {vocab}) for this model, got "
-                               f"[{int(ids.min())}, {int(ids.max())}]")
+            raise EdgekitError(
+                f"input_ids must lie in [0, {vocab}) for this model, got [{int(ids.min())}, {int(ids.max())}]"
+            )
         stops = [self.generation_config["eos_token_id"]] if stop_token_ids is None else list(stop_token_ids)
-        options = GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                    seed=seed, stop_token_ids=stops)
+        options = GenerationOptions(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=stops
+        )
         try:
             result = generate(self.backend, None, ids.astype(np.int64)[None], options)
         finally:
@@ -157,8 +186,11 @@ class X1Engine:
         if self._reporter is None:
             self._reporter = Reporter(self.bundle, backend=self.backend)
         report = self._reporter.report(study_path, prompt, options)
-        self.last_stats = {"tokens": int(report.timings.get("new_tokens", 0)), "stop_reason": report.stop_reason,
-                           **report.cost}
+        self.last_stats = {
+            "tokens": int(report.timings.get("new_tokens", 0)),
+            "stop_reason": report.stop_reason,
+            **report.cost,
+        }
         return report
 
     @property

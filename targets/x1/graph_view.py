@@ -19,7 +19,7 @@ import onnx
 import onnx_ir as ir
 
 
-def load_graph(path: str | Path) -> "GraphView":
+def load_graph(path: str | Path) -> GraphView:
     """Read an ONNX file, annotate it with ONNX shape inference (an aid to planning, never required)."""
     proto = onnx.load(str(path))
     annotated = True

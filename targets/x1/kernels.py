@@ -18,14 +18,17 @@ except ImportError:  # pragma: no cover - depends on how the package was built
     _native = None
 
 FP16_MAX = 65504.0
-_FP16_MIN_NORMAL = np.float32(2.0 ** -14)
-_FP16_SUBNORMAL_STEP, _INV_FP16_SUBNORMAL_STEP = np.float32(2.0 ** -24), np.float32(2.0 ** 24)
+_FP16_MIN_NORMAL = np.float32(2.0**-14)
+_FP16_SUBNORMAL_STEP, _INV_FP16_SUBNORMAL_STEP = np.float32(2.0**-24), np.float32(2.0**24)
 _BITWISE_FP16_FROM = 2048  # elements: below this numpy's own conversion is cheaper than the bit arithmetic
-_clip = getattr(getattr(np, "_core", None), "umath", np).clip if hasattr(getattr(getattr(np, "_core", None), "umath",
-                                                                                  None), "clip") else np.clip
+_clip = (
+    getattr(getattr(np, "_core", None), "umath", np).clip
+    if hasattr(getattr(getattr(np, "_core", None), "umath", None), "clip")
+    else np.clip
+)
 _NATIVE_ROWS = 4  # rows up to which `IntGemm` runs the C kernel; BLAS is faster on more (prefill)
 _GROUP_BY_GROUP_FROM = 1 << 17  # G x M x N elements from which `IntGemm` accumulates group by group
-_SAFE_SCALE = 2.0 ** -100  # a row scale at least this (and finite) makes x / scale lie within +-127 exactly
+_SAFE_SCALE = 2.0**-100  # a row scale at least this (and finite) makes x / scale lie within +-127 exactly
 _I8_MIN, _I8_MAX, _I4_MIN, _I4_MAX = np.float32(-127.0), np.float32(127.0), np.float32(-8.0), np.float32(7.0)
 
 
@@ -33,7 +36,6 @@ def nonzero(scale: np.ndarray) -> np.ndarray:
     """`np.where(scale == 0, 1, scale)` as one addition: s + (s == 0) is exactly 1 where s is zero and exactly s
     elsewhere (s + 0 == s, NaN stays NaN), for about half the cost on the small arrays of a decode step."""
     return np.add(scale, scale == 0)
-
 
 
 def to_fp16(x: np.ndarray, *, owned: bool = False) -> np.ndarray:
@@ -231,11 +233,23 @@ class IntGemm:
 
     def __call__(self, x: np.ndarray, col_mask: np.ndarray | None = None) -> np.ndarray:
         lead = x.shape[:-1]
-        if native.enabled and self.codes_nk is not None and x.dtype == np.float32 and x.shape[-1] == self.k \
-                and 0 < x.size <= self.k * _NATIVE_ROWS and (col_mask is None or col_mask.dtype == np.float32):
+        if (
+            native.enabled
+            and self.codes_nk is not None
+            and x.dtype == np.float32
+            and x.shape[-1] == self.k
+            and 0 < x.size <= self.k * _NATIVE_ROWS
+            and (col_mask is None or col_mask.dtype == np.float32)
+        ):
             out = np.empty((*lead, self.n), np.float32)
-            _native.int_gemm(x if x.flags.c_contiguous else np.ascontiguousarray(x), self.codes_nk, self.scales,
-                             self.group, col_mask, out)
+            _native.int_gemm(
+                x if x.flags.c_contiguous else np.ascontiguousarray(x),
+                self.codes_nk,
+                self.scales,
+                self.group,
+                col_mask,
+                out,
+            )
             return out
         if x.size == self.k and x.dtype == np.float32:
             acc = self._one_row(x)
@@ -251,8 +265,13 @@ class IntGemm:
             y = np.add.reduce(acc, axis=0)
         else:
             x2 = x.reshape(-1, self.k)
-            if native.enabled and x2.dtype == np.float32 and 0 < x2.shape[0] and self.groups * x2.shape[0] * self.n \
-                    < _GROUP_BY_GROUP_FROM and (col_mask is None or col_mask.dtype == np.float32):
+            if (
+                native.enabled
+                and x2.dtype == np.float32
+                and 0 < x2.shape[0]
+                and self.groups * x2.shape[0] * self.n < _GROUP_BY_GROUP_FROM
+                and (col_mask is None or col_mask.dtype == np.float32)
+            ):
                 return self._native_rows(x2, col_mask).reshape(*lead, self.n)
             qa, a_s = quantize_rows_int8(x2)  # (M, K), (M, 1)
             if self.groups * x2.shape[0] * self.n >= _GROUP_BY_GROUP_FROM:
@@ -302,7 +321,7 @@ class IntGemm:
         scales = self.scales[:, 0, :]
         for j in range(self.groups):
             out = y if j == 0 else acc
-            np.matmul(qa[:, j * self.group:(j + 1) * self.group], self.codes[j], out=out)  # exact
+            np.matmul(qa[:, j * self.group : (j + 1) * self.group], self.codes[j], out=out)  # exact
             np.multiply(scales[j], a_s, out=t)
             out *= t
             if j:
@@ -325,7 +344,7 @@ class IntGemm:
         return acc
 
     @classmethod
-    def fused(cls, parts: list["IntGemm"]) -> "IntGemm":
+    def fused(cls, parts: list[IntGemm]) -> IntGemm:
         """One GEMM over the concatenated output columns of GEMMs that read the same activations (Q/K/V,
         gate/up): every output column is computed independently (exact integer accumulation, then an
         elementwise rescale), so the column slices are bit-identical to the separate GEMMs, for one
@@ -406,7 +425,7 @@ def by_row_blocks(fn, x: np.ndarray) -> np.ndarray:
     out = np.empty(rows.shape, first.dtype)
     out[:step] = first
     for i in range(step, rows.shape[0], step):
-        out[i:i + step] = fn(rows[i:i + step])
+        out[i : i + step] = fn(rows[i : i + step])
     return out.reshape(x.shape)
 
 

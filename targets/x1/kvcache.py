@@ -35,7 +35,7 @@ class _KVRows:
     def capacity(self) -> int:
         return self.codes.shape[3]
 
-    def copy_rows(self, length: int, capacity: int) -> "_KVRows":
+    def copy_rows(self, length: int, capacity: int) -> _KVRows:
         _, b, h, _, d = self.codes.shape
         new = _KVRows(b, h, d, self.scales.shape[-1], capacity)
         new.codes[:, :, :, :length] = self.codes[:, :, :, :length]
@@ -57,7 +57,7 @@ class KVCache:
         self.rows: list[_KVRows | None] = [None] * layers
         self.lengths = [0] * layers
 
-    def copy(self) -> "KVCache":
+    def copy(self) -> KVCache:
         c = KVCache.__new__(KVCache)
         c.window, c.group = self.window, self.group
         c.rows, c.lengths = list(self.rows), list(self.lengths)
@@ -115,7 +115,7 @@ class KVCache:
 
     def values(self, layer: int) -> np.ndarray:
         """Dequantised V (b, kv, T, hd): what XL_VMATMUL_PV reads."""
-        return self.rows[layer].v[:, :, :self.lengths[layer]]
+        return self.rows[layer].v[:, :, : self.lengths[layer]]
 
     def full(self, layer: int) -> list[np.ndarray]:
         """[K codes int8, K scales float16, V codes int8, V scales float16], (b, kv, T, hd | G), in position order."""
@@ -128,7 +128,7 @@ class KVCache:
         return dequantize_groups(kq, ks, self.group), dequantize_groups(vq, vs, self.group)
 
     @classmethod
-    def from_arrays(cls, past: list[tuple[np.ndarray, np.ndarray]], window: int, group: int) -> "KVCache":
+    def from_arrays(cls, past: list[tuple[np.ndarray, np.ndarray]], window: int, group: int) -> KVCache:
         c = cls(len(past), window, group)
         for i, (k, v) in enumerate(past):
             if k.shape[2]:

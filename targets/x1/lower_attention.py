@@ -23,10 +23,10 @@ def _past_key_layer(v: ir.Value | None) -> int | None:
     """The layer of a `past_key_values.{i}.key` input, None for any other value."""
     if v is None or not v.name.startswith(PAST_PREFIX) or not v.name.endswith(".key"):
         return None
-    return int(v.name[len(PAST_PREFIX):].split(".")[0])
+    return int(v.name[len(PAST_PREFIX) :].split(".")[0])
 
 
-def try_attention(low: "Lowering", n: ir.Node) -> bool:
+def try_attention(low: Lowering, n: ir.Node) -> bool:
     """Concat(past_key_values.i.key, k) ... Softmax ... MatMul(P, V): the whole GQA block over the KV ring."""
     g = low.g
     layer = _past_key_layer(n.inputs[0]) if n.op_type == "Concat" else None
@@ -78,7 +78,7 @@ def try_attention(low: "Lowering", n: ir.Node) -> bool:
     return True
 
 
-def try_rope(low: "Lowering", n: ir.Node) -> bool:
+def try_rope(low: Lowering, n: ir.Node) -> bool:
     """x * cos + Concat(-x2, x1) * sin, from the Split of x into halves."""
     g = low.g
     if n.op_type != "Split" or len(n.outputs) != 2:
@@ -103,7 +103,10 @@ def try_rope(low: "Lowering", n: ir.Node) -> bool:
     cos = [i for i in mul_cos.inputs if i is not x][0]
     sin = [i for i in mul_sin[0].inputs if i is not cat[0].outputs[0]][0]
     role = "k" if "rotary_k" in n.name else "q"
-    low.emit(add[0], [n, neg[0], cat[0], mul_sin[0], mul_cos, add[0]],
-             [("XL_ROPE_ROTATE", {"role": role, "in": [x.name, cos.name, sin.name], "out": [add[0].outputs[0].name]})],
-             "rope")
+    low.emit(
+        add[0],
+        [n, neg[0], cat[0], mul_sin[0], mul_cos, add[0]],
+        [("XL_ROPE_ROTATE", {"role": role, "in": [x.name, cos.name, sin.name], "out": [add[0].outputs[0].name]})],
+        "rope",
+    )
     return True

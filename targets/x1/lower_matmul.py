@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 _INT4_TYPES = (ir.DataType.INT4, ir.DataType.UINT4)
 
 
-def try_gemm(low: "Lowering", n: ir.Node) -> bool:
+def try_gemm(low: Lowering, n: ir.Node) -> bool:
     g = low.g
     if n.op_type != "MatMul" or g.is_const(n.inputs[0]):
         return False
@@ -29,18 +29,23 @@ def try_gemm(low: "Lowering", n: ir.Node) -> bool:
     consumed = [n]
     dq = g.op(w, "DequantizeLinear")
     tr = g.op(w, "Transpose")
-    if dq is not None and g.only_use(w, n) and all(g.is_init(i) for i in dq.inputs[:2]) \
-            and len(dq.inputs) == 2 and attrs(dq).get("axis", 1) == 0:
+    if (
+        dq is not None
+        and g.only_use(w, n)
+        and all(g.is_init(i) for i in dq.inputs[:2])
+        and len(dq.inputs) == 2
+        and attrs(dq).get("axis", 1) == 0
+    ):
         q = np.asarray(g.array(dq.inputs[0])).astype(np.int16)
         s = np.asarray(g.array(dq.inputs[1]), np.float32)
         bits = 4 if dq.inputs[0].const_value.dtype in _INT4_TYPES else 8
-        wname = w.name[:-len(".weight_dq")] if w.name.endswith(".weight_dq") else n.name
+        wname = w.name[: -len(".weight_dq")] if w.name.endswith(".weight_dq") else n.name
         attr = low.add_matrix_int(wname, q, s, bits)
         mnem = "XL_GEMM.W4A8" if bits == 4 else "XL_GEMM.W8A8"
         consumed.append(dq)
     elif tr is not None and g.only_use(w, n) and g.is_init(tr.inputs[0]) and attrs(tr).get("perm") == [1, 0]:
         src = tr.inputs[0].name
-        wname = src[:-len(".weight")] if src.endswith(".weight") else n.name
+        wname = src[: -len(".weight")] if src.endswith(".weight") else n.name
         attr = low.add_matrix_f16(wname, np.asarray(g.array(tr.inputs[0]), np.float32).T)
         mnem = "XL_GEMM.F16"
         consumed.append(tr)
@@ -64,7 +69,7 @@ def try_gemm(low: "Lowering", n: ir.Node) -> bool:
     return True
 
 
-def try_conv(low: "Lowering", n: ir.Node) -> bool:
+def try_conv(low: Lowering, n: ir.Node) -> bool:
     """A patch embedding (stride = kernel, no padding, groups, or dilation): an im2col FP16 GEMM."""
     g = low.g
     if n.op_type != "Conv" or not g.is_init(n.inputs[1]):
@@ -72,8 +77,12 @@ def try_conv(low: "Lowering", n: ir.Node) -> bool:
     a = attrs(n)
     w = np.asarray(g.array(n.inputs[1]), np.float32)
     kh, kw = w.shape[2:]
-    if a.get("strides") != [kh, kw] or any(a.get("pads", [0])) or a.get("group", 1) != 1 \
-            or any(d != 1 for d in a.get("dilations", [1, 1])):
+    if (
+        a.get("strides") != [kh, kw]
+        or any(a.get("pads", [0]))
+        or a.get("group", 1) != 1
+        or any(d != 1 for d in a.get("dilations", [1, 1]))
+    ):
         return False
     attr = low.add_matrix_f16(n.inputs[1].name, w.reshape(w.shape[0], -1).T)
     attr["im2col"] = [int(kh), int(kw)]

@@ -18,7 +18,7 @@ def _single_user(g, v: ir.Value, op_type: str) -> ir.Node | None:
     return nxt[0] if len(nxt) == 1 and nxt[0].op_type == op_type else None
 
 
-def try_rmsnorm(low: "Lowering", n: ir.Node) -> bool:
+def try_rmsnorm(low: Lowering, n: ir.Node) -> bool:
     """x * Reciprocal(Sqrt(ReduceMean(x * x) + eps)) * gamma."""
     g = low.g
     if n.op_type != "ReduceMean":
@@ -46,12 +46,16 @@ def try_rmsnorm(low: "Lowering", n: ir.Node) -> bool:
     if len(gamma) != 1 or not g.is_init(gamma[0]):
         return False
     eps = float(np.asarray(g.array(eps_in[0])).reshape(-1)[0])
-    low.emit(mul2, [*chain, mul1, mul2], [("VRMSNORM", {"gamma": low.add_const(gamma[0]), "eps": eps,
-                                                      "in": [x.name], "out": [mul2.outputs[0].name]})], "rmsnorm")
+    low.emit(
+        mul2,
+        [*chain, mul1, mul2],
+        [("VRMSNORM", {"gamma": low.add_const(gamma[0]), "eps": eps, "in": [x.name], "out": [mul2.outputs[0].name]})],
+        "rmsnorm",
+    )
     return True
 
 
-def try_silu_mul(low: "Lowering", n: ir.Node) -> bool:
+def try_silu_mul(low: Lowering, n: ir.Node) -> bool:
     """(x * Sigmoid(x)) * up: the SwiGLU MLP's gate."""
     g = low.g
     if n.op_type != "Sigmoid":
@@ -67,12 +71,13 @@ def try_silu_mul(low: "Lowering", n: ir.Node) -> bool:
     up = [i for i in mul.inputs if i is not silu.outputs[0]]
     if len(up) != 1:
         return False
-    low.emit(mul, [n, silu, mul], [("VSILU_MUL", {"in": [x.name, up[0].name], "out": [mul.outputs[0].name]})],
-             "silu_mul")
+    low.emit(
+        mul, [n, silu, mul], [("VSILU_MUL", {"in": [x.name, up[0].name], "out": [mul.outputs[0].name]})], "silu_mul"
+    )
     return True
 
 
-def try_gelu(low: "Lowering", n: ir.Node) -> bool:
+def try_gelu(low: Lowering, n: ir.Node) -> bool:
     """x * 0.5 * (1 + Erf(x / sqrt(2))), matched from its Erf."""
     g = low.g
     if n.op_type != "Erf":
@@ -93,6 +98,10 @@ def try_gelu(low: "Lowering", n: ir.Node) -> bool:
     half = g.op([i for i in fin.inputs if i is not add.outputs[0]][0], "Mul")
     if half is None or x not in half.inputs or not g.only_use(half.outputs[0], fin):
         return False
-    low.emit(fin, [pre, n, add, half, fin], [("VGELU", {"approx": "none", "in": [x.name],
-                                                       "out": [fin.outputs[0].name]})], "gelu")
+    low.emit(
+        fin,
+        [pre, n, add, half, fin],
+        [("VGELU", {"approx": "none", "in": [x.name], "out": [fin.outputs[0].name]})],
+        "gelu",
+    )
     return True

@@ -24,15 +24,49 @@ from .machine import Machine
 
 # ONNX op -> ISA mnemonic for the one-to-one lowering (the emulator implements each op type's semantics).
 GENERIC = {
-    "Add": "VADD", "Sub": "VADD", "Mul": "VMUL", "Div": "VMUL", "Neg": "VXMAD.F16", "Sqrt": "VXMAD.F16",
-    "Reciprocal": "VXMAD.F16", "Cos": "VXMAD.F16", "Sin": "VXMAD.F16", "Erf": "VXMAD.F16", "Tanh": "VXMAD.F16",
-    "Sigmoid": "VXMAD.F16", "Exp": "VXMAD.F16", "Pow": "VXMAD.F16", "ReduceMean": "VADD", "ReduceSum": "VADD",
-    "ReduceMax": "VADD", "Reshape": "VCOPY", "Unsqueeze": "VCOPY", "Squeeze": "VCOPY", "Flatten": "VCOPY",
-    "Identity": "VCOPY", "Transpose": "VTRANSPOSE", "Concat": "VCOPY", "Split": "VCOPY", "Gather": "VCOPY",
-    "Slice": "VCOPY", "Expand": "VCOPY", "Shape": "VCOPY", "Range": "VCOPY", "Cast": "VCOPY",
-    "ConstantOfShape": "VCOPY", "LessOrEqual": "VADD", "Less": "VADD", "Greater": "VADD", "Equal": "VADD",
-    "And": "VMUL", "Or": "VADD", "Not": "VXMAD.F16", "Where": "VCOPY", "Softmax": "VSOFTMAX",
-    "LayerNormalization": "VLAYERNORM", "MatMul": "XL_VMATMUL_CAUSAL",
+    "Add": "VADD",
+    "Sub": "VADD",
+    "Mul": "VMUL",
+    "Div": "VMUL",
+    "Neg": "VXMAD.F16",
+    "Sqrt": "VXMAD.F16",
+    "Reciprocal": "VXMAD.F16",
+    "Cos": "VXMAD.F16",
+    "Sin": "VXMAD.F16",
+    "Erf": "VXMAD.F16",
+    "Tanh": "VXMAD.F16",
+    "Sigmoid": "VXMAD.F16",
+    "Exp": "VXMAD.F16",
+    "Pow": "VXMAD.F16",
+    "ReduceMean": "VADD",
+    "ReduceSum": "VADD",
+    "ReduceMax": "VADD",
+    "Reshape": "VCOPY",
+    "Unsqueeze": "VCOPY",
+    "Squeeze": "VCOPY",
+    "Flatten": "VCOPY",
+    "Identity": "VCOPY",
+    "Transpose": "VTRANSPOSE",
+    "Concat": "VCOPY",
+    "Split": "VCOPY",
+    "Gather": "VCOPY",
+    "Slice": "VCOPY",
+    "Expand": "VCOPY",
+    "Shape": "VCOPY",
+    "Range": "VCOPY",
+    "Cast": "VCOPY",
+    "ConstantOfShape": "VCOPY",
+    "LessOrEqual": "VADD",
+    "Less": "VADD",
+    "Greater": "VADD",
+    "Equal": "VADD",
+    "And": "VMUL",
+    "Or": "VADD",
+    "Not": "VXMAD.F16",
+    "Where": "VCOPY",
+    "Softmax": "VSOFTMAX",
+    "LayerNormalization": "VLAYERNORM",
+    "MatMul": "XL_VMATMUL_CAUSAL",
 }
 
 Group = tuple[str, list[tuple[str, dict]]]  # (symbol: the anchor node's name, [(mnemonic, attr)])
@@ -111,8 +145,11 @@ class Lowering:
                     attr.setdefault("const", {})[i.name] = self.add_const(i)
             return n.name, [(GENERIC[n.op_type], attr)]
         if self.strict:
-            raise CompileError(f"node '{n.name}' (op type {n.op_type}) cannot be lowered to X1 instructions "
-                               f"(--strict refuses host partitions)", self.graph_name)
+            raise CompileError(
+                f"node '{n.name}' (op type {n.op_type}) cannot be lowered to X1 instructions "
+                f"(--strict refuses host partitions)",
+                self.graph_name,
+            )
         return n.name, [("HOSTCALL", self.host_partition(n))]
 
     def host_partition(self, n: ir.Node) -> dict:
@@ -132,9 +169,14 @@ class Lowering:
         model = helper.make_model(graph, opset_imports=opsets)
         model.ir_version = g.model.ir_version
         self.host_models.append(model.SerializeToString())
-        part = {"partition": len(self.host), "node": n.name, "op_type": n.op_type,
-                "inputs": [i.name for i in inputs], "outputs": names(n.outputs),
-                "cost": "host: ONNX Runtime CPU, timed at run (HOSTCALL dispatch on the X1 only)"}
+        part = {
+            "partition": len(self.host),
+            "node": n.name,
+            "op_type": n.op_type,
+            "inputs": [i.name for i in inputs],
+            "outputs": names(n.outputs),
+            "cost": "host: ONNX Runtime CPU, timed at run (HOSTCALL dispatch on the X1 only)",
+        }
         self.host.append(part)
         return {"partition": part["partition"], "in": [i.name for i in inputs], "out": names(n.outputs)}
 
@@ -152,4 +194,3 @@ class Lowering:
             elif n not in self.done and n.op_type != "Constant":
                 groups.append(self.generic(n))
         return groups
-

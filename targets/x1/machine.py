@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
+
+import tomllib
 
 from edgekit.errors import ConfigError
 
@@ -95,8 +97,16 @@ SCHEMA: dict[str, dict[str, Param]] = {
 
 # Every action the emulator counts; each needs an energy and a source in [energy.<action>].
 ENERGY_ACTIONS = (
-    "mac_int4xint8", "mac_int8xint8", "mac_fp16", "group_rescale", "vector_op",
-    "sram_read_bit", "sram_write_bit", "near_memory_read_bit", "dram_read_bit", "dram_write_bit",
+    "mac_int4xint8",
+    "mac_int8xint8",
+    "mac_fp16",
+    "group_rescale",
+    "vector_op",
+    "sram_read_bit",
+    "sram_write_bit",
+    "near_memory_read_bit",
+    "dram_read_bit",
+    "dram_write_bit",
 )
 ENERGY_PJ_MAX = 1000.0  # no single action costs a nanojoule; above that a unit slipped (nJ written as pJ)
 
@@ -139,8 +149,9 @@ class Machine:
         for action in ENERGY_ACTIONS:
             entry = content["energy"][action]
             if "pj_45nm" in entry:
-                self.energy[action] = Energy(entry["pj_45nm"] * self.logic_energy_scale, entry["source"],
-                                             entry["pj_45nm"])
+                self.energy[action] = Energy(
+                    entry["pj_45nm"] * self.logic_energy_scale, entry["source"], entry["pj_45nm"]
+                )
             else:
                 self.energy[action] = Energy(entry["pj"], entry["source"])
         self.hash = canonical_hash(content)
@@ -201,7 +212,7 @@ class Machine:
         return {"name": self.machine.name, "hash": self.hash, "path": self.path}
 
     @classmethod
-    def from_dict(cls, d: Mapping, path: str | Path | None = None) -> "Machine":
+    def from_dict(cls, d: Mapping, path: str | Path | None = None) -> Machine:
         return cls(validate(d, path), None if path is None else str(path))
 
 
@@ -244,8 +255,11 @@ def _check_energy(d: Mapping, path) -> dict:
         if extra:
             raise ConfigError(f"unknown field '{name}.{sorted(extra)[0]}'", path)
         if ("pj" in entry) == ("pj_45nm" in entry):
-            raise ConfigError(f"field '{name}' needs exactly one of 'pj' (at the machine's node) or 'pj_45nm' "
-                              "(scaled by the process section)", path)
+            raise ConfigError(
+                f"field '{name}' needs exactly one of 'pj' (at the machine's node) or 'pj_45nm' "
+                "(scaled by the process section)",
+                path,
+            )
         key = "pj" if "pj" in entry else "pj_45nm"
         value = _check_scalar(f"{name}.{key}", entry[key], Param(float, 0, ENERGY_PJ_MAX), path)
         if value <= 0:
@@ -262,8 +276,7 @@ def validate(d: Mapping, path: str | Path | None = None) -> dict:
         raise ConfigError("machine description must be a table", path)
     for section in d:
         if section not in SCHEMA and section != "energy":
-            raise ConfigError(f"unknown field '{section}' (known sections: {', '.join([*SCHEMA, 'energy'])})",
-                              path)
+            raise ConfigError(f"unknown field '{section}' (known sections: {', '.join([*SCHEMA, 'energy'])})", path)
     out: dict[str, Any] = {}
     for section, params in SCHEMA.items():
         values = d.get(section)
@@ -290,21 +303,29 @@ def validate(d: Mapping, path: str | Path | None = None) -> dict:
 def _check_consistency(c: dict, path) -> None:
     """Relations between fields that each look fine alone."""
     if c["sram"]["kv_banks"] >= c["sram"]["banks"]:
-        raise ConfigError(f"field 'sram.kv_banks' = {c['sram']['kv_banks']} leaves no activation banks "
-                          f"(sram.banks = {c['sram']['banks']})", path)
+        raise ConfigError(
+            f"field 'sram.kv_banks' = {c['sram']['kv_banks']} leaves no activation banks "
+            f"(sram.banks = {c['sram']['banks']})",
+            path,
+        )
     if c["machine"]["isa_version"] not in ISA_VERSIONS:
         raise ConfigError(f"field 'machine.isa_version' = {c['machine']['isa_version']} is not supported", path)
     m = c["matrix"]
     if not m["int4_weights_per_cycle"] >= m["int8_weights_per_cycle"] >= m["fp16_weights_per_cycle"]:
-        raise ConfigError("field 'matrix.int8_weights_per_cycle' must lie between the INT4 and FP16 rates "
-                          "(narrower weights never stream slower)", path)
+        raise ConfigError(
+            "field 'matrix.int8_weights_per_cycle' must lie between the INT4 and FP16 rates "
+            "(narrower weights never stream slower)",
+            path,
+        )
     n = c["numerics"]
     if n["weight_group_size"] & (n["weight_group_size"] - 1) or n["kv_group_size"] & (n["kv_group_size"] - 1):
-        raise ConfigError("field 'numerics.weight_group_size' / 'numerics.kv_group_size' must be a power of two",
-                          path)
+        raise ConfigError("field 'numerics.weight_group_size' / 'numerics.kv_group_size' must be a power of two", path)
     if n["accumulator_bits"] < n["activation_bits"] + 4 + math.log2(n["weight_group_size"]):
-        raise ConfigError(f"field 'numerics.accumulator_bits' = {n['accumulator_bits']} can overflow within a "
-                          "weight group (needs activation_bits + 4 + log2(group) bits)", path)
+        raise ConfigError(
+            f"field 'numerics.accumulator_bits' = {n['accumulator_bits']} can overflow within a "
+            "weight group (needs activation_bits + 4 + log2(group) bits)",
+            path,
+        )
 
 
 def canonical_hash(content: Mapping) -> str:

@@ -39,8 +39,14 @@ def plan_memory(tensors: list[dict], uses: dict[int, tuple[int, int]], capacity:
         first, last = uses.get(i, (0, 0))
         size = -(-t["bytes"] // ALIGN) * ALIGN
         if t.get("resident") or size == 0:
-            result[i] = {**t, "space": "ACT" if not t.get("resident") else t.get("space", "NMW"), "offset": 0,
-                         "first": first, "last": last, "tiled": False}
+            result[i] = {
+                **t,
+                "space": "ACT" if not t.get("resident") else t.get("space", "NMW"),
+                "offset": 0,
+                "first": first,
+                "last": last,
+                "tiled": False,
+            }
             continue
         if size > capacity:
             result[i] = {**t, "space": "DRAM", "offset": 0, "first": first, "last": last, "tiled": True}
@@ -59,5 +65,10 @@ def plan_memory(tensors: list[dict], uses: dict[int, tuple[int, int]], capacity:
         result[i] = {**t, "space": "ACT", "offset": offset, "first": first, "last": last, "tiled": False}
     entries = [result[i] for i in range(len(tensors))]
     naive = int(np.sum([t["bytes"] for t in tensors if not t.get("resident")]))
-    return {"tensors": entries, "act_capacity_bytes": int(capacity), "act_peak_bytes": int(peak),
-            "sum_of_tensor_bytes": naive, "tiled": sum(1 for e in entries if e["tiled"])}
+    return {
+        "tensors": entries,
+        "act_capacity_bytes": int(capacity),
+        "act_peak_bytes": int(peak),
+        "sum_of_tensor_bytes": naive,
+        "tiled": sum(1 for e in entries if e["tiled"]),
+    }

@@ -34,8 +34,9 @@ class DecoderShape:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"model shape field '{field_name}' must be a positive integer, got {value!r}")
         if self.heads % self.kv_heads:
-            raise ConfigError(f"model shape field 'kv_heads': {self.heads} heads do not split into "
-                              f"{self.kv_heads} KV groups")
+            raise ConfigError(
+                f"model shape field 'kv_heads': {self.heads} heads do not split into {self.kv_heads} KV groups"
+            )
 
     @property
     def group_size(self) -> int:
@@ -44,19 +45,39 @@ class DecoderShape:
 
     def linear_params(self) -> int:
         """Weights of every matmul run per token (decoder layers + LM head), which decode streams once each."""
-        per_layer = (self.hidden * self.heads * self.head_dim * 2
-                     + self.hidden * self.kv_heads * self.head_dim * 2
-                     + self.hidden * self.intermediate * 3)
+        per_layer = (
+            self.hidden * self.heads * self.head_dim * 2
+            + self.hidden * self.kv_heads * self.head_dim * 2
+            + self.hidden * self.intermediate * 3
+        )
         return per_layer * self.layers + self.hidden * self.vocab
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-QWEN2_7B = DecoderShape(name="qwen2-7b", hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
-                        intermediate=18944, vocab=152064, tied_embeddings=False)
-SMOLLM2_135M = DecoderShape(name="smollm2-135m", hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64,
-                            intermediate=1536, vocab=49152, tied_embeddings=True)
+QWEN2_7B = DecoderShape(
+    name="qwen2-7b",
+    hidden=3584,
+    layers=28,
+    heads=28,
+    kv_heads=4,
+    head_dim=128,
+    intermediate=18944,
+    vocab=152064,
+    tied_embeddings=False,
+)
+SMOLLM2_135M = DecoderShape(
+    name="smollm2-135m",
+    hidden=576,
+    layers=30,
+    heads=9,
+    kv_heads=3,
+    head_dim=64,
+    intermediate=1536,
+    vocab=49152,
+    tied_embeddings=True,
+)
 
 
 def radreport_tiny(config=None) -> DecoderShape:
@@ -64,9 +85,17 @@ def radreport_tiny(config=None) -> DecoderShape:
     from edgekit.export.model_config import ModelConfig
 
     c = config or ModelConfig()
-    return DecoderShape(name="radreport-tiny", hidden=c.hidden, layers=c.layers, heads=c.heads,
-                        kv_heads=c.kv_heads, head_dim=c.head_dim, intermediate=c.intermediate,
-                        vocab=c.vocab_size, tied_embeddings=False)
+    return DecoderShape(
+        name="radreport-tiny",
+        hidden=c.hidden,
+        layers=c.layers,
+        heads=c.heads,
+        kv_heads=c.kv_heads,
+        head_dim=c.head_dim,
+        intermediate=c.intermediate,
+        vocab=c.vocab_size,
+        tied_embeddings=False,
+    )
 
 
 KNOWN = {"qwen2-7b": lambda: QWEN2_7B, "smollm2-135m": lambda: SMOLLM2_135M, "radreport-tiny": radreport_tiny}
@@ -80,9 +109,16 @@ def _from_json(path: Path) -> DecoderShape:
     if "hidden_size" in d:  # Hugging Face LLaMA / Qwen2 / SmolLM keys
         f = decoder_shape_fields(d, path)
         return DecoderShape(
-            name=path.parent.name or path.stem, hidden=f["hidden_size"], layers=f["num_hidden_layers"],
-            heads=f["num_attention_heads"], kv_heads=f["num_key_value_heads"], head_dim=f["head_dim"],
-            intermediate=f["intermediate_size"], vocab=f["vocab_size"], tied_embeddings=f["tie_word_embeddings"])
+            name=path.parent.name or path.stem,
+            hidden=f["hidden_size"],
+            layers=f["num_hidden_layers"],
+            heads=f["num_attention_heads"],
+            kv_heads=f["num_key_value_heads"],
+            head_dim=f["head_dim"],
+            intermediate=f["intermediate_size"],
+            vocab=f["vocab_size"],
+            tied_embeddings=f["tie_word_embeddings"],
+        )
     from edgekit.export.model_config import ModelConfig
 
     try:

@@ -31,8 +31,7 @@ class Step:
     def __init__(self, fn, index, mnemonic, queue, wait, layer, symbol, out_ids):
         self.fn, self.index, self.mnemonic, self.queue, self.wait = fn, index, mnemonic, queue, wait
         self.layer, self.symbol, self.out_ids = layer, symbol, out_ids
-        self.mode = (MODE_LOAD_QUEUE if queue == 0 else MODE_STORE_QUEUE if queue == 2
-                     else MODE_COMPUTE + wait)
+        self.mode = MODE_LOAD_QUEUE if queue == 0 else MODE_STORE_QUEUE if queue == 2 else MODE_COMPUTE + wait
         self.static = -1
 
 
@@ -44,7 +43,7 @@ _INT_DTYPES = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # ONNX uint8 int8 uint16 int16 int3
 class Prepared:
     """One program bound for execution: its steps, the tensor table's initial contents, and its I/O."""
 
-    def __init__(self, name: str, program: Program, emu: "Emulator"):
+    def __init__(self, name: str, program: Program, emu: Emulator):
         self.name, self.program = name, program
         plan = program.memory_plan["tensors"]
         self.ids = {t["name"]: i for i, t in enumerate(plan)}
@@ -62,8 +61,18 @@ class Prepared:
             mnem = ins.mnemonic
             queue = 0 if mnem == "KVLD" else (2 if mnem == "KVEVICT" else 1)
             wait = WAIT_LOAD if mnem == "XL_VMATMUL_CAUSAL" else (WAIT_STORE if mnem == "KVAPPEND" else WAIT_NONE)
-            self.steps.append(Step(binder.bind(mnem, attr), idx, mnem, queue, wait, attr.get("layer"),
-                                    program.symbols.get(idx, ""), tuple(attr["out_ids"])))
+            self.steps.append(
+                Step(
+                    binder.bind(mnem, attr),
+                    idx,
+                    mnem,
+                    queue,
+                    wait,
+                    attr.get("layer"),
+                    program.symbols.get(idx, ""),
+                    tuple(attr["out_ids"]),
+                )
+            )
         self.base_store: list = [None] * self.n_tensors
         for i, a in self.preload.items():
             self.base_store[i] = a

@@ -45,10 +45,32 @@ SECTIONS = ("CODE", "WGHT", "WIDX", "IODS", "MPLN", "SYMS", "ATTR", "HOST", "HBI
 
 # isa.md instruction table, in table order (opcode = position + 1).
 MNEMONICS = (
-    "VLD.GLB.128B", "KVLD", "VST.GLB.128B", "KVEVICT", "XL_GEMM.W4A8", "XL_GEMM.W8A8", "XL_GEMM.F16",
-    "XL_VMATMUL_CAUSAL", "XL_VMATMUL_PV", "XL_ROPE_ROTATE", "KVAPPEND", "VXMAD.F16", "VADD", "VMUL", "VRMSNORM",
-    "VLAYERNORM", "VSOFTMAX", "VSILU_MUL", "VGELU", "VQUANT.I8", "VCOPY", "VTRANSPOSE", "DSS.MASK", "HOSTCALL",
-    "BARRIER", "END",
+    "VLD.GLB.128B",
+    "KVLD",
+    "VST.GLB.128B",
+    "KVEVICT",
+    "XL_GEMM.W4A8",
+    "XL_GEMM.W8A8",
+    "XL_GEMM.F16",
+    "XL_VMATMUL_CAUSAL",
+    "XL_VMATMUL_PV",
+    "XL_ROPE_ROTATE",
+    "KVAPPEND",
+    "VXMAD.F16",
+    "VADD",
+    "VMUL",
+    "VRMSNORM",
+    "VLAYERNORM",
+    "VSOFTMAX",
+    "VSILU_MUL",
+    "VGELU",
+    "VQUANT.I8",
+    "VCOPY",
+    "VTRANSPOSE",
+    "DSS.MASK",
+    "HOSTCALL",
+    "BARRIER",
+    "END",
 )
 OPCODE = {m: i + 1 for i, m in enumerate(MNEMONICS)}
 QUEUES = ("LOAD", "COMPUTE", "STORE")
@@ -79,7 +101,7 @@ class Instr:
         return _INSTR.pack(OPCODE[self.mnemonic], self.queue, self.flags, self.variant, *[o & 0xFFFFFFFF for o in ops])
 
     @classmethod
-    def decode(cls, raw: bytes, where) -> "Instr":
+    def decode(cls, raw: bytes, where) -> Instr:
         opcode, queue, flags, variant, *ops = _INSTR.unpack(raw)
         if not 1 <= opcode <= len(MNEMONICS):
             raise ProgramError(f"unknown opcode {opcode}", where)
@@ -122,8 +144,13 @@ class Program:
         blob, index, offset = [], {}, 0
         for name, arr in self.weights.items():
             raw = np.array(arr, order="C").tobytes()
-            index[name] = {"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "bytes": len(raw),
-                           "space": self.weight_space.get(name, "NMW")}
+            index[name] = {
+                "dtype": arr.dtype.str,
+                "shape": list(arr.shape),
+                "offset": offset,
+                "bytes": len(raw),
+                "space": self.weight_space.get(name, "NMW"),
+            }
             blob.append(raw)
             offset += len(raw)
         hbin, hoff = [], 0
@@ -134,17 +161,29 @@ class Program:
             hoff += len(raw)
         js = lambda o: json.dumps(o, sort_keys=True, separators=(",", ":")).encode()  # noqa: E731
         payloads = {
-            "CODE": b"".join(i.encode() for i in self.instructions), "WGHT": b"".join(blob), "WIDX": js(index),
-            "IODS": js(self.io), "MPLN": js(self.memory_plan), "SYMS": js({str(k): v for k, v in self.symbols.items()}),
-            "ATTR": js(self.attrs), "HOST": js(host), "HBIN": b"".join(hbin), "META": js(self.meta),
+            "CODE": b"".join(i.encode() for i in self.instructions),
+            "WGHT": b"".join(blob),
+            "WIDX": js(index),
+            "IODS": js(self.io),
+            "MPLN": js(self.memory_plan),
+            "SYMS": js({str(k): v for k, v in self.symbols.items()}),
+            "ATTR": js(self.attrs),
+            "HOST": js(host),
+            "HBIN": b"".join(hbin),
+            "META": js(self.meta),
         }
         table_end = _HEADER.size + _ENTRY.size * len(payloads)
         entries, pos = [], table_end
         for tag, data in payloads.items():
             entries.append(_ENTRY.pack(tag.encode(), pos, len(data), hashlib.sha256(data).digest()))
             pos += len(data)
-        head = _HEADER.pack(MAGIC, int(self.header["isa_version"]), FORMAT_VERSION,
-                            bytes.fromhex(self.header["machine_hash"]), len(payloads))
+        head = _HEADER.pack(
+            MAGIC,
+            int(self.header["isa_version"]),
+            FORMAT_VERSION,
+            bytes.fromhex(self.header["machine_hash"]),
+            len(payloads),
+        )
         return head + b"".join(entries) + b"".join(payloads.values())
 
     def save(self, path: str | Path) -> Path:
@@ -177,14 +216,21 @@ def program_from_bytes(data: bytes, machine, where: str | Path = "<program>") ->
     if magic != MAGIC:
         raise ProgramError("not an X1 program (bad magic)", where)
     if isa != machine.machine.isa_version:
-        raise ProgramError(f"built for ISA version {isa}; machine '{machine.machine.name}' runs ISA version "
-                           f"{machine.machine.isa_version}", where)
+        raise ProgramError(
+            f"built for ISA version {isa}; machine '{machine.machine.name}' runs ISA version "
+            f"{machine.machine.isa_version}",
+            where,
+        )
     if fmt != FORMAT_VERSION:
-        raise ProgramError(f"program format version {fmt} is not supported (this edgekit reads {FORMAT_VERSION})",
-                           where)
+        raise ProgramError(
+            f"program format version {fmt} is not supported (this edgekit reads {FORMAT_VERSION})", where
+        )
     if mhash.hex() != machine.hash:
-        raise ProgramError(f"built for another machine description (hash {mhash.hex()[:16]}, this machine "
-                           f"'{machine.machine.name}' is {machine.short_hash}); recompile for it", where)
+        raise ProgramError(
+            f"built for another machine description (hash {mhash.hex()[:16]}, this machine "
+            f"'{machine.machine.name}' is {machine.short_hash}); recompile for it",
+            where,
+        )
     if n > 64 or _HEADER.size + n * _ENTRY.size > len(data):
         raise ProgramError("truncated or corrupt section table", where)
     sections: dict[str, bytes] = {}
@@ -193,7 +239,7 @@ def program_from_bytes(data: bytes, machine, where: str | Path = "<program>") ->
         name = tag.decode("ascii", "replace")
         if off + length > len(data):
             raise ProgramError(f"truncated: section {name} ends at byte {off + length}, file has {len(data)}", where)
-        payload = data[off:off + length]
+        payload = data[off : off + length]
         if hashlib.sha256(payload).digest() != digest:
             raise ProgramError(f"corrupt: checksum mismatch in section {name}", where)
         sections[name] = payload
@@ -203,12 +249,13 @@ def program_from_bytes(data: bytes, machine, where: str | Path = "<program>") ->
     code = sections["CODE"]
     if len(code) % INSTR_BYTES:
         raise ProgramError("corrupt: code section is not a whole number of 32-byte instructions", where)
-    instrs = [Instr.decode(code[i:i + INSTR_BYTES], where) for i in range(0, len(code), INSTR_BYTES)]
+    instrs = [Instr.decode(code[i : i + INSTR_BYTES], where) for i in range(0, len(code), INSTR_BYTES)]
     check_tokens(instrs, where)
     try:
         load = lambda s: json.loads(sections[s].decode())  # noqa: E731
-        index, io, plan, syms, attrs, host, meta = (load(s) for s in ("WIDX", "IODS", "MPLN", "SYMS", "ATTR", "HOST",
-                                                                       "META"))
+        index, io, plan, syms, attrs, host, meta = (
+            load(s) for s in ("WIDX", "IODS", "MPLN", "SYMS", "ATTR", "HOST", "META")
+        )
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ProgramError(f"corrupt: a JSON section does not parse ({err})", where) from None
     blob = sections["WGHT"]
@@ -216,19 +263,26 @@ def program_from_bytes(data: bytes, machine, where: str | Path = "<program>") ->
     for name, e in index.items():
         if e["offset"] + e["bytes"] > len(blob):
             raise ProgramError(f"corrupt: weight {name} lies outside the weight section", where)
-        weights[name] = np.frombuffer(blob, np.dtype(e["dtype"]), count=int(np.prod(e["shape"], dtype=np.int64)),
-                                      offset=e["offset"]).reshape(e["shape"])
+        weights[name] = np.frombuffer(
+            blob, np.dtype(e["dtype"]), count=int(np.prod(e["shape"], dtype=np.int64)), offset=e["offset"]
+        ).reshape(e["shape"])
         spaces[name] = e["space"]
     hbin = sections["HBIN"]
-    host_models = [hbin[p["offset"]:p["offset"] + p["bytes"]] for p in host]
+    host_models = [hbin[p["offset"] : p["offset"] + p["bytes"]] for p in host]
     for ins in instrs:
         if ins.operands and ins.mnemonic not in ("END", "BARRIER") and ins.operands[0] >= len(attrs):
-            raise ProgramError(f"corrupt: {ins.mnemonic} names attribute record {ins.operands[0]} of {len(attrs)}",
-                               where)
-    header = {"magic": MAGIC.rstrip(b"\0").decode(), "isa_version": isa, "format_version": fmt,
-              "machine_hash": mhash.hex()}
-    return Program(header, instrs, {int(k): v for k, v in syms.items()}, io, attrs, weights, spaces, plan,
-                   host, host_models, meta)
+            raise ProgramError(
+                f"corrupt: {ins.mnemonic} names attribute record {ins.operands[0]} of {len(attrs)}", where
+            )
+    header = {
+        "magic": MAGIC.rstrip(b"\0").decode(),
+        "isa_version": isa,
+        "format_version": fmt,
+        "machine_hash": mhash.hex(),
+    }
+    return Program(
+        header, instrs, {int(k): v for k, v in syms.items()}, io, attrs, weights, spaces, plan, host, host_models, meta
+    )
 
 
 def check_tokens(instrs: list[Instr], where) -> None:
@@ -256,6 +310,14 @@ def disassemble(program: Program) -> list[dict[str, Any]]:
         attr = program.attrs[ins.operands[0]] if ins.operands and ins.operands[0] < len(program.attrs) else {}
         ops = [f"{s}:{o}" for s, o in (split_address(a) for a in ins.operands[1:] if a)]
         extra = {k: v for k, v in attr.items() if k not in ("in", "out")}
-        rows.append({"index": i, "mnemonic": ins.mnemonic, "queue": QUEUES[ins.queue], "operands": ops,
-                     "attrs": extra, "symbol": program.symbols.get(i, "")})
+        rows.append(
+            {
+                "index": i,
+                "mnemonic": ins.mnemonic,
+                "queue": QUEUES[ins.queue],
+                "operands": ops,
+                "attrs": extra,
+                "symbol": program.symbols.get(i, ""),
+            }
+        )
     return rows

@@ -14,8 +14,6 @@ if TYPE_CHECKING:
 
 
 @dataclass
-
-
 class InstrRecord:
     index: int
     mnemonic: str
@@ -34,9 +32,19 @@ class RunResult:
     """One emulator call: outputs, captured values, totals, the KV state after the call, and (built on first
     read) one `InstrRecord` per costed instruction."""
 
-    def __init__(self, outputs: dict[str, np.ndarray], captured: dict[str, np.ndarray], totals: dict[str, float],
-                 kv_state: "KVCache | None" = None, head_norms: np.ndarray | None = None, host_seconds: float = 0.0,
-                 wall_seconds: float = 0.0, *, log: list | None = None, overridden: list[str] | None = None):
+    def __init__(
+        self,
+        outputs: dict[str, np.ndarray],
+        captured: dict[str, np.ndarray],
+        totals: dict[str, float],
+        kv_state: KVCache | None = None,
+        head_norms: np.ndarray | None = None,
+        host_seconds: float = 0.0,
+        wall_seconds: float = 0.0,
+        *,
+        log: list | None = None,
+        overridden: list[str] | None = None,
+    ):
         self.outputs, self.captured, self.totals = outputs, captured, totals
         self.kv_state = kv_state
         self._head_norms = head_norms  # an array, or a callable building it on first read
@@ -58,7 +66,20 @@ class RunResult:
     @property
     def records(self) -> list[InstrRecord]:
         if self._records is None:
-            self._records = [InstrRecord(st.index, st.mnemonic, QUEUES[st.queue], st.symbol, st.layer, start,
-                                         e.cycles, e.compute, e.memory, e.bound, dict(e.energy))
-                             for st, start, e in self._log]
+            self._records = [
+                InstrRecord(
+                    st.index,
+                    st.mnemonic,
+                    QUEUES[st.queue],
+                    st.symbol,
+                    st.layer,
+                    start,
+                    e.cycles,
+                    e.compute,
+                    e.memory,
+                    e.bound,
+                    dict(e.energy),
+                )
+                for st, start, e in self._log
+            ]
         return self._records

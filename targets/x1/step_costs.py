@@ -49,6 +49,7 @@ class Costs:
             b = self.builders["int4"]
             b.vector(kind, kind, layer, float(elements), float(ops), extra)
             return b.ops.pop()
+
         return self._get(("v", kind, layer, elements, ops, tuple(sorted((extra or {}).items()))), make)
 
     def gemm(self, dtype, weight, layer, rows, kk, nn) -> Entry:
@@ -56,6 +57,7 @@ class Costs:
             b = self.builders[dtype]
             b.matmul(weight, "gemm", layer, kk, nn, 0.0, rows=rows)
             return b.ops.pop()
+
         return self._get(("g", weight, rows, kk, nn), make)
 
     def act_matmul(self, layer, size, shape_a, shape_b) -> Entry:
@@ -69,17 +71,18 @@ class Costs:
             c = b.ops.pop()
             c.compute_s = macs / (m.sram.kv_banks * m.attention.macs_per_kv_bank) / self.hz
             return c
+
         return self._get(("mm", layer, shape_a, shape_b), make)
 
-    def attention(self, kind, layer, heads_active, groups_active, t, rows, head_dim, bytes_per_token,
-                  window) -> Entry:
+    def attention(self, kind, layer, heads_active, groups_active, t, rows, head_dim, bytes_per_token, window) -> Entry:
         m = self.machine
 
         def make():
             b = self.builders["int4"]
             avg = max(1, int(round(t - (rows - 1) / 2)))  # causal: query rows see on average this many keys
-            b.attention_matmul(kind, kind, layer, heads_active, groups_active, head_dim,
-                               KvPlacement(bytes_per_token, window, avg, 0))
+            b.attention_matmul(
+                kind, kind, layer, heads_active, groups_active, head_dim, KvPlacement(bytes_per_token, window, avg, 0)
+            )
             c = b.ops.pop()
             if rows > 1:
                 c.counts = {a: n * rows for a, n in c.counts.items()}
@@ -87,4 +90,5 @@ class Costs:
                 c.memory_s *= rows
                 c.energy_j = sum(n * m.energy[a].pj for a, n in c.counts.items()) * 1e-12
             return c
+
         return self._get(("att", kind, layer, heads_active, groups_active, t, rows), make)

@@ -60,7 +60,7 @@ def layer_type(rec) -> str:
     module = parts[:-1]  # drop the op name
     for i, p in enumerate(module):
         if _LAYER_IN_NAME.fullmatch(p):
-            module = module[i + 1:]
+            module = module[i + 1 :]
             break
     else:
         module = module[1:] if len(module) > 1 else module
@@ -78,8 +78,9 @@ def record_layer(rec):
 def _run_cycles(run) -> float:
     totals = _get(run, "totals", {}) or {}
     cycles = float(_get(totals, "cycles", 0.0) or 0.0)
-    end = max((float(_get(r, "start_cycle", 0)) + float(_get(r, "cycles", 0)) for r in _get(run, "records", [])),
-              default=0.0)
+    end = max(
+        (float(_get(r, "start_cycle", 0)) + float(_get(r, "cycles", 0)) for r in _get(run, "records", [])), default=0.0
+    )
     return max(cycles, end)
 
 
@@ -89,8 +90,10 @@ def _run_cycles(run) -> float:
 def chrome_trace(history: Iterable, clock_hz: float, *, machine: str = "") -> dict:
     """The trace document (write it with `json.dump`): complete events ("ph": "X") in microseconds."""
     us_per_cycle = 1e6 / clock_hz
-    events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"X1 {machine}".strip()}},
-              {"name": "thread_name", "ph": "M", "pid": 1, "tid": _CALLS_TID, "args": {"name": "calls"}}]
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"X1 {machine}".strip()}},
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": _CALLS_TID, "args": {"name": "calls"}},
+    ]
     for i, q in enumerate(QUEUES, start=1):
         events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": i, "args": {"name": q}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": 1, "tid": i, "args": {"sort_index": i}})
@@ -98,24 +101,48 @@ def chrome_trace(history: Iterable, clock_hz: float, *, machine: str = "") -> di
     for label, run in label_runs(history):
         span = _run_cycles(run)
         totals = _get(run, "totals", {}) or {}
-        events.append({"name": label, "ph": "X", "pid": 1, "tid": _CALLS_TID, "ts": offset * us_per_cycle,
-                       "dur": span * us_per_cycle, "cat": "call",
-                       "args": {"cycles": span, "energy_j": _get(totals, "energy_j")}})
+        events.append(
+            {
+                "name": label,
+                "ph": "X",
+                "pid": 1,
+                "tid": _CALLS_TID,
+                "ts": offset * us_per_cycle,
+                "dur": span * us_per_cycle,
+                "cat": "call",
+                "args": {"cycles": span, "energy_j": _get(totals, "energy_j")},
+            }
+        )
         for rec in _get(run, "records", []):
             q = queue_name(_get(rec, "queue"))
-            events.append({
-                "name": str(_get(rec, "mnemonic")), "ph": "X", "pid": 1, "tid": QUEUES.index(q) + 1
-                if q in QUEUES else len(QUEUES) + 1, "cat": q,
-                "ts": (offset + float(_get(rec, "start_cycle", 0))) * us_per_cycle,
-                "dur": float(_get(rec, "cycles", 0)) * us_per_cycle,
-                "args": {"symbol": _get(rec, "symbol"), "layer": record_layer(rec), "bound": _get(rec, "bound"),
-                         "cycles": _get(rec, "cycles"), "compute_cycles": _get(rec, "compute_cycles"),
-                         "memory_cycles": _get(rec, "memory_cycles"), "energy_pj": _get(rec, "energy_pj"),
-                         "index": _get(rec, "index"), "call": label},
-            })
+            events.append(
+                {
+                    "name": str(_get(rec, "mnemonic")),
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": QUEUES.index(q) + 1 if q in QUEUES else len(QUEUES) + 1,
+                    "cat": q,
+                    "ts": (offset + float(_get(rec, "start_cycle", 0))) * us_per_cycle,
+                    "dur": float(_get(rec, "cycles", 0)) * us_per_cycle,
+                    "args": {
+                        "symbol": _get(rec, "symbol"),
+                        "layer": record_layer(rec),
+                        "bound": _get(rec, "bound"),
+                        "cycles": _get(rec, "cycles"),
+                        "compute_cycles": _get(rec, "compute_cycles"),
+                        "memory_cycles": _get(rec, "memory_cycles"),
+                        "energy_pj": _get(rec, "energy_pj"),
+                        "index": _get(rec, "index"),
+                        "call": label,
+                    },
+                }
+            )
         offset += span
-    return {"traceEvents": events, "displayTimeUnit": "ns",
-            "otherData": {"time": "emulated X1 time", "clock_hz": clock_hz, "machine": machine}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ns",
+        "otherData": {"time": "emulated X1 time", "clock_hz": clock_hz, "machine": machine},
+    }
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -126,8 +153,18 @@ def _aggregate(history: Iterable, key, clock_hz: float) -> list[dict]:
     for _label, run in label_runs(history):
         for rec in _get(run, "records", []):
             k = key(rec)
-            r = rows.setdefault(k, {"_key": k, "count": 0, "cycles": 0.0, "compute_cycles": 0.0,
-                                    "memory_cycles": 0.0, "energy_pj": 0.0, "_bounds": defaultdict(float)})
+            r = rows.setdefault(
+                k,
+                {
+                    "_key": k,
+                    "count": 0,
+                    "cycles": 0.0,
+                    "compute_cycles": 0.0,
+                    "memory_cycles": 0.0,
+                    "energy_pj": 0.0,
+                    "_bounds": defaultdict(float),
+                },
+            )
             cycles = float(_get(rec, "cycles", 0))
             r["count"] += 1
             r["cycles"] += cycles
@@ -140,8 +177,12 @@ def _aggregate(history: Iterable, key, clock_hz: float) -> list[dict]:
     out = []
     for r in rows.values():
         bounds = r.pop("_bounds")
-        r.update(ms=r["cycles"] / clock_hz * 1e3, mj=r.pop("energy_pj") * 1e-9,
-                 bound=max(bounds, key=bounds.get) if bounds else "", time_share=r["cycles"] / total_c)
+        r.update(
+            ms=r["cycles"] / clock_hz * 1e3,
+            mj=r.pop("energy_pj") * 1e-9,
+            bound=max(bounds, key=bounds.get) if bounds else "",
+            time_share=r["cycles"] / total_c,
+        )
         r["energy_share"] = r["mj"] / (total_e * 1e-9)
         out.append(r)
     return sorted(out, key=lambda r: -r["cycles"])
@@ -162,8 +203,7 @@ def layer_report(history: Iterable, clock_hz: float) -> list[dict]:
     for r in rows:
         k = r.pop("_key")
         r["layer"] = "-" if k is None else k
-    return sorted(rows, key=lambda r: (isinstance(r["layer"], str), r["layer"] if isinstance(r["layer"], int)
-                                       else 0))
+    return sorted(rows, key=lambda r: (isinstance(r["layer"], str), r["layer"] if isinstance(r["layer"], int) else 0))
 
 
 def layer_type_report(history: Iterable, clock_hz: float) -> list[dict]:
@@ -184,9 +224,16 @@ def token_report(history: Iterable, clock_hz: float) -> list[dict]:
         for rec in recs:
             bounds[str(_get(rec, "bound"))] += float(_get(rec, "cycles", 0))
         energy_j = _get(totals, "energy_j")
-        rows.append({"call": label, "instructions": len(recs), "cycles": cycles, "ms": cycles / clock_hz * 1e3,
-                     "mj": float(energy_j) * 1e3 if energy_j is not None else sum(map(_energy_pj, recs)) * 1e-9,
-                     "bound": max(bounds, key=bounds.get) if bounds else ""})
+        rows.append(
+            {
+                "call": label,
+                "instructions": len(recs),
+                "cycles": cycles,
+                "ms": cycles / clock_hz * 1e3,
+                "mj": float(energy_j) * 1e3 if energy_j is not None else sum(map(_energy_pj, recs)) * 1e-9,
+                "bound": max(bounds, key=bounds.get) if bounds else "",
+            }
+        )
     return rows
 
 
@@ -229,8 +276,12 @@ def write_profile(history: Iterable, clock_hz: float, out: Path, *, title: str, 
     history = list(history)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tables = {"ops": op_report(history, clock_hz), "layers": layer_report(history, clock_hz),
-              "tokens": token_report(history, clock_hz), "layer_types": layer_type_report(history, clock_hz)}
+    tables = {
+        "ops": op_report(history, clock_hz),
+        "layers": layer_report(history, clock_hz),
+        "tokens": token_report(history, clock_hz),
+        "layer_types": layer_type_report(history, clock_hz),
+    }
     paths = {"trace": out / "trace.json"}
     (out / "trace.json").write_text(json.dumps(chrome_trace(history, clock_hz, machine=machine)))
     for name, rows in tables.items():
