@@ -138,6 +138,15 @@ def test_the_walk_sees_the_installed_layout():
     assert "edgekit.errors" in graph["edgekit.build"]  # a real edge, so an empty graph cannot pass
 
 
+def test_every_package_is_in_the_wheel():
+    """pyproject lists packages by hand (the package-dir mapping needs it): a package missing there installs
+    editable but is absent from the wheel users get."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    modules = _modules()
+    packages = {name for name in modules if _is_package(name, modules)}
+    assert packages - listed == set()
+
+
 def test_no_package_cycles():
     assert _cycles(unit_graph()) == []
 
