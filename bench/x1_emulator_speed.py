@@ -37,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from edgekit.build import build, default_model_dir
-    from edgekit.bundle import load_bundle, write_bundle
+    from edgekit.bundle import ROLES, load_bundle, write_bundle
     from edgekit.models.synth import write_split
     from edgekit.reporter import Reporter
 
@@ -53,16 +53,7 @@ def main() -> None:
     x1_path = build("x1", tmp / "x1", model_dir=model_dir, parity=False).bundle
     build_s = time.perf_counter() - t0
     x1 = load_bundle(x1_path)
-    cpu_roles = (
-        "vision_encoder",
-        "embed_tokens",
-        "decoder",
-        "tokenizer",
-        "generation_config",
-        "preprocessor_config",
-        "model_config",
-    )
-    cpu_path = write_bundle(tmp / "cpu", {r: x1.component(r) for r in cpu_roles}, name=x1.name, target="cpu")
+    cpu_path = write_bundle(tmp / "cpu", {r: x1.component(r) for r in ROLES}, name=x1.name, target="cpu")
     write_split(tmp / "data", "test", args.studies)
     studies = [json.loads(line) for line in (tmp / "data" / "studies.jsonl").read_text().splitlines()]
 

@@ -10,35 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgekit.export import export_model, random_weights
-from edgekit.export.model_config import ModelConfig
 from edgekit.generate import GenerationOptions, generate
-from edgekit.targets.cpu import CpuBackend
+
+from small_model import SMALL
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "models" / "samples"
-SMALL = ModelConfig(
-    image_size=32,
-    patch_size=8,
-    num_frames=2,
-    vision_hidden=32,
-    vision_layers=1,
-    vision_heads=2,
-    vision_mlp=64,
-    vocab_size=97,
-    hidden=48,
-    layers=2,
-    heads=4,
-    kv_heads=2,
-    intermediate=96,
-)
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gen")
-    export_model(random_weights(SMALL, seed=3), SMALL, out)
-    return CpuBackend.from_dir(out, intra_op_threads=1)
+def backend(small_backend):
+    return small_backend
 
 
 @pytest.mark.parametrize("stop", [[], "first"])

@@ -13,21 +13,8 @@ from edgekit.export.parity import TorchBackend, measure_export_parity  # noqa: E
 from edgekit.models.radreport_tiny.modeling import RadReportTiny  # noqa: E402
 from edgekit.targets.cpu import CpuBackend  # noqa: E402
 
-SMALL = ModelConfig(
-    image_size=32,
-    patch_size=8,
-    num_frames=2,
-    vision_hidden=32,
-    vision_layers=1,
-    vision_heads=2,
-    vision_mlp=64,
-    vocab_size=97,
-    hidden=48,
-    layers=2,
-    heads=4,
-    kv_heads=2,
-    intermediate=96,
-)
+from small_model import SMALL  # noqa: E402
+
 CONFIGS = {"small": SMALL, "default": ModelConfig()}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -10,7 +11,6 @@ import pytest
 
 from edgekit.errors import ConfigError
 from edgekit.export import export_model, random_weights
-from edgekit.export.model_config import ModelConfig
 from edgekit.targets.x1.analysis import (
     OrtRunner,
     analyze,
@@ -20,21 +20,9 @@ from edgekit.targets.x1.analysis import (
     snr_db,
 )
 
-SMALL = ModelConfig(
-    image_size=32,
-    patch_size=8,
-    num_frames=2,
-    vision_hidden=32,
-    vision_layers=1,
-    vision_heads=2,
-    vision_mlp=64,
-    vocab_size=97,
-    hidden=48,
-    layers=3,
-    heads=4,
-    kv_heads=2,
-    intermediate=96,
-)
+from small_model import SMALL as SMALL_MODEL
+
+SMALL = replace(SMALL_MODEL, layers=3)  # three layers: the analysis compares a middle one
 
 
 @pytest.fixture(scope="module")

@@ -17,27 +17,13 @@ import pytest
 from edgekit.bundle import write_bundle
 from edgekit.errors import BundleError, ConfigError, EdgekitError
 from edgekit.export import export_model, random_weights
-from edgekit.export.model_config import ModelConfig
 from edgekit.preprocess import PreprocessConfig
 from edgekit.targets.x1 import trace as x1trace
 from edgekit.targets.x1.engine import SparseConfig, X1Engine
 
+from small_model import SMALL
+
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ModelConfig(
-    image_size=32,
-    patch_size=8,
-    num_frames=2,
-    vision_hidden=32,
-    vision_layers=1,
-    vision_heads=2,
-    vision_mlp=64,
-    vocab_size=97,
-    hidden=48,
-    layers=2,
-    heads=4,
-    kv_heads=2,
-    intermediate=96,
-)
 
 
 # --- hand-made instruction records, for the trace tests ----------------------------------------------

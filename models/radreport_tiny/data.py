@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.ingest.pixels import to_display
 from edgekit.preprocess import PreprocessConfig, preprocess_frames
 
 from .tokenizer import EOS_ID, PAD_ID, encode_prompt, encode_text
@@ -94,14 +93,7 @@ def is_cine(study) -> bool:
 
 def study_pixels(study, cfg: PreprocessConfig) -> np.ndarray:
     """Model input of one synthetic study, through the same two functions inference uses."""
-    display = to_display(
-        study.stored,
-        slope=study.slope,
-        intercept=study.intercept,
-        center=study.center,
-        width=study.width,
-        photometric=study.photometric,
-    )
+    display = study.display()
     return preprocess_frames(display, cfg)
 
 

@@ -29,20 +29,12 @@ class RadReportTiny:
         return sorted(p.stem for p in self._recipes().glob("*.toml"))
 
     def calibration_studies(self, n: int, *, split: str = "train", start: int = 0) -> list[CalibrationStudy]:
-        from edgekit.ingest.pixels import to_display
         from edgekit.models.synth import generate_study
 
         out = []
         for i in range(start, start + n):
             s = generate_study(i, split)
-            frames = to_display(
-                s.stored,
-                slope=s.slope,
-                intercept=s.intercept,
-                center=s.center,
-                width=s.width,
-                photometric=s.photometric,
-            )
+            frames = s.display()
             out.append(CalibrationStudy(frames=frames, modality=s.modality))
         return out
 

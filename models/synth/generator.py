@@ -79,6 +79,19 @@ class SynthStudy:
     patient: dict = field(default_factory=dict)  # synthetic PHI, written to DICOM only, never logged
     masks: dict[str, np.ndarray] = field(default_factory=dict)  # finding type -> bool (n, H, W) drawn pixels
 
+    def display(self) -> np.ndarray:
+        """Display values in [0, 1], through the function inference applies to the DICOM files."""
+        from edgekit.ingest.pixels import to_display
+
+        return to_display(
+            self.stored,
+            slope=self.slope,
+            intercept=self.intercept,
+            center=self.center,
+            width=self.width,
+            photometric=self.photometric,
+        )
+
     @property
     def id(self) -> str:
         return f"{self.split}-{self.index:05d}"
