@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.bundle import Bundle, load_bundle
+from edgekit.errors import EdgekitError
+from edgekit.export.model_config import ModelConfig
 from edgekit.findings import parse_report
 from edgekit.generate import GenerationOptions, OnToken, generate, take_cost
 from edgekit.ingest import Study, load_study
@@ -39,6 +41,7 @@ class Report:
     target: str
     stop_reason: str
     timings: dict = field(default_factory=dict)  # wall clock, ms per stage
+    warnings: list[str] = field(default_factory=list)  # what ingest skipped or changed, and what was capped
     cost: dict = field(default_factory=dict)  # what the target measured or emulated (x1: cycles, energy), + source
 
     def to_dict(self) -> dict:
@@ -52,6 +55,48 @@ def split_sections(text: str) -> tuple[str, str]:
     if not sections:
         return text.strip(), ""
     return sections.get("FINDINGS", ""), sections.get("IMPRESSION", "")
+
+
+class PromptTooLongError(EdgekitError):
+    """A prompt that leaves the model no room to write the report."""
+
+    code = "prompt_too_long"
+    http_status = 422
+
+
+@dataclass(frozen=True)
+class ContextBudget:
+    """How many positions the decoder has and how many the image takes: the prompt and the report share the rest."""
+
+    positions: int | None  # None: the config does not say
+    image_tokens: int
+
+    @classmethod
+    def of(cls, model_config: dict) -> ContextBudget:
+        positions = model_config.get("max_positions", model_config.get("max_position_embeddings"))
+        image_tokens = 0
+        if "image_size" in model_config:  # edgekit's own VLM config knows its image token count
+            image_tokens = ModelConfig.from_dict(model_config).num_image_tokens
+        return cls(int(positions) if positions else None, image_tokens)
+
+    def fit(self, prompt_tokens: int, options: GenerationOptions, warnings: list[str]) -> GenerationOptions:
+        """Refuse a prompt with no room left for a report; lower max_new_tokens to what fits (and say so)."""
+        if self.positions is None:
+            return options
+        room = self.positions - self.image_tokens - prompt_tokens
+        if room < 1:
+            raise PromptTooLongError(
+                f"prompt is {prompt_tokens} tokens; this model's context of {self.positions} positions holds "
+                f"{self.image_tokens} image tokens and at most {self.positions - self.image_tokens - 1} prompt tokens "
+                "with room for a report"
+            )
+        if options.max_new_tokens > room:
+            warnings.append(
+                f"max_new_tokens lowered from {options.max_new_tokens} to {room}: the prompt leaves {room} of "
+                f"the model's {self.positions} positions"
+            )
+            return replace(options, max_new_tokens=room)
+        return options
 
 
 class Reporter:
@@ -70,6 +115,7 @@ class Reporter:
         self.tokenizer = Tokenizer.from_file(str(bundle.component("tokenizer")))
         self.generation_config = json.loads(bundle.component("generation_config").read_text())
         self.preprocess_config = PreprocessConfig.load(bundle.component("preprocessor_config"))
+        self.context = ContextBudget.of(json.loads(bundle.component("model_config").read_text()))
 
     @classmethod
     def from_bundle(cls, path: str | Path | Bundle, **kw) -> Reporter:
@@ -98,12 +144,14 @@ class Reporter:
         if not isinstance(study, Study):
             study = load_study(study)
         t1 = time.perf_counter()
-        pixels = self.pixel_values(study)
         ids = self.prompt_ids(study.modality, prompt)
-        t2 = time.perf_counter()
         opts = options or self.default_options
         if not opts.stop_token_ids:  # a copy: the caller's options stay as they were
             opts = replace(opts, stop_token_ids=[self.generation_config["eos_token_id"]])
+        warnings = list(study.warnings)
+        opts = self.context.fit(ids.shape[1], opts, warnings)
+        pixels = self.pixel_values(study)
+        t2 = time.perf_counter()
         try:
             result = generate(self.backend, pixels, ids, opts, on_token=on_token)
         finally:  # a failed report must not bill the next one
@@ -113,7 +161,7 @@ class Reporter:
         findings_text, impression = split_sections(text)
         parsed = parse_report(text)
         timings = {
-            "ingest_ms": (t1 - t0) * 1e3,
+            "ingest_ms": study.ingest_ms,
             "preprocess_ms": (t2 - t1) * 1e3,
             **{k: v for k, v in asdict(result.timings).items()},
             "generate_ms": (t3 - t2) * 1e3,
@@ -132,5 +180,6 @@ class Reporter:
             target=self.bundle.target,
             stop_reason=result.stop_reason,
             timings=timings,
+            warnings=warnings,
             cost=cost,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
@@ -20,6 +21,7 @@ _SILENT = {"DICOMDIR", "Thumbs.db"}
 
 def load_study(path: str | os.PathLike, *, limits: IngestLimits | None = None) -> Study:
     """Read one study; any problem with the input is a `StudyError` naming the file and the reason."""
+    t0 = time.perf_counter()
     limits = limits or IngestLimits()
     path = Path(path)
     if not path.exists():
@@ -34,6 +36,7 @@ def load_study(path: str | os.PathLike, *, limits: IngestLimits | None = None) -
         else:
             study = _load_file(path, limits)
     study.warnings.extend(captured.unique())
+    study.ingest_ms = (time.perf_counter() - t0) * 1e3
     return study
 
 

@@ -23,6 +23,7 @@ class Study:
     source: str  # "dicom" | "video"
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    ingest_ms: float = 0.0  # wall time `load_study` took, so a report on a loaded study still says it
 
     @property
     def num_frames(self) -> int:

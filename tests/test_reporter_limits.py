@@ -1,0 +1,56 @@
+"""What the reporter checks before it spends time: the prompt against the model's context, and what it tells the
+user about the study (ingest warnings) and about options it had to change."""
+
+from __future__ import annotations
+
+import shutil
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from edgekit.build import build
+from edgekit.reporter import PromptTooLongError, Reporter
+
+SAMPLES = Path(str(files("edgekit.models") / "samples"))
+
+
+@pytest.fixture(scope="module")
+def reporter(tmp_path_factory):
+    bundle = build("cpu", tmp_path_factory.mktemp("rl") / "cpu", parity=False).bundle
+    return Reporter.from_bundle(bundle, threads=1)
+
+
+def test_a_prompt_that_leaves_no_room_is_refused_before_any_work(reporter):
+    assert reporter.context.positions == 256 and reporter.context.image_tokens == 16
+    with pytest.raises(PromptTooLongError, match=r"context of 256 positions .* at most 239 prompt tokens") as err:
+        reporter.report(SAMPLES / "cr_chest", "cough " * 1000)
+    assert err.value.code == "prompt_too_long" and err.value.http_status == 422
+
+
+def test_max_new_tokens_is_lowered_to_what_fits_and_the_report_says_so(reporter):
+    prompt = "cough " * 60
+    n_prompt = reporter.prompt_ids("CR", prompt).shape[1]
+    room = 256 - 16 - n_prompt
+    opts = reporter.default_options
+    opts.max_new_tokens = 200
+    report = reporter.report(SAMPLES / "cr_chest", prompt, opts)
+    assert opts.max_new_tokens == 200  # the caller's options are left as they were
+    assert report.timings["new_tokens"] <= room
+    assert any(f"max_new_tokens lowered from 200 to {room}" in w for w in report.warnings)
+
+
+def test_ingest_time_is_measured_when_the_study_was_loaded_beforehand(reporter, tmp_path):
+    from edgekit.ingest import load_study
+
+    study = load_study(SAMPLES / "ct_chest")
+    assert study.ingest_ms > 1.0  # fourteen slices read and decoded
+    assert reporter.report(study, "Cough.").timings["ingest_ms"] == study.ingest_ms
+
+
+def test_ingest_warnings_travel_with_the_report(reporter, tmp_path):
+    series = tmp_path / "ct"
+    shutil.copytree(SAMPLES / "ct_chest", series)
+    (series / "notes.txt").write_text("not an image")
+    report = reporter.report(series, "Cough.")
+    assert any("notes.txt" in w for w in report.warnings)
