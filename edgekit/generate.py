@@ -18,6 +18,9 @@ import numpy as np
 from edgekit.errors import ConfigError, EdgekitError
 
 KV = list[tuple[np.ndarray, np.ndarray]]
+# Bounds every caller shares (CLI flags, the daemon's form, the library): beyond them a request is a mistake.
+MAX_NEW_TOKENS = 4096
+MAX_TEMPERATURE = 5.0
 OnToken = Callable[[int, int], None]  # (token_id, index in the generated text), called as each token is kept
 
 
@@ -54,10 +57,10 @@ class GenerationOptions:
         self.validate()
 
     def validate(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ConfigError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ConfigError(f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
 
