@@ -21,7 +21,7 @@ from edgekit.build import default_model_dir
 from edgekit.eval.runner import default_test_split, load_split
 from edgekit.export import export_default, load_weights
 from edgekit.export.default import load_model_config
-from edgekit.export.parity import TorchBackend, _single_threaded_torch
+from edgekit.export.parity import TorchBackend, single_threaded_torch
 from edgekit.generate import generate
 from edgekit.ingest import load_study
 from edgekit.reporter import Reporter
@@ -36,7 +36,7 @@ def main() -> None:
     model_dir = default_model_dir()
     data = default_test_split()
     studies = load_split(data)[: a.limit]
-    with tempfile.TemporaryDirectory() as tmp, _single_threaded_torch():
+    with tempfile.TemporaryDirectory() as tmp, single_threaded_torch():
         export_default(model_dir, tmp)
         ort = CpuBackend.from_dir(tmp, intra_op_threads=1)
         ref = TorchBackend(load_weights(model_dir / "model.safetensors"), load_model_config(model_dir / "config.json"))

@@ -21,10 +21,10 @@ DECODER = GRAPH_FILES[DECODER_ROLE]
 # the files a model directory carries beside its weights, by bundle role ----------------------------------------
 WEIGHTS_FILE = "model.safetensors"
 WEIGHT_FILES = {
-    "model_config": "config.json",
     "tokenizer": "tokenizer.json",
     "generation_config": "generation_config.json",
     "preprocessor_config": "preprocessor_config.json",
+    "model_config": "config.json",
 }
 HEAD_IMPORTANCE = "head_importance"  # role of the heads pass's per-head scores (x1 DSS reads them)
 HEAD_IMPORTANCE_FILE = "head_importance.json"

@@ -60,8 +60,11 @@ def load_backend(bundle, options=None):
     RuntimeOptions`; default: the bundle's own runtime settings, physical-core threads)."""
     from edgekit.target import RuntimeOptions
 
-    try:
-        target = get_target(bundle.target)
-    except ConfigError as err:
-        raise ConfigError(f"bundle for target '{bundle.target}': {err.reason}", bundle.source) from None
+    if bundle.target not in TARGETS:
+        raise ConfigError(
+            f"this bundle is for target '{bundle.target}', which cannot run here "
+            f"(runnable: {', '.join(target_names())})",
+            bundle.source,
+        )
+    target = get_target(bundle.target)
     return target.load_backend(bundle, options if options is not None else RuntimeOptions())

@@ -51,6 +51,11 @@ class RuntimeOptions:
 class Target(Protocol):
     name: str
     takes_machine: bool  # whether `--machine` means anything here
+    # The weight encoding this target reads, as the value of a pass's `target` field (the int4, int8 and qembed
+    # passes: `cpu` = ONNX Runtime's formats, contrib ops included; `orin`/`x1` = blocked DequantizeLinear). The
+    # generic build sets it on every recipe pass that has that field, so one recipe builds for every target; None
+    # keeps the recipe's own encodings (a plug-in without the attribute reads as None).
+    weight_encoding: str | None
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
         """Refuse, up front and in one line, a recipe this target cannot build."""
@@ -98,6 +103,8 @@ def runtime_settings(
 
     for source in (bundle_runtime, overrides):
         unknown = sorted(set(source) - set(defaults))
+        if unknown and not defaults:
+            raise ConfigError(f"this target takes no runtime settings (got {', '.join(unknown)})", where)
         if unknown:
             raise ConfigError(
                 f"unknown runtime setting(s) {', '.join(unknown)} (known: {', '.join(sorted(defaults))})", where

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from edgekit.bundle import load_bundle
 from edgekit.cli.app import app
+from edgekit.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +76,9 @@ def test_the_bundle_carries_its_dss_settings_and_every_runner_honours_them(x1_bu
     assert served.backend.dss_active and served.backend.policy is not None
     dense = Reporter(b, runtime=RuntimeOptions(settings={"dss": False}))
     assert not dense.backend.dss_active and dense.backend.policy is None
-    with pytest.raises(Exception, match="unknown runtime setting.*sparsity_targte"):
+    with pytest.raises(ConfigError, match="unknown runtime setting.*sparsity_targte"):
         Reporter(b, runtime=RuntimeOptions(settings={"sparsity_targte": 0.2}))
-    with pytest.raises(Exception, match="sparsity_target"):
+    with pytest.raises(ConfigError, match="sparsity_target"):
         Reporter(b, runtime=RuntimeOptions(settings={"sparsity_target": 1.5}))
 
 

@@ -11,20 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from edgekit import names
 from edgekit.errors import BundleError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
-ROLES = (
-    "vision_encoder",
-    "embed_tokens",
-    "decoder",
-    "tokenizer",
-    "generation_config",
-    "preprocessor_config",
-    "model_config",
-)
+ROLES = (*names.GRAPH_ROLES, *names.WEIGHT_FILES)  # every bundle has the three graphs and the model's files
 REQUIRED_ROLES = ROLES
 
 

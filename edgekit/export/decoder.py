@@ -13,6 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 import onnx_ir as ir
 
+from edgekit import names
+
 from .blocks import linear, rms_norm, silu
 from .irbuilder import GraphBuilder, scope_of
 from .specs import DecoderSpec
@@ -116,11 +118,11 @@ def build_decoder(weights: Mapping[str, np.ndarray], spec: DecoderSpec) -> ir.Mo
     """The merged decoder graph with the input/output names of Hugging Face VLM exports."""
     b = GraphBuilder(weights, "decoder_model_merged")
     kv_shape = ["batch", spec.kv_heads, "past_seq", spec.head_dim]
-    x = b.input("inputs_embeds", F32, ["batch", "seq", spec.hidden])
-    attention_mask = b.input("attention_mask", I64, ["batch", "total_seq"])
-    position_ids = b.input("position_ids", I64, ["batch", "seq"])
+    x = b.input(names.INPUTS_EMBEDS, F32, ["batch", "seq", spec.hidden])
+    attention_mask = b.input(names.ATTENTION_MASK, I64, ["batch", "total_seq"])
+    position_ids = b.input(names.POSITION_IDS, I64, ["batch", "seq"])
     past = [
-        (b.input(f"past_key_values.{i}.key", F32, kv_shape), b.input(f"past_key_values.{i}.value", F32, kv_shape))
+        (b.input(names.past_key(i), F32, kv_shape), b.input(names.past_value(i), F32, kv_shape))
         for i in range(spec.layers)
     ]
     cos, sin = rope_cos_sin(b, position_ids, spec)
@@ -131,9 +133,9 @@ def build_decoder(weights: Mapping[str, np.ndarray], spec: DecoderSpec) -> ir.Mo
         presents.append((pk, pv))
     x = rms_norm(b, x, spec.final_norm, spec.rms_eps)
     logits = linear(b, x, spec.lm_head, bias=False)
-    b.output(logits, "logits", F32, ["batch", "seq", spec.vocab_size])
+    b.output(logits, names.LOGITS, F32, ["batch", "seq", spec.vocab_size])
     present_shape = ["batch", spec.kv_heads, "total_seq", spec.head_dim]
     for i, (pk, pv) in enumerate(presents):
-        b.output(pk, f"present.{i}.key", F32, present_shape)
-        b.output(pv, f"present.{i}.value", F32, present_shape)
+        b.output(pk, names.present_key(i), F32, present_shape)
+        b.output(pv, names.present_value(i), F32, present_shape)
     return b.model()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgekit import names
 from edgekit.errors import ConfigError
 from edgekit.export.model_config import ModelConfig
 
@@ -19,9 +20,7 @@ from .specs import DecoderSpec, VisionSpec
 from .vision import build_vision_encoder
 from .weights import check_weights, load_weights
 
-VISION_ENCODER = "vision_encoder.onnx"
-EMBED_TOKENS = "embed_tokens.onnx"
-DECODER = "decoder_model_merged.onnx"
+VISION_ENCODER, EMBED_TOKENS, DECODER = names.VISION_ENCODER, names.EMBED_TOKENS, names.DECODER
 
 
 @dataclass(frozen=True)

@@ -108,14 +108,14 @@ def measure_parity(
     reference: Backend | None = None,
 ) -> ParityReport:
     """Compare `candidate` with the torch reference built from the same weights on `samples` random inputs."""
-    with _single_threaded_torch():
+    with single_threaded_torch():
         return _measure_parity(
             candidate, weights, config, samples=samples, decode_steps=decode_steps, seed=seed, reference=reference
         )
 
 
 @contextmanager
-def _single_threaded_torch():
+def single_threaded_torch():
     """Batch-1 decode of a small model is fastest on one torch thread, and several threads fighting another
     busy process for 2 cores made a parity check 20x slower (27 s vs 1.4 s measured for 2 samples)."""
     try:

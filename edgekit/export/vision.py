@@ -13,6 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 import onnx_ir as ir
 
+from edgekit import names
+
 from .blocks import gelu, layer_norm, linear
 from .irbuilder import GraphBuilder, scope_of
 from .specs import VisionSpec
@@ -103,7 +105,9 @@ def connector(b: GraphBuilder, x: ir.Value, spec: VisionSpec) -> ir.Value:
 
 def build_vision_encoder(weights: Mapping[str, np.ndarray], spec: VisionSpec) -> ir.Model:
     b = GraphBuilder(weights, "vision_encoder")
-    pixel_values = b.input("pixel_values", F32, ["batch", "frames", spec.channels, spec.image_size, spec.image_size])
+    pixel_values = b.input(
+        names.PIXEL_VALUES, F32, ["batch", "frames", spec.channels, spec.image_size, spec.image_size]
+    )
     images = b.op(
         scope_of(spec.prefix), "Reshape", [pixel_values, b.const([-1, spec.channels, spec.image_size, spec.image_size])]
     )
@@ -112,5 +116,5 @@ def build_vision_encoder(weights: Mapping[str, np.ndarray], spec: VisionSpec) ->
         x = vision_layer(b, x, f"{spec.prefix}.encoder.layers.{i}", spec)
     x = layer_norm(b, x, f"{spec.prefix}.post_layernorm", spec.ln_eps)
     x = spatial_pool(b, temporal_mean_std_pool(b, x, pixel_values, spec), spec)
-    b.output(connector(b, x, spec), "image_features", F32, ["batch", spec.num_image_tokens, spec.out_hidden])
+    b.output(connector(b, x, spec), names.IMAGE_FEATURES, F32, ["batch", spec.num_image_tokens, spec.out_hidden])
     return b.model()

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from edgekit import names
 from edgekit.errors import ConfigError
 from edgekit.export.blocks import gelu, layer_norm, linear
 from edgekit.export.irbuilder import GraphBuilder, scope_of
@@ -171,7 +172,7 @@ def _layer(b: GraphBuilder, x: ir.Value, spec: VisionTowerSpec, i: int) -> ir.Va
 
 def build_vision_tower(weights: Mapping[str, np.ndarray], spec: VisionTowerSpec) -> ir.Model:
     b = GraphBuilder(weights, "vision_encoder")
-    pixels = b.input("pixel_values", F32, ["batch", spec.channels, spec.image_size, spec.image_size])
+    pixels = b.input(names.PIXEL_VALUES, F32, ["batch", spec.channels, spec.image_size, spec.image_size])
     x = _embeddings(b, pixels, spec)
     for i in range(spec.layers):
         x = _layer(b, x, spec, i)

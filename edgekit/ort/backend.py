@@ -88,25 +88,25 @@ class CpuBackend:
 
     def _read_decoder_signature(self) -> None:
         inputs = {i.name: i for i in self.decoder.get_inputs()}
-        needed = {"inputs_embeds", "attention_mask", "position_ids"}
+        needed = {names.INPUTS_EMBEDS, names.ATTENTION_MASK, names.POSITION_IDS}
         if not needed <= inputs.keys():
             raise BundleError(f"decoder graph lacks inputs {sorted(needed - inputs.keys())}", self._decoder_path)
-        self.num_layers = sum(1 for n in inputs if n.startswith("past_key_values.") and n.endswith(".key"))
+        self.num_layers = sum(1 for n in inputs if n.startswith(names.PAST_PREFIX) and n.endswith(".key"))
         if self.num_layers == 0:
             raise BundleError("decoder graph has no past_key_values inputs", self._decoder_path)
-        _, self.kv_heads, _, self.head_dim = inputs["past_key_values.0.key"].shape
-        self.hidden = inputs["inputs_embeds"].shape[2]
+        _, self.kv_heads, _, self.head_dim = inputs[names.past_key(0)].shape
+        self.hidden = inputs[names.INPUTS_EMBEDS].shape[2]
         self._output_names = [o.name for o in self.decoder.get_outputs()]
 
     # the backend protocol ------------------------------------------------------------------------------------
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
         """(batch, frames, 1, H, W) float32 -> image features (batch, num_image_tokens, hidden)."""
         pv = np.ascontiguousarray(pixel_values, dtype=np.float32)
-        return self.vision.run(None, {"pixel_values": pv})[0]
+        return self.vision.run(None, {names.PIXEL_VALUES: pv})[0]
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         """(batch, seq) int64 -> (batch, seq, hidden)."""
-        return self.embed_session.run(None, {"input_ids": np.ascontiguousarray(input_ids, dtype=np.int64)})[0]
+        return self.embed_session.run(None, {names.INPUT_IDS: np.ascontiguousarray(input_ids, dtype=np.int64)})[0]
 
     def empty_past(self, batch: int) -> KV:
         z = np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)
@@ -120,16 +120,16 @@ class CpuBackend:
         if past is None:
             past = self.empty_past(x.shape[0])
         feeds = {
-            "inputs_embeds": x,
-            "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
-            "position_ids": np.ascontiguousarray(position_ids, dtype=np.int64),
+            names.INPUTS_EMBEDS: x,
+            names.ATTENTION_MASK: np.ascontiguousarray(attention_mask, dtype=np.int64),
+            names.POSITION_IDS: np.ascontiguousarray(position_ids, dtype=np.int64),
         }
         for i, (k, v) in enumerate(past):
-            feeds[f"past_key_values.{i}.key"] = k
-            feeds[f"past_key_values.{i}.value"] = v
+            feeds[names.past_key(i)] = k
+            feeds[names.past_value(i)] = v
         outs = dict(zip(self._output_names, self.decoder.run(self._output_names, feeds)))
-        present = [(outs[f"present.{i}.key"], outs[f"present.{i}.value"]) for i in range(self.num_layers)]
-        return outs["logits"], present
+        present = [(outs[names.present_key(i)], outs[names.present_value(i)]) for i in range(self.num_layers)]
+        return outs[names.LOGITS], present
 
     # profiling ------------------------------------------------------------------------------------------------
     def take_cost(self) -> dict:
@@ -138,7 +138,7 @@ class CpuBackend:
 
     def write_profile(self, report, out: Path) -> dict:
         """The last report's ORT traces merged into one chrome trace, an op-time table and a plot."""
-        from edgekit.profiling import merge_traces, op_summary, plot_ops
+        from .trace import merge_traces, op_summary, plot_ops
 
         if self.profile_dir is None:
             raise ConfigError("this backend was not loaded for profiling (profile_dir not given)")

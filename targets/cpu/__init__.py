@@ -1,6 +1,6 @@
 """The `cpu` target: exported ONNX graphs run in ONNX Runtime's CPU execution provider.
 
-Build side: the graphs ship as the export and recipe left them. Run side: `backend.CpuBackend`.
+Build side: the graphs ship as the export and recipe left them. Run side: `edgekit.ort.CpuBackend`.
 """
 
 from edgekit.ort import CpuBackend, physical_cores, session_options
@@ -9,6 +9,7 @@ from edgekit.ort import CpuBackend, physical_cores, session_options
 class CpuTarget:
     name = "cpu"
     takes_machine = False
+    weight_encoding = None  # ONNX Runtime reads every encoding: recipes keep their own
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
         """ONNX Runtime runs every recipe's graphs."""

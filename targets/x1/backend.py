@@ -260,7 +260,8 @@ class X1Backend:
             self.policy.reset_stats()
         self._cost = ReportCost()
         self.last_runs, self.runs = self.runs, []
-        self._seq, self._decoder_calls = None, 0
+        self._seq, self._decoder_calls, self.last_mask = None, 0, None
+        self._layer_stats = np.full((self.num_layers, self.heads), np.nan, np.float32)
         return cost
 
     def write_profile(self, report, out: Path) -> dict:
@@ -281,6 +282,15 @@ class X1Backend:
             f"{cost['emulated_ms_total']:.2f} ms, {cost['mj_total']:.2f} mJ emulated",
         )
         dss = cost.get("dss", {"sparsity_target": 0.0, "skip_rate": 0.0})
+        # where the importance DSS ranks heads by came from: uniform (no scores in the bundle) ranks none above another
+        g = self.policy.importance if self.policy is not None else None
+        importance = (
+            "a caller's head mask"
+            if g is None
+            else "uniform head importance: the bundle has none"
+            if np.all(g == g.flat[0])
+            else "head importance from the bundle"
+        )
         return {
             "summary": {
                 "emulated ms / report": round(cost["emulated_ms_total"], 3),
@@ -289,7 +299,7 @@ class X1Backend:
                 "mJ / token": round(cost["mj_per_token"], 4),
                 "tokens": tokens,
                 "DSS": (
-                    f"skip rate {cost['skip_rate']:.3f} of target {cost['sparsity_target']:.2f}"
+                    f"on ({importance}), skip rate {cost['skip_rate']:.3f} of target {cost['sparsity_target']:.2f}"
                     if self.dss_active
                     else "off"
                 ),

@@ -8,8 +8,8 @@ Per decode token, for layer l and query head h:
 
     c[l, h] = g[l, h] * r[l, h]
 
-- g: head importance from the bundle's `head_importance.json` (`edgekit/passes/heads.py`), each layer's weights
-  normalised to average 1; all ones when the bundle has none.
+- g: head importance from the bundle's `head_importance` component (written by `edgekit/passes/heads.py`), each
+  layer's weights normalised to average 1; all ones when the bundle has none.
 - r: the head's share of its layer's attention output, `n[l,h] / sum_h' n[l,h']`, where `n[l,h]` is the norm of
   the head's attention output (what feeds o_proj) **at the last token it was computed**. The backend passes the
   previous call's norms; a head that was skipped reports nothing useful (its output is zero by definition), so
@@ -32,8 +32,6 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.errors import BundleError, ConfigError
-
-HEAD_IMPORTANCE_FILE = "head_importance.json"
 
 
 def load_head_importance(path: str | Path, layers: int, heads: int) -> np.ndarray:

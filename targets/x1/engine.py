@@ -73,7 +73,8 @@ class SparseConfig:
 
     @property
     def dss_active(self) -> bool:
-        return self.enable_sparsity and self.sparsity_target > 0
+        """As the backend decides it: DSS needs KV caching (without it every token recomputes, dense)."""
+        return self.enable_sparsity and self.sparsity_target > 0 and self.enable_kv_caching
 
     def settings(self) -> dict:
         """The x1 runtime settings (`backend.RUNTIME_DEFAULTS`) this config asks for."""
@@ -116,9 +117,9 @@ class X1Engine:
     def __init__(self, model_path: str | os.PathLike | Bundle, config: SparseConfig | None = None, *, machine=None):
         from .machine import load_machine
 
+        if config is not None and not isinstance(config, SparseConfig):
+            raise ConfigError(f"config must be a SparseConfig, got {type(config).__name__}")
         self.config = config if config is not None else SparseConfig()
-        if not isinstance(self.config, SparseConfig):
-            raise ConfigError(f"config must be a SparseConfig, got {type(self.config).__name__}")
         self.bundle = resolve_bundle(model_path)
         if self.bundle.target != "x1":
             raise BundleError(
@@ -131,7 +132,9 @@ class X1Engine:
         self.generation_config = json.loads(self.bundle.component("generation_config").read_text())
         from .backend import X1Backend  # after the checks: a wrong bundle fails fast, before any compile
 
-        self.backend = X1Backend(self.bundle, self.machine, settings=self.config.settings(), keep_runs=True)
+        # no config: the bundle's own runtime settings, as `run`, `eval` and edgekitd use them
+        settings = self.config.settings() if config is not None else None
+        self.backend = X1Backend(self.bundle, self.machine, settings=settings, keep_runs=True)
         self.policy = self.backend.policy
         self._reporter = None
         self.last_stats: dict = {}
