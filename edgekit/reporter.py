@@ -57,6 +57,9 @@ def split_sections(text: str) -> tuple[str, str]:
     return sections.get("FINDINGS", ""), sections.get("IMPRESSION", "")
 
 
+DEFAULT_MAX_NEW_TOKENS = 128  # when a bundle's generation config names none
+
+
 class PromptTooLongError(EdgekitError):
     """A prompt that leaves the model no room to write the report."""
 
@@ -123,8 +126,28 @@ class Reporter:
 
     @property
     def default_options(self) -> GenerationOptions:
+        return self.options()
+
+    def options(
+        self,
+        *,
+        max_new_tokens: int | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> GenerationOptions:
+        """The request's choices over the bundle's generation config: the one merge the CLI, eval and edgekitd use.
+        Checked on construction (`GenerationOptions.validate`)."""
         g = self.generation_config
-        return GenerationOptions(max_new_tokens=g.get("max_new_tokens", 128), stop_token_ids=[g["eos_token_id"]])
+        return GenerationOptions(
+            max_new_tokens=g.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+            if max_new_tokens is None
+            else max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop_token_ids=[g["eos_token_id"]],
+        )
 
     def prompt_ids(self, modality: str, prompt: str) -> np.ndarray:
         return np.asarray([prompt_ids(self.tokenizer, self.generation_config, modality, prompt)], dtype=np.int64)
