@@ -8,6 +8,7 @@ given. This module names no target: it asks `edgekit.plugins` for one.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tempfile
 from collections.abc import Callable
@@ -127,7 +128,8 @@ def build(
         steps += prepared.steps
         figures.update(prepared.figures)
         if parity:
-            say("parity: ONNX Runtime against the PyTorch reference")
+            if importlib.util.find_spec("torch") is not None:  # without torch the figure says it was not measured
+                say("parity: ONNX Runtime against the PyTorch reference")
             figures["parity"] = measure_parity_figure(graphs_dir, model_dir)
         components = {
             **{role: prepared.graphs / names.GRAPH_FILES[role] for role in names.GRAPH_ROLES},

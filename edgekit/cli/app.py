@@ -7,7 +7,9 @@ one that is missing is a packaging mistake and fails loudly (tests/test_cli_fram
 
 Errors: an `EdgekitError` is one stderr line naming the file and the reason, exit 2; with `--json` the same error
 is also printed on stdout as `{"error": {"code", "message", "file"}}`. Parameters a library error names are shown
-as their flags (`common.cli_message`).
+as their flags (`common.cli_message`). An `OSError` on a path the user named on the command line (or one inside or
+above it: `-o /proc/nope/x` fails on `/proc/nope`) is one line too, exit 1, code `io_error`: the disk, not the
+input. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -128,9 +131,38 @@ def _debug_requested(argv: list[str]) -> bool:
     return _env_debug() or state.debug or _flag_given(argv, "--debug")
 
 
-def _json_error(err: BaseException, message: str) -> None:
-    sys.stdout.write(json.dumps(error_json(err, message), ensure_ascii=False) + "\n")
+def _json_error(err: BaseException, message: str, code: str = "usage_error") -> None:
+    sys.stdout.write(json.dumps(error_json(err, message, code), ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def _absolute(path: str) -> Path | None:
+    try:
+        return Path(os.path.abspath(os.path.expanduser(path)))
+    except (TypeError, ValueError):
+        return None
+
+
+def _user_path(err: OSError, argv: list[str]) -> str | None:
+    """The file an OSError names when it is one the user named, or lies inside or above one; else None."""
+    given = [a.split("=", 1)[1] if a.startswith("--") and "=" in a else a for a in argv]
+    named = [p for p in (_absolute(a) for a in given if a and not a.startswith("-")) if p is not None]
+    for filename in (err.filename, err.filename2):
+        if not isinstance(filename, (str, os.PathLike)):
+            continue
+        failed = _absolute(os.fspath(filename))
+        if failed is not None and any(
+            failed == p or failed.is_relative_to(p) or (p.is_relative_to(failed) and failed != Path(failed.anchor))
+            for p in named
+        ):
+            return os.fspath(filename)
+    return None
+
+
+class _PathError(Exception):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +181,18 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {cli_message(str(err))}\n")
         sys.stderr.flush()
         return 2
+    except OSError as err:
+        filename = _user_path(err, argv)
+        if filename is None:
+            raise  # not about a path the user gave: a bug, with its traceback
+        if _debug_requested(argv):
+            traceback.print_exc()
+        reason = err.strerror or str(err)
+        if as_json:
+            _json_error(_PathError(filename), reason, "io_error")
+        sys.stderr.write(f"error: {filename}: {reason}\n")
+        sys.stderr.flush()
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from edgekit.cli.common import (
     ForceOption,
@@ -61,7 +62,7 @@ def build(
 
     def say(msg: str) -> None:
         if not as_json:
-            err_console.print(f"[dim]{msg}[/dim]")
+            err_console.print(f"[dim]{escape(msg)}[/dim]")  # a message is text, never markup
 
     result = run_build(
         target,
@@ -76,4 +77,7 @@ def build(
         recipe=recipe,
         machine=machine,
     )
+    figure = result.figures.get("parity")
+    if figure is not None and not figure.get("measured", True):
+        say(f"parity: {figure.get('source', 'not measured')}")  # what the manifest says: the step did not run
     emit({"bundle": str(result.bundle), "target": target, "figures": result.figures}, as_json)

@@ -7,13 +7,18 @@ As in Polygraphy's argument groups, a flag is defined once, here, and every subc
 - `StudyOption` (`--study/-s`), `PromptOption` (`--prompt/-p`), `ThreadsOption` (`--threads`),
   `MachineOption` (`--machine`), `JsonOption` (`--json`).
 - `out_option(what)` (`--out/-o`) with `ForceOption` (`--force`): an output that already exists is refused, naming
-  it, unless `--force` is given. Every command that writes an output takes both.
+  it, unless `--force` is given; so is one that cannot be created (under a file, in a folder not writable). Both
+  before the command body runs. Every command that writes an output takes both flags.
 - The sampling flags (`--max-new-tokens`, `--temperature`, `--top-p`, `--seed`) and `generation_options(...)`,
-  which applies them to a bundle's defaults.
+  which applies them to a bundle's defaults. Their bounds are the library's (`edgekit.generate.MAX_NEW_TOKENS`,
+  `MAX_TEMPERATURE`), read when a flag is given, so `--help` does not import numpy.
 - `examples(...)`: the Examples epilog every subcommand's `--help` ends with (tests/test_cli_help_examples.py runs
   each line).
 - `emit(data, as_json)` prints JSON to stdout or a readable table; `progress(...)` draws a bar on stderr, silent
-  when stderr is not a terminal or output is JSON, so piped and scripted runs get clean output.
+  when stderr is not a terminal or output is JSON, so piped and scripted runs get clean output. When stdout is
+  not a terminal (a log, a pipe) tables are laid out `LOG_WIDTH` wide (`COLUMNS` if set) and cells never fold
+  mid-word.
+- `warn(message)`: a warning the library returned (ingest, capped options), one `warning: ...` line on stderr.
 - `console` (stdout) and `err_console` (stderr); `state.debug` mirrors the global `--debug` flag.
 - `PARAM_FLAGS` / `cli_message(...)`: library errors name parameters (`overwrite`), the CLI prints the flag
   (`--force`).
@@ -46,8 +51,22 @@ from rich.text import Text
 
 from edgekit.errors import ConfigError
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+LOG_WIDTH = 200  # columns of a table written to a log or pipe (rich would use 80 and fold cells)
+
+
+def _width(stream: Any) -> int | None:
+    """None (rich's own, the terminal's width) on a terminal; else COLUMNS or LOG_WIDTH."""
+    try:
+        if stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        pass
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else LOG_WIDTH
+
+
+console = Console(highlight=False, width=_width(sys.stdout))
+err_console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 # --- the shared arguments and flags -------------------------------------------------------------------------------
 
@@ -82,12 +101,37 @@ ForceOption = Annotated[
     bool, typer.Option("--force", is_eager=True, help="Replace the output (--out) if it already exists.")
 ]
 
-# The sampling flags: they only override the bundle's generation config when given.
+
+# The sampling flags: they only override the bundle's generation config when given. The bounds are the library's,
+# imported when a flag is checked (edgekit.generate pulls in numpy; --help must stay fast).
+def _max_new_tokens(value: int | None) -> int | None:
+    from edgekit.generate import MAX_NEW_TOKENS
+
+    if value is not None and not 1 <= value <= MAX_NEW_TOKENS:
+        raise typer.BadParameter(f"{value} is not in [1, {MAX_NEW_TOKENS}]")
+    return value
+
+
+def _temperature(value: float) -> float:
+    from edgekit.generate import MAX_TEMPERATURE
+
+    if not 0 <= value <= MAX_TEMPERATURE:  # NaN fails too
+        raise typer.BadParameter(f"{value:g} is not in [0, {MAX_TEMPERATURE:g}]")
+    return value
+
+
 MaxNewTokensOption = Annotated[
     int | None,
-    typer.Option("--max-new-tokens", min=1, help="Most tokens to generate (default: the bundle's generation config)."),
+    typer.Option(
+        "--max-new-tokens",
+        callback=_max_new_tokens,
+        help="Most tokens to generate, at least 1 (default: the bundle's generation config; capped at what the "
+        "model's context leaves).",
+    ),
 ]
-TemperatureOption = Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 = greedy.")]
+TemperatureOption = Annotated[
+    float, typer.Option("--temperature", callback=_temperature, help="Sampling temperature, from 0 (greedy).")
+]
 
 
 def _top_p(value: float) -> float:
@@ -112,10 +156,26 @@ def output_exists(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
+def writable_out(path: Path) -> None:
+    """Refuse an output that cannot be created: the nearest existing folder above it is a file, or not writable.
+
+    Checked before any work, so a long build never ends on a traceback from `mkdir`."""
+    above = path.parent
+    while not (above.exists() or above.is_symlink()) and above.parent != above:
+        above = above.parent
+    if not above.is_dir():
+        raise ConfigError(f"cannot be written: {above} is a file, not a folder", path)
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot be written: no permission to write in {above}", path)
+
+
 def claim_out(path: Path | None, force: bool) -> None:
-    """Refuse to write over an existing output unless `--force` was given."""
-    if path is not None and not force and output_exists(path):
+    """Refuse to write over an existing output unless `--force` was given, and an output that cannot be written."""
+    if path is None:
+        return
+    if not force and output_exists(path):
         raise ConfigError("already exists; pass --force to replace it", path)
+    writable_out(path)
 
 
 def _check_out(ctx: typer.Context, value: Path | None) -> Path | None:
@@ -223,6 +283,16 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _overflow() -> str:
+    """On a terminal a cell too wide folds; in a log it is left whole (a word cut in two cannot be grepped)."""
+    return "fold" if console.is_terminal else "ignore"
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (stdout stays the result, JSON included)."""
+    err_console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
 def emit(data: Any, as_json: bool, *, title: str | None = None) -> None:
     """Print a result: JSON on stdout with `--json`, else a rich table (dict: key/value; list of dicts: rows)."""
     if as_json:
@@ -231,8 +301,8 @@ def emit(data: Any, as_json: bool, *, title: str | None = None) -> None:
         return
     if isinstance(data, Mapping):
         table = Table(title=title, show_header=False, box=None, pad_edge=False)
-        table.add_column(style="bold")
-        table.add_column(overflow="fold")
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow=_overflow())
         for key, value in _flatten(data):
             table.add_row(key, Text(_cell(value)))  # values are data, never rich markup
         console.print(table)
@@ -247,7 +317,7 @@ def emit(data: Any, as_json: bool, *, title: str | None = None) -> None:
             columns.extend(k for k in row if k not in columns)
         table = Table(title=title)
         for col in columns:
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow=_overflow())
         for row in data:
             table.add_row(*(Text(_cell(row.get(c))) for c in columns))
         console.print(table)

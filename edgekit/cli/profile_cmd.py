@@ -18,6 +18,7 @@ from edgekit.cli.common import (
     emit,
     examples,
     out_option,
+    warn,
 )
 
 app = typer.Typer(help="Measure where a bundle's time goes on a target.")
@@ -37,9 +38,10 @@ def profile(
     bundle: BundleArgument,
     study: StudyOption,
     prompt: PromptOption = "",
-    out: Annotated[Path, out_option("Folder for trace.json, the tables, the plot and profile.json.")] = Path(
-        "out/profile"
-    ),
+    out: Annotated[
+        Path,
+        out_option("Folder for trace.json, the tables, the plot (cpu: ops.png; x1: layer_types.png) and profile.json."),
+    ] = Path("out/profile"),
     force: ForceOption = False,
     threads: ThreadsOption = None,
     dense: Annotated[bool, typer.Option("--dense", help="x1: run without dynamic head sparsity.")] = False,
@@ -49,6 +51,8 @@ def profile(
     from edgekit.profiling import profile_report
 
     result = profile_report(bundle, study, prompt, out, threads=threads, settings={"dss": False} if dense else None)
+    for message in result.get("warnings", []):  # the report's: what ingest skipped or changed
+        warn(message)
     if as_json:
         emit(result, True)
         return

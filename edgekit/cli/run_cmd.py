@@ -19,6 +19,7 @@ from edgekit.cli.common import (
     err_console,
     examples,
     generation_options,
+    warn,
 )
 
 app = typer.Typer(help="Generate a report for a study with a bundle.")
@@ -52,6 +53,8 @@ def run(
         reporter.default_options, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
     )
     report = reporter.report(study, prompt, options)
+    for message in report.warnings:  # what ingest skipped or changed, what was capped; --json also lists them
+        warn(message)
     if as_json:
         emit(report.to_dict(), True)
         return

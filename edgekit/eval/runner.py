@@ -30,11 +30,33 @@ def _finding(d: dict) -> Finding:
     return Finding(**d)
 
 
+_STUDY_KEYS = ("id", "modality", "path", "findings", "negatives", "references")  # what `evaluate` reads
+
+
 def load_split(data_dir: Path) -> list[dict]:
+    """The split's index, one study per line; a line that is not a study record is refused, naming its number."""
     index = data_dir / "studies.jsonl"
     if not index.is_file():
         raise EdgekitError("no studies.jsonl here; write a split with `edgekit data synth`", data_dir)
-    return [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
+    try:
+        text = index.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise EdgekitError(f"not UTF-8 text (byte {e.start}); write a split with `edgekit data synth`", index) from e
+    studies = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EdgekitError(f"line {number}: not a JSON object ({e.msg}, column {e.colno})", index) from e
+        if not isinstance(record, dict):
+            raise EdgekitError(f"line {number}: not a JSON object (a {type(record).__name__})", index)
+        missing = [k for k in _STUDY_KEYS if k not in record]
+        if missing:
+            raise EdgekitError(f"line {number}: study record without {', '.join(missing)}", index)
+        studies.append(record)
+    return studies
 
 
 def default_test_split(cache_root: Path | None = None, count: int = TEST_SPLIT_SIZE) -> Path:

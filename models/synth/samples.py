@@ -1,13 +1,16 @@
 """The committed sample studies under `models/samples/`: small, real files for docs, demos and smoke tests.
 
-They come from the "sample" split, so regenerating them (`python -m edgekit.models.synth.samples`) rewrites the
-same bytes. Each folder holds a `study.json` with the ground truth.
+They come from the "sample" split, so regenerating them (`python -m edgekit.models.synth.samples` in a checkout)
+rewrites the same bytes. Each folder holds a `study.json` with the ground truth. An installed package's samples are
+never rewritten in place: there the command needs `--out DIR`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from pydicom.uid import JPEG2000Lossless, JPEGBaseline8Bit, RLELossless
@@ -58,6 +61,25 @@ def regenerate_samples(dest: str | Path = SAMPLES_DIR) -> list[Path]:
     return written
 
 
-if __name__ == "__main__":
-    for p in regenerate_samples():
+def _in_checkout(folder: Path) -> bool:
+    """True for the source tree's models/samples (the repository root holds pyproject.toml), not an installed copy."""
+    return (folder.parent.parent / "pyproject.toml").is_file() and "site-packages" not in folder.parts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m edgekit.models.synth.samples",
+        description="Regenerate the committed sample studies (ct_chest, cr_chest, us_cardiac) from the sample split.",
+        epilog=f"Without --out: {SAMPLES_DIR}, and only in a source checkout; an installed package is never rewritten.",
+    )
+    parser.add_argument("--out", type=Path, help="Folder to write <kind>/ into (default: the checkout's samples).")
+    args = parser.parse_args(argv)
+    if args.out is None and not _in_checkout(SAMPLES_DIR):
+        parser.exit(2, f"error: {SAMPLES_DIR}: an installed package, not a checkout; pass --out DIR\n")
+    for p in regenerate_samples(args.out if args.out is not None else SAMPLES_DIR):
         print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
