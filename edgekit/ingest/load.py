@@ -10,13 +10,16 @@ from pathlib import Path, PurePosixPath
 
 from edgekit.errors import StudyError
 from edgekit.ingest.dicom import DicomDirectory, DicomImage, NotDicom, inspect_image, read_dataset
-from edgekit.ingest.phi import phi_guard
-from edgekit.ingest.series import assemble
+from edgekit.ingest.phi import phi_guard, scrub
+from edgekit.ingest.series import SKIPPABLE, Skipped, assemble
 from edgekit.ingest.study import IngestLimits, Study
 from edgekit.ingest.video import VIDEO_SUFFIXES, load_video
 
 # Files that series exports carry beside the images; skipped without a word.
 _SILENT = {"DICOMDIR", "Thumbs.db"}
+# Names that say "an image of the series": one that is not readable as DICOM is a lost slice, named by its place
+# (its name may be the patient's), not a stray file named by its name.
+_DICOM_SUFFIXES = {".dcm", ".dicom", ".dic", ".ima"}
 
 
 def load_study(path: str | os.PathLike, *, limits: IngestLimits | None = None) -> Study:
@@ -65,33 +68,53 @@ def _folder_entries(folder: Path, limits: IngestLimits) -> Iterator[Entry]:
 
 
 def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits) -> Study:
+    """A folder's or zip's files -> one series. A broken slice is left out with a warning naming it by
+    InstanceNumber (else by its place among the DICOM files); stray files are named by their own name."""
     images: list[DicomImage] = []
     warnings: list[str] = []
-    seen = 0
+    skipped: list[Skipped] = []
+    seen = candidates = 0
     for name, opener in entries:
         seen += 1
         base = PurePosixPath(name.replace(os.sep, "/")).name
         if base in _SILENT:
             continue
         if base.startswith("."):
-            warnings.append(f"skipped hidden file {base}")
+            warnings.append(f"skipped hidden file {scrub(base)}")
             continue
         try:
             ds = read_dataset(opener(), name)
         except DicomDirectory:
             continue
         except NotDicom:
-            warnings.append(f"skipped {base}: not a DICOM file")
+            if PurePosixPath(base).suffix.lower() in _DICOM_SUFFIXES:
+                candidates += 1
+                err = StudyError("not readable as DICOM (no DICM preamble, not a dataset)", name)
+                skipped.append(Skipped(err, None, candidates))
+            else:
+                warnings.append(f"skipped {scrub(base)}: not a DICOM file")
             continue
-        if not any(tag in ds for tag in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
-            warnings.append(f"skipped {base}: DICOM object without pixel data")
+        except SKIPPABLE as err:
+            candidates += 1
+            skipped.append(Skipped(err, getattr(err, "instance", None), candidates))
             continue
-        images.append(inspect_image(ds, name, limits))
+        candidates += 1
+        try:
+            img = inspect_image(ds, name, limits)
+        except SKIPPABLE as err:
+            skipped.append(Skipped(err, getattr(err, "instance", None), candidates))
+            continue
+        img.ordinal = candidates
+        images.append(img)
     if seen == 0:
         raise StudyError("is empty", label)
-    if not images:
+    if not images and not skipped:
         raise StudyError(f"no DICOM image found among {seen} file(s)", label)
-    return assemble(images, str(label), limits, warnings)
+    for img in images:
+        img.of = candidates
+    if not images:
+        raise skipped[0].error
+    return assemble(images, str(label), limits, warnings, skipped)
 
 
 def _load_zip(path: Path, limits: IngestLimits) -> Study:

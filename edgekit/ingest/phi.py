@@ -22,9 +22,14 @@ _QUOTED = re.compile(r"""b?'(?:[^'\\]|\\.)*'|b?"(?:[^"\\]|\\.)*\"""")
 # Digit runs that look like dates/times or IDs (8+ digits, or with date separators) outside quotes.
 _DATELIKE = re.compile(r"\b\d{4}[-./]?\d{2}[-./]?\d{2}(?:\d{2,6}(?:\.\d+)?)?\b")
 _LONG_NUMBER = re.compile(r"\b\d{8,}\b")
+# File paths ("... found in file /exports/DOE_JOHN/IM0007.dcm"): folder and file names of real exports carry
+# patient names. An absolute POSIX or Windows path with at least one separator inside it.
+_PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[/\\](?:[^\s/\\'\"]+[/\\])+[^\s/\\'\",;)]*")
 
 # catch_warnings() swaps process-wide state; serialise guarded sections so two threads cannot interleave them.
 _LOCK = threading.RLock()
+# Where `held_log_messages()` diverts this thread's pydicom log messages (None: to the guard, as usual).
+_HELD = threading.local()
 
 
 def hash_uid(uid: str | bytes | None) -> str:
@@ -43,12 +48,15 @@ def hash_bytes(data_sha256: str) -> str:
 
 
 def scrub(text: str, known_values: tuple[str, ...] = ()) -> str:
-    """Redact quoted values, date-like numbers, long digit runs and any `known_values` from a message."""
+    """Redact quoted values, file paths, date-like numbers, long digit runs and any `known_values` from a message.
+
+    Longer known values go first, so a path is redacted whole before its file name could be matched inside it.
+    """
     out = str(text)
-    for value in known_values:
-        value = str(value).strip()
+    for value in sorted((str(v).strip() for v in known_values), key=len, reverse=True):
         if len(value) >= 2:
             out = out.replace(value, REDACTED)
+    out = _PATH.sub(REDACTED, out)
     out = _QUOTED.sub(f"'{REDACTED}'", out)
     out = _DATELIKE.sub(REDACTED, out)
     out = _LONG_NUMBER.sub(REDACTED, out)
@@ -73,8 +81,24 @@ class ScrubFilter(logging.Filter):
         record.exc_info = None  # exception text can carry element values too
         record.exc_text = None
         if record.levelno >= logging.WARNING:
-            self.messages.append(clean)
+            held = getattr(_HELD, "messages", None)
+            (held if held is not None else self.messages).append(clean)
         return True
+
+
+@contextmanager
+def held_log_messages() -> Iterator[list[str]]:
+    """Within `phi_guard`, keep this thread's pydicom log warnings (scrubbed) in the yielded list, not the guard's.
+
+    For a reader that replaces pydicom's message with its own ("truncated inside its pixel data" for "End of
+    file reached before delimiter"): it drops what it replaced and passes the rest on with `warnings.warn`.
+    """
+    previous = getattr(_HELD, "messages", None)
+    _HELD.messages = held = []
+    try:
+        yield held
+    finally:
+        _HELD.messages = previous
 
 
 def _pydicom_loggers() -> list[logging.Logger]:

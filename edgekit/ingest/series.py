@@ -6,15 +6,32 @@ the same frames for the same objects.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from edgekit.errors import StudyError
-from edgekit.ingest.dicom import DicomImage, decode_image, header_meta
+from edgekit.errors import StudyError, UnsupportedTransferSyntaxError
+from edgekit.ingest.dicom import DicomImage, SliceError, decode_image, header_meta, slice_name
 from edgekit.ingest.phi import hash_uid
 from edgekit.ingest.pixels import luminance, to_display
 from edgekit.ingest.study import IngestLimits, Study
+
+# Per-object failures a series goes on without; limits and series-level problems still fail the whole study.
+SKIPPABLE = (SliceError, UnsupportedTransferSyntaxError)
+
+
+@dataclass
+class Skipped:
+    """One object of a folder or zip left out, and why; named at the end, once the file count is known."""
+
+    error: StudyError
+    instance: int | None
+    ordinal: int | None
+
+    def warning(self, of: int) -> str:
+        name = slice_name(self.instance, self.ordinal, of)
+        return f"skipped {'the slice with ' if self.instance is not None else ''}{name}: {self.error.reason}"
 
 
 def check_one_series(images: list[DicomImage], label: str) -> None:
@@ -62,23 +79,55 @@ def _check_sizes(images: list[DicomImage], limits: IngestLimits, label: str) -> 
         raise StudyError(f"{total_pixels} pixels in all exceed the limit of {limits.max_total_pixels}", label)
 
 
-def assemble(images: list[DicomImage], label: str, limits: IngestLimits, warnings: list[str]) -> Study:
-    """Order, decode and window the objects of one series into display frames."""
-    if not images:
-        raise StudyError("no DICOM image found", label)
-    check_one_series(images, label)
-    images = order_images(images)
-    _check_sizes(images, limits, label)
+def assemble(
+    images: list[DicomImage],
+    label: str,
+    limits: IngestLimits,
+    warnings: list[str],
+    skipped: list[Skipped] | None = None,
+) -> Study:
+    """Order, decode and window the objects of one series into display frames.
 
-    first = images[0]
-    meta = header_meta(first)  # before decoding: decoding releases each object's dataset
-    uid = first.study_uid or first.series_uid or str(first.ds.get("SOPInstanceUID", "") or "")
-    decoded = []
+    With `skipped` (a folder or zip), an object that fails to decode joins the skipped ones and the series goes
+    on; every skipped object gets one warning, first in `warnings`. Without it (one file) the failure is the error.
+    When no object is left, the first failure is the error, so its code and reason reach the caller.
+    """
+    if not images and not skipped:
+        raise StudyError("no DICOM image found", label)
+    if images:
+        check_one_series(images, label)
+        images = order_images(images)
+        _check_sizes(images, limits, label)
+    of = images[0].of if images and images[0].of else None
+
+    decoded, kept = [], []
+    notes: dict[str, list[str]] = {}
+    meta = None
     for img in images:
-        d = decode_image(img)
-        warnings.extend(d.notes)
+        try:
+            d = decode_image(img)
+        except SKIPPABLE as err:
+            if skipped is None:
+                raise
+            skipped.append(Skipped(err, img.instance_number, img.ordinal))
+            img.ds = None
+            continue
+        if meta is None:
+            meta = header_meta(img)  # before the dataset is released below
+            uid = img.study_uid or img.series_uid or str(img.ds.get("SOPInstanceUID", "") or "")
+        for note in d.notes:
+            notes.setdefault(note, []).append(img.slice_name)
         decoded.append(d)
+        kept.append(img)
         img.ds = None  # the raw bytes are no longer needed; free them as we go
+    if skipped:
+        skipped.sort(key=lambda s: (s.ordinal is None, s.ordinal or 0))
+        warnings[:0] = [s.warning(of or len(skipped) + len(kept)) for s in skipped]
+    if not decoded:
+        raise skipped[0].error
+    warnings.extend(_note_warnings(notes, len(kept)))
+    images = kept
+    first = images[0]
 
     n = sum(d.stored.shape[0] for d in decoded)
     frames = np.empty((n, first.rows, first.columns), dtype=np.float32)
@@ -124,6 +173,19 @@ def assemble(images: list[DicomImage], label: str, limits: IngestLimits, warning
         meta=meta,
         warnings=warnings,
     )
+
+
+def _note_warnings(notes: dict[str, list[str]], kept: int) -> list[str]:
+    """One warning per kind of fallback or changed value, naming the slices (a few, then a count)."""
+    out = []
+    for note, names in notes.items():
+        if kept == 1:
+            out.append(note)
+        elif len(names) <= 3:
+            out.append(f"{note} ({', '.join(names)})")
+        else:
+            out.append(f"{note} ({len(names)} of {kept} slices: {', '.join(names[:3])}, ...)")
+    return out
 
 
 def _slice_spacing(images: list[DicomImage]) -> float | None:
