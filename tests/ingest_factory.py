@@ -18,6 +18,7 @@ from pydicom.uid import (
     ExplicitVRLittleEndian,
     JPEG2000Lossless,
     JPEGBaseline8Bit,
+    RLELossless,
     generate_uid,
 )
 
@@ -156,3 +157,25 @@ def write_mp4(path: Path, frames: int = 20, size: int = 32) -> Path:
 
 def read_back(path: Path) -> Dataset:
     return pydicom.dcmread(path)
+
+
+def write_rle_series(folder: Path, n: int = 5, *, name=lambda k: f"IM{k + 1:04d}.dcm") -> list[Path]:
+    """n RLE-compressed 32x32 slices (encapsulated pixel data, as the shipped samples), InstanceNumber k + 1."""
+    folder.mkdir(parents=True, exist_ok=True)
+    study, series = generate_uid(), generate_uid()
+    paths = []
+    for k in range(n):
+        pixels = ramp(32, 32, offset=100 * k)
+        ds = make_dataset(
+            pixels, study_uid=study, series_uid=series, position=(0.0, 0.0, 2.5 * k), instance=k + 1, window=(400, 900)
+        )
+        ds.compress(RLELossless, pixels, encoding_plugin="pydicom")
+        paths.append(save(ds, folder / name(k)))
+    return paths
+
+
+def cut(path: Path, keep: float = 0.5) -> Path:
+    """Truncate a file to a fraction of its length."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
