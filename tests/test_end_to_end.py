@@ -150,3 +150,103 @@ def test_build_with_a_recipe_records_its_passes_and_still_reports(tmp_path, caps
     capsys.readouterr()
     assert main(["run", str(out), "--study", str(SAMPLES / "cr_chest"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["text"].startswith("FINDINGS:")
+
+
+# --- one-line errors, warnings, limits (issue items 3, 5, 6, 11) --------------------------------------------------
+
+
+def _only_dicom_copy(sample: Path, dest: Path) -> Path:
+    """The sample's DICOM files alone (the sample folder also holds its study.json), plus a stray text file."""
+    dest.mkdir()
+    for f in sample.glob("*.dcm"):
+        (dest / f.name).write_bytes(f.read_bytes())
+    (dest / "notes.txt").write_text("a stray file a scanner export left behind")
+    return dest
+
+
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        ("{not json", "line 2: not a JSON object"),
+        ("[1, 2]", "line 2: not a JSON object"),
+        ('{"id": "x"}', "line 2: study record without"),
+    ],
+)
+def test_a_malformed_studies_jsonl_is_one_line_naming_the_line(bundle_dir, tmp_path, capsys, bad, needle):
+    from edgekit.models.synth import write_split
+
+    data = write_split(tmp_path / "split", "test", 2).parent
+    lines = (data / "studies.jsonl").read_text().splitlines()
+    (data / "studies.jsonl").write_text("\n".join([lines[0], bad, lines[1]]) + "\n")
+    assert main(["eval", str(bundle_dir), "--data", str(data), "--no-video"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert str(data / "studies.jsonl") in err and needle in err
+    assert main(["eval", str(bundle_dir), "--data", str(data), "--no-video", "--json"]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["file"] == str(data / "studies.jsonl") and needle in error["message"]
+
+
+def test_run_shows_ingest_warnings_and_lists_them_in_json(bundle_dir, tmp_path, capsys):
+    study = _only_dicom_copy(SAMPLES / "ct_chest", tmp_path / "ct")
+    assert main(["run", str(bundle_dir), "--study", str(study)]) == 0
+    err_lines = capsys.readouterr().err.splitlines()
+    assert "warning: skipped notes.txt: not a DICOM file" in err_lines
+    assert main(["run", str(bundle_dir), "--study", str(study), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["warnings"] == ["skipped notes.txt: not a DICOM file"]
+    assert "warning: skipped notes.txt" in err
+
+
+def test_eval_counts_the_studies_that_came_with_warnings(bundle_dir, tmp_path, capsys):
+    from edgekit.models.synth import write_split
+
+    data = write_split(tmp_path / "split", "test", 3).parent
+    rows = [json.loads(x) for x in (data / "studies.jsonl").read_text().splitlines()]
+    folder = next(data / r["path"] for r in rows if (data / r["path"]).is_dir())
+    (folder / "notes.txt").write_text("stray")
+    out = tmp_path / "result.json"
+    assert main(["eval", str(bundle_dir), "--data", str(data), "--no-video", "-o", str(out), "--json"]) == 0
+    stdout, err = capsys.readouterr()
+    assert json.loads(stdout)["studies_with_warnings"] == 1
+    assert "1 of 3 studies came with ingest warnings" in err
+    warned = [r for r in json.loads(out.read_text())["records"] if r.get("warnings")]
+    assert len(warned) == 1 and "notes.txt" in warned[0]["warnings"][0]
+
+
+def test_a_prompt_longer_than_the_context_is_refused_fast(bundle_dir, capsys):
+    import time
+
+    args = ["run", str(bundle_dir), "--study", str(SAMPLES / "cr_chest"), "--prompt", "x" * 20_000]
+    t0 = time.perf_counter()
+    assert main(args) == 2
+    assert time.perf_counter() - t0 < 5.0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "prompt is" in err, err
+    assert main([*args, "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "prompt_too_long"
+
+
+def test_build_without_torch_prints_no_parity_step(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails, as without the train extra
+    assert main(["build", "--target", "cpu", "-o", str(tmp_path / "b")]) == 0
+    err = capsys.readouterr().err
+    assert "parity: ONNX Runtime against the PyTorch reference" not in err
+    assert "parity: not measured" in err
+    assert load_bundle(tmp_path / "b").manifest.figures["parity"]["measured"] is False
+
+
+def test_x1_profile_says_where_head_importance_came_from_and_help_names_its_plot(tmp_path, capsys, monkeypatch):
+    bundle = tmp_path / "x1"
+    build("x1", bundle, parity=False)  # the default recipe: no head-importance scores in the bundle
+    out = tmp_path / "prof"
+    assert main(["profile", str(bundle), "--study", str(SAMPLES / "cr_chest"), "-o", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["summary"]["DSS"].startswith("on (uniform head importance: the bundle has none), skip rate ")
+    plot = Path(result["plot"])
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert main(["profile", "--help"]) == 0
+    assert plot.name in capsys.readouterr().out

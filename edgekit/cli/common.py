@@ -9,9 +9,10 @@ As in Polygraphy's argument groups, a flag is defined once, here, and every subc
 - `out_option(what)` (`--out/-o`) with `ForceOption` (`--force`): an output that already exists is refused, naming
   it, unless `--force` is given; so is one that cannot be created (under a file, in a folder not writable). Both
   before the command body runs. Every command that writes an output takes both flags.
-- The sampling flags (`--max-new-tokens`, `--temperature`, `--top-p`, `--seed`) and `generation_options(...)`,
-  which applies them to a bundle's defaults. Their bounds are the library's (`edgekit.generate.MAX_NEW_TOKENS`,
-  `MAX_TEMPERATURE`), read when a flag is given, so `--help` does not import numpy.
+- The sampling flags (`--max-new-tokens`, `--temperature`, `--top-p`, `--seed`), handed to `Reporter.options(...)`
+  (the one merge with a bundle's generation config). Their bounds are the library's
+  (`edgekit.generate.MAX_NEW_TOKENS`, `MAX_TEMPERATURE`), read when a flag is given, so `--help` does not import
+  numpy.
 - `examples(...)`: the Examples epilog every subcommand's `--help` ends with (tests/test_cli_help_examples.py runs
   each line).
 - `emit(data, as_json)` prints JSON to stdout or a readable table; `progress(...)` draws a bar on stderr, silent
@@ -30,7 +31,6 @@ from `edgekit.cli.app`. This module imports nothing heavy, so `--help` stays fas
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -188,16 +188,6 @@ def out_option(what: str) -> Any:
     """`--out/-o`: `what` says what is written there. An existing output is refused unless `--force` (ForceOption,
     which the command must also take) is given; the check runs before the command body, so nothing is half done."""
     return typer.Option("--out", "-o", help=f"{what} Refused if it exists, unless --force.", callback=_check_out)
-
-
-def generation_options(
-    defaults: Any, *, max_new_tokens: int | None, temperature: float, top_p: float, seed: int | None
-) -> Any:
-    """The bundle's `GenerationOptions` with the sampling flags applied (a copy; ranges are checked by the flags)."""
-    changes: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "seed": seed}
-    if max_new_tokens is not None:
-        changes["max_new_tokens"] = max_new_tokens
-    return dataclasses.replace(defaults, **changes)
 
 
 def examples(*commands: str, note: str = "") -> str:

@@ -18,7 +18,6 @@ from edgekit.cli.common import (
     emit,
     err_console,
     examples,
-    generation_options,
     warn,
 )
 
@@ -49,9 +48,7 @@ def run(
     from edgekit.reporter import Reporter
 
     reporter = Reporter.from_bundle(bundle, threads=threads)
-    options = generation_options(
-        reporter.default_options, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
-    )
+    options = reporter.options(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     report = reporter.report(study, prompt, options)
     for message in report.warnings:  # what ingest skipped or changed, what was capped; --json also lists them
         warn(message)
