@@ -194,6 +194,10 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
         )
     if not 0 <= cfg.socket_mode <= 0o777:
         raise ConfigError(f"socket_mode must be within 0o000..0o777, got {oct(cfg.socket_mode)}", path)
+    from edgekit.generate import MAX_NEW_TOKENS
+
+    if cfg.max_new_tokens_limit > MAX_NEW_TOKENS:
+        raise ConfigError(f"max_new_tokens_limit must be <= {MAX_NEW_TOKENS}, got {cfg.max_new_tokens_limit}", path)
     if not 0 < cfg.tcp_port < 65536:
         raise ConfigError(f"tcp_port must be 1..65535, got {cfg.tcp_port}", path)
     if cfg.tcp_enabled and cfg.tcp_token_file is None:
@@ -205,6 +209,24 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
         raise ConfigError("variant names must be unique", path)
     if cfg.active_variant is not None and cfg.variants and cfg.active_variant not in names:
         raise ConfigError(f"models.active names an unknown variant {cfg.active_variant!r}", path)
+
+
+def check_files(cfg: DaemonConfig) -> None:
+    """What `--check-config` adds to parsing: every variant's bundle and the default model's weights are there.
+
+    Cheap checks only (a bundle is a directory with a manifest, or an .ekb file); the daemon verifies checksums when
+    it loads a variant. Not part of `load_config`, which a reload and the tests call on configs whose bundles are
+    built later."""
+    for v in cfg.variants:
+        if v.bundle.is_dir():
+            if not (v.bundle / "manifest.json").is_file():
+                raise ConfigError(f"variant {v.name!r}: not a bundle (no manifest.json)", v.bundle)
+        elif not v.bundle.is_file():
+            raise ConfigError(f"variant {v.name!r}: no such bundle (directory or .ekb file)", v.bundle)
+    if not cfg.variants and cfg.default_model_dir is not None:
+        weights = cfg.default_model_dir / "model.safetensors"
+        if not weights.is_file():
+            raise ConfigError("no variant is configured and the default model's weights are missing", weights)
 
 
 def read_token(cfg: DaemonConfig) -> str | None:

@@ -42,14 +42,41 @@ def systemd_sockets(env: dict[str, str] | None = None) -> list[socket.socket]:
     return out
 
 
+def answers(path: Path, timeout: float = 1.0) -> bool:
+    """Whether a process listens on the Unix socket at `path` (a connect that is accepted, or that waits in a full
+    backlog); False for a stale socket file that nothing listens on."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except (TimeoutError, BlockingIOError):  # someone listens, but is too busy to accept now
+        return True
+    except OSError:  # cannot tell (e.g. no permission): replacing it is then refused by the unlink itself
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 def unix_socket(path: Path, mode: int = 0o660, group: str | None = None) -> socket.socket:
-    """Bind `path` (replacing a stale socket, never a regular file) with `mode` and `group` set before listen()."""
+    """Bind `path` (replacing a stale socket, never a regular file, never one a live daemon answers on) with
+    `mode` and `group` set before listen().
+
+    Unlinking a live daemon's socket would leave that daemon running but unreachable, so a socket that accepts a
+    connection is refused; one that nothing listens on (left by a crash) is replaced."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise ConfigError("exists and is not a socket; refusing to replace it", path)
-        path.unlink()
+        if answers(path):
+            raise ConfigError("another edgekitd is already listening on this socket; stop it first", path)
+        try:
+            path.unlink()
+        except OSError as exc:
+            raise ConfigError(f"cannot replace the stale socket ({exc.strerror})", path) from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o777 & ~mode)  # no window where the socket is wider than asked
     try:

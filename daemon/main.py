@@ -2,7 +2,7 @@
 
 SIGTERM/SIGINT: STOPPING=1, stop accepting, let in-flight requests and running reports finish (drain timeout),
 leave queued jobs in the store. SIGHUP: reload the config file. Exit status 0 after a clean stop, 1 when the
-model could not be loaded, 2 for a bad config.
+model could not be loaded, 2 for a bad config, a socket another edgekitd answers on, or a missing serve extra.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import importlib
 import logging
 import signal
 import sys
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit.errors import EdgekitError
 
-from .config import DEFAULT_CONFIG_PATH, DaemonConfig, load_config, read_token
+from .config import DEFAULT_CONFIG_PATH, DaemonConfig, check_files, load_config, read_token
 
 if TYPE_CHECKING:  # imported when serving, not for --help or --check-config
     import uvicorn
@@ -29,6 +30,16 @@ if TYPE_CHECKING:  # imported when serving, not for --help or --check-config
     from .service import Daemon
 
 log = logging.getLogger("edgekitd")
+
+# What pyproject's `serve` extra installs, by the module names it provides (python-multipart renamed its module).
+SERVE_MODULES = (
+    ("fastapi",),
+    ("uvicorn",),
+    ("prometheus_client",),
+    ("python_multipart", "multipart"),
+    ("swagger_ui_bundle",),
+)
+SERVE_EXTRA_HINT = "pip install 'edgekit[serve]'"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,9 +98,36 @@ def main(argv: list[str] | None = None) -> int:
         level=cfg.log_level.upper(), stream=sys.stderr, format="edgekitd[%(process)d] %(levelname)s %(message)s"
     )
     if args.check_config:
+        try:
+            check_files(cfg)
+        except EdgekitError as err:
+            print(f"edgekitd: error: {err}", file=sys.stderr)
+            return 2
         print(cfg)
         return 0
+    missing = missing_serve_module()
+    if missing is not None:
+        print(
+            f"edgekitd: error: serving needs edgekit's serve extra (module {missing} is missing): {SERVE_EXTRA_HINT}",
+            file=sys.stderr,
+        )
+        return 2
     return serve(cfg, overrides, token)
+
+
+def missing_serve_module() -> str | None:
+    """The first module of the serve extra that cannot be imported (None: all there). Checked before serving so an
+    install without the extra says what to install, not a traceback from deep inside the app."""
+    for names in SERVE_MODULES:
+        for name in names:
+            try:
+                importlib.import_module(name)
+                break
+            except ImportError:
+                continue
+        else:
+            return names[0]
+    return None
 
 
 def serve(cfg: DaemonConfig, overrides: dict[str, Any], token: str | None) -> int:
@@ -102,11 +140,16 @@ def serve(cfg: DaemonConfig, overrides: dict[str, Any], token: str | None) -> in
     # saw generation p50 rise 138 -> 231 ms at concurrency 4 with 5 ms, and throughput at c=4/16 +10-15% with 1 ms
     # (on a busy shared 2-core machine: indicative, not settled).
     sys.setswitchinterval(0.001)
-    try:
-        daemon = Daemon(cfg, overrides=overrides)
+    try:  # the sockets first: a second daemon on a live socket is refused before it touches the state dir
         sockets, how = open_listeners(cfg)
     except EdgekitError as err:
         log.error("%s", err)
+        return 2
+    try:
+        daemon = Daemon(cfg, overrides=overrides)
+    except EdgekitError as err:
+        log.error("%s", err)
+        close_listeners(sockets, cfg, how)
         return 2
     app = create_app(daemon, token=token)
     server = http_server(app, daemon)
@@ -114,10 +157,18 @@ def serve(cfg: DaemonConfig, overrides: dict[str, Any], token: str | None) -> in
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises these after its shutdown: make that a no-op
         signal.signal(sig, lambda *_: None)
     server.run(sockets=sockets)
+    close_listeners(sockets, cfg, how)
+    return 1 if daemon.failed else 0
+
+
+def close_listeners(sockets: list, cfg: DaemonConfig, how: str) -> None:
+    """Close our sockets and remove the Unix socket file we bound (never one systemd passed)."""
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.close()
     if cfg.socket and not how.startswith("socket activation"):
         with contextlib.suppress(OSError):
             cfg.socket.unlink()
-    return 1 if daemon.failed else 0
 
 
 def http_server(app: FastAPI, daemon: Daemon) -> uvicorn.Server:

@@ -185,3 +185,50 @@ def test_bad_config_exits_2_with_one_line(tmp_path):
     )
     assert out.returncode == 2 and "workers must be a positive integer" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_daemon_on_a_live_socket_is_refused_and_a_stale_one_replaced(tmp_path, state, model):
+    sock = tmp_path / "one.sock"
+    first = DaemonProcess(_copy_state(state, tmp_path / "a"), model, socket_path=sock)
+    with first.start():
+        inode = sock.stat().st_ino
+        second = DaemonProcess(_copy_state(state, tmp_path / "b"), model, socket_path=sock)
+        second.start(wait_ready=None)
+        try:
+            assert second.proc.wait(60) == 2
+        finally:
+            second.kill()
+        lines = second.log.read_text().strip().splitlines()
+        assert len(lines) == 1 and "already listening" in lines[0], lines
+        assert sock.stat().st_ino == inode  # the first daemon's socket file was left alone ...
+        assert first.client.get("/v2/health/ready").status == 200  # ... and it still answers
+        first.kill()  # SIGKILL leaves the socket file behind, with nothing listening on it
+    assert sock.exists()
+    with DaemonProcess(_copy_state(state, tmp_path / "c"), model, socket_path=sock).start() as third:
+        assert third.client.get("/v2/health/ready").status == 200
+
+
+def test_check_config_refuses_a_missing_bundle(tmp_path):
+    config = tmp_path / "edgekitd.toml"
+    config.write_text('[[variants]]\nname = "int4"\nbundle = "bundles/int4"\n')
+    args = [sys.executable, "-m", "edgekit.daemon", "--config", str(config), "--check-config"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no such bundle" in out.stderr and "bundles/int4" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    (tmp_path / "bundles" / "int4").mkdir(parents=True)
+    (tmp_path / "bundles" / "int4" / "manifest.json").write_text("{}")
+    assert subprocess.run(args, capture_output=True, text=True, timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("module", ["uvicorn", "fastapi", "swagger_ui_bundle"])
+def test_without_the_serve_extra_one_line_names_it_and_exits_2(tmp_path, module):
+    code = (
+        f"import sys; sys.modules[{module!r}] = None\n"
+        "from edgekit.daemon.main import main\n"
+        f"sys.exit(main(['--state-dir', {str(tmp_path)!r}, '--socket', {str(tmp_path / 's.sock')!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and module in lines[0] and "pip install 'edgekit[serve]'" in lines[0], lines
+    assert not (tmp_path / "s.sock").exists()
