@@ -1,5 +1,8 @@
 """The HTTP app (FastAPI, versioned, OpenAPI at /openapi.json): error handlers, middleware and the route table.
 
+`/docs` is Swagger UI served from the daemon's own copy of its assets (`swagger-ui-bundle`), never a CDN: the
+device it runs on is often offline. ReDoc, which would need a CDN, is off.
+
 Every error is `{"error": {"code", "message"}}`; input problems are 4xx with the `EdgekitError` code, a full queue
 is 503 with Retry-After, and nothing a client sends answers 500. Logs carry the route, the status and the hashed
 study id, never names or prompts. The handlers are in `routes.py`, the middleware in `middleware.py`.
@@ -11,7 +14,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgekit import __version__ as edgekit_version
@@ -24,6 +27,7 @@ from .service import Daemon
 
 log = logging.getLogger("edgekitd")
 
+DOCS_ASSETS = "/docs/assets"
 HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -40,14 +44,39 @@ def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
         title="edgekitd",
         version=edgekit_version,
         description="On-device radiology report generation: studies in, reports out.",
+        docs_url=None,  # FastAPI's own pages load their assets from a CDN, which an offline device cannot reach
+        redoc_url=None,
     )
     app.state.daemon = daemon
+    install_docs(app)
     install_error_handlers(app, daemon)
     app.add_middleware(Guard, token=token, max_upload_bytes=lambda: daemon.cfg.max_upload_bytes)
     app.add_middleware(AccessLog, metrics=daemon.metrics)  # added last: outermost, so it sees the guard's refusals
     for route in Routes(daemon).table():
         app.add_api_route(route.path, route.endpoint, methods=[route.method], response_model=None, **route.options)
     return app
+
+
+def install_docs(app: FastAPI) -> None:
+    """`/docs`: Swagger UI from the assets the `swagger-ui-bundle` package ships, served by the daemon itself, so
+    the page works on a device with no network; the validator badge (an external call) is off."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+    app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
 
 
 def install_error_handlers(app: FastAPI, daemon: Daemon) -> None:

@@ -12,6 +12,8 @@ from typing import Annotated
 
 from fastapi import File, Form, UploadFile
 
+from edgekit.generate import MAX_NEW_TOKENS, MAX_TEMPERATURE
+
 from .options import RequestOptions
 
 MAX_PROMPT_CHARS = 2000
@@ -39,8 +41,15 @@ def report_form(
             description="The variant to write the report (default: the active one)",
         ),
     ] = None,
-    max_new_tokens: Annotated[int | None, Form(ge=1)] = None,
-    temperature: Annotated[float, Form(ge=0.0, le=5.0)] = 0.0,
+    max_new_tokens: Annotated[
+        int | None,
+        Form(
+            ge=1,
+            description=f"At most the daemon's limits.max_new_tokens (itself at most {MAX_NEW_TOKENS}); "
+            "lowered, with a warning, to what the model's context leaves",
+        ),
+    ] = None,
+    temperature: Annotated[float, Form(ge=0.0, le=MAX_TEMPERATURE)] = 0.0,
     top_p: Annotated[float, Form(gt=0.0, le=1.0)] = 1.0,
     seed: Annotated[int | None, Form(ge=0, le=2**32 - 1)] = None,
 ) -> ReportForm:

@@ -2,8 +2,9 @@
 
 Routes parse and answer; everything a request means happens here, once for both upload routes: options checked
 against the configured bound, the variant checked and pinned before the upload is read, a queue slot held while it
-is read, the study ingested, and, for a durable job, the job created under its idempotency key. Kept apart from
-HTTP (`api.py`, `routes.py`) and from the process (`main.py`) so tests and the bench drive this same object.
+is read, the prompt checked against the variant's context (before and after ingest), the study ingested, and, for
+a durable job, the job created under its idempotency key. Kept apart from HTTP (`api.py`, `routes.py`) and from
+the process (`main.py`) so tests and the bench drive this same object.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .intake import Ingestor, Intake
 from .jobs import Job, JobStore
 from .metrics import Metrics
 from .notify import Notifier
-from .options import RequestOptions
+from .options import RequestOptions, generation_options
 from .queue import WorkQueue
 from .runner import ReportRunner
 from .streams import StreamHub, TokenStream
@@ -40,6 +41,9 @@ log = logging.getLogger("edgekitd")
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
+# Tokens the modality's absence might save when the prompt is counted before ingest (with byte-level BPE it saves
+# none: pre-tokenization splits at the ": "); the exact count, with the modality, follows ingest.
+PROMPT_SLACK_TOKENS = 4
 
 
 class NotReadyError(EdgekitError):
@@ -217,7 +221,22 @@ class Daemon:
         switch during the upload does not move it)."""
         registry, queue = self._serving()
         form.options.check(self.cfg.max_new_tokens_limit)
-        return queue, registry.check(form.variant or registry.active)
+        variant = registry.check(form.variant or registry.active)
+        self._check_prompt(variant, form)
+        return queue, variant
+
+    def _check_prompt(self, variant: str, form: ReportForm, modality: str | None = None) -> None:
+        """`prompt_too_long` (422) before the report is queued or the job stored, when the variant is loaded (else
+        the report itself says so, and its job fails with the same code). Before ingest the modality is unknown:
+        the prompt is counted without it, less a slack, so that a prompt that fits is never refused."""
+        loaded = self.registry.peek(variant) if self.registry is not None else None
+        if loaded is None:
+            return
+        reporter = loaded.reporter
+        tokens = reporter.prompt_ids(modality or "", form.prompt).shape[1]
+        if modality is None:
+            tokens = max(1, tokens - PROMPT_SLACK_TOKENS)
+        reporter.context.fit(tokens, generation_options(form.options, reporter.generation_config), [])
 
     async def report(self, form: ReportForm, *, keep_evidence: bool, stream: bool) -> Accepted:
         """Queue a synchronous report; the upload's files are gone once it is ingested (the study is in memory)."""
@@ -226,6 +245,7 @@ class Daemon:
         tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
         try:
             intake = await self.ingestor.take(form.files, tmp / "in", keep_evidence=keep_evidence)
+            self._check_prompt(variant, form, intake.study.modality)
         except BaseException:
             queue.release()
             raise
@@ -255,6 +275,7 @@ class Daemon:
         submitted = False
         try:
             intake = await self.ingestor.take(form.files, job_dir / "input", keep_evidence=True)
+            self._check_prompt(variant, form, intake.study.modality)
             job = self._new_job(job_id, form, idempotency_key, intake)
             self.store.save_evidence(job_id, intake.evidence or [])
             stored = await asyncio.to_thread(self.store.insert, job)

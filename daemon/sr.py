@@ -2,8 +2,10 @@
 
 Title LN 18748-4 "Diagnostic Imaging Report"; sections LN 59776-5 Findings (DCM 121071 Finding items) and
 LN 19005-8 Impressions (DCM 121073 Impression); the generating algorithm per TID 4019 (name, version, parameters)
-with a device observer context (TID 1002). The SR joins the source study (its Study Instance UID and patient
-module come from the evidence headers) and lists every source instance as evidence.
+with a device observer context (TID 1002); a DCM 121106 Comment, "Processing notes", lists the report's warnings
+(skipped slices, clamped values, decoder fallbacks, capped options) when it has any. The SR joins the source study
+(its Study Instance UID and patient module come from the evidence headers) and lists every source instance as
+evidence.
 
 Evidence is kept as a few header attributes per source instance (no pixels), because the SR must copy the patient
 and study identity; it lives only in the private state directory and is never logged.
@@ -41,6 +43,7 @@ EVIDENCE_KEYWORDS = (
     "SpecificCharacterSet",
 )
 MAX_EVIDENCE = 10000
+MAX_NOTE_CHARS = 8192
 
 
 class SrUnavailableError(EdgekitError):
@@ -83,8 +86,37 @@ def collect_evidence(study_path: Path) -> list[dict[str, Any]]:
     return out[:MAX_EVIDENCE]
 
 
+# An item number: at the start, after a sentence's end, or at a line start; the digits are group 1.
+_ITEM_NUMBER = re.compile(r"(?:^|[.;:!?]\s|\n)\s*(\d{1,2})[.)](?=\s|$)")
+_BARE_NUMBER = re.compile(r"\d{1,2}[.)]")
+
+
 def _sentences(text: str) -> list[str]:
-    return [s.strip() for s in re.split(r"(?<=\.)\s+", text) if s.strip()]
+    """The text items of a section: one per numbered item ("1. A. 2. B." gives "1. A." and "2. B.", never a bare
+    "1."), else one per sentence. A number counts as an item's only where a sentence could start and in order from
+    1, so "segment 1. No effusion." stays two sentences."""
+    cuts, expect = [], 1
+    for m in _ITEM_NUMBER.finditer(text):
+        if int(m.group(1)) == expect:
+            cuts.append(m.start(1))
+            expect += 1
+    head = _split_sentences(text[: cuts[0] if cuts else len(text)])
+    items = [text[a:b].strip() for a, b in zip(cuts, [*cuts[1:], len(text)], strict=False)]  # [] without cuts
+    return head + [i for i in items if i and not _BARE_NUMBER.fullmatch(i)]
+
+
+def _split_sentences(text: str) -> list[str]:
+    """Sentences; a bare number ("2." of a list that does not start at 1) joins the sentence after it."""
+    out: list[str] = []
+    number = ""
+    for s in re.split(r"(?<=\.)\s+", text):
+        s = s.strip()
+        if _BARE_NUMBER.fullmatch(s):
+            number = f"{number} {s}".strip()
+        elif s:
+            out.append(f"{number} {s}".strip())
+            number = ""
+    return out
 
 
 def build_sr(
@@ -133,7 +165,7 @@ def build_sr(
         TextContentItem(name=CodedConcept("121073", "DCM", "Impression"), value=s[:1024], relationship_type=contains)
         for s in (_sentences(report.get("impression", "")) or ["No impression reported."])
     ]
-    root.ContentSequence = [*device, *algorithm, findings, impressions]
+    root.ContentSequence = [*device, *algorithm, findings, impressions, *_notes(report.get("warnings") or [])]
     return hd.sr.EnhancedSR(
         evidence=sources,
         content=root,
@@ -146,6 +178,23 @@ def build_sr(
         is_final=False,
         is_verified=False,  # machine-written drafts: a clinician verifies them
     )
+
+
+def _notes(warnings: list[str]) -> list[Any]:
+    """What ingest skipped or changed and what was capped, as one DCM 121106 Comment TEXT item that a reader of
+    the SR sees beside the report (none when there is nothing to say). Warnings are PHI-safe by construction."""
+    from highdicom.sr import CodedConcept, RelationshipTypeValues, TextContentItem
+
+    if not warnings:
+        return []
+    text = "Processing notes:\n" + "\n".join(f"- {w}" for w in warnings)
+    if len(text) > MAX_NOTE_CHARS:
+        text = text[: MAX_NOTE_CHARS - 1] + "\u2026"
+    return [
+        TextContentItem(
+            name=CodedConcept("121106", "DCM", "Comment"), value=text, relationship_type=RelationshipTypeValues.CONTAINS
+        )
+    ]
 
 
 def sr_bytes(ds: Dataset) -> bytes:

@@ -146,6 +146,11 @@ class VariantRegistry:
                 self._on_change()
                 return self._touch(loaded, hold)
 
+    def peek(self, name: str) -> Loaded | None:
+        """The variant `name` if it is loaded now, without loading, touching or holding it (checks only)."""
+        with self._lock:
+            return self.loaded.get(name)
+
     @staticmethod
     def _touch(loaded: Loaded, hold: bool) -> Loaded:
         loaded.last_used = time.monotonic()

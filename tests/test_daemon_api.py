@@ -252,3 +252,61 @@ def test_no_patient_data_in_the_log(daemon):
         for value in (str(ds.PatientName), ds.PatientID, ds.PatientBirthDate, ds.StudyInstanceUID, ds.AccessionNumber):
             assert value not in log
     assert "Cough." not in log and "Follow-up." not in log
+
+
+def _series_with_a_broken_file() -> list[tuple[str, bytes, str]]:
+    return [*study_files(SAMPLES / "ct_chest"), ("IM9999.dcm", b"not a dicom file", "application/dicom")]
+
+
+def _sr_note(body: bytes) -> str:
+    import pydicom
+
+    ds = pydicom.dcmread(io.BytesIO(body))
+    notes = [c.TextValue for c in ds.ContentSequence if c.ConceptNameCodeSequence[0].CodeValue == "121106"]
+    assert len(notes) == 1
+    return notes[0]
+
+
+def test_ingest_warnings_travel_with_the_report_in_json_job_stream_and_sr(daemon):
+    files, fields = _series_with_a_broken_file(), {"max_new_tokens": "120"}  # 120 > what the tiny context leaves
+    body = _ok_report(daemon.client.post_study("/v1/reports", files, fields))
+    skipped = [w for w in body["warnings"] if w.startswith("skipped")]
+    assert len(skipped) == 1 and any(w.startswith("max_new_tokens lowered") for w in body["warnings"])
+    assert body["timings"]["new_tokens"] < 120
+    sr = daemon.client.post_study("/v1/reports?format=sr", files, fields)
+    assert sr.status == 200 and _sr_note(sr.body).startswith("Processing notes") and skipped[0] in _sr_note(sr.body)
+    streamed = daemon.client.post_study("/v1/reports?stream=ndjson", files, fields)
+    final = json.loads(streamed.body.decode().splitlines()[-1])
+    assert final["event"] == "report" and final["report"]["warnings"] == body["warnings"]
+    job = _wait_job(daemon.client, daemon.client.post_study("/v1/jobs", files, fields).json()["id"])
+    assert job["state"] == "succeeded" and job["report"]["warnings"] == body["warnings"]
+    assert skipped[0] in _sr_note(daemon.client.get(f"/v1/jobs/{job['id']}/sr").body)
+    clean = _ok_report(daemon.client.report(SAMPLES / "ct_chest", "Follow-up."))
+    assert clean["warnings"] == []
+
+
+LONG_PROMPT = "Follow-up of a right upper lobe nodule, history of smoking. " * 30  # < the form's 2000 chars
+
+
+@pytest.mark.parametrize("url", ["/v1/reports", "/v1/reports?stream=ndjson", "/v1/reports?format=sr", "/v1/jobs"])
+def test_a_prompt_the_context_cannot_hold_is_422_prompt_too_long(daemon, url):
+    assert len(LONG_PROMPT) <= 2000
+    reply = daemon.client.post_study(url, study_files(SAMPLES / "cr_chest" / "image.dcm"), {"prompt": LONG_PROMPT})
+    assert (reply.status, reply.error_code) == (422, "prompt_too_long"), reply.body[:300]
+    assert "tokens" in reply.json()["error"]["message"] and LONG_PROMPT not in reply.body.decode()
+    assert daemon.client.get("/v2/health/ready").status == 200
+
+
+def test_a_prompt_too_long_is_refused_before_the_upload_is_read(daemon):
+    files = [("a.dcm", b"not dicom at all", "application/dicom")]  # ingest would say invalid_study
+    for url in ("/v1/reports", "/v1/jobs"):
+        reply = daemon.client.post_study(url, files, {"prompt": LONG_PROMPT})
+        assert (reply.status, reply.error_code) == (422, "prompt_too_long"), url
+
+
+def test_ingest_time_is_measured_not_a_stub(daemon):
+    sync = _ok_report(daemon.client.report(SAMPLES / "ct_chest", "Follow-up."))
+    job = daemon.client.post_study("/v1/jobs", study_files(SAMPLES / "ct_chest"), {"prompt": "Follow-up."})
+    done = _wait_job(daemon.client, job.json()["id"])
+    for timings in (sync["timings"], done["report"]["timings"]):
+        assert timings["ingest_ms"] > 0.5  # 14 slices read and decoded; a stub around the call measured ~0.001

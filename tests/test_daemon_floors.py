@@ -221,3 +221,28 @@ def test_both_upload_routes_document_one_form(loading_app):
     properties, required = bodies["/v1/jobs"]
     assert required == ["files"]
     assert {"prompt", "variant", "max_new_tokens", "temperature", "top_p", "seed"} <= set(properties)
+
+
+def test_docs_load_every_asset_from_the_daemon_itself(loading_app):
+    import re
+
+    status, headers, body = _call(loading_app, "GET", "/docs")
+    html = body.decode()
+    assert status == 200 and headers["content-type"].startswith("text/html") and "SwaggerUIBundle" in html
+    assert not re.search(r"(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}", html), "an asset from outside the daemon"
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert len(assets) >= 3 and all(a.startswith("/") for a in assets)
+    for asset in assets:
+        assert _call(loading_app, "GET", asset)[0] == 200, asset
+    assert "validatorUrl" in html  # the validator badge would call swagger.io
+    assert _call(loading_app, "GET", "/openapi.json")[0] == 200
+
+
+def test_the_forms_bounds_are_the_shared_generation_bounds(loading_app):
+    from edgekit.generate import MAX_NEW_TOKENS, MAX_TEMPERATURE
+
+    schema = loading_app.openapi()
+    ref = schema["paths"]["/v1/reports"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"]
+    properties = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+    assert properties["temperature"]["maximum"] == MAX_TEMPERATURE
+    assert str(MAX_NEW_TOKENS) in properties["max_new_tokens"]["description"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -68,6 +69,7 @@ def test_config_file_values_relative_paths_and_overrides(tmp_path):
         ("[listen\n", "not valid TOML"),
         ('[[variants]]\nname = "a"\n', "variants[0] needs"),
         ('[models]\nactive = "zz"\n[[variants]]\nname = "a"\nbundle = "x"\n', "unknown variant"),
+        ("[limits]\nmax_new_tokens = 100000\n", "max_new_tokens_limit must be <= 4096"),
     ],
 )
 def test_bad_config_names_the_file_and_the_reason(tmp_path, text, needle):
@@ -198,6 +200,101 @@ def test_sr_reads_back_with_tid_2000_shape_and_references_the_source_study():
     assert items["111001"].TextValue == "radreport-tiny" and items["111003"].TextValue == "0.1.0"  # TID 4019
     refs = ds.CurrentRequestedProcedureEvidenceSequence[0].ReferencedSeriesSequence[0].ReferencedSOPSequence
     assert len(refs) == 14
+
+
+def _sr_items(report: dict) -> dict:
+    import pydicom
+
+    from edgekit.daemon.sr import build_sr, collect_evidence, sr_bytes
+
+    base = {"findings_text": "No effusion.", "impression": "", "model": "m", "variant": "v", "target": "cpu"}
+    sr = build_sr({**base, **report}, collect_evidence(SAMPLES / "ct_chest"), algorithm_version="0")
+    ds = pydicom.dcmread(io.BytesIO(sr_bytes(sr)))
+    return {c.ConceptNameCodeSequence[0].CodeValue: c for c in ds.ContentSequence}
+
+
+@pytest.mark.parametrize(
+    "impression, items",
+    [
+        ("1. A. 2. B.", ["1. A.", "2. B."]),
+        ("1. Nodule. Follow up in 3 months. 2. No effusion.", ["1. Nodule. Follow up in 3 months.", "2. No effusion."]),
+        ("1) Nodule.\n2) Stable.", ["1) Nodule.", "2) Stable."]),
+        ("2. A. 3. B.", ["2. A.", "3. B."]),  # a list not starting at 1: still no bare numbers
+        ("Nodule in segment 1. No effusion.", ["Nodule in segment 1.", "No effusion."]),
+        ("Nodule 12.5 mm. Stable.", ["Nodule 12.5 mm.", "Stable."]),
+    ],
+)
+def test_sr_keeps_each_numbered_impression_item_with_its_number(impression, items):
+    got = [c.TextValue for c in _sr_items({"impression": impression})["19005-8"].ContentSequence]
+    assert got == items
+    assert not any(re.fullmatch(r"\d+[.)]", t) for t in got)
+
+
+def test_sr_lists_the_reports_warnings_as_a_processing_note():
+    warnings = ["skipped 00003.dcm: not a DICOM file", "max_new_tokens lowered from 200 to 90"]
+    items = _sr_items({"warnings": warnings})
+    note = items["121106"]  # DCM Comment, a TEXT item beside the sections
+    assert note.ValueType == "TEXT" and note.TextValue.startswith("Processing notes")
+    assert all(w in note.TextValue for w in warnings)
+    assert "121106" not in _sr_items({"warnings": []}) and "121106" not in _sr_items({})
+
+
+def test_runner_fails_a_job_whose_prompt_is_too_long_with_its_code_not_500(tmp_path):
+    import contextlib
+
+    from edgekit.daemon.metrics import Metrics
+    from edgekit.daemon.options import RequestOptions
+    from edgekit.daemon.runner import ReportRunner
+    from edgekit.daemon.variants import Loaded
+    from edgekit.daemon.work import Work
+    from edgekit.reporter import PromptTooLongError
+
+    class Reporter:
+        generation_config = {"max_new_tokens": 8}
+        tokenizer = None
+
+        def report(self, *_a, **_k):
+            raise PromptTooLongError("prompt is 300 tokens; this model's context of 128 positions holds ...")
+
+    class Registry:
+        specs = {"default": None}
+
+        @contextlib.contextmanager
+        def hold(self, name):
+            yield Loaded(name, Reporter(), 0.0, 0.0)
+
+    store = JobStore(tmp_path)
+    job = store.insert(_job(store))
+    work = Work(study_path=tmp_path, prompt="x", options=RequestOptions(), variant="default", job_id=job.id)
+    work.study = object()
+    ReportRunner(Registry(), store, Metrics(), ingestor=None)(work)
+    failed = store.get(job.id)
+    assert failed.state == FAILED
+    assert (failed.error["code"], failed.error["status"]) == ("prompt_too_long", 422)
+    assert isinstance(work.future.exception(), PromptTooLongError)
+
+
+def test_check_files_refuses_a_missing_bundle(tmp_path):
+    from edgekit.daemon.config import check_files
+
+    (tmp_path / "b" / "ok").mkdir(parents=True)
+    (tmp_path / "b" / "ok" / "manifest.json").write_text("{}")
+    (tmp_path / "b" / "empty").mkdir()
+    (tmp_path / "b" / "x.ekb").write_bytes(b"PK")
+    path = tmp_path / "edgekitd.toml"
+
+    def cfg(*bundles):
+        path.write_text("".join(f'[[variants]]\nname = "v{i}"\nbundle = "{b}"\n' for i, b in enumerate(bundles)))
+        return load_config(path)
+
+    check_files(cfg("b/ok", "b/x.ekb"))
+    with pytest.raises(ConfigError, match="no such bundle") as err:
+        check_files(cfg("b/ok", "b/missing"))
+    assert str(tmp_path / "b" / "missing") in str(err.value)
+    with pytest.raises(ConfigError, match="not a bundle"):
+        check_files(cfg("b/empty"))
+    with pytest.raises(ConfigError, match="weights are missing"):
+        check_files(load_config(None, {"default_model_dir": tmp_path / "nowhere", "state_dir": tmp_path}))
 
 
 def test_sr_of_a_video_study_is_refused():
