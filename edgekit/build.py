@@ -8,6 +8,7 @@ given. This module names no target: it asks `edgekit.plugins` for one.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import tempfile
@@ -98,6 +99,7 @@ def build(
     _check_source(model_dir)
     loaded_recipe = _load_recipe(recipe) if recipe is not None else None
     if loaded_recipe is not None:
+        loaded_recipe = retarget_recipe(loaded_recipe, target, getattr(plugin, "weight_encoding", None))
         plugin.check_recipe(tuple(p.name for p in loaded_recipe.passes))
     say = progress or (lambda _msg: None)
     steps: list[dict] = []
@@ -169,6 +171,23 @@ def _load_recipe(recipe: str | Path):
     from edgekit.passes.recipe import load_recipe
 
     return load_recipe(recipe)
+
+
+def retarget_recipe(recipe, target: str, encoding: str | None):
+    """The recipe with `encoding` (the target's `weight_encoding`) on every pass whose config has a `target`
+    field, each config validated again, so a combination the target cannot take (asymmetric INT4 as blocked
+    DequantizeLinear, say) is refused here, before export, in one line naming the pass and field."""
+    if encoding is None:
+        return recipe
+    passes = []
+    for i, p in enumerate(recipe.passes):
+        fields = {f.name for f in dataclasses.fields(p.config)}
+        if "target" in fields and p.config.target != encoding:
+            where = f"recipe {recipe.name} for target {target}: pass[{i}] {p.name}"
+            values = {**p.config.to_dict(), "target": encoding}
+            p = type(p)(type(p.config).from_mapping(values, where=where))
+        passes.append(p)
+    return dataclasses.replace(recipe, passes=passes)
 
 
 def _apply_recipe(recipe, onnx_dir: Path, work: Path, steps: list, figures: dict, components: dict, say) -> Path:

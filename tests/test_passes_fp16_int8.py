@@ -55,3 +55,34 @@ def test_int8_precondition():
     model = build_embed_tokens(random_weights(SMALL, 0), SPEC)
     with pytest.raises(PassPreconditionError, match="no MatMul"):
         make_pass("int8")(model)
+
+
+@pytest.mark.parametrize("target", ["x1", "orin"])
+def test_int8_blocked_dequantize_for_npu_targets(target):
+    """orin/x1: weight-only INT8 as symmetric blocked DequantizeLinear (axis 0) feeding each MatMul, no ORT
+    dynamic-quantization ops; the integers are int4_encode's quantizer at 8 bits, and ORT runs the graph."""
+    import numpy as np
+
+    model = build_decoder(random_weights(SMALL, 0), SPEC)
+    io, before = _io(model), ir.to_proto(model).SerializeToString()
+    report = make_pass(f"int8:target={target},block=32")(model).report
+    assert _io(model) == io and report.notes["encoding"] == "DequantizeLinear-int8"
+    assert not any(n.op_type in ("MatMulInteger", "DynamicQuantizeLinear") for n in model.graph)
+    dqs = [n for n in model.graph if n.op_type == "DequantizeLinear"]
+    assert len(dqs) == report.notes["matmuls"] == 7 * SMALL.layers + 1
+    for dq in dqs:
+        q, s = dq.inputs[0], dq.inputs[1]
+        assert q.dtype == ir.DataType.INT8 and dq.attributes["axis"].as_int() == 0
+        assert dq.attributes["block_size"].as_int() == 32 and s.shape[0] * 32 == q.shape[0]
+        assert np.abs(q.const_value.numpy()).max() <= 127
+        assert [u.node.op_type for u in dq.outputs[0].uses()] == ["MatMul"]
+    assert report.size_after < 0.3 * report.size_before
+    errs = {e.name: e for e in check_models(before, model, sample_feeds(model, 3))}
+    assert errs["logits"].rel_l2 < 0.02  # weight-only: tighter than the dynamic path's bound
+
+
+def test_int8_npu_targets_refuse_reduce_range():
+    from edgekit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="reduce_range"):
+        make_pass("int8:target=x1,reduce_range=true")

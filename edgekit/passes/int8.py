@@ -1,9 +1,14 @@
-"""INT8 dynamic quantization for `cpu`: ONNX Runtime's `quantize_dynamic` as the engine, wrapped as a pass.
+"""INT8 weight MatMuls in one of two formats, chosen by `target` (the encoding, as in `int4`):
 
-Why wrap rather than reimplement: ORT's dynamic MatMulInteger/DynamicQuantizeLinear path is what its CPU kernels
-are tuned for. The wrapper adds what the bare call lacks: it folds our `Transpose -> MatMul` weights first (ORT
-only quantizes MatMuls whose B is an initializer), restricts itself to weight MatMuls, and gets edgekit's
-preconditions, numerical check and report.
+- `cpu` — ONNX Runtime's dynamic quantization (`quantize_dynamic`: MatMulInteger with DynamicQuantizeLinear on the
+  activation), wrapped as a pass. Why wrap rather than reimplement: that path is what ORT's CPU kernels are tuned
+  for. The wrapper adds what the bare call lacks: it folds our `Transpose -> MatMul` weights first (ORT only
+  quantizes MatMuls whose B is an initializer), restricts itself to weight MatMuls, and gets edgekit's
+  preconditions, numerical check and report.
+- `orin` / `x1` — weight-only INT8 as a symmetric blocked `DequantizeLinear` (opset 21, axis 0, INT8 (K, N), scale
+  (K/B, N)) feeding the original MatMul: the same quantizer and encoding as the int4 pass at 8 bits
+  (`int4_encode`), which the X1 compiler reads as `XL_GEMM.W8A8` and any opset-21 runtime runs. ORT's dynamic
+  format is a pair of contrib-style integer ops no NPU compiler reads.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
+from edgekit.errors import ConfigError
+
 from .base import GraphPass, PassChanges, PassContext
 from .config import PassConfig, param
+from .int4_encode import ENCODERS, quantize_blocks
 from .patterns import add_initializer, matches_any, remove_if_unused, require_weight_matmuls
 
 
@@ -27,6 +35,23 @@ class Int8Config(PassConfig):
     per_channel: bool = param(True, help="one scale per output channel")
     reduce_range: bool = param(False, help="7-bit weights (for CPUs without VNNI that overflow)")
     exclude: list[str] = param([], help="module-name patterns left in FP32")
+    target: str = param(
+        "cpu",
+        choices=("cpu", "orin", "x1"),
+        help="encoding: cpu=ORT dynamic (MatMulInteger), orin/x1=weight-only blocked DequantizeLinear INT8",
+    )
+    block: int = param(
+        64,
+        choices=(16, 32, 64, 128),
+        help="orin/x1: block along K (the largest of these <= block that divides K); cpu uses per_channel",
+    )
+
+    def validate(self, where: str) -> None:
+        if self.target != "cpu" and self.reduce_range:
+            raise ConfigError(
+                f"{where}.reduce_range: 7-bit weights are an ONNX Runtime CPU workaround; target {self.target} "
+                "takes full INT8 (set reduce_range=false)"
+            )
 
 
 def fold_weight_transposes(model: ir.Model, exclude: list[str] | None = None) -> tuple[list[str], int]:
@@ -52,9 +77,17 @@ class Int8Pass(GraphPass):
     Config = Int8Config
 
     def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
-        require_weight_matmuls(model, self.name, ctx.graph)
+        mms = require_weight_matmuls(model, self.name, ctx.graph)
+        if self.config.target != "cpu":
+            for m in mms:
+                if not any(b <= self.config.block and m.k % b == 0 for b in (128, 64, 32, 16)):
+                    raise ConfigError(
+                        f"int8.block: no block of 16..{self.config.block} divides K={m.k} of {m.weight.name}"
+                    )
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
+        if self.config.target != "cpu":
+            return self._transform_blocked(model)
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         nodes_before = len(list(model.graph))
@@ -86,6 +119,31 @@ class Int8Pass(GraphPass):
             initializers_touched=touched,
             notes={"engine": "onnxruntime.quantization.quantize_dynamic", "matmuls": len(names)},
         )
+
+    def _transform_blocked(self, model: ir.Model) -> PassChanges:
+        """Each weight MatMul's B -> DequantizeLinear(INT8 (K, N), scale (K/B, N)), symmetric, per output column
+        and block of K (the X1's weight groups, numerics.md)."""
+        cfg = self.config
+        changes = PassChanges()
+        blocks = set()
+        for m in require_weight_matmuls(model, self.name):
+            if cfg.exclude and matches_any(m.name, cfg.exclude):
+                continue
+            block = next((b for b in (128, 64, 32, 16) if b <= cfg.block and m.k % b == 0), cfg.block)
+            blocks.add(block)
+            transpose = m.transpose
+            qw = quantize_blocks(m.kn().T, block, bits=8, symmetric=True, name=m.weight.name)
+            changes.nodes_added += ENCODERS[cfg.target](model, m.node, qw, m.name, {})
+            changes.initializers_touched.append(m.weight.name)
+            changes.nodes_removed += remove_if_unused(model, transpose)
+            if m.weight.is_initializer() and not m.weight.uses():
+                model.graph.initializers.pop(m.weight.name, None)
+        changes.notes = {
+            "encoding": "DequantizeLinear-int8",
+            "matmuls": len(changes.initializers_touched),
+            "blocks": sorted(blocks),
+        }
+        return changes
 
 
 @contextlib.contextmanager

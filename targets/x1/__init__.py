@@ -1,4 +1,5 @@
-"""The `x1` target: INT4 graphs compiled to programs for the X1 edge NPU, run on its emulator.
+"""The `x1` target: graphs compiled to programs for the X1 edge NPU (INT4 by default, or the precision a recipe
+chose), run on its emulator.
 
 Build side: `build.prepare`. Run side: `backend.X1Backend`. The SDK shape users were shown (`SparseConfig`,
 `X1Engine`) is in `engine`; the analytic cost model, compiler, program format and emulator are described in
@@ -11,9 +12,11 @@ from __future__ import annotations
 class X1Target:
     name = "x1"
     takes_machine = True
+    weight_encoding = "x1"  # blocked DequantizeLinear, which the compiler reads as XL_GEMM.W4A8 / W8A8
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
-        """Every recipe builds: the x1 build quantizes what the recipe left in float."""
+        """Every recipe builds: its passes write the x1 encoding (`weight_encoding`), which the generic build checks
+        pass by pass up front; float weights a recipe leaves compile to XL_GEMM.F16."""
 
     def prepare(self, inputs):
         from .build import prepare

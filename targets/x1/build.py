@@ -1,8 +1,14 @@
-"""The x1 build side: the recipe's graphs -> INT4 for the X1 (blocked, symmetric) -> compiled X1 programs.
+"""The x1 build side: graphs -> compiled X1 programs.
 
-The bundle keeps the INT4 ONNX graphs the programs were compiled from (so `bench/x1_parity.py` can run them in
-ONNX Runtime side by side), the programs, the machine description they were compiled for, and a `runtime`
-section the run side reads: DSS settings (`backend.RUNTIME_DEFAULTS`).
+Without a recipe the exported FP32 graphs are quantized here first: INT4 for the X1 (blocked, symmetric
+DequantizeLinear, `DEFAULT_BLOCK`), so plain `edgekit build --target x1` ships the X1's native precision. With a
+recipe, the recipe decides the precision and its passes have already written it in the X1's encoding (the
+generic build sets `X1Target.weight_encoding` on them): its graphs are compiled as they are, fp16 to
+`XL_GEMM.F16`, int8 to `XL_GEMM.W8A8`, int4 to `XL_GEMM.W4A8` (quantizing them again is what used to fail).
+
+The bundle keeps the ONNX graphs the programs were compiled from (so `bench/x1_parity.py` can run them in ONNX
+Runtime side by side), the programs, the machine description they were compiled for, and a `runtime` section
+the run side reads: DSS settings (`backend.RUNTIME_DEFAULTS`).
 """
 
 from __future__ import annotations
@@ -39,16 +45,20 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
     from .machine import DEFAULT_MACHINE, load_machine
 
     say, work = inputs.say, inputs.work
-    block = int4_block(inputs.graphs)
-    spec = f"int4:block={block},target=x1"
-    say(f"passes: {spec}")
-    int4_dir = work / INT4_DIR
-    result = run_pipeline(inputs.graphs, int4_dir, [make_pass(spec)], overwrite=True)
-    steps = [{"name": "int4", "params": {"block": block, "target": "x1"}, "seconds": round(result.seconds, 3)}]
+    if inputs.recipe is None:
+        block = int4_block(inputs.graphs)
+        spec = f"int4:block={block},target=x1"
+        say(f"passes: {spec}")
+        graphs = work / INT4_DIR
+        result = run_pipeline(inputs.graphs, graphs, [make_pass(spec)], overwrite=True)
+        steps = [{"name": "int4", "params": {"block": block, "target": "x1"}, "seconds": round(result.seconds, 3)}]
+        compiled_from = "the INT4 graphs"
+    else:
+        graphs, steps, compiled_from = inputs.graphs, [], f"the graphs of recipe {inputs.recipe}"
     mach = load_machine(inputs.machine)
     say(f"compile: X1 programs for machine {mach.machine.name} ({mach.short_hash})")
     t0 = time.perf_counter()
-    programs = compile_model(int4_dir, mach)
+    programs = compile_model(graphs, mach)
     seconds = time.perf_counter() - t0
     out = work / PROGRAM_DIR
     out.mkdir()
@@ -67,9 +77,9 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
             "program_bytes": sizes,
             "host_partitions": {g: p.meta["host_partitions"] for g, p in programs.items()},
             "instructions": {g: len(p.instructions) for g, p in programs.items()},
-            "source": "measured during this build: wall time of compile_model on the INT4 graphs; program file sizes",
+            "source": f"measured during this build: wall time of compile_model on {compiled_from}; program file sizes",
         }
     }
     return TargetBuild(
-        graphs=int4_dir, components=components, figures=figures, steps=steps, runtime=dict(RUNTIME_DEFAULTS)
+        graphs=graphs, components=components, figures=figures, steps=steps, runtime=dict(RUNTIME_DEFAULTS)
     )

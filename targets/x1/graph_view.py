@@ -8,6 +8,13 @@ Shapes and dtypes are those of the graph after ONNX shape inference (the memory 
 graph that shape inference cannot handle still compiles, with no shapes at all. An initializer has its tensor's
 shape even where the file carries no value_info for it (the protobuf reader this replaced planned such resident
 tensors at 0 bytes; graphs written by the passes carry value_info, so their programs are unchanged).
+
+Folded constants: a `DequantizeLinear` whose inputs are all initializers (a patch Conv's kernel, a position table,
+an embedding table stored at 4 or 8 bits by the passes), and a `Reshape` of one by a constant shape, are values
+known at compile time: `is_const`/`is_init`/`array` answer for them with the dequantized array, so their consumers
+lower as they would on a float weight instead of becoming host partitions. A pattern that reads the integers
+itself (`lower_matmul.try_gemm`: DequantizeLinear -> MatMul as `XL_GEMM.W4A8`/`W8A8`) still claims its node first;
+`Lowering` drops only the folded nodes nothing claimed.
 """
 
 from __future__ import annotations
@@ -42,20 +49,34 @@ class GraphView:
         self.annotated = annotated
         self._consts: dict[ir.Value, ir.Node] = {n.outputs[0]: n for n in self.nodes if n.op_type == "Constant"}
         self._arrays: dict[ir.Value, np.ndarray] = {}
+        self._folded: dict[ir.Value, ir.Node] = {}  # graph order is topological: a chain folds in one sweep
+        for n in self.nodes:
+            if len(n.outputs) == 1 and (
+                (n.op_type == "DequantizeLinear" and all(self.is_init(i) for i in n.inputs if i is not None))
+                or (n.op_type == "Reshape" and n.inputs[0] in self._folded and self.is_const(n.inputs[1]))
+            ):
+                self._folded[n.outputs[0]] = n
 
     # -- constants -----------------------------------------------------------------------------------------------
     def is_init(self, v: ir.Value | None) -> bool:
-        return v is not None and v.is_initializer() and v.const_value is not None
+        """A weight known at compile time: an initializer with its value, or a folded constant."""
+        return v is not None and ((v.is_initializer() and v.const_value is not None) or v in self._folded)
 
     def is_const(self, v: ir.Value | None) -> bool:
-        """An initializer or a Constant node's output."""
+        """An initializer, a Constant node's output or a folded constant."""
         return v is not None and (v in self._consts or self.is_init(v))
+
+    def is_folded(self, n: ir.Node) -> bool:
+        """`n` computes a folded constant (its output is an array at compile time, no instruction needed)."""
+        return len(n.outputs) == 1 and self._folded.get(n.outputs[0]) is n
 
     def array(self, v: ir.Value | None) -> np.ndarray | None:
         if not self.is_const(v):
             return None
         if v not in self._arrays:
-            if v in self._consts:
+            if v in self._folded:
+                self._arrays[v] = self._fold(self._folded[v])
+            elif v in self._consts:
                 value = next(iter(self._consts[v].attributes.values())).value
                 self._arrays[v] = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
             else:
@@ -64,6 +85,18 @@ class GraphView:
                 native = arr.dtype.newbyteorder("=")
                 self._arrays[v] = arr.view(native) if arr.dtype.isnative else arr.astype(native)
         return self._arrays[v]
+
+    def _fold(self, n: ir.Node) -> np.ndarray:
+        if n.op_type == "Reshape":
+            x = self.array(n.inputs[0])
+            shape = [int(d) for d in np.asarray(self.array(n.inputs[1])).reshape(-1)]
+            if not attrs(n).get("allowzero", 0):  # 0 copies the input's dim (ONNX Reshape)
+                shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+            return np.ascontiguousarray(x.reshape(shape))
+        x, scale = (self.array(i) for i in n.inputs[:2])
+        zero = self.array(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] is not None else None
+        a = attrs(n)
+        return dequantize_linear(x, scale, zero, axis=a.get("axis", 1), block=a.get("block_size", 0))
 
     # -- structure ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -117,3 +150,25 @@ def attrs(node: ir.Node) -> dict:
             v = list(v)
         out[name] = v
     return out
+
+
+def dequantize_linear(
+    x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None, *, axis: int = 1, block: int = 0
+) -> np.ndarray:
+    """ONNX `DequantizeLinear` (opset 21): per tensor (scalar scale), per axis (1-D scale along `axis`) or blocked
+    (`block` > 0: scale shaped like `x` with ceil(dim / block) along `axis`); `(x - zero) * scale` in FP32, in the
+    scale's dtype."""
+    scale = np.asarray(scale)
+    xf = np.asarray(x).astype(np.float32)
+    axis = axis % max(xf.ndim, 1)
+
+    def spread(t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t).astype(np.float32)
+        if t.size == 1:
+            return t.reshape(())
+        if block:
+            return np.repeat(t, block, axis=axis).take(range(xf.shape[axis]), axis=axis)
+        return t.reshape([-1 if i == axis else 1 for i in range(xf.ndim)])
+
+    zf = spread(zero) if zero is not None else np.float32(0)
+    return ((xf - zf) * spread(scale)).astype(scale.dtype)

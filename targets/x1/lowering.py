@@ -2,8 +2,9 @@
 
 Why this order: a pattern (`lower_attention`, `lower_matmul`, `lower_vector`) claims a whole block of small ONNX
 ops for one fused X1 instruction group, anchored at the block's last node so the groups stay in graph order;
-what no pattern claims lowers op by op (`GENERIC`), and what the X1 has no instruction for runs on the host
-(or is refused under `strict`).
+what no pattern claims lowers op by op (`GENERIC`), except a folded constant (`graph_view`: a DequantizeLinear of
+initializers), which needs no instruction; what the X1 has no instruction for runs on the host (or is refused
+under `strict`).
 """
 
 from __future__ import annotations
@@ -192,5 +193,8 @@ class Lowering:
             if n in self.anchor:
                 groups.append(self.anchor[n])
             elif n not in self.done and n.op_type != "Constant":
+                if self.g.is_folded(n):  # an array in the program, read by its consumers (graph_view)
+                    self.fused["const_fold"] += 1
+                    continue
                 groups.append(self.generic(n))
         return groups
