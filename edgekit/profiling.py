@@ -36,6 +36,7 @@ def profile_report(
         **prof["details"],
         "timings_ms": report.timings,
         "cost": report.cost,
+        "warnings": report.warnings,
         "summary": prof["summary"],
         "summary_title": prof["summary_title"],
         "tables": prof["tables"],

@@ -54,3 +54,12 @@ def test_ingest_warnings_travel_with_the_report(reporter, tmp_path):
     (series / "notes.txt").write_text("not an image")
     report = reporter.report(series, "Cough.")
     assert any("notes.txt" in w for w in report.warnings)
+
+
+def test_eval_refuses_a_limit_below_one_instead_of_slicing_from_the_end(reporter, tmp_path):
+    from edgekit.errors import ConfigError
+    from edgekit.eval.runner import evaluate
+
+    for bad in (-1, 0):
+        with pytest.raises(ConfigError, match="limit must be >= 1"):
+            evaluate(reporter, tmp_path, limit=bad)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.errors import EdgekitError
+from edgekit.errors import ConfigError, EdgekitError
 from edgekit.eval.bootstrap import bootstrap_ci
 from edgekit.eval.finding_metrics import prf, score_study
 from edgekit.eval.text_metrics import bleu_from_statistics, bleu_statistics, rouge_l
@@ -131,6 +131,8 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Generate a report for every study of the split and score it. Returns the JSON-ready result."""
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be >= 1, got {limit}")
     studies = load_split(data_dir)
     if limit:
         studies = studies[:limit]
