@@ -16,8 +16,6 @@ from edgekit.errors import EdgekitError
 if TYPE_CHECKING:
     from edgekit.generate import GenerationOptions
 
-DEFAULT_MAX_NEW_TOKENS = 128  # when a bundle's generation config names none
-
 
 @dataclass(frozen=True)
 class RequestOptions:
@@ -53,13 +51,13 @@ class RequestOptions:
 
 
 def generation_options(requested: RequestOptions, generation_config: Mapping[str, Any]) -> GenerationOptions:
-    """The variant's defaults under the request's choices. Stop tokens are left to `Reporter.report`, which fills
-    in the bundle's end-of-sequence token for every caller (CLI, eval and daemon alike)."""
-    from edgekit.generate import GenerationOptions
+    """The variant's defaults under the request's choices, through the core's one merge."""
+    from edgekit.generate import request_options
 
-    max_new_tokens = requested.max_new_tokens
-    if max_new_tokens is None:
-        max_new_tokens = generation_config.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-    return GenerationOptions(
-        max_new_tokens=max_new_tokens, temperature=requested.temperature, top_p=requested.top_p, seed=requested.seed
+    return request_options(
+        generation_config,
+        max_new_tokens=requested.max_new_tokens,
+        temperature=requested.temperature,
+        top_p=requested.top_p,
+        seed=requested.seed,
     )

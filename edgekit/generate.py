@@ -9,9 +9,9 @@ seed reproduces a report on every target.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -78,6 +78,29 @@ class GenerationResult:
     token_ids: list[int]
     stop_reason: str  # "stop_token" | "max_new_tokens"
     timings: Timings
+
+
+DEFAULT_MAX_NEW_TOKENS = 128  # when a bundle's generation config names none
+
+
+def request_options(
+    generation_config: Mapping[str, Any],
+    *,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+) -> GenerationOptions:
+    """A request's sampling choices over a bundle's generation config: the one merge every caller uses (the
+    reporter, the CLI through it, edgekitd). Stops at the config's `eos_token_id` when it names one."""
+    g = generation_config
+    return GenerationOptions(
+        max_new_tokens=g.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS) if max_new_tokens is None else max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        stop_token_ids=[g["eos_token_id"]] if "eos_token_id" in g else [],
+    )
 
 
 def next_tokens(logits: np.ndarray, options: GenerationOptions, rng: np.random.Generator) -> np.ndarray:

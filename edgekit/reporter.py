@@ -18,7 +18,7 @@ from edgekit.bundle import Bundle, load_bundle
 from edgekit.errors import EdgekitError
 from edgekit.export.model_config import ModelConfig
 from edgekit.findings import parse_report
-from edgekit.generate import GenerationOptions, OnToken, generate, take_cost
+from edgekit.generate import GenerationOptions, OnToken, generate, request_options, take_cost
 from edgekit.ingest import Study, load_study
 from edgekit.plugins import load_backend
 from edgekit.preprocess import PreprocessConfig, preprocess_frames
@@ -55,9 +55,6 @@ def split_sections(text: str) -> tuple[str, str]:
     if not sections:
         return text.strip(), ""
     return sections.get("FINDINGS", ""), sections.get("IMPRESSION", "")
-
-
-DEFAULT_MAX_NEW_TOKENS = 128  # when a bundle's generation config names none
 
 
 class PromptTooLongError(EdgekitError):
@@ -136,17 +133,9 @@ class Reporter:
         top_p: float = 1.0,
         seed: int | None = None,
     ) -> GenerationOptions:
-        """The request's choices over the bundle's generation config: the one merge the CLI, eval and edgekitd use.
-        Checked on construction (`GenerationOptions.validate`)."""
-        g = self.generation_config
-        return GenerationOptions(
-            max_new_tokens=g.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-            if max_new_tokens is None
-            else max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            stop_token_ids=[g["eos_token_id"]],
+        """The request's choices over the bundle's generation config (`edgekit.generate.request_options`)."""
+        return request_options(
+            self.generation_config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
         )
 
     def prompt_ids(self, modality: str, prompt: str) -> np.ndarray:
