@@ -195,7 +195,8 @@ def test_12_bit_jpeg_extended_is_decoded_with_gdcm(name):
     study = load_study(path)
     assert study.frames.shape == (1, 1024, 256)
     assert any("decoded by GDCM" in w for w in study.warnings)
-    from edgekit.ingest.dicom import decode_image, inspect_image, read_dataset
+    from edgekit.ingest.decode import decode_image
+    from edgekit.ingest.dicom import inspect_image, read_dataset
     from edgekit.ingest.study import IngestLimits
 
     img = inspect_image(read_dataset(Path(path), name), name, IngestLimits())

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.errors import StudyError, UnsupportedTransferSyntaxError
-from edgekit.ingest.dicom import DicomImage, SliceError, decode_image, header_meta, slice_name
+from edgekit.ingest.decode import decode_image
+from edgekit.ingest.dicom import DicomImage, SliceError, header_meta, slice_name
 from edgekit.ingest.phi import hash_uid
 from edgekit.ingest.pixels import luminance, to_display
 from edgekit.ingest.study import IngestLimits, Study
