@@ -6,8 +6,8 @@ One quantizer, three encodings, so `cpu`, `orin` and `x1` variants of a model ca
   uint8 (N, ceil(K/block * bits/8)), packed the same way, or absent for symmetric (ORT then implies 2^(bits-1)).
 - `orin` — `DequantizeLinear` (opset 21) of an INT4 (K, N) weight with `axis=0, block_size=B`, scale (K/B, N), no
   zero point (TensorRT 10 takes only symmetric blocked INT4), feeding the original MatMul. ORT runs it too.
-- `x1`   — a hook: `register_encoder("x1", fn)`. Until the x1 compiler (issue 4) registers its packing, `x1` writes
-  the same blocked DequantizeLinear as `orin`, from which the compiler reads the integers and scales.
+- `x1`   — the same blocked DequantizeLinear as `orin`; the x1 compiler reads the integers and scales from it and
+  packs them in the layout the X1 streams (targets/x1/lower_matmul.py).
 """
 
 from __future__ import annotations
@@ -232,8 +232,3 @@ def _copy_value_info(src: ir.Value, dst: ir.Value) -> None:
 
 
 ENCODERS: dict[str, Encoder] = {"cpu": encode_matmulnbits, "orin": encode_qdq, "x1": encode_qdq}
-
-
-def register_encoder(target: str, fn: Encoder) -> None:
-    """The x1 compiler (issue 4) calls `register_encoder("x1", its_packer)` to write its own packing."""
-    ENCODERS[target] = fn
