@@ -27,22 +27,38 @@ from .tokenizer import EOS_ID, PAD_ID, encode_prompt, encode_text
 IGNORE = -100  # label of positions that carry no loss (prompt, padding)
 
 
-def _finding_labels() -> tuple[tuple[str, str | None], ...]:
+def _finding_labels() -> tuple[tuple[str, str | None, str | None], ...]:
+    """(type, location, None) presence labels first, then (type, location, "n=C") count and (type, location,
+    "S mm") size labels of the counted and sized types: what a report states about each finding."""
     from edgekit.findings import KINDS
 
-    pairs = {(f.type, loc) for k in KINDS for f in k.findings for loc in (f.locations or (None,))}
-    return tuple(sorted(pairs, key=lambda p: (p[0], p[1] or "")))
+    specs = {(f.type, loc): f for k in KINDS for f in k.findings for loc in (f.locations or (None,))}
+    order = sorted(specs, key=lambda p: (p[0], p[1] or ""))
+    presence = [(t, loc, None) for t, loc in order]
+    attributes = [
+        (t, loc, f"n={c}")
+        for t, loc in order
+        for c in range(1, specs[t, loc].max_count + 1)
+        if specs[t, loc].max_count > 1
+    ]
+    attributes += [(t, loc, f"{s} mm") for t, loc in order for s in specs[t, loc].sizes_mm]
+    return tuple(presence + attributes)
 
 
-FINDING_LABELS = _finding_labels()  # (type, location) pairs: the targets of the training-only finding probe
+FINDING_LABELS = _finding_labels()  # the targets of the training-only finding probe
+PRESENCE_LABELS = sum(1 for label in FINDING_LABELS if label[2] is None)  # the first columns: presence only
 _LABEL_INDEX = {p: i for i, p in enumerate(FINDING_LABELS)}
 
 
 def finding_label_vector(findings) -> np.ndarray:
-    """Multi-hot (type, location) presence of one study's findings."""
+    """Multi-hot labels of one study's findings: presence of each (type, location), then its count and size."""
     v = np.zeros(len(FINDING_LABELS), np.float32)
     for f in findings:
-        v[_LABEL_INDEX[(f.type, f.location)]] = 1.0
+        v[_LABEL_INDEX[(f.type, f.location, None)]] = 1.0
+        for attribute in (f"n={f.count}", f"{f.size_mm} mm" if f.size_mm else None):
+            index = _LABEL_INDEX.get((f.type, f.location, attribute))
+            if index is not None:
+                v[index] = 1.0
     return v
 
 

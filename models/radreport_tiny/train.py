@@ -32,6 +32,7 @@ from edgekit.preprocess import PreprocessConfig
 from .data import (
     FINDING_LABELS,
     IGNORE,
+    PRESENCE_LABELS,
     EncodedSplit,
     build_split,
     encode_split,
@@ -44,7 +45,7 @@ from .modeling import RadReportTiny
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, PROMPT_TEMPLATE, SEP_ID, decode_report, train_tokenizer
 
 HERE = Path(__file__).resolve().parent
-CODE_FILES = ("config.py", "modeling.py", "tokenizer.py", "data.py", "train.py")
+CODE_FILES = ("modeling.py", "tokenizer.py", "data.py", "train.py")  # beside this file; plus the core's config
 
 
 @dataclass
@@ -65,6 +66,7 @@ class TrainOptions:
     eval_studies: int | None = None  # val studies for greedy generation (default: all)
     model: dict = field(default_factory=dict)  # ModelConfig overrides
     aux_weight: float = 1.0  # weight of the training-only finding probe's loss (0 disables it)
+    probe_attributes: bool = True  # the probe also reads each finding's count and size (False: presence only)
 
     def model_config(self, vocab_size: int, pcfg: PreprocessConfig) -> ModelConfig:
         base = replace(ModelConfig(), image_size=pcfg.image_size, num_frames=pcfg.num_frames, vocab_size=vocab_size)
@@ -123,7 +125,10 @@ class FindingProbe(nn.Module):
 
 
 def training_loss(
-    model: RadReportTiny, probe: FindingProbe | None, batch: dict[str, torch.Tensor], aux_weight: float
+    model: RadReportTiny,
+    probe: FindingProbe | None,
+    batch: dict[str, torch.Tensor],
+    aux_weight: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(total loss, LM loss): report cross-entropy plus `aux_weight` x the probe's binary cross-entropy."""
     img = model.encode_images(batch["pixel_values"])
@@ -138,7 +143,8 @@ def training_loss(
     )
     if probe is None or aux_weight == 0:
         return lm, lm
-    aux = F.binary_cross_entropy_with_logits(probe(img), batch["finding_labels"])
+    labels = batch["finding_labels"][:, : probe.proj.out_features]  # presence first, then count and size
+    aux = F.binary_cross_entropy_with_logits(probe(img), labels)
     return lm + aux_weight * aux, lm
 
 
@@ -317,9 +323,11 @@ def evaluate_generation(
 
 
 def code_digest() -> str:
+    import edgekit.export.model_config
+
     h = hashlib.sha256()
-    for name in CODE_FILES:
-        h.update((HERE / name).read_bytes())
+    for path in [Path(edgekit.export.model_config.__file__), *(HERE / name for name in CODE_FILES)]:
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 
@@ -371,7 +379,8 @@ def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = T
     total = steps_per_epoch * opts.epochs
     print(f"model: {n_params / 1e6:.2f}M params; {total} steps of {opts.batch_size}", flush=True)
     t_train = time.perf_counter()
-    probe = FindingProbe(cfg, len(FINDING_LABELS)) if opts.aux_weight > 0 else None
+    n_labels = len(FINDING_LABELS) if opts.probe_attributes else PRESENCE_LABELS
+    probe = FindingProbe(cfg, n_labels) if opts.aux_weight > 0 else None
     if probe is not None:
         init_weights(probe, opts.seed + 1)
     losses = train_loop(
@@ -438,6 +447,11 @@ def parse_args(argv: list[str] | None) -> tuple[TrainOptions, argparse.Namespace
     ap.add_argument("--workers", type=int, default=d.workers)
     ap.add_argument("--eval-studies", type=int, default=None)
     ap.add_argument("--aux-weight", type=float, default=d.aux_weight, help="finding-probe loss weight (0: off)")
+    ap.add_argument(
+        "--presence-probe-only",
+        action="store_true",
+        help="the probe reads presence only, not counts and sizes (the recipe before this option)",
+    )
     ap.add_argument("--model", type=json.loads, default={}, help='ModelConfig overrides as JSON, e.g. {"hidden": 128}')
     ap.add_argument("--no-eval", action="store_true", help="skip greedy generation on val")
     ap.add_argument("--no-cache", action="store_true", help="do not read or write the pixel cache")
@@ -454,6 +468,7 @@ def parse_args(argv: list[str] | None) -> tuple[TrainOptions, argparse.Namespace
         eval_studies=a.eval_studies,
         model=a.model,
         aux_weight=a.aux_weight,
+        probe_attributes=not a.presence_probe_only,
     )
     for name in ("train_studies", "val_studies", "epochs", "batch_size"):
         if getattr(opts, name) < 1:
