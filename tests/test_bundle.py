@@ -72,7 +72,8 @@ def test_round_trip(tmp_path, sources):
     assert m["provenance"]["source_weights_sha256"] == "ab" * 32
     assert m["provenance"]["passes"][0]["name"] == "fp16"
     assert {"python", "edgekit", "numpy"} <= set(m["provenance"]["tools"])
-    assert m["figures"]["size_bytes"]["value"] == sum(len(d) for _, d in FILES.values())
+    assert m["figures"]["size"]["bytes"] == sum(len(d) for _, d in FILES.values())
+    assert "size_bytes" not in m["figures"]  # stated once
     assert m["figures"]["parity"]["source"]
     assert m["created"].endswith("+00:00")
     with pytest.raises(BundleError, match="no 'lora' component"):
