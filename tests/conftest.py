@@ -31,3 +31,26 @@ def small_onnx_dir(tmp_path_factory) -> Path:
 def small_backend(small_onnx_dir) -> CpuBackend:
     """ONNX Runtime over SMALL's graphs, one thread (CI has two cores for two workers)."""
     return CpuBackend.from_dir(small_onnx_dir, intra_op_threads=1)
+
+
+@pytest.fixture
+def placeholder_bundle(tmp_path, monkeypatch) -> Path:
+    """A valid bundle whose components are placeholder bytes: for commands that read manifests, not models."""
+    from edgekit.bundle import REQUIRED_ROLES, write_bundle
+
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    comps = {}
+    for role in REQUIRED_ROLES:
+        p = src / f"{role}.bin"
+        p.write_bytes(role.encode() * 50)
+        comps[role] = p
+    return write_bundle(
+        tmp_path / "b",
+        comps,
+        name="tiny",
+        target="cpu",
+        provenance={"passes": []},
+        figures={"parity": {"max_abs": 0.0, "source": "test"}},
+    )

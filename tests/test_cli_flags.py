@@ -8,7 +8,6 @@ import json
 import pytest
 import typer
 
-from edgekit.bundle import REQUIRED_ROLES, write_bundle
 from edgekit.cli.app import app, main
 from edgekit.cli.common import cli_message
 
@@ -86,16 +85,8 @@ def test_every_command_that_writes_takes_out_and_force():
 
 
 @pytest.fixture
-def bundle_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
-    src = tmp_path / "src"
-    src.mkdir()
-    comps = {}
-    for role in REQUIRED_ROLES:
-        p = src / f"{role}.bin"
-        p.write_bytes(role.encode() * 50)
-        comps[role] = p
-    return write_bundle(tmp_path / "b", comps, name="tiny", target="cpu", provenance={"passes": []}, figures={})
+def bundle_dir(placeholder_bundle):
+    return placeholder_bundle
 
 
 @pytest.mark.parametrize("force_first", [False, True])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgekit import __version__
-from edgekit.bundle import REQUIRED_ROLES, write_bundle
+from edgekit.bundle import REQUIRED_ROLES
 from edgekit.cli import app as app_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,23 +33,8 @@ def _cli(*args: str, env_extra: dict | None = None, cwd: Path | None = None) -> 
 
 
 @pytest.fixture
-def bundle_dir(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
-    src = tmp_path / "src"
-    src.mkdir()
-    comps = {}
-    for role in REQUIRED_ROLES:
-        p = src / f"{role}.bin"
-        p.write_bytes(role.encode() * 50)
-        comps[role] = p
-    return write_bundle(
-        tmp_path / "b",
-        comps,
-        name="tiny",
-        target="cpu",
-        provenance={"passes": []},
-        figures={"parity": {"max_abs": 0.0, "source": "test"}},
-    )
+def bundle_dir(placeholder_bundle) -> Path:
+    return placeholder_bundle
 
 
 def _corrupt(bundle: Path) -> Path:
