@@ -1,7 +1,8 @@
 """What the package says about itself matches what it ships."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 
