@@ -120,6 +120,9 @@ def test_keyboard_interrupt_exits_130(tmp_path):
         import os, signal, sys, time
         from edgekit.cli.app import app, main
 
+        # a shell that starts us in the background leaves SIGINT ignored; Ctrl-C in a terminal is not
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
         @app.command("sleepy")
         def sleepy() -> None:
             os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered mid-command
