@@ -52,7 +52,7 @@ CODE_FILES = ("modeling.py", "tokenizer.py", "data.py", "train.py")  # beside th
 class TrainOptions:
     train_studies: int = 6400
     val_studies: int = 200
-    epochs: int = 6
+    epochs: int = 8
     batch_size: int = 32
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
@@ -65,7 +65,7 @@ class TrainOptions:
     workers: int = 2  # processes generating studies before training starts
     eval_studies: int | None = None  # val studies for greedy generation (default: all)
     model: dict = field(default_factory=dict)  # ModelConfig overrides
-    aux_weight: float = 1.0  # weight of the training-only finding probe's loss (0 disables it)
+    aux_weight: float = 2.0  # weight of the training-only finding probe's loss (0 disables it)
     probe_attributes: bool = True  # the probe also reads each finding's count and size (False: presence only)
 
     def model_config(self, vocab_size: int, pcfg: PreprocessConfig) -> ModelConfig:
