@@ -60,32 +60,6 @@ def table_rows(result: dict) -> list[dict]:
     return rows
 
 
-class _Warnings:
-    """The reporter, keeping each report's warnings: `evaluate` keeps scores, not what ingest skipped."""
-
-    def __init__(self, reporter) -> None:
-        self._reporter = reporter
-        self.per_report: list[list[str]] = []  # one entry per report written, in order
-
-    def __getattr__(self, name: str):
-        return getattr(self._reporter, name)
-
-    def report(self, *args, **kwargs):
-        rep = self._reporter.report(*args, **kwargs)
-        self.per_report.append(list(rep.warnings))
-        return rep
-
-
-def _attach_warnings(result: dict, per_report: list[list[str]]) -> int:
-    """Put each report's warnings on its record (unless evaluate did); returns how many studies had any."""
-    done = [r for r in result["records"] if r.get("error") is None]
-    if len(done) == len(per_report):
-        for rec, messages in zip(done, per_report):
-            if messages:
-                rec.setdefault("warnings", messages)
-    return len({r["id"] for r in done if r.get("warnings")})
-
-
 @app.command(
     epilog=examples(
         "edgekit eval out/radreport-tiny-cpu --data data/test --limit 8",
@@ -115,7 +89,7 @@ def eval(  # noqa: A001 - the subcommand's name
     from edgekit.reporter import Reporter
 
     data_dir = data if data is not None else default_test_split()
-    reporter = _Warnings(Reporter.from_bundle(bundle, threads=threads))
+    reporter = Reporter.from_bundle(bundle, threads=threads)
     with progress("reports", as_json=as_json) as task:
         result = evaluate(
             reporter,
@@ -124,7 +98,6 @@ def eval(  # noqa: A001 - the subcommand's name
             include_video=video,
             progress=lambda done, total: task.update(completed=done, total=total),
         )
-    result["studies_with_warnings"] = _attach_warnings(result, reporter.per_report)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))

@@ -158,6 +158,7 @@ def evaluate(
             rouge_l=rouge_l(rep.text, s["references"]),
             timings=rep.timings,
             cost=rep.cost,
+            warnings=list(rep.warnings),
         )
         records.append(rec)
         if progress:
@@ -175,6 +176,7 @@ def evaluate(
         "split": "test",
         "data": str(data_dir),
         "studies": len(studies),
+        "studies_with_warnings": len({r["id"] for r in records if r.get("warnings")}),
         "overall": _summarise(dicom, resamples=resamples, seed=seed),
         "by_kind": by_kind,
         "video": _summarise(video, resamples=resamples, seed=seed) if video else None,
