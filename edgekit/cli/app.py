@@ -26,7 +26,7 @@ import typer
 from typer.core import TyperGroup
 
 from edgekit import __version__
-from edgekit.cli.common import cli_message, error_json, state
+from edgekit.cli.common import cli_message, env_debug, error_json, state
 from edgekit.errors import EdgekitError
 
 # typer >= 0.2x vendors its own click; take click's classes from typer so either kind works.
@@ -118,17 +118,13 @@ def _root(
         state.debug = True
 
 
-def _env_debug() -> bool:
-    return os.environ.get("EDGEKIT_DEBUG", "") not in ("", "0", "false", "False")
-
-
 def _flag_given(argv: list[str], flag: str) -> bool:
     args = argv[: argv.index("--")] if "--" in argv else argv
     return flag in args
 
 
 def _debug_requested(argv: list[str]) -> bool:
-    return _env_debug() or state.debug or _flag_given(argv, "--debug")
+    return env_debug() or state.debug or _flag_given(argv, "--debug")
 
 
 def _json_error(err: BaseException, message: str, code: str = "usage_error") -> None:
@@ -169,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     """Console-script entry: run the app, map user errors to one stderr line (and a JSON object on stdout with
     --json) and exit 2; Ctrl-C exits 130."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    state.debug = _env_debug()  # a fresh run: earlier in-process calls must not leave --debug on
+    state.debug = env_debug()  # a fresh run: earlier in-process calls must not leave --debug on
     as_json = _flag_given(argv, "--json")
     try:
         result: Any = app(args=argv, prog_name="edgekit", standalone_mode=False)

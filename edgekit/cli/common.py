@@ -233,7 +233,12 @@ class _State:
     debug: bool = False
 
 
-state = _State(debug=os.environ.get("EDGEKIT_DEBUG", "") not in ("", "0", "false", "False"))
+def env_debug() -> bool:
+    """EDGEKIT_DEBUG set to anything but empty, 0 or false: show tracebacks."""
+    return os.environ.get("EDGEKIT_DEBUG", "") not in ("", "0", "false", "False")
+
+
+state = _State(debug=env_debug())
 
 
 def _jsonable(value: Any) -> Any:
