@@ -43,8 +43,9 @@ RUNTIME_DEFAULTS = {
 }
 
 
-def check_settings(s: dict, where=None) -> dict:
-    """Types and ranges of the runtime settings; every error names the setting."""
+def check_settings(s: dict, where=None, *, label: str = "x1 runtime setting", names: dict | None = None) -> dict:
+    """Types and ranges of the runtime settings; every error names the setting (as `names` spells it, for a
+    caller whose fields are named otherwise, like `SparseConfig`)."""
 
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -61,7 +62,8 @@ def check_settings(s: dict, where=None) -> dict:
     }
     for key, (ok, expected) in checks.items():
         if not ok(s[key]):
-            raise ConfigError(f"x1 runtime setting '{key}' = {s[key]!r} (expected {expected})", where)
+            name = (names or {}).get(key, key)
+            raise ConfigError(f"{label} '{name}' = {s[key]!r} (expected {expected})", where)
     return s
 
 

@@ -27,6 +27,9 @@ from edgekit.generate import GenerationOptions, generate
 BUNDLE_PATH_ENV = "EDGEKIT_BUNDLE_PATH"
 
 
+_FIELD_OF_SETTING = {"dss": "enable_sparsity", "kv_caching": "enable_kv_caching"}
+
+
 @dataclass(frozen=True)
 class SparseConfig:
     """How the X1 runs a model. `sparsity_target`: the most heads DSS may skip per token (fraction of all);
@@ -43,33 +46,14 @@ class SparseConfig:
     machine: str | None = None
 
     def __post_init__(self) -> None:
-        def bad(field: str, expected: str) -> ConfigError:
-            return ConfigError(f"SparseConfig field '{field}' = {getattr(self, field)!r} (expected {expected})")
+        from .backend import check_settings  # the one table of the settings' types and ranges
 
-        num = (int, float)
-        if (
-            isinstance(self.sparsity_target, bool)
-            or not isinstance(self.sparsity_target, num)
-            or not 0.0 <= self.sparsity_target < 1.0
-        ):
-            raise bad("sparsity_target", "a number with 0 <= target < 1")
-        if (
-            isinstance(self.sensitivity_threshold, bool)
-            or not isinstance(self.sensitivity_threshold, num)
-            or not 0.0 <= self.sensitivity_threshold <= 1.0
-        ):
-            raise bad("sensitivity_threshold", "a number with 0 <= threshold <= 1 (a share of a layer's output)")
-        for flag in ("enable_kv_caching", "enable_sparsity"):
-            if not isinstance(getattr(self, flag), bool):
-                raise bad(flag, "True or False")
-        if (
-            isinstance(self.max_consecutive_skips, bool)
-            or not isinstance(self.max_consecutive_skips, int)
-            or not 1 <= self.max_consecutive_skips <= 1_000_000
-        ):
-            raise bad("max_consecutive_skips", "an integer >= 1")
+        check_settings(self.settings(), label="SparseConfig field", names=_FIELD_OF_SETTING)
         if self.machine is not None and not isinstance(self.machine, (str, os.PathLike)):
-            raise bad("machine", "a path to a machine-description TOML or None")
+            raise ConfigError(
+                f"SparseConfig field 'machine' = {self.machine!r} (expected a path to a machine-description TOML "
+                "or None)"
+            )
 
     @property
     def dss_active(self) -> bool:
@@ -80,8 +64,8 @@ class SparseConfig:
         """The x1 runtime settings (`backend.RUNTIME_DEFAULTS`) this config asks for."""
         return {
             "dss": self.enable_sparsity,
-            "sparsity_target": float(self.sparsity_target),
-            "sensitivity_threshold": float(self.sensitivity_threshold),
+            "sparsity_target": self.sparsity_target,
+            "sensitivity_threshold": self.sensitivity_threshold,
             "max_consecutive_skips": self.max_consecutive_skips,
             "kv_caching": self.enable_kv_caching,
         }
