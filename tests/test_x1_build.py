@@ -128,6 +128,8 @@ def test_head_mask_fn_gets_previous_step_stats(x1_bundle):
     assert len(seen) == 1 and seen[0].shape == (be.num_layers, be.heads) and np.all(seen[0] > 0)
     assert be.last_mask is not None and not be.last_mask[:, 0].any()
     assert np.all(be.layer_stats[:, 0] == seen[0][:, 0])  # skipped heads keep their last norm
+    with pytest.raises(ConfigError, match="head_mask_fn needs KV caching"):  # it would never be called
+        X1Backend(x1_bundle, head_mask_fn=policy, settings={"kv_caching": False})
 
 
 def test_inspect_disassembles_with_symbols(x1_bundle):

@@ -6,7 +6,8 @@ an opaque `KVCache` as `present` and takes it back as `past` (a list of (key, va
 and quantised on entry).
 
 Dynamic head sparsity (DSS, docs/x1/dss.md) is configured by the bundle's `runtime` section (written by the x1
-build) over `RUNTIME_DEFAULTS`, then by the request's settings. Prefill and the first decode token run dense; from
+build) over `RUNTIME_DEFAULTS`, then by the request's settings; a caller's `head_mask_fn` (analysis, tests)
+replaces the built-in policy. Prefill and the first decode token run dense; from
 then on the policy (`dss.HeadMaskPolicy`) sees, per (layer, query head), the L2 norm of that head's attention
 output at the last token it was computed, and returns the mask of heads to compute.
 
@@ -130,6 +131,8 @@ class X1Backend:
         self.num_layers = self.emulator.layers
         self.kv_heads, self.head_dim = self.emulator.kv_heads, self.emulator.head_dim
         self.heads = self.emulator.heads
+        if head_mask_fn is not None and not self.settings["kv_caching"]:  # recompute mode never masks heads
+            raise ConfigError("head_mask_fn needs KV caching (runtime setting kv_caching=true)", where)
         if head_mask_fn is None and self.dss_active:
             head_mask_fn = HeadMaskPolicy(
                 self.head_importance(bundle),
