@@ -71,6 +71,12 @@ class Bundle:
     def roles(self) -> list[str]:
         return sorted(self.manifest.components)
 
+    @property
+    def digest(self) -> str:
+        """The bundle's identity: sha256 of its manifest, which lists every file's sha256. The same for a directory
+        and its `.ekb`, so a Pareto profile measured on one matches the other."""
+        return sha256_file(self.root / MANIFEST_NAME)
+
     def component(self, role: str) -> Path:
         try:
             entry = self.manifest.components[role]

@@ -1,0 +1,130 @@
+"""The Pareto profile: what `edgekit pareto` writes and edgekitd's policy reads (`pareto.json`), in one place.
+
+A point is one configuration (a bundle, by its digest, plus the run-time knobs that change its cost) with what it
+measured on an eval split: latency, energy per report with the energy's source, peak memory and finding F1 with
+its 95% interval. The front is the points no other point beats on all of energy, F1 and latency.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import ConfigError
+
+SCHEMA = "edgekit.pareto/1"
+
+
+@dataclass(frozen=True)
+class Point:
+    id: str  # "<bundle name>" plus its knobs, e.g. "radreport-tiny-x1[sparsity_target=0.5]"
+    bundle: str  # the path it was measured from (information; identity is `bundle_digest`)
+    bundle_digest: str
+    target: str
+    settings: Mapping[str, Any]  # run-time knobs: max_new_tokens, frames, sparsity_target, threads ...
+    f1: float
+    f1_ci: tuple[float, float]
+    hallucination_rate: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    energy_j: float  # per report, mean over the split
+    energy_source: str  # measured:<sensor> | emulated:x1 | estimated:<model>
+    peak_rss_mib: float
+    count: int  # studies measured
+    load_ms: float = 0.0  # load + warm-up time of the bundle: the policy stays at least this long
+    recipe: str | None = None
+
+    @property
+    def power_w(self) -> float:
+        """Average power while a report runs (energy over median latency)."""
+        return self.energy_j / (self.latency_p50_ms / 1e3) if self.latency_p50_ms > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["settings"] = dict(self.settings)
+        out["f1_ci"] = list(self.f1_ci)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: Path | str) -> Point:
+        try:
+            return cls(
+                **{
+                    **data,
+                    "settings": dict(data.get("settings") or {}),
+                    "f1_ci": tuple(data["f1_ci"]),
+                }
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"profile point {data.get('id', '?')!r} is malformed ({exc})", where) from None
+
+
+def dominates(a: Point, b: Point) -> bool:
+    """`a` is no worse than `b` on energy, F1 and p95 latency, and better on at least one."""
+    no_worse = a.energy_j <= b.energy_j and a.f1 >= b.f1 and a.latency_p95_ms <= b.latency_p95_ms
+    better = a.energy_j < b.energy_j or a.f1 > b.f1 or a.latency_p95_ms < b.latency_p95_ms
+    return no_worse and better
+
+
+def non_dominated(points: Iterable[Point]) -> list[Point]:
+    """The Pareto front over energy x F1 x latency, cheapest first."""
+    points = list(points)
+    front = [p for p in points if not any(dominates(q, p) for q in points if q is not p)]
+    return sorted(front, key=lambda p: (p.energy_j, -p.f1))
+
+
+@dataclass
+class Profile:
+    points: list[Point]
+    split: dict[str, Any] = field(default_factory=dict)  # {"name": "test", "count": 300, "source": ...}
+    machine: dict[str, Any] = field(default_factory=dict)
+    meters: list[dict[str, Any]] = field(default_factory=list)
+    source: Path | None = None
+
+    @property
+    def front(self) -> list[Point]:
+        return non_dominated(self.points)
+
+    def by_id(self) -> dict[str, Point]:
+        return {p.id: p for p in self.points}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "split": self.split,
+            "machine": self.machine,
+            "meters": self.meters,
+            "points": [p.to_dict() for p in self.points],
+            "front": [p.id for p in self.front],
+        }
+
+
+def read_profile(path: str | os.PathLike) -> Profile:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("no such Pareto profile (write one with `edgekit pareto`)", path) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"not a readable Pareto profile ({exc})", path) from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ConfigError(f"not a Pareto profile (expected schema {SCHEMA!r})", path)
+    points = [Point.from_dict(p, path) for p in data.get("points") or []]
+    if not points:
+        raise ConfigError("the Pareto profile has no points", path)
+    return Profile(points, data.get("split") or {}, data.get("machine") or {}, data.get("meters") or [], path)
+
+
+def write_profile(profile: Profile, path: str | os.PathLike) -> Path:
+    """Atomically: a profile is rewritten after every point (resumable), and a reader must never see half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(profile.to_dict(), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
