@@ -102,7 +102,7 @@ class Device:
         """The mode called `name` (case-insensitive; nvpmodel's own names such as MODE_30W work too)."""
         want = str(name).strip().upper()
         for m in self.modes.values():
-            if want in (m.name.upper(), m.nvpmodel_name.upper()):
+            if want in (m.name.upper(), m.nvpmodel_name.upper(), f"MODE_{m.name.upper()}"):
                 return m
         raise ConfigError(f"{self.id} has no power mode '{name}' (known: {', '.join(self.modes)})")
 
