@@ -59,6 +59,15 @@ class Window:
         return False
 
     @property
+    def t_start(self) -> float | None:
+        """`time.monotonic()` of the opening reading (the meter's own clock), None if no meter worked then."""
+        return self._start.t if self._start else None
+
+    @property
+    def t_end(self) -> float | None:
+        return self._start.t + self.reading.seconds if self._start and self.reading else None
+
+    @property
     def joules(self) -> float | None:
         return self.reading.joules if self.reading else None
 
