@@ -14,6 +14,7 @@ from edgekit.energy import (
     MeterUnavailableError,
     check_source,
     describe_machine,
+    discover_meters,
     energy_from_cost,
     find_meters,
     kind_of,
@@ -35,7 +36,8 @@ from edgekit.errors import ConfigError
 )
 def test_the_best_meter_per_machine(board, source):
     assert open_meter("auto", tree(board)).source == source
-    meters, _ = find_meters(tree(board))
+    meters = discover_meters(tree(board))
+    assert meters[0].source == source
     assert meters[-1].source == "estimated:cpu-time-ccf-aws"  # always there, always last
 
 

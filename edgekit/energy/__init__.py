@@ -17,7 +17,14 @@ the policy's signals in one call.
 
 from edgekit.energy.conditions import Conditions, read_conditions
 from edgekit.energy.cpu_estimate import CCF_AWS, CpuModel, CpuTimeMeter
-from edgekit.energy.discover import METERS, describe_machine, find_meters, open_meter, open_sampler
+from edgekit.energy.discover import (
+    METERS,
+    describe_machine,
+    discover_meters,
+    find_meters,
+    open_meter,
+    open_sampler,
+)
 from edgekit.energy.emulated import energy_from_cost
 from edgekit.energy.ina3221 import Ina3221Meter
 from edgekit.energy.nvml import NvmlMeter
@@ -70,6 +77,7 @@ __all__ = [
     "battery_state",
     "check_source",
     "describe_machine",
+    "discover_meters",
     "emulated",
     "energy_from_cost",
     "estimated",

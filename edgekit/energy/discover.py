@@ -60,6 +60,12 @@ def find_meters(root: str | Path = "/", cpu_model: CpuModel = CCF_AWS) -> tuple[
     return meters, missing
 
 
+def discover_meters(root: str | Path = "/", cpu_model: CpuModel = CCF_AWS) -> list[Meter]:
+    """Every meter that opens here, best first: the fallback order for a `Sampler`. Never empty (the CPU-time
+    estimate is always there)."""
+    return find_meters(root, cpu_model)[0]
+
+
 def open_meter(name: str = "auto", root: str | Path = "/", cpu_model: CpuModel = CCF_AWS) -> Meter:
     """One meter by name (`ina3221`, `nvml`, `rapl`, `cpu-time`), or the best one here (`auto`).
     MeterUnavailableError (one line naming the file and why) when the named one cannot open here."""
