@@ -15,6 +15,7 @@ from edgekit.errors import ConfigError
 
 TARGETS: dict[str, str] = {
     "cpu": "edgekit.targets.cpu",
+    "orin": "edgekit.targets.orin",
     "x1": "edgekit.targets.x1",
 }
 MODEL_FAMILIES: dict[str, str] = {

@@ -111,7 +111,7 @@ def test_a_target_refuses_a_recipe_up_front_and_a_machine_it_does_not_take(toy_r
 
 
 def test_unknown_targets_are_named_with_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown target 'nope' \(known: cpu, x1\)"):
+    with pytest.raises(ConfigError, match=r"unknown target 'nope' \(known: cpu, orin, x1\)"):
         get_target("nope")
-    with pytest.raises(ConfigError, match="not buildable here.*cpu, x1"):
+    with pytest.raises(ConfigError, match="not buildable here.*cpu, orin, x1"):
         build("nope", Path("/nonexistent/out"))

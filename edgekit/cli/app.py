@@ -44,6 +44,7 @@ SUBCOMMANDS: dict[str, str] = {
     "eval": "Evaluate a bundle's reports against references.",
     "profile": "Measure latency and memory of a bundle on a target.",
     "bundle": "Inspect, verify, pack and unpack bundles.",
+    "engine": "TensorRT engines for Jetson Orin: build, check, capability.",
     "x1": "The X1 edge NPU: cost estimates, compiling and disassembling programs.",
 }
 

@@ -95,6 +95,14 @@ ThreadsOption = Annotated[
 MachineOption = Annotated[
     Path | None, typer.Option("--machine", help="X1 machine description TOML (default: the bundled x1-default.toml).")
 ]
+StateDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Where engines are cached (default: $EDGEKIT_STATE_DIR, else $XDG_STATE_HOME/edgekit or "
+        "~/.local/state/edgekit; edgekitd uses its own, /var/lib/edgekit).",
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout (errors too).")]
 # Eager, so its value is known when `--out` is checked, whatever the order on the command line.
 ForceOption = Annotated[

@@ -1,0 +1,53 @@
+"""The orin bundle's graphs in ONNX Runtime on cpu: the reference the TensorRT engines are held to.
+
+The same graphs TensorRT builds from, behind the same backend protocol, refusing what the engines would refuse
+(shapes beyond the optimisation profiles), so a request that works here works on the device and one that fails
+on the device fails here first, with the same message. `bench/orin_parity.py` and `edgekit engine check
+--onnxrt` use it; the `orin` target's `load_backend` serves TensorRT only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgekit import names
+from edgekit.ort import CpuBackend
+
+from .profiles import select_profile
+
+
+class OrinOnnxBackend(CpuBackend):
+    def __init__(self, bundle, *, intra_op_threads: int | None = None, profile_dir=None):
+        super().__init__(
+            bundle.component(names.VISION),
+            bundle.component(names.EMBED),
+            bundle.component(names.DECODER_ROLE),
+            intra_op_threads=intra_op_threads,
+            profile_dir=profile_dir,
+        )
+        self.source = bundle.source
+        self.profiles = bundle.manifest.runtime.get("profiles", {})
+
+    def _check(self, role: str, shapes: dict) -> None:
+        if role in self.profiles:
+            select_profile(self.profiles[role], shapes, role, self.source)
+
+    def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
+        self._check(names.VISION, {names.PIXEL_VALUES: np.shape(pixel_values)})
+        return super().encode_images(pixel_values)
+
+    def embed(self, input_ids: np.ndarray) -> np.ndarray:
+        self._check(names.EMBED, {names.INPUT_IDS: np.shape(input_ids)})
+        return super().embed(input_ids)
+
+    def decode(self, inputs_embeds, attention_mask, position_ids, past=None):
+        batch = np.shape(inputs_embeds)[0]
+        past_len = 0 if past is None else past[0][0].shape[2]
+        shapes = {
+            names.INPUTS_EMBEDS: np.shape(inputs_embeds),
+            names.ATTENTION_MASK: np.shape(attention_mask),
+            names.POSITION_IDS: np.shape(position_ids),
+            names.past_key(0): (batch, self.kv_heads, past_len, self.head_dim),
+        }
+        self._check(names.DECODER_ROLE, shapes)
+        return super().decode(inputs_embeds, attention_mask, position_ids, past)

@@ -1,0 +1,140 @@
+"""TensorRT optimisation profiles (min / opt / max per dynamic input) for the three graphs, and the check that
+refuses a request beyond them before any device work.
+
+Static where the model allows: the image size, the frame count and every hidden size are fixed by the model's
+config; only batch, prompt length and KV length vary. The decoder gets two profiles, as LLM engines do: `prefill`
+(the whole prompt, empty KV cache) and `decode` (one token, a KV cache of 1 .. max_positions - 1). Each input dim
+is named by the exporter (`batch`, `seq`, `past_seq`, `total_seq`, `frames`); an unknown name is refused rather
+than guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from edgekit import names
+from edgekit.errors import ConfigError
+
+PREFILL, DECODE, DEFAULT = "prefill", "decode", "default"
+DEFAULT_MAX_BATCH = 4
+TYPICAL_PROMPT_TEXT = 16  # tokens of a typical indication, for the `opt` shapes
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the profiles span. `opt_*` are the shapes TensorRT tunes its tactics for."""
+
+    max_batch: int
+    max_positions: int
+    image_tokens: int
+    frames: int
+    opt_prompt: int  # image + typical prompt
+    opt_kv: int  # half-way through a typical report
+
+    @classmethod
+    def of(cls, model_config: dict, generation_config: dict, preprocess: dict, max_batch: int = DEFAULT_MAX_BATCH):
+        from edgekit.export.model_config import ModelConfig
+
+        positions = int(model_config.get("max_positions", model_config.get("max_position_embeddings", 0)) or 0)
+        if positions < 2:
+            raise ConfigError("the model config names no max_positions: TensorRT profiles need a maximum length")
+        image_tokens = ModelConfig.from_dict(model_config).num_image_tokens if "image_size" in model_config else 0
+        prompt = min(positions - 1, image_tokens + TYPICAL_PROMPT_TEXT)
+        report = int(generation_config.get("max_new_tokens", 64))
+        return cls(
+            max_batch=max_batch,
+            max_positions=positions,
+            image_tokens=image_tokens,
+            frames=int(preprocess.get("num_frames", model_config.get("num_frames", 1))),
+            opt_prompt=prompt,
+            opt_kv=min(positions - 1, prompt + report // 2),
+        )
+
+
+def _dims(path: Path) -> dict[str, list[int | str]]:
+    model = onnx.load(str(path), load_external_data=False)
+    out = {}
+    for i in model.graph.input:
+        out[i.name] = [d.dim_param if d.dim_param else d.dim_value for d in i.type.tensor_type.shape.dim]
+    return out
+
+
+def _shape(dims: list[int | str], sizes: dict[str, tuple[int, int, int]], graph: str, name: str) -> dict:
+    mins, opts, maxs = [], [], []
+    for d in dims:
+        if isinstance(d, int) and d > 0:
+            lo = mid = hi = d
+        elif d in sizes:
+            lo, mid, hi = sizes[d]
+        else:
+            raise ConfigError(f"input {name} has a dimension '{d}' the orin profiles do not know", graph)
+        mins.append(lo)
+        opts.append(mid)
+        maxs.append(hi)
+    return {"min": mins, "opt": opts, "max": maxs}
+
+
+def make_profiles(graphs: Path, limits: Limits) -> dict[str, list[dict]]:
+    """{role: [{"name", "shapes": {input: {"min", "opt", "max"}}}]} for the graphs in `graphs`."""
+    b = (1, 1, limits.max_batch)
+    p, kv = limits.max_positions, limits.opt_kv
+    text = (1, max(1, limits.opt_prompt - limits.image_tokens), p)
+    prompt = (1, limits.opt_prompt, p)
+    per_role = {
+        names.VISION: [(DEFAULT, {"batch": b, "frames": (limits.frames,) * 3})],
+        names.EMBED: [(DEFAULT, {"batch": b, "seq": text})],
+        names.DECODER_ROLE: [
+            (PREFILL, {"batch": b, "seq": prompt, "past_seq": (0, 0, 0), "total_seq": prompt}),
+            (DECODE, {"batch": b, "seq": (1, 1, 1), "past_seq": (1, kv, p - 1), "total_seq": (2, kv + 1, p)}),
+        ],
+    }
+    out = {}
+    for role, profiles in per_role.items():
+        path = graphs / names.GRAPH_FILES[role]
+        dims = _dims(path)
+        out[role] = [
+            {"name": pname, "shapes": {n: _shape(d, sizes, path.name, n) for n, d in dims.items()}}
+            for pname, sizes in profiles
+        ]
+    return out
+
+
+def is_static(profiles: list[dict]) -> bool:
+    """DLA needs min = opt = max for every input of every profile."""
+    return all(s["min"] == s["opt"] == s["max"] for prof in profiles for s in prof["shapes"].values())
+
+
+class ProfileError(ConfigError):
+    """A request shape no optimisation profile of the engine covers."""
+
+    code = "beyond_profile"
+    http_status = 422
+
+
+def select_profile(profiles: list[dict], shapes: dict[str, tuple[int, ...]], role: str, where=None) -> int:
+    """The index of the first profile covering `shapes`, or a one-line refusal naming the input and its bound."""
+    closest = None
+    for i, prof in enumerate(profiles):
+        bad = None
+        for name, shape in shapes.items():
+            bounds = prof["shapes"].get(name)
+            if bounds is None:
+                continue
+            for axis, (n, lo, hi) in enumerate(zip(shape, bounds["min"], bounds["max"])):
+                if not lo <= n <= hi:
+                    bad = (name, axis, n, lo, hi, prof["name"])
+                    break
+            if bad:
+                break
+        if bad is None:
+            return i
+        closest = closest or bad
+    name, axis, n, lo, hi, pname = closest
+    if role == names.DECODER_ROLE and name == names.INPUTS_EMBEDS and axis == 1 and n > hi:
+        reason = f"a prompt of {n} positions (image and text) is longer than the engine's maximum of {hi}"
+    else:
+        reason = f"input {name} has size {n} on axis {axis}, outside the engine's profile [{lo}, {hi}]"
+    raise ProfileError(f"{reason} ({role} profile '{pname}', runtime.profiles in the manifest)", where)
