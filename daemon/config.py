@@ -16,6 +16,8 @@ import tomllib
 
 from edgekit.errors import ConfigError
 
+from .policy import Constraints, PolicySettings
+
 DEFAULT_CONFIG_PATH = Path("/etc/edgekit/edgekitd.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/edgekit")
 DEFAULT_SOCKET = Path("/run/edgekit/edgekitd.sock")
@@ -57,6 +59,11 @@ class DaemonConfig:
     video_max_frames: int = 64
     max_new_tokens_limit: int = 512
     log_level: str = "info"
+    # [policy]: None = no policy, the active variant changes only when told (PUT /v1/variants/active)
+    policy: PolicySettings | None = None
+    policy_profile: Path | None = None  # the `edgekit pareto` profile of the configured variants (pareto.json)
+    policy_tick_s: float = 1.0
+    signals_root: Path = Path("/")  # where /sys, /etc are read from (a fixture tree in tests)
     source: Path | None = None  # the file this was read from (None: defaults only)
 
     def variant(self, name: str) -> Variant | None:
@@ -91,7 +98,10 @@ _KEYS: dict[tuple[str, str], tuple[str, type | tuple[type, ...]]] = {
     ("models", "default_model_dir"): ("default_model_dir", str),
     ("models", "keep_alive_s"): ("keep_alive_s", (int, float)),
 }
-_PATHS = {"state_dir", "socket", "tcp_token_file", "default_model_dir"}
+_PATHS = {"state_dir", "socket", "tcp_token_file", "default_model_dir", "policy_profile", "signals_root"}
+# [policy] keys: those of PolicySettings and its Constraints, plus where the profile and the signals are.
+_POLICY_CONSTRAINTS = ("power_budget_w", "energy_budget_j", "quality_floor_f1", "latency_slo_ms")
+_POLICY_NUMBERS = ("window_s", "margin", "balanced_f1_slack", "battery_low_pct", "thermal_margin_c")
 _POSITIVE = {
     "workers",
     "max_queue",
@@ -136,6 +146,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
         if section == "variants":
             out["variants"] = _variants(table, path)
             continue
+        if section == "policy":
+            out.update(_policy(table, path))
+            continue
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] must be a table", path)
         for key, value in table.items():
@@ -166,6 +179,39 @@ def _variants(table: Any, path: Path) -> tuple[Variant, ...]:
     return tuple(out)
 
 
+def _policy(table: Any, path: Path) -> dict[str, Any]:
+    """[policy]: the settings of `policy.PolicySettings` (checked there), the profile, the tick and signals root."""
+    if not isinstance(table, dict):
+        raise ConfigError("[policy] must be a table", path)
+    known = {*_POLICY_CONSTRAINTS, *_POLICY_NUMBERS, "mode", "fixed", "queue_high", "allow_overrides", "profile"}
+    known |= {"tick_s", "signals_root"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"unknown key policy.{unknown[0]} (known: {', '.join(sorted(known))})", path)
+    kinds = {"mode": str, "fixed": str, "profile": str, "signals_root": str, "allow_overrides": bool, "queue_high": int}
+    for key, value in table.items():
+        kind = kinds.get(key, (int, float))
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ConfigError(f"policy.{key} has the wrong type ({type(value).__name__})", path)
+    if "profile" not in table:
+        raise ConfigError("[policy] needs profile = the `edgekit pareto` pareto.json of the variants", path)
+    settings = PolicySettings(
+        mode=table.get("mode", "balanced"),
+        constraints=Constraints(**{k: float(table[k]) for k in _POLICY_CONSTRAINTS if k in table}),
+        fixed=table.get("fixed"),
+        **{k: float(table[k]) for k in _POLICY_NUMBERS if k in table},
+        queue_high=table.get("queue_high", 4),
+        allow_overrides=table.get("allow_overrides", True),
+    )
+    settings.check(path)
+    out: dict[str, Any] = {"policy": settings, "policy_profile": _resolve(Path(table["profile"]), path)}
+    if "tick_s" in table:
+        out["policy_tick_s"] = float(table["tick_s"])
+    if "signals_root" in table:
+        out["signals_root"] = _resolve(Path(table["signals_root"]), path)
+    return out
+
+
 def _resolve(value: Path, config_path: Path) -> Path:
     """Relative paths in a config file are relative to the file, as a reader of the file would expect."""
     return value if value.is_absolute() else (config_path.parent / value).resolve()
@@ -188,6 +234,8 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
     for name in ("sync_timeout_s", "drain_timeout_s", "job_retention_s"):
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name} must be > 0", path)
+    if not (math.isfinite(cfg.policy_tick_s) and cfg.policy_tick_s > 0):
+        raise ConfigError(f"policy.tick_s must be > 0 seconds, got {cfg.policy_tick_s!r}", path)
     if not math.isfinite(cfg.keep_alive_s):
         raise ConfigError(
             f"keep_alive_s must be a number of seconds (negative: never unload), got {cfg.keep_alive_s!r}", path

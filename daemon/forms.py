@@ -8,7 +8,7 @@ multipart body of each route's OpenAPI operation, so the documented forms are id
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import File, Form, UploadFile
 
@@ -28,6 +28,7 @@ class ReportForm:
     prompt: str
     variant: str | None
     options: RequestOptions
+    quality: str | None = None  # "max": the policy's best-quality point for this request
 
 
 def report_form(
@@ -52,10 +53,18 @@ def report_form(
     temperature: Annotated[float, Form(ge=0.0, le=MAX_TEMPERATURE)] = 0.0,
     top_p: Annotated[float, Form(gt=0.0, le=1.0)] = 1.0,
     seed: Annotated[int | None, Form(ge=0, le=2**32 - 1)] = None,
+    quality: Annotated[
+        Literal["max"] | None,
+        Form(
+            description='"max": the best-quality variant the policy has, for this request (where the policy '
+            "allows overrides)"
+        ),
+    ] = None,
 ) -> ReportForm:
     return ReportForm(
         files=files,
         prompt=prompt,
         variant=variant,
         options=RequestOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed),
+        quality=quality,
     )

@@ -39,10 +39,35 @@ class Metrics:
         self.variant_loaded = Gauge(
             "edgekitd_variant_loaded", "1 while a variant is loaded (keep-alive unloads)", ["variant"], registry=r
         )
+        # the energy-quality policy (names as the design card gives them)
+        self.policy_switches = Counter(
+            "edgekit_policy_switches", "Variant switches the policy made", ["from", "to", "reason"], registry=r
+        )
+        self.power = Gauge("edgekit_power_watts", "Power the meters read now", ["rail", "source"], registry=r)
+        self.energy = Counter(
+            "edgekit_energy_joules", "Energy of the reports served, by variant", ["variant", "source"], registry=r
+        )
+        self.active_variant = Gauge(
+            "edgekit_active_variant", "1 for the variant new work goes to", ["variant"], registry=r
+        )
+        self.policy_broken = Gauge(
+            "edgekit_policy_constraint_broken",
+            "1 while no profiled point meets this constraint",
+            ["constraint"],
+            registry=r,
+        )
 
     def set_loaded(self, loaded: set[str], known: set[str]) -> None:
         for name in known:
             self.variant_loaded.labels(name).set(1 if name in loaded else 0)
+
+    def set_active(self, active: str, known: set[str]) -> None:
+        for name in known:
+            self.active_variant.labels(name).set(1 if name == active else 0)
+
+    def set_broken(self, broken: tuple[str, ...]) -> None:
+        for name in ("power_budget_w", "energy_budget_j", "quality_floor_f1", "latency_slo_ms"):
+            self.policy_broken.labels(name).set(1 if name in broken else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

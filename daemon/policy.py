@@ -211,17 +211,23 @@ class Governor:
         self._pending: tuple[str, float] | None = None  # (point id, since) of a step up waiting
         self.switches = 0
         self.last: Decision | None = None
+        self._asked = False
 
     def configure(self, settings: PolicySettings) -> None:
-        """New settings (PUT /v1/policy, a reload): the next tick decides afresh, with no step up pending."""
+        """New settings (PUT /v1/policy, a reload): what a person asked for is done at the next tick, with no
+        window to wait for (the window guards against signals that flap, not against decisions)."""
         self.settings = settings
         self._pending = None
+        self._asked = True
 
     def tick(self, now: float, signals: Signals) -> Decision:
         want = choose(self.points, self.settings, signals, self.current)
         cur = self.current
+        asked, self._asked = self._asked, False
         if cur is None:
             return self._switch(now, want, "start")
+        if asked and want.point.id != cur.id:
+            return self._switch(now, want, "settings")
         if want.point.id == cur.id:
             self._pending = None
             return self._keep(want)

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any, NamedTuple
 
-from fastapi import Depends, Header, Query
+from fastapi import Body, Depends, Header, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -31,6 +31,18 @@ class JobNotFinishedError(EdgekitError):
 
 class ActiveVariant(BaseModel):
     name: str = Field(min_length=1, max_length=128)
+
+
+# Checked by the service (a 400 `config_error` naming the key), so a typo is refused, never ignored.
+PolicyUpdate = Annotated[
+    dict[str, Any],
+    Body(
+        description="Any of: mode (performance | balanced | saver | fixed), fixed (a point id or variant), "
+        "power_budget_w, energy_budget_j, quality_floor_f1, latency_slo_ms (null clears one), window_s, margin, "
+        "balanced_f1_slack, battery_low_pct, thermal_margin_c, queue_high, allow_overrides",
+        examples=[{"mode": "saver", "quality_floor_f1": 0.95}],
+    ),
+]
 
 
 class Route(NamedTuple):
@@ -85,6 +97,18 @@ class Routes:
                 "/v1/variants/active",
                 self.put_active,
                 {"tags": ["variants"], "summary": "Load and warm a variant, then route new work to it"},
+            ),
+            Route(
+                "GET",
+                "/v1/policy",
+                self.get_policy,
+                {"tags": ["policy"], "summary": "The energy-quality policy: settings, point served, why, signals"},
+            ),
+            Route(
+                "PUT",
+                "/v1/policy",
+                self.put_policy,
+                {"tags": ["policy"], "summary": "Change the policy's mode or constraints (decided on at once)"},
             ),
             Route("GET", "/v2/health/live", self.live, {"tags": ["health"]}),
             Route("GET", "/v2/health/ready", self.ready, {"tags": ["health"]}),
@@ -160,6 +184,13 @@ class Routes:
     async def put_active(self, body: ActiveVariant) -> dict[str, Any]:
         loaded = await asyncio.to_thread(self.daemon.activate, body.name)
         return {**self.daemon.variants(), "active": loaded.name}
+
+    # --- policy -------------------------------------------------------------------------------------------------
+    async def get_policy(self) -> dict[str, Any]:
+        return self.daemon.get_policy()
+
+    async def put_policy(self, body: PolicyUpdate) -> dict[str, Any]:
+        return await asyncio.to_thread(self.daemon.put_policy, body)
 
     # --- health and metrics -------------------------------------------------------------------------------------
     async def live(self) -> dict[str, bool]:

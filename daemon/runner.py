@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections import deque
 from typing import Any
 
 from edgekit.errors import EdgekitError
@@ -25,10 +26,13 @@ from .work import Work
 
 log = logging.getLogger("edgekitd")
 
+RECENT_REPORTS = 50
+
 
 class ReportRunner:
     def __init__(self, registry: VariantRegistry, store: JobStore, metrics: Metrics, ingestor: Ingestor):
         self.registry, self.store, self.metrics, self.ingestor = registry, store, metrics, ingestor
+        self.recent_ms: deque[float] = deque(maxlen=RECENT_REPORTS)  # the policy's "recent p95" reads these
 
     def __call__(self, work: Work) -> None:
         if work.job_id:
@@ -78,6 +82,9 @@ class ReportRunner:
         self.metrics.reports.labels(variant, "ok").inc()
         self.metrics.tokens.labels(variant).inc(new_tokens)
         self.metrics.report_latency.labels(variant).observe(time.perf_counter() - t0)
+        self.recent_ms.append(out["timings"]["total_ms"] + out["timings"]["queue_ms"])
+        if report.energy_j is not None:
+            self.metrics.energy.labels(variant, report.energy_source).inc(report.energy_j)
         log.info(
             "report %s variant=%s study=%s tokens=%d total_ms=%.0f",
             work.job_id or "sync",

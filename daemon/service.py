@@ -31,8 +31,10 @@ from .jobs import Job, JobStore
 from .metrics import Metrics
 from .notify import Notifier
 from .options import RequestOptions, generation_options
+from .policy_loop import PolicyLoop, PolicyNotConfiguredError, settings_from_json
 from .queue import WorkQueue
 from .runner import ReportRunner
+from .signals import SignalReader
 from .streams import StreamHub, TokenStream
 from .variants import Loaded, VariantRegistry
 from .work import Work
@@ -93,6 +95,9 @@ class Daemon:
         self.ingestor = Ingestor(cfg)
         self.registry: VariantRegistry | None = None
         self.queue: WorkQueue | None = None
+        self.runner: ReportRunner | None = None
+        self.policy: PolicyLoop | None = None
+        self.signals: SignalReader | None = None
         self.ready = False
         self.failed: str | None = None
         self.recovered = 0
@@ -136,9 +141,17 @@ class Daemon:
         """Blocking: build/load/warm the active variant, start workers, requeue unfinished jobs, then READY=1."""
         try:
             registry = self.registry = VariantRegistry(self.cfg, say=self.say, on_change=self._loaded_changed)
-            registry.get()
-            runner = ReportRunner(registry, self.store, self.metrics, self.ingestor)
+            self.signals = SignalReader(self.cfg, self.metrics)
+            self.signals.start()
+            registry.meter = self.signals.meter
+            runner = self.runner = ReportRunner(registry, self.store, self.metrics, self.ingestor)
             self.queue = WorkQueue(runner, self.metrics, workers=self.cfg.workers, max_queue=self.cfg.max_queue)
+            self.signals.attach(self.queue, runner)
+            if self.cfg.policy is not None:  # the policy's first decision picks the variant that loads first
+                self.policy = PolicyLoop(self.cfg, registry, self.metrics, self.signals.read)
+                self.policy.tick()
+            else:
+                registry.get()
             self.queue.start()
             purged = self.store.purge(self.cfg.job_retention_s)
             for job in self.store.recover():
@@ -153,6 +166,8 @@ class Daemon:
         self.notifier.ready(self.summary(f"recovered {self.recovered} job(s), purged {purged}"))
         self.notifier.start_watchdog(self.loop_alive)
         threading.Thread(target=self._keep_alive, args=(registry,), name="edgekitd-keep-alive", daemon=True).start()
+        if self.policy is not None:
+            threading.Thread(target=self.policy.run, args=(self._stopped,), name="edgekitd-policy", daemon=True).start()
 
     def _keep_alive(self, registry: VariantRegistry) -> None:
         """Unload idle variants; checks a few times per keep-alive period (at most every 5 s)."""
@@ -196,6 +211,8 @@ class Daemon:
             counts = self.store.counts()
             log.info("stopped: drained=%s, jobs left queued for the next start: %d", drained, counts.get("queued", 0))
         self.ingestor.close()
+        if self.signals is not None:
+            self.signals.stop()
         self.notifier.close()
 
     # --- requests -------------------------------------------------------------------------------------------------
@@ -210,18 +227,42 @@ class Daemon:
         return {"active": self.registry.active, "variants": self.registry.describe()}
 
     def activate(self, name: str) -> Loaded:
-        """Blocking: load and warm `name`, then route new work to it."""
+        """Blocking: load and warm `name`, then route new work to it. Under a policy this pins the variant (mode
+        `fixed`), or the policy would switch away at its next tick."""
         registry, _ = self._serving()
-        loaded = registry.activate(name)
+        if self.policy is not None:
+            registry.check(name)
+            self.policy.configure(settings_from_json({"mode": "fixed", "fixed": name}, self.policy.settings))
+            loaded = registry.get(name)
+        else:
+            loaded = registry.activate(name)
         self.say(self.summary(f"switched to {loaded.name}"))
         return loaded
+
+    def get_policy(self) -> dict[str, Any]:
+        self._serving()
+        if self.policy is None:
+            raise PolicyNotConfiguredError("no [policy] in this daemon's config: variants switch only when told")
+        return self.policy.describe()
+
+    def put_policy(self, body: Any) -> dict[str, Any]:
+        """Blocking (a switch loads the next variant): new settings over the ones in force, decided on at once."""
+        self.get_policy()
+        assert self.policy is not None
+        self.policy.configure(settings_from_json(body, self.policy.settings))
+        return self.policy.describe()
 
     def _admit(self, form: ReportForm) -> tuple[WorkQueue, str]:
         """The checks both upload routes make before reading the upload; the variant the work is pinned to (a
         switch during the upload does not move it)."""
         registry, queue = self._serving()
         form.options.check(self.cfg.max_new_tokens_limit)
-        variant = registry.check(form.variant or registry.active)
+        chosen = form.variant
+        if self.policy is not None:
+            chosen = self.policy.variant_for(form.quality, form.variant)
+        elif form.quality is not None:
+            raise PolicyNotConfiguredError("quality needs a [policy] in the daemon's config")
+        variant = registry.check(chosen or registry.active)
         self._check_prompt(variant, form)
         return queue, variant
 

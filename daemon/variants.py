@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from edgekit.errors import BundleError, EdgekitError
 
 from .config import DaemonConfig, Variant
@@ -75,18 +73,6 @@ def default_bundle(cfg: DaemonConfig, say: Say = _quiet) -> Path:
     return out
 
 
-def warm(reporter: Reporter) -> float:
-    """One short generation on a blank study so the first real request does not pay for lazy initialisation."""
-    from edgekit.generate import GenerationOptions
-    from edgekit.ingest import Study
-
-    size = reporter.preprocess_config.image_size
-    study = Study(frames=np.zeros((1, size, size), np.float32), modality="CT", uid_hash="uid:warmup", source="dicom")
-    t0 = time.perf_counter()
-    reporter.report(study, "warm-up", GenerationOptions(max_new_tokens=2))
-    return (time.perf_counter() - t0) * 1e3
-
-
 class VariantRegistry:
     """Ollama's scheduler, in its own words: load on demand, count references, keep alive, unload. Nothing else
     touches a loaded variant's lifetime; a report borrows one through `hold`."""
@@ -100,6 +86,7 @@ class VariantRegistry:
         self.specs: dict[str, Variant] = {}
         self.active = ""
         self.threads: int | None = None
+        self.meter = None  # the energy meter each report is billed by (edgekit.energy), where the target has none
         self.keep_alive_s = 0.0
         self.configure(cfg)
 
@@ -200,10 +187,10 @@ class VariantRegistry:
 
         self._say(f"loading variant {spec.name}")
         t0 = time.perf_counter()
-        reporter = Reporter.from_bundle(spec.bundle, threads=self.threads)
+        reporter = Reporter.from_bundle(spec.bundle, threads=self.threads, meter=self.meter)
         load_ms = (time.perf_counter() - t0) * 1e3
         self._say(f"warming variant {spec.name}")
-        warm_ms = warm(reporter)
+        warm_ms = reporter.warm()
         log.info("variant %s loaded in %.0f ms, warmed in %.0f ms", spec.name, load_ms, warm_ms)
         return Loaded(spec.name, reporter, load_ms, warm_ms)
 

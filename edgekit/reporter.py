@@ -6,6 +6,7 @@ target backend -> text -> structured findings. Each stage is timed so that laten
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -19,7 +20,7 @@ from edgekit.errors import EdgekitError
 from edgekit.export.model_config import ModelConfig
 from edgekit.findings import parse_report
 from edgekit.generate import GenerationOptions, OnToken, generate, request_options, take_cost
-from edgekit.ingest import Study, load_study
+from edgekit.ingest import IngestLimits, Study, load_study
 from edgekit.plugins import load_backend
 from edgekit.preprocess import PreprocessConfig, preprocess_frames
 from edgekit.prompt import prompt_ids
@@ -43,6 +44,8 @@ class Report:
     timings: dict = field(default_factory=dict)  # wall clock, ms per stage
     warnings: list[str] = field(default_factory=list)  # what ingest skipped or changed, and what was capped
     cost: dict = field(default_factory=dict)  # what the target measured or emulated (x1: cycles, energy), + source
+    energy_j: float | None = None  # this report's energy, from the target (x1: emulated) or the reporter's meter
+    energy_source: str | None = None  # measured:<sensor> | emulated:x1 | estimated:<model>; None: nothing measured
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +58,16 @@ def split_sections(text: str) -> tuple[str, str]:
     if not sections:
         return text.strip(), ""
     return sections.get("FINDINGS", ""), sections.get("IMPRESSION", "")
+
+
+def report_energy(cost: dict, window) -> tuple[float | None, str | None]:
+    """A target that emulates or measures its own energy (its cost has `energy_j` and `figure_source`: x1's
+    emulator) is billed by it, not by a meter of the host that runs the emulator; otherwise the meter's window over
+    generation, if there was one."""
+    if "energy_j" in cost:
+        return float(cost["energy_j"]), cost["figure_source"]
+    joules = getattr(window, "joules", None)
+    return (float(joules), window.source) if joules is not None else (None, None)
 
 
 class PromptTooLongError(EdgekitError):
@@ -103,12 +116,23 @@ class Reporter:
     """A loaded bundle ready to write reports. Loading is the expensive part; reuse one per process."""
 
     def __init__(
-        self, bundle: Bundle, *, threads: int | None = None, backend=None, runtime: RuntimeOptions | None = None
+        self,
+        bundle: Bundle,
+        *,
+        threads: int | None = None,
+        backend=None,
+        runtime: RuntimeOptions | None = None,
+        meter=None,
+        limits: IngestLimits | None = None,
     ):
-        """`backend` defaults to the bundle target's run side with `runtime` (or just `threads`)."""
+        """`backend` defaults to the bundle target's run side with `runtime` (or just `threads`). `meter` (an
+        `edgekit.energy` sampler: `window()` gives a context whose `.joules` and `.source` are set on exit) bills
+        each report's energy where the target does not emulate its own; `limits` bound what ingest reads."""
         from tokenizers import Tokenizer
 
         self.bundle = bundle
+        self.meter = meter
+        self.limits = limits
         if backend is None:
             backend = load_backend(bundle, runtime if runtime is not None else RuntimeOptions(threads=threads))
         self.backend = backend
@@ -120,6 +144,19 @@ class Reporter:
     @classmethod
     def from_bundle(cls, path: str | Path | Bundle, **kw) -> Reporter:
         return cls(path if isinstance(path, Bundle) else load_bundle(path), **kw)
+
+    def warm(self) -> float:
+        """One short generation on a blank study, so the first real request does not pay for lazy initialisation
+        (sessions, kernels, caches); its milliseconds. The blank study bills no energy: no meter runs."""
+        size = self.preprocess_config.image_size
+        study = Study(np.zeros((1, size, size), np.float32), modality="CT", uid_hash="uid:warmup", source="dicom")
+        meter, self.meter = self.meter, None
+        t0 = time.perf_counter()
+        try:
+            self.report(study, "warm-up", GenerationOptions(max_new_tokens=2))
+        finally:
+            self.meter = meter
+        return (time.perf_counter() - t0) * 1e3
 
     @property
     def default_options(self) -> GenerationOptions:
@@ -154,7 +191,7 @@ class Reporter:
         """`on_token(token_id, index)` sees each report token as it is generated (the daemon streams them)."""
         t0 = time.perf_counter()
         if not isinstance(study, Study):
-            study = load_study(study)
+            study = load_study(study, limits=self.limits)
         t1 = time.perf_counter()
         ids = self.prompt_ids(study.modality, prompt)
         opts = options or self.default_options
@@ -164,11 +201,14 @@ class Reporter:
         opts = self.context.fit(ids.shape[1], opts, warnings)
         pixels = self.pixel_values(study)
         t2 = time.perf_counter()
+        window = self.meter.window() if self.meter is not None else contextlib.nullcontext()
         try:
-            result = generate(self.backend, pixels, ids, opts, on_token=on_token)
+            with window:
+                result = generate(self.backend, pixels, ids, opts, on_token=on_token)
         finally:  # a failed report must not bill the next one
             cost = take_cost(self.backend)
         t3 = time.perf_counter()
+        energy_j, energy_source = report_energy(cost, window)
         text = self.tokenizer.decode([int(t) for t in result.token_ids], skip_special_tokens=True).strip()
         findings_text, impression = split_sections(text)
         parsed = parse_report(text)
@@ -194,4 +234,6 @@ class Reporter:
             timings=timings,
             warnings=warnings,
             cost=cost,
+            energy_j=energy_j,
+            energy_source=energy_source,
         )

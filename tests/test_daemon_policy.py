@@ -143,3 +143,11 @@ def test_front_and_profile_round_trip(tmp_path):
     path.write_text('{"schema": "other"}')
     with pytest.raises(ConfigError, match="not a Pareto profile"):
         read_profile(path)
+
+
+def test_new_settings_take_effect_at_the_next_tick_without_the_window():
+    gov = Governor(FRONT, PolicySettings(mode="performance", window_s=300))
+    gov.tick(0, Signals())
+    gov.configure(PolicySettings(mode="saver", window_s=300))
+    d = gov.tick(1, Signals())
+    assert d.switched and d.point is TINY and d.reason == "settings"

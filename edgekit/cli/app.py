@@ -43,6 +43,7 @@ SUBCOMMANDS: dict[str, str] = {
     "run": "Generate a report for a study with a bundle.",
     "eval": "Evaluate a bundle's reports against references.",
     "profile": "Measure latency and memory of a bundle on a target.",
+    "pareto": "Profile variants: energy, quality and latency, and their Pareto front.",
     "bundle": "Inspect, verify, pack and unpack bundles.",
     "engine": "TensorRT engines for Jetson Orin: build, check, capability.",
     "x1": "The X1 edge NPU: cost estimates, compiling and disassembling programs.",

@@ -129,8 +129,10 @@ def evaluate(
     resamples: int = 1000,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    options=None,
 ) -> dict:
-    """Generate a report for every study of the split and score it. Returns the JSON-ready result."""
+    """Generate a report for every study of the split and score it. Returns the JSON-ready result.
+    `options`: the `GenerationOptions` of every report (default: the bundle's generation config)."""
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be >= 1, got {limit}")
     studies = load_split(data_dir)
@@ -142,7 +144,7 @@ def evaluate(
     for i, (s, rel, source) in enumerate(rows):
         rec = {"id": s["id"], "kind": s.get("kind", s["modality"]), "source": source, "error": None}
         try:
-            rep = reporter.report(data_dir / rel, prompt=s.get("indication", ""))
+            rep = reporter.report(data_dir / rel, prompt=s.get("indication", ""), options=options)
         except EdgekitError as e:  # one unreadable study is a finding of the run, not its end
             rec["error"] = {"code": e.code, "message": str(e)}
             records.append(rec)
@@ -158,6 +160,8 @@ def evaluate(
             rouge_l=rouge_l(rep.text, s["references"]),
             timings=rep.timings,
             cost=rep.cost,
+            energy_j=rep.energy_j,
+            energy_source=rep.energy_source,
             warnings=list(rep.warnings),
         )
         records.append(rec)

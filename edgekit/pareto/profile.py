@@ -22,7 +22,7 @@ SCHEMA = "edgekit.pareto/1"
 
 @dataclass(frozen=True)
 class Point:
-    id: str  # "<bundle name>" plus its knobs, e.g. "radreport-tiny-x1[sparsity_target=0.5]"
+    id: str  # the bundle's file name plus its knobs, e.g. "radreport-tiny-x1[sparsity_target=0.5]"
     bundle: str  # the path it was measured from (information; identity is `bundle_digest`)
     bundle_digest: str
     target: str
@@ -38,6 +38,8 @@ class Point:
     count: int  # studies measured
     load_ms: float = 0.0  # load + warm-up time of the bundle: the policy stays at least this long
     recipe: str | None = None
+    latency_source: str = "measured:wall-clock"  # or the target's own clock (emulated:x1, estimated:orin-...)
+    failed: int = 0  # studies whose report failed (not in the figures)
 
     @property
     def power_w(self) -> float:

@@ -1,0 +1,118 @@
+"""`edgekit pareto`: every variant x knob measured on an eval split, the energy-quality-latency front, a plot."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgekit.cli.common import JsonOption, console, emit, examples, progress, writable_out
+
+app = typer.Typer(help="Profile variants: energy, quality and latency, and their Pareto front.")
+
+GRID_HELP = "Repeat to vary it: each value is one configuration per bundle."
+
+
+def _rows(profile) -> list[dict]:
+    front = {p.id for p in profile.front}
+    rows = []
+    for p in sorted(profile.points, key=lambda p: (p.energy_j if math.isfinite(p.energy_j) else math.inf, -p.f1)):
+        lo, hi = p.f1_ci
+        rows.append(
+            {
+                "point": p.id,
+                "front": "*" if p.id in front else "",
+                "target": p.target,
+                "F1 [95% CI]": f"{p.f1:.3f} [{lo:.3f}, {hi:.3f}]",
+                "halluc.": f"{p.hallucination_rate:.3f}",
+                "p50 / p95 ms": f"{p.latency_p50_ms:.0f} / {p.latency_p95_ms:.0f}",
+                "latency source": p.latency_source,
+                "J / report": f"{p.energy_j:.3g}",
+                "energy source": p.energy_source,
+                "peak MiB": f"{p.peak_rss_mib:.0f}",
+                "n": p.count,
+            }
+        )
+    return rows
+
+
+@app.command(
+    epilog=examples(
+        "edgekit pareto out/radreport-tiny-cpu out/radreport-tiny-x1 -o out/pareto --data data/test --limit 4",
+        "edgekit pareto out/radreport-tiny-x1 -o out/pareto-dss --data data/test --limit 2 --sparsity-target 0.2 "
+        "--sparsity-target 0.5",
+        "edgekit pareto out/radreport-tiny-cpu -o out/pareto --data data/test --limit 4 --json",
+        note="Run again with the same -o to resume: points already measured (same id, same bundle) are kept. "
+        "Without --data: the default model family's test split, generated once into the cache. Writes "
+        "pareto.json (what edgekitd's [policy] reads) and pareto.png / pareto.svg.",
+    )
+)
+def pareto(
+    bundles: Annotated[list[Path], typer.Argument(help="Bundles (directories or .ekb files): the variants.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile folder (resumed if it holds a pareto.json).")],
+    data: Annotated[
+        Path | None, typer.Option(help="Eval split (`edgekit data synth`); default: the test split.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Only the first N studies of the split.")] = None,
+    max_new_tokens: Annotated[list[int] | None, typer.Option(min=1, help=f"Caps on report length. {GRID_HELP}")] = None,
+    video_max_frames: Annotated[
+        list[int] | None, typer.Option(min=1, help=f"Frames decoded per clip (frame skipping). {GRID_HELP}")
+    ] = None,
+    sparsity_target: Annotated[
+        list[float] | None, typer.Option(min=0.0, max=0.95, help=f"X1 DSS sparsity targets (x1 only). {GRID_HELP}")
+    ] = None,
+    threads: Annotated[list[int] | None, typer.Option(min=1, help=f"Threads. {GRID_HELP}")] = None,
+    meter: Annotated[
+        str | None, typer.Option(help="Energy meter for non-emulated targets (default: the best this machine has).")
+    ] = None,
+    fresh: Annotated[bool, typer.Option(help="Measure every point again instead of resuming.")] = False,
+    plot: Annotated[bool, typer.Option(help="Write pareto.png and pareto.svg.")] = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Measure latency p50/p95, energy per report (with its source), peak memory, finding F1 with 95% CI and the
+    hallucination rate of every configuration, and write the non-dominated front over energy x F1 x latency."""
+    from edgekit.bundle import load_bundle
+    from edgekit.eval.runner import default_test_split, load_split
+    from edgekit.pareto.configs import expand
+    from edgekit.pareto.energy import describe_meter
+    from edgekit.pareto.plot import plot_profile
+    from edgekit.pareto.run import PROFILE_NAME, run_pareto
+
+    writable_out(out / PROFILE_NAME)
+    loaded = [load_bundle(b) for b in bundles]  # every bundle checked before the first point is measured
+    data_dir = data if data is not None else default_test_split()
+    studies = load_split(data_dir)
+    grid = {
+        "max_new_tokens": max_new_tokens,
+        "video_max_frames": video_max_frames,
+        "sparsity_target": sparsity_target,
+        "threads": threads,
+    }
+    configs = expand(loaded, grid)
+    meter_info = describe_meter(meter)
+    split = {"name": data_dir.name if data is not None else "test", "count": min(limit or len(studies), len(studies))}
+    split["source"] = str(data_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with progress("points", total=len(configs), as_json=as_json) as task:
+        profile = run_pareto(
+            configs,
+            out,
+            data_dir,
+            split=split,
+            limit=limit,
+            meter=meter_info["name"],
+            meters=[meter_info],
+            resume=not fresh,
+            on_point=lambda _c, _reused: task.advance(),
+        )
+    images = plot_profile(profile, out / "pareto") if plot else []
+    if as_json:
+        emit({**profile.to_dict(), "files": [str(out / PROFILE_NAME), *map(str, images)]}, True)
+        return
+    emit(_rows(profile), False, title=f"{len(profile.points)} points, {len(profile.front)} on the front (*)")
+    console.print(
+        f"[dim]{split['name']} split, {split['count']} studies; energy meter: {meter_info['description']}; "
+        f"wrote {out / PROFILE_NAME}" + (f", {images[0].name}, {images[1].name}" if images else "") + "[/dim]"
+    )

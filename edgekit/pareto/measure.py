@@ -1,0 +1,108 @@
+"""One configuration measured on an eval split: what becomes one point of the Pareto profile.
+
+Run in a child process per configuration (`python -m edgekit.pareto.measure CONFIG.json OUT.json`), so peak
+memory is that configuration's own (`ru_maxrss` of a fresh process) and one configuration's crash costs only its
+point.
+
+Where each figure comes from, by target:
+- latency: the report's wall clock here (`measured:wall-clock`), except on x1, where the emulator's NPU time is the
+  device's latency (`emulated:x1`; the host's ingest and preprocessing are not in it);
+- energy per report: the X1 cost model on x1 (`emulated:x1`); elsewhere the best meter this machine has (a
+  sensor: `measured:<sensor>`; else an estimate: `estimated:<model>`), integrated over each report.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.pareto.configs import Config
+from edgekit.pareto.profile import Point
+
+
+def _latency_and_energy(record: dict) -> tuple[float, str, float | None, str | None]:
+    """A target whose cost states its own latency (x1's emulator) is timed by it, not by the host's clock."""
+    cost = record.get("cost") or {}
+    if "latency_ms" in cost:
+        latency, latency_source = cost["latency_ms"], cost["figure_source"]
+    else:
+        latency, latency_source = record["timings"]["total_ms"], "measured:wall-clock"
+    return latency, latency_source, record.get("energy_j"), record.get("energy_source")
+
+
+def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) -> dict[str, Any]:
+    """The point for `config`, as `Point.to_dict()`."""
+    from edgekit.bundle import load_bundle
+    from edgekit.eval.runner import evaluate
+    from edgekit.ingest.study import IngestLimits
+    from edgekit.reporter import Reporter
+    from edgekit.target import RuntimeOptions
+
+    settings = dict(config.settings)
+    runtime = {k: settings[k] for k in ("sparsity_target",) if k in settings}
+    t0 = time.perf_counter()
+    bundle = load_bundle(config.bundle)
+    limits = IngestLimits(video_max_frames=settings["video_max_frames"]) if "video_max_frames" in settings else None
+    options = RuntimeOptions(threads=settings.get("threads"), settings=runtime)
+    reporter = Reporter(bundle, runtime=options, meter=meter, limits=limits)
+    reporter.warm()
+    load_ms = (time.perf_counter() - t0) * 1e3
+    opts = reporter.options(max_new_tokens=settings.get("max_new_tokens"))
+    result = evaluate(reporter, data_dir, limit=limit, include_video=True, options=opts)
+    ok = [r for r in result["records"] if r.get("error") is None]
+    if not ok:
+        raise RuntimeError(f"{config.id}: every report failed")
+    latency, latency_source, energy, energy_source = zip(*(_latency_and_energy(r) for r in ok))
+    if any(e is None for e in energy):
+        energy_j, energy_source = float("nan"), "none: no meter on this machine"
+    else:
+        energy_j, energy_source = float(np.mean(energy)), energy_source[0]
+    overall = result["overall"]
+    return Point(
+        id=config.id,
+        bundle=str(config.bundle),
+        bundle_digest=config.digest,
+        target=config.target,
+        settings={**settings, "variant": config.name},
+        f1=overall["finding_f1"]["value"],
+        f1_ci=tuple(overall["finding_f1"]["ci95"]),
+        hallucination_rate=overall["hallucinated_finding_rate"],
+        latency_p50_ms=float(np.percentile(latency, 50)),
+        latency_p95_ms=float(np.percentile(latency, 95)),
+        energy_j=energy_j,
+        energy_source=energy_source,
+        peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        count=overall["n"],  # DICOM studies scored (cine clips' MP4 copies are timed and billed, not scored)
+        load_ms=load_ms,
+        recipe=bundle.manifest.provenance.get("recipe"),
+        latency_source=latency_source[0],
+        failed=len(result["records"]) - len(ok),
+    ).to_dict()
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    config = Config(Path(spec["bundle"]), spec["name"], spec["target"], spec["digest"], spec["settings"])
+    meter = None
+    if spec.get("meter"):
+        from edgekit.pareto.energy import open_meter
+
+        meter = open_meter(spec["meter"])
+    out = measure(config, Path(spec["data"]), limit=spec.get("limit"), meter=meter)
+    Path(argv[1]).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def spec_for(config: Config, data_dir: Path, limit: int | None, meter: str | None) -> dict[str, Any]:
+    return {**asdict(config), "bundle": str(config.bundle), "data": str(data_dir), "limit": limit, "meter": meter}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

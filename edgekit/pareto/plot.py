@@ -1,0 +1,68 @@
+"""The picture of a profile: energy per report against finding F1, the front drawn through, latency as colour."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from edgekit.pareto.profile import Profile
+
+
+def plot_profile(profile: Profile, out_stem: Path) -> list[Path]:
+    """Write `<out_stem>.png` and `.svg`; their paths. Headless (Agg): no display needed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [p for p in profile.points if math.isfinite(p.energy_j)]
+    front = {p.id for p in profile.front}
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    if points:
+        sc = ax.scatter(
+            [p.energy_j for p in points],
+            [p.f1 for p in points],
+            c=[p.latency_p95_ms for p in points],
+            cmap="viridis",
+            s=[90 if p.id in front else 40 for p in points],
+            edgecolors=["black" if p.id in front else "none" for p in points],
+            linewidths=1.2,
+            zorder=3,
+        )
+        fig.colorbar(sc, ax=ax, label="latency p95 (ms)")
+        on_front = sorted((p for p in points if p.id in front), key=lambda p: p.energy_j)
+        ax.step(
+            [p.energy_j for p in on_front],
+            [p.f1 for p in on_front],
+            where="post",
+            color="black",
+            linewidth=0.8,
+            alpha=0.6,
+            label="Pareto front (energy, F1, latency)",
+            zorder=2,
+        )
+        for p in points:
+            lo, hi = p.f1_ci
+            ax.plot([p.energy_j, p.energy_j], [lo, hi], color="grey", linewidth=0.6, zorder=1)
+            if p.id in front:
+                ax.annotate(p.id, (p.energy_j, p.f1), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        if (
+            min(p.energy_j for p in points) > 0
+            and max(p.energy_j for p in points) / min(p.energy_j for p in points) > 20
+        ):
+            ax.set_xscale("log")
+    sources = sorted({p.energy_source for p in points})
+    ax.set_xlabel(f"energy per report (J; {', '.join(sources) or 'no meter'})")
+    split = profile.split
+    ax.set_ylabel(f"finding F1 ({split.get('name', '?')} split, {split.get('count', '?')} studies; 95% CI bars)")
+    ax.set_title("edgekit pareto: energy vs quality")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    out = []
+    for suffix in (".png", ".svg"):
+        path = out_stem.with_suffix(suffix)
+        fig.savefig(path)
+        out.append(path)
+    plt.close(fig)
+    return out

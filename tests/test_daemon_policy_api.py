@@ -1,0 +1,140 @@
+"""edgekitd with a [policy]: two tiny variants, a profile naming their bundles by digest, and a fixture sysfs tree
+(an Orin Nano's INA3221 and thermal zones, plus a battery) that the test changes as the day goes: the daemon steps
+down when the battery runs low, back up after the window, answers GET/PUT /v1/policy, bills each report's energy
+with the sensor's name, and refuses a profile measured on other bundles."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from edgekit.bundle import load_bundle  # noqa: E402
+from edgekit.daemon.testing import DaemonProcess, write_tiny_model  # noqa: E402
+from edgekit.pareto import Point, Profile, write_profile  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
+SAMPLES = Path(__file__).resolve().parents[1] / "models" / "samples"
+WINDOW_S = 2.0
+
+
+def _point(name: str, bundle: Path, f1: float, energy_j: float, p50_ms: float) -> Point:
+    return Point(
+        id=name, bundle=str(bundle), bundle_digest=load_bundle(bundle).digest, target="cpu", settings={},
+        f1=f1, f1_ci=(f1 - 0.01, f1 + 0.01), hallucination_rate=0.0, latency_p50_ms=p50_ms,
+        latency_p95_ms=p50_ms * 1.2, energy_j=energy_j, energy_source="estimated:test-profile",
+        peak_rss_mib=100.0, count=300,
+    )  # fmt: skip
+
+
+def _battery(root: Path, percent: int, status: str, ac: bool) -> None:
+    bat, mains = root / "sys/class/power_supply/BAT0", root / "sys/class/power_supply/AC"
+    for d, files in ((bat, {"type": "Battery", "capacity": str(percent), "status": status}),
+                     (mains, {"type": "Mains", "online": "1" if ac else "0"})):  # fmt: skip
+        d.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (d / name).write_text(text + "\n")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from edgekit.build import build
+
+    root = tmp_path_factory.mktemp("edgekitd-policy")
+    bundles = {}
+    for name, seed in (("big", 1), ("small", 2)):
+        bundles[name] = root / f"bundle-{name}"
+        build("cpu", bundles[name], model_dir=write_tiny_model(root / f"model-{name}", seed=seed), parity=False)
+    sysfs = root / "sysfs"
+    shutil.copytree(FIXTURES / "orin_nano", sysfs)
+    _battery(sysfs, 90, "Charging", ac=True)
+    write_profile(
+        Profile(
+            [_point("big", bundles["big"], 0.99, 10.0, 1000), _point("small", bundles["small"], 0.96, 3.0, 500)],
+            split={"name": "test", "count": 300},
+        ),
+        root / "pareto.json",
+    )
+    return root, bundles, sysfs
+
+
+def _config(root: Path, bundles: dict, **policy) -> Path:
+    lines = ["[models]", 'active = "big"']
+    for name, bundle in bundles.items():
+        lines += ["[[variants]]", f'name = "{name}"', f'bundle = "{bundle}"']
+    lines += ["[policy]", 'profile = "pareto.json"', 'signals_root = "sysfs"', "tick_s = 0.1", f"window_s = {WINDOW_S}"]
+    lines += [f"{k} = {v!r}".replace("'", '"') for k, v in policy.items()]
+    path = root / "edgekitd.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _wait_point(d: DaemonProcess, point: str, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = d.client.get("/v1/policy").json()
+        if state["point"] == point:
+            return state
+        time.sleep(0.1)
+    raise TimeoutError(f"policy never served {point}: {state}")
+
+
+def test_the_policy_follows_the_battery_and_answers_its_api(setup):
+    root, bundles, sysfs = setup
+    config = _config(root, bundles, mode="performance", quality_floor_f1=0.9)
+    with DaemonProcess(root / "state", config=config).start() as d:
+        state = _wait_point(d, "big")
+        assert state["mode"] == "performance" and state["variant"] == "big"
+        assert {p["id"] for p in state["front"]} == {"big", "small"}
+
+        _battery(sysfs, 15, "Discharging", ac=False)  # unplugged and low: saver at the next tick
+        t0 = time.monotonic()
+        state = _wait_point(d, "small")
+        assert time.monotonic() - t0 < 5 and state["decision"]["reason"] == "battery"
+        assert state["signals"]["battery_pct"] == 15 and state["signals"]["on_battery"] is True
+        assert state["signals"]["power_source"].startswith("measured:ina3221")
+
+        r = d.client.report(SAMPLES / "cr_chest" / "image.dcm", max_new_tokens="4")
+        body = r.json()
+        assert r.status == 200 and body["variant"] == "small"
+        assert body["energy_j"] > 0 and body["energy_source"].startswith("measured:ina3221")
+        r = d.client.report(SAMPLES / "cr_chest" / "image.dcm", max_new_tokens="4", quality="max")
+        assert r.json()["variant"] == "big"  # a per-request override within the policy
+
+        _battery(sysfs, 95, "Charging", ac=True)  # back on the charger: the step up waits for the window
+        t0 = time.monotonic()
+        assert d.client.get("/v1/policy").json()["point"] == "small"
+        _wait_point(d, "big")
+        assert time.monotonic() - t0 >= WINDOW_S * 0.9
+
+        r = d.client.put_json("/v1/policy", {"mode": "saver"})
+        assert r.status == 200 and r.json()["point"] == "small" and r.json()["mode"] == "saver"
+        for bad, needle in (({"mode": "turbo"}, "mode must be one of"), ({"bogus": 1}, "unknown policy key")):
+            r = d.client.put_json("/v1/policy", bad)
+            assert r.status == 400 and needle in r.json()["error"]["message"], r.json()
+
+        metrics = d.client.get("/metrics").body.decode()
+        assert re.search(r'edgekit_policy_switches_total\{from="big",reason="battery",to="small"\} 1\.0', metrics)
+        assert 'edgekit_active_variant{variant="small"} 1.0' in metrics
+        assert re.search(r'edgekit_energy_joules_total\{source="measured:ina3221[^"]*",variant="small"\}', metrics)
+        assert "edgekit_power_watts{" in metrics
+        assert "Discharging" not in d.log.read_text()  # logs say why, with no file contents beyond the figures
+
+
+def test_a_profile_of_other_bundles_is_refused_at_start_naming_the_file(setup, tmp_path):
+    root, bundles, _ = setup
+    other = tmp_path / "other"
+    shutil.copytree(root, other, ignore=shutil.ignore_patterns("state*"))
+    manifest = other / "bundle-small" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"name"', '"name" ', 1))  # same files, another digest
+    config = _config(other, {k: other / v.name for k, v in bundles.items()}, mode="balanced")
+    d = DaemonProcess(other / "state", config=config)
+    with pytest.raises(RuntimeError) as err:
+        d.start(wait_ready=30)
+    assert "pareto.json" in str(err.value) and "no point for variant 'small'" in str(err.value)

@@ -1,0 +1,68 @@
+"""`edgekit pareto` on two tiny random-weight bundles: points measured in child processes, the front, the plot,
+resuming without re-measuring, and a bad bundle refused before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgekit.bundle import load_bundle
+from edgekit.cli.app import main
+from edgekit.daemon.testing import write_tiny_model
+from edgekit.pareto import read_profile
+from edgekit.pareto.configs import expand
+from edgekit.pareto.run import run_pareto
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    from edgekit.build import build
+
+    root = tmp_path_factory.mktemp("pareto-bundles")
+    out = []
+    for seed in (1, 2):
+        model = write_tiny_model(root / f"model-{seed}", seed=seed, max_new_tokens=8)
+        out.append(build("cpu", root / f"tiny-{seed}", model_dir=model, parity=False))
+    return [root / "tiny-1", root / "tiny-2"]
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    from edgekit.models.synth import write_split
+
+    return write_split(tmp_path_factory.mktemp("pareto-split") / "test", "test", 3).parent
+
+
+def test_pareto_writes_points_front_and_plot(bundles, split, tmp_path, capsys):
+    out = tmp_path / "profile"
+    args = ["pareto", *map(str, bundles), "-o", str(out), "--data", str(split), "--limit", "2"]
+    assert main([*args, "--max-new-tokens", "4", "--max-new-tokens", "8", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    profile = read_profile(out / "pareto.json")
+    assert len(profile.points) == 4 and shown["front"] == [p.id for p in profile.front]
+    for p in profile.points:
+        assert p.count == 2 and p.latency_p95_ms >= p.latency_p50_ms > 0
+        assert p.energy_source.startswith(("measured:", "estimated:")) and p.energy_j > 0
+        assert p.bundle_digest == load_bundle(p.bundle).digest and p.peak_rss_mib > 50
+        assert p.settings["max_new_tokens"] in (4, 8)
+    assert (out / "pareto.png").stat().st_size > 10_000 and (out / "pareto.svg").read_text().startswith("<?xml")
+
+
+def test_a_second_run_resumes_and_measures_only_new_points(bundles, split, tmp_path):
+    configs = expand([load_bundle(b) for b in bundles], {"max_new_tokens": [4]})
+    seen: list[tuple[str, bool]] = []
+    kw = dict(split={"name": "test", "count": 2}, limit=2, on_point=lambda c, reused: seen.append((c.id, reused)))
+    run_pareto(configs[:1], tmp_path, split, **kw)
+    first = read_profile(tmp_path / "pareto.json").points[0]
+    run_pareto(configs, tmp_path, split, **kw)
+    assert seen == [(configs[0].id, False), (configs[0].id, True), (configs[1].id, False)]
+    assert read_profile(tmp_path / "pareto.json").by_id()[first.id] == first  # kept as measured
+
+
+def test_a_bad_bundle_is_one_line_before_any_point(split, tmp_path, capsys):
+    missing = tmp_path / "nope"
+    assert main(["pareto", str(missing), "-o", str(tmp_path / "p"), "--data", str(split)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(missing) in err[0]
+    assert not (tmp_path / "p").exists()
