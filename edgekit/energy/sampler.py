@@ -92,7 +92,7 @@ class Sampler:
         self.meters = list(meters)
         self.interval_s, self.max_watts = float(interval_s), float(max_watts)
         self.failed: list[tuple[str, str]] = []  # (source, why), in the order they failed
-        self.thread_cpu_s = 0.0  # CPU time the sampling thread has used (for the overhead bench)
+        self.thread_cpu_s = 0.0  # CPU time the sampling threads have used, all starts (for the overhead bench)
         self._lock = threading.Lock()
         self._active = 0  # index into meters; len(meters) when none is left
         self._segments: list[str] = []  # the source of each stretch of the running total
@@ -215,7 +215,7 @@ class Sampler:
         self.stop()
 
     def _run(self) -> None:
-        cpu0 = time.thread_time()
+        base, cpu0 = self.thread_cpu_s, time.thread_time()  # summed over every start()
         deadline = time.monotonic()
         while True:
             deadline += self.interval_s
@@ -223,9 +223,10 @@ class Sampler:
             if deadline < now:  # a slow read: skip the missed ticks rather than burst to catch up
                 deadline = now
             if self._stop.wait(deadline - now):
-                return
+                break
             self.sample()
-            self.thread_cpu_s = time.thread_time() - cpu0
+            self.thread_cpu_s = base + time.thread_time() - cpu0
+        self.thread_cpu_s = base + time.thread_time() - cpu0
 
     def describe(self) -> dict:
         return {
