@@ -145,7 +145,7 @@ def test_bad_workloads_and_models_are_refused(seed, tmp_path):
         estimate_report(seed, new_tokens=0)
     with pytest.raises(ConfigError, match="weights"):
         estimate_report(seed, weights="int3")
-    with pytest.raises(ConfigError, match="neither a bundle directory nor a model preset"):
+    with pytest.raises(ConfigError, match="neither a bundle .directory or .ekb. nor a model preset"):
         estimate_report(str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="unknown assumption"):
         estimate_report(seed, assumptions={"magic": 1.0})
@@ -283,3 +283,16 @@ def test_a_bundle_is_read_for_its_shape_precision_and_report_length(int4_bundle)
     # a tiny model is overhead-bound: launches and host work, not bytes, set its decode time
     assert est.phase("decode").bound == "overhead"
     assert estimate_report(int4_bundle, weights="fp16").precision.weights == "fp16"  # an override wins
+
+
+def test_a_packed_bundle_gives_the_same_estimate_and_a_broken_one_is_refused(int4_bundle, tmp_path):
+    from edgekit.bundle import pack_bundle
+    from edgekit.errors import BundleError
+
+    packed = pack_bundle(int4_bundle, tmp_path / "radreport-tiny-int4.ekb")
+    assert estimate_report(packed).latency_ms == pytest.approx(estimate_report(int4_bundle).latency_ms)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "manifest.json").write_text("{not json")
+    with pytest.raises(BundleError, match="manifest is not valid JSON"):
+        estimate_report(broken)

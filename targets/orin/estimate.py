@@ -483,15 +483,21 @@ def precision_from_manifest(manifest) -> tuple[Precision, list[str]]:
 
 
 def read_bundle(path: str | Path):
-    """(shape, precision, default report, notes, facts) of a bundle directory."""
+    """(shape, precision, default report, notes, facts) of a bundle directory or `.ekb` archive. A directory's
+    manifest is read without hashing every file (an estimate needs no integrity check; `load_bundle` does one)."""
     from edgekit import names
+    from edgekit.bundle import load_bundle
     from edgekit.bundle.manifest import read_manifest
     from edgekit.errors import BundleError
     from edgekit.export.model_config import ModelConfig
     from edgekit.prompt import prompt_ids
 
     root = Path(path)
-    manifest = read_manifest(root)
+    if root.is_dir():
+        manifest = read_manifest(root)
+    else:
+        bundle = load_bundle(root)
+        root, manifest = bundle.root, bundle.manifest
     comps = manifest.components
     if "model_config" not in comps:
         raise BundleError("the manifest lists no model_config (config.json)", root / "manifest.json")
@@ -506,7 +512,10 @@ def read_bundle(path: str | Path):
     if "tokenizer" in comps and gen.get("bos_token_id") is not None:
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(root / comps["tokenizer"].path))
+        try:
+            tok = Tokenizer.from_file(str(root / comps["tokenizer"].path))
+        except Exception as err:  # tokenizers raises plain Exception on a corrupt file
+            raise BundleError(f"cannot read the tokenizer: {err}", root / comps["tokenizer"].path) from None
         prompt_tokens = len(prompt_ids(tok, gen, "CR", ""))
         notes.append(f"prompt: the bundle's template with modality CR and the default indication ({prompt_tokens})")
     new_tokens = int(gen.get("max_new_tokens", 96))
@@ -685,7 +694,8 @@ def estimate_report(
     assumptions: dict[str, float] | None = None,
 ) -> OrinEstimate:
     """Latency and energy of one report: `model` is a bundle directory, a preset name or a `ModelShape`;
-    `weights` is a dtype name or a `Precision` (a bundle's own formats when omitted; FP16 for a shape).
+    `weights` is a dtype name or a `Precision`: it replaces a bundle's own formats (read from its manifest when
+    omitted); a shape runs in FP16 unless told otherwise.
     `assumptions` overrides named entries of devices.toml's [assumptions] (for sensitivity studies)."""
     data = load_data()
     dev = get_device(device)
@@ -705,9 +715,9 @@ def estimate_report(
         shape = preset(model)
     else:
         path = Path(model)
-        if not path.is_dir():
+        if not path.exists():
             raise ConfigError(
-                f"'{model}' is neither a bundle directory nor a model preset (presets: {', '.join(PRESETS)})"
+                f"'{model}' is neither a bundle (directory or .ekb) nor a model preset (presets: {', '.join(PRESETS)})"
             )
         shape, precision, report, bundle_notes, facts = read_bundle(path)
         notes += bundle_notes
