@@ -1,0 +1,269 @@
+"""edgekitd's energy-quality policy through a scripted day, against always serving the best variant.
+
+Four x1 variants of the default model (FP16, INT8, INT4, INT4 with 38% of heads pruned) are profiled with
+`edgekit pareto`; edgekitd serves them under a `[policy]` whose signals come from a fixture sysfs tree laid out as
+on a Jetson Orin Nano (INA3221 rails, thermal zones) plus a battery, which the script edits as the day goes:
+
+1. the power budget lowered, then raised again (`PUT /v1/policy`);
+2. the battery unplugged and draining from 80% to 10%, then back on the charger;
+3. a thermal zone warming past its passive trip point, then cooling;
+4. a load burst (8 reports at once), then calm.
+
+The day repeats until the policy has switched at least `--switches` times, with reports sent all along, then
+the same studies are sent with the policy fixed at the best variant. Energy per report is the X1 cost model's
+(`emulated:x1`), so the two runs compare like with like. The day is compressed: a 2 s window stands for the
+policy's 300 s default. A last phase oscillates the load faster than a 3 s window and counts the switches.
+
+    python bench/policy_day.py                  # ~100 switches
+    python bench/policy_day.py --switches 20 --profile-limit 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from edgekit.build import build
+from edgekit.daemon.testing import DaemonProcess
+from edgekit.eval.finding_metrics import prf, score_study
+from edgekit.eval.runner import default_test_split, load_split
+from edgekit.findings import Finding
+from edgekit.pareto import read_profile
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "tests" / "fixtures" / "sysfs" / "orin_nano"
+VARIANTS = {"fp16": "fp16", "int8": "int8", "int4": None, "heads38": "int4-heads38"}
+HWMON = "sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1"
+ZONE = "sys/class/thermal/thermal_zone0"
+
+
+class Board:
+    """The fixture tree the daemon reads its signals from; the day writes it as a device's kernel would."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        shutil.copytree(FIXTURE, root)
+        self.battery(80, charging=True)
+
+    def _write(self, rel: str, text: str) -> None:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+
+    def battery(self, percent: int, *, charging: bool) -> None:
+        self._write("sys/class/power_supply/BAT0/type", "Battery")
+        self._write("sys/class/power_supply/BAT0/capacity", str(percent))
+        self._write("sys/class/power_supply/BAT0/status", "Charging" if charging else "Discharging")
+        self._write("sys/class/power_supply/AC/type", "Mains")
+        self._write("sys/class/power_supply/AC/online", "1" if charging else "0")
+
+    def temperature(self, celsius: float) -> None:
+        self._write(f"{ZONE}/temp", str(int(celsius * 1000)))
+
+    def trip_c(self) -> float:
+        return int((self.root / ZONE / "trip_point_0_temp").read_text()) / 1000
+
+
+def _bundles(cache: Path) -> dict[str, Path]:
+    out = {}
+    for name, recipe in VARIANTS.items():
+        path = cache / f"radreport-tiny-x1-{name}"
+        if not (path / "manifest.json").is_file():
+            build("x1", path, parity=False, recipe=recipe)
+        out[name] = path
+    return out
+
+
+def _profile(bundles: dict[str, Path], out: Path, data: Path, limit: int) -> Path:
+    cmd = [sys.executable, "-m", "edgekit.cli.app", "pareto", *map(str, bundles.values()), "-o", str(out)]
+    subprocess.run([*cmd, "--data", str(data), "--limit", str(limit), "--json", "--no-plot"], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    return out / "pareto.json"
+
+
+def _f1(records: list[tuple[dict, dict]]) -> float:
+    tp = fp = fn = 0.0
+    for study, report in records:
+        truth = [Finding(**f) for f in study["findings"]]
+        predicted = [Finding(**f) for f in report["findings"]]
+        s = score_study(truth, study["negatives"], predicted, report["negatives"])
+        tp, fp, fn = tp + s.tp, fp + s.fp, fn + s.fn
+    return prf(tp, fp, fn)[2]
+
+
+class Driver:
+    """Sends the split's studies round-robin, one at a time, and records every answer."""
+
+    def __init__(self, d: DaemonProcess, data: Path, studies: list[dict]):
+        self.d, self.data, self.studies = d, data, studies
+        self.i = 0
+        self.records: list[tuple[dict, dict]] = []
+        self.failed: list[str] = []
+        self._lock = threading.Lock()
+
+    def one(self) -> None:
+        with self._lock:
+            study = self.studies[self.i % len(self.studies)]
+            self.i += 1
+        r = self.d.client.report(self.data / study["path"], study.get("indication", ""))
+        with self._lock:
+            if r.status == 200:
+                self.records.append((study, r.json()))
+            else:
+                self.failed.append(f"{r.status} {r.body[:120]!r}")
+
+    def burst(self, n: int) -> None:
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(lambda _: self.one(), range(n)))
+
+
+def _switches(d: DaemonProcess) -> int:
+    text = d.client.get("/metrics").body.decode()
+    return int(sum(float(v) for v in re.findall(r"^edgekit_policy_switches_total\{[^}]*\} (\S+)", text, re.M)))
+
+
+def _config(root: Path, bundles: dict[str, Path], floor: float, window_s: float) -> Path:
+    lines = ["[models]", 'active = "fp16"', "keep_alive_s = -1", "[scheduler]", "max_queue = 64"]
+    for name, path in bundles.items():
+        lines += ["[[variants]]", f'name = "{name}"', f'bundle = "{path}"']
+    lines += ["[policy]", f'profile = "{root / "pareto.json"}"', f'signals_root = "{root / "sysfs"}"']
+    lines += ['mode = "performance"', f"quality_floor_f1 = {floor}", "tick_s = 0.1", f"window_s = {window_s}"]
+    path = root / "edgekitd.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switches", type=int, default=100)
+    ap.add_argument("--profile-limit", type=int, default=40)
+    ap.add_argument("--studies", type=int, default=40)
+    ap.add_argument("--cache", type=Path, default=Path("out/policy-bundles"))
+    ap.add_argument("--json", type=Path, default=Path("out/policy_day.json"))
+    args = ap.parse_args()
+
+    t_start = time.perf_counter()
+    data = default_test_split()
+    studies = load_split(data)[: args.studies]
+    bundles = _bundles(args.cache)
+    root = Path(tempfile.mkdtemp(prefix="edgekit-policy-day-"))
+    shutil.copy(_profile(bundles, args.cache / "profile", data, args.profile_limit), root / "pareto.json")
+    profile = read_profile(root / "pareto.json")
+    points = {Path(p.bundle).name.removeprefix("radreport-tiny-x1-"): p for p in profile.points}
+    best = max(points.values(), key=lambda p: (p.f1, -p.energy_j))
+    floor = round(best.f1 - 0.02, 3)
+    board = Board(root / "sysfs")
+    window_s = 2.0
+
+    with DaemonProcess(root / "state", config=_config(root, bundles, floor, window_s)).start(wait_ready=600) as d:
+        drive = Driver(d, data, studies)
+        high = max(p.power_w for p in points.values())
+
+        def settle(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                drive.one()
+
+        phases = 0
+        while _switches(d) < args.switches:
+            phases += 1
+            d.client.put_json("/v1/policy", {"power_budget_w": round(high * 0.5, 3)})  # budget halved
+            settle(0.5)
+            d.client.put_json("/v1/policy", {"power_budget_w": None})  # and lifted
+            settle(window_s * 1.3)
+            board.battery(25, charging=False)  # unplugged, below the battery floor
+            settle(0.5)
+            board.battery(90, charging=True)
+            settle(window_s * 1.3)
+            board.temperature(board.trip_c() + 1)  # past the passive trip point
+            settle(0.5)
+            board.temperature(45)
+            settle(window_s * 1.3)
+            drive.burst(8)  # load burst
+            settle(window_s * 1.3)
+        day_switches = _switches(d)
+        day = list(drive.records)
+        day_failed = list(drive.failed)
+
+        # the same studies, always on the best variant
+        d.client.put_json("/v1/policy", {"mode": "fixed", "fixed": best.id})
+        base = Driver(d, data, [s for s, _ in day])
+        for _ in day:
+            base.one()
+
+        # oscillating load, faster than a 3 s window
+        d.client.put_json("/v1/policy", {"mode": "performance", "window_s": 3.0})
+        settle(1.0)
+        before, t0 = _switches(d), time.monotonic()
+        while time.monotonic() - t0 < 15:
+            drive.burst(6)
+            settle(0.5)
+        osc_switches, osc_s = _switches(d) - before, time.monotonic() - t0
+
+    def energy(records):
+        return sum(r["energy_j"] for _, r in records) / len(records)
+
+    served: dict[str, int] = {}
+    for _, r in day:
+        served[r["variant"]] = served.get(r["variant"], 0) + 1
+    result = {
+        "variants": {k: {"f1": p.f1, "energy_j": p.energy_j, "power_w": p.power_w} for k, p in points.items()},
+        "best": best.id,
+        "quality_floor_f1": floor,
+        "phases": phases,
+        "switches": day_switches,
+        "reports": len(day),
+        "failed": len(day_failed) + len(base.failed),
+        "failures": (day_failed + base.failed)[:5],
+        "served_by_variant": served,
+        "energy_j_per_report": {"policy": energy(day), "always_best": energy(base.records)},
+        "energy_saving": 1 - energy(day) / energy(base.records),
+        "finding_f1": {"policy": _f1(day), "always_best": _f1(base.records)},
+        "energy_source": day[0][1]["energy_source"],
+        "oscillating_load": {"window_s": 3.0, "seconds": round(osc_s, 1), "switches": osc_switches},
+        "window_s": window_s,
+        "wall_s": round(time.perf_counter() - t_start, 1),
+    }
+    f1_drop = (result["finding_f1"]["always_best"] - result["finding_f1"]["policy"]) * 100
+    table = Table(title="edgekitd policy: a scripted day vs always the best variant (same studies)")
+    for col in ("", "policy", "always best", "ratio / change"):
+        table.add_column(col)
+    e = result["energy_j_per_report"]
+    table.add_row("energy / report (J, emulated:x1)", f"{e['policy']:.4g}", f"{e['always_best']:.4g}",
+                  f"{e['policy'] / e['always_best']:.2f}x ({result['energy_saving']:.0%} less)")  # fmt: skip
+    table.add_row("finding F1", f"{result['finding_f1']['policy']:.3f}", f"{result['finding_f1']['always_best']:.3f}",
+                  f"{-f1_drop:+.1f} points")  # fmt: skip
+    table.add_row(
+        "reports / failed", f"{len(day)} / {len(day_failed)}", f"{len(base.records)} / {len(base.failed)}", ""
+    )
+    table.add_row("switches", str(day_switches), "0", f"{phases} scripted cycles")
+    table.add_row("oscillating load (3 s window)", f"{osc_switches} switches in {osc_s:.0f} s", "", "")
+    Console().print(table)
+    Console().print(f"served by variant: {served}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.json}")
+    ok = (
+        result["energy_saving"] >= 0.30
+        and f1_drop <= 2.0
+        and result["failed"] == 0
+        and day_switches >= args.switches
+        and osc_switches <= osc_s / 3.0 + 1
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
