@@ -12,8 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
+from edgekit.compat import tomllib
 from edgekit.errors import ConfigError
 
 from .policy import Constraints, PolicySettings

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
+from edgekit.compat import tomllib
 from edgekit.errors import ConfigError
 
 

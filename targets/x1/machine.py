@@ -17,8 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import tomllib
-
+from edgekit.compat import tomllib
 from edgekit.errors import ConfigError
 
 DEFAULT_MACHINE = Path(__file__).with_name("x1-default.toml")
