@@ -148,7 +148,8 @@ def _config(root: Path, bundles: dict[str, Path], floor: float, window_s: float)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--switches", type=int, default=100)
-    ap.add_argument("--profile-limit", type=int, default=40)
+    ap.add_argument("--profile-limit", type=int, default=60)
+    ap.add_argument("--max-phases", type=int, default=40)
     ap.add_argument("--studies", type=int, default=40)
     ap.add_argument("--cache", type=Path, default=Path("out/policy-bundles"))
     ap.add_argument("--json", type=Path, default=Path("out/policy_day.json"))
@@ -157,6 +158,7 @@ def main() -> int:
     t_start = time.perf_counter()
     data = default_test_split()
     studies = load_split(data)[: args.studies]
+    args.cache = args.cache.resolve()
     bundles = _bundles(args.cache)
     root = Path(tempfile.mkdtemp(prefix="edgekit-policy-day-"))
     shutil.copy(_profile(bundles, args.cache / "profile", data, args.profile_limit), root / "pareto.json")
@@ -177,7 +179,9 @@ def main() -> int:
                 drive.one()
 
         phases = 0
-        while _switches(d) < args.switches:
+        while _switches(d) < args.switches and phases < args.max_phases:
+            if phases == 3 and _switches(d) == 0:
+                break  # the front has nothing to trade (one point dominates): say so below, do not loop
             phases += 1
             d.client.put_json("/v1/policy", {"power_budget_w": round(high * 0.5, 3)})  # budget halved
             settle(0.5)

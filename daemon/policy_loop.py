@@ -20,6 +20,7 @@ from edgekit.pareto import Point, read_profile
 
 from .config import DaemonConfig
 from .metrics import Metrics
+from .options import RequestOptions
 from .policy import MODES, Constraints, Decision, Governor, PolicySettings, Signals, find
 from .variants import VariantRegistry
 
@@ -36,6 +37,11 @@ class PolicyNotConfiguredError(EdgekitError):
     http_status = 404
 
 
+# The knobs a point may set that edgekitd applies per report (others, like the X1's DSS target, are fixed when a
+# variant loads, so their points are left out of the policy's choice, and the log says so).
+APPLIED_KNOBS = {"variant", "max_new_tokens"}
+
+
 def match_profile(cfg: DaemonConfig, registry: VariantRegistry) -> list[Point]:
     """The profile's points of the configured variants, each named by its variant. A configured variant with no
     point (its bundle was rebuilt, or never profiled: another sha256) refuses the start, naming the profile."""
@@ -46,7 +52,14 @@ def match_profile(cfg: DaemonConfig, registry: VariantRegistry) -> list[Point]:
     points: list[Point] = []
     for name, spec in registry.specs.items():
         digest = load_bundle(spec.bundle).digest
-        mine = [p for p in profile.points if p.bundle_digest == digest]
+        ours = [p for p in profile.points if p.bundle_digest == digest]
+        mine = [p for p in ours if set(p.settings) <= APPLIED_KNOBS]
+        if len(mine) < len(ours):
+            log.info(
+                "policy: %d point(s) of variant %s set knobs applied only at load time; not chosen",
+                len(ours) - len(mine),
+                name,
+            )
         if not mine:
             raise ConfigError(
                 f"no point for variant {name!r} (bundle {spec.bundle}, sha256 {digest[:12]}...): the profile was "
@@ -209,6 +222,16 @@ class PolicyLoop:
                 for p in self.points
             ],
         }
+
+    def cap(self, options: RequestOptions, variant: str) -> RequestOptions:
+        """The served point's report-length cap on a report it writes (a client's own lower cap stays)."""
+        point = self.point
+        cap = point.settings.get("max_new_tokens") if point is not None else None
+        if cap is None or point.settings["variant"] != variant:
+            return options
+        if options.max_new_tokens is not None and options.max_new_tokens <= cap:
+            return options
+        return replace(options, max_new_tokens=cap)
 
     def find(self, name: str) -> Point:
         return find(self.points, name)

@@ -295,7 +295,7 @@ class Daemon:
         work = Work(
             study_path=intake.saved.path,
             prompt=form.prompt,
-            options=form.options,
+            options=self.policy.cap(form.options, variant) if self.policy is not None else form.options,
             variant=variant,
             study=intake.study,
             stream=TokenStream() if stream else None,
@@ -326,6 +326,8 @@ class Daemon:
                 return Submitted(stored, created=False)
             work = self._work_for(job, variant)
             work.study = intake.study
+            if self.policy is not None:
+                work.options = self.policy.cap(work.options, variant)
             queue.submit(work, reserved=True)
             submitted = True
             log.info("job %s accepted study=%s", job_id, intake.study.uid_hash)

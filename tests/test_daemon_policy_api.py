@@ -24,9 +24,9 @@ SAMPLES = Path(__file__).resolve().parents[1] / "models" / "samples"
 WINDOW_S = 2.0
 
 
-def _point(name: str, bundle: Path, f1: float, energy_j: float, p50_ms: float) -> Point:
+def _point(name: str, bundle: Path, f1: float, energy_j: float, p50_ms: float, **settings) -> Point:
     return Point(
-        id=name, bundle=str(bundle), bundle_digest=load_bundle(bundle).digest, target="cpu", settings={},
+        id=name, bundle=str(bundle), bundle_digest=load_bundle(bundle).digest, target="cpu", settings=settings,
         f1=f1, f1_ci=(f1 - 0.01, f1 + 0.01), hallucination_rate=0.0, latency_p50_ms=p50_ms,
         latency_p95_ms=p50_ms * 1.2, energy_j=energy_j, energy_source="estimated:test-profile",
         peak_rss_mib=100.0, count=300,
@@ -56,7 +56,12 @@ def setup(tmp_path_factory):
     _battery(sysfs, 90, "Charging", ac=True)
     write_profile(
         Profile(
-            [_point("big", bundles["big"], 0.99, 10.0, 1000), _point("small", bundles["small"], 0.96, 3.0, 500)],
+            [
+                _point("big", bundles["big"], 0.99, 10.0, 1000),
+                _point("small", bundles["small"], 0.96, 3.0, 500),
+                _point("short", bundles["small"], 0.95, 2.0, 300, max_new_tokens=3),  # a length cap: applied
+                _point("dss", bundles["small"], 0.99, 0.5, 100, sparsity_target=0.5),  # a load-time knob: left out
+            ],
             split={"name": "test", "count": 300},
         ),
         root / "pareto.json",
@@ -91,36 +96,37 @@ def test_the_policy_follows_the_battery_and_answers_its_api(setup):
     with DaemonProcess(root / "state", config=config).start() as d:
         state = _wait_point(d, "big")
         assert state["mode"] == "performance" and state["variant"] == "big"
-        assert {p["id"] for p in state["front"]} == {"big", "small"}
+        assert {p["id"] for p in state["front"]} == {"big", "small", "short"}
+        assert "1 point(s) of variant small set knobs applied only at load time" in d.log.read_text()
 
         _battery(sysfs, 15, "Discharging", ac=False)  # unplugged and low: saver at the next tick
         t0 = time.monotonic()
-        state = _wait_point(d, "small")
+        state = _wait_point(d, "short")
         assert time.monotonic() - t0 < 5 and state["decision"]["reason"] == "battery"
         assert state["signals"]["battery_pct"] == 15 and state["signals"]["on_battery"] is True
         assert state["signals"]["power_source"].startswith("measured:ina3221")
 
-        r = d.client.report(SAMPLES / "cr_chest" / "image.dcm", max_new_tokens="4")
+        r = d.client.report(SAMPLES / "cr_chest" / "image.dcm")
         body = r.json()
-        assert r.status == 200 and body["variant"] == "small"
+        assert r.status == 200 and body["variant"] == "small" and body["timings"]["new_tokens"] <= 3  # the cap
         assert body["energy_j"] > 0 and body["energy_source"].startswith("measured:ina3221")
         r = d.client.report(SAMPLES / "cr_chest" / "image.dcm", max_new_tokens="4", quality="max")
         assert r.json()["variant"] == "big"  # a per-request override within the policy
 
         _battery(sysfs, 95, "Charging", ac=True)  # back on the charger: the step up waits for the window
         t0 = time.monotonic()
-        assert d.client.get("/v1/policy").json()["point"] == "small"
+        assert d.client.get("/v1/policy").json()["point"] == "short"
         _wait_point(d, "big")
         assert time.monotonic() - t0 >= WINDOW_S * 0.9
 
         r = d.client.put_json("/v1/policy", {"mode": "saver"})
-        assert r.status == 200 and r.json()["point"] == "small" and r.json()["mode"] == "saver"
+        assert r.status == 200 and r.json()["point"] == "short" and r.json()["mode"] == "saver"
         for bad, needle in (({"mode": "turbo"}, "mode must be one of"), ({"bogus": 1}, "unknown policy key")):
             r = d.client.put_json("/v1/policy", bad)
             assert r.status == 400 and needle in r.json()["error"]["message"], r.json()
 
         metrics = d.client.get("/metrics").body.decode()
-        assert re.search(r'edgekit_policy_switches_total\{from="big",reason="battery",to="small"\} 1\.0', metrics)
+        assert re.search(r'edgekit_policy_switches_total\{from="big",reason="battery",to="short"\} 1\.0', metrics)
         assert 'edgekit_active_variant{variant="small"} 1.0' in metrics
         assert re.search(r'edgekit_energy_joules_total\{source="measured:ina3221[^"]*",variant="small"\}', metrics)
         assert "edgekit_power_watts{" in metrics
