@@ -31,7 +31,7 @@ class OrinTarget:
     def load_backend(self, bundle, options):
         from .trt_runtime import TrtBackend
 
-        return TrtBackend(bundle, overrides=dict(options.settings))
+        return TrtBackend(bundle, overrides=dict(options.settings), profile_dir=options.profile_dir)
 
 
 TARGET = OrinTarget()

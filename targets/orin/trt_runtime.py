@@ -14,7 +14,10 @@ with `trt_import.TRT_MISSING`.
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -78,8 +81,23 @@ class _Engine:
         self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in self.tensors}
 
 
+def _layer_profiler(trt, role: str, sink: list):
+    """A TensorRT IProfiler that records each layer's time of each execution, for `edgekit profile`."""
+
+    class LayerProfiler(trt.IProfiler):
+        def __init__(self):
+            trt.IProfiler.__init__(self)
+
+        def report_layer_time(self, layer_name, ms):
+            sink.append({"graph": role, "layer": layer_name, "ms": float(ms)})
+
+    return LayerProfiler()
+
+
 class TrtBackend:
-    def __init__(self, bundle, *, overrides: dict | None = None, state: str | None = None):
+    def __init__(
+        self, bundle, *, overrides: dict | None = None, state: str | None = None, profile_dir: Path | None = None
+    ):
         require_orin(bundle)
         trt = import_tensorrt()
         self.cudart = cudart = import_cudart()
@@ -99,6 +117,13 @@ class TrtBackend:
             for role in names.GRAPH_ROLES
         }
         self.buffers: dict[tuple[str, str], _DeviceBuffer] = {}
+        self.profile_dir = Path(profile_dir) if profile_dir is not None else None
+        self.layer_times: list[dict] = []
+        self.calls: list[dict] = []
+        if self.profile_dir is not None:
+            for role, eng in self.engines.items():
+                for ctx in eng.contexts:
+                    ctx.profiler = _layer_profiler(trt, role, self.layer_times)
         dec = self.engines[names.DECODER_ROLE]
         self.num_layers = sum(1 for n in dec.inputs if n.startswith(names.PAST_PREFIX) and n.endswith(".key"))
         decode_max = self.profiles[names.DECODER_ROLE][-1]["shapes"]
@@ -134,6 +159,7 @@ class TrtBackend:
         """Execute one engine. Host feeds are copied in; KV inputs/outputs (decoder) use the device slots; the
         other outputs come back to the host. Returns {output name: array or output shape for KV outputs}."""
         eng = self.engines[role]
+        started = time.perf_counter()
         shapes = {n: tuple(a.shape) for n, a in feeds.items()}
         prof = select_profile(self.profiles[role], shapes, role, self.source)  # before any GPU work
         ctx = eng.contexts[prof]
@@ -168,6 +194,9 @@ class TrtBackend:
         for out, buf in fetched.values():
             self._d2h(out, buf.ptr)
         _check(self.cudart.cudaStreamSynchronize(self.stream))
+        if self.profile_dir is not None:
+            ms = (time.perf_counter() - started) * 1e3
+            self.calls.append({"graph": role, "profile": eng.profiles[prof]["name"], "start": started, "ms": ms})
         return {**{n: out for n, (out, _buf) in fetched.items()}, **kv_shapes}
 
     def kv_to_host(self, past: DeviceKV) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -210,6 +239,44 @@ class TrtBackend:
     def take_cost(self) -> dict:
         """Nothing is metered here beyond wall time (Jetson power rails are the reporter's meter)."""
         return {}
+
+    def write_profile(self, report, out: Path) -> dict:
+        """The last report's engine calls as a chrome trace, TensorRT's per-layer times as a table and a plot."""
+        from edgekit.errors import ConfigError
+        from edgekit.ort.trace import plot_ops
+
+        if self.profile_dir is None:
+            raise ConfigError("this backend was not loaded for profiling (profile_dir not given)")
+        t0 = self.calls[0]["start"] if self.calls else 0.0
+        events = [
+            {"name": f"{c['graph']}:{c['profile']}", "ph": "X", "pid": 0, "tid": 0, "ts": (c["start"] - t0) * 1e6,
+             "dur": c["ms"] * 1e3}
+            for c in self.calls
+        ]  # fmt: skip
+        (out / "trace.json").write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        totals: dict[tuple[str, str], list[float]] = {}
+        for t in self.layer_times:
+            acc = totals.setdefault((t["graph"], t["layer"]), [0.0, 0])
+            acc[0] += t["ms"]
+            acc[1] += 1
+        all_ms = sum(v[0] for v in totals.values()) or 1.0
+        rows = sorted(
+            ({"graph": g, "op": layer, "ms": round(ms, 3), "calls": n, "share": round(ms / all_ms, 4)}
+             for (g, layer), (ms, n) in totals.items()),
+            key=lambda r: -r["ms"],
+        )  # fmt: skip
+        plot_ops(rows, out / "ops.png", f"{report.model} on orin (TensorRT): one report")
+        self.calls, self.layer_times[:] = [], []
+        return {
+            "summary": {k: round(v, 2) if isinstance(v, float) else v for k, v in report.timings.items()},
+            "summary_title": "stages",
+            "tables": {"TensorRT time by layer": rows[:12]},
+            "details": {"layers": rows[:15]},
+            "files": {"trace": str(out / "trace.json"), "plot": str(out / "ops.png")},
+            "trace": str(out / "trace.json"),
+            "plot": str(out / "ops.png"),
+            "source": "TensorRT IProfiler (per-layer times) and wall clock around each synchronised engine call",
+        }
 
     def close(self) -> None:
         for buf in [*self.buffers.values(), *(b for slot in self.kv for b in slot)]:
