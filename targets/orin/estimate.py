@@ -693,7 +693,7 @@ def estimate_report(
     vision_on: str = "gpu",
     assumptions: dict[str, float] | None = None,
 ) -> OrinEstimate:
-    """Latency and energy of one report: `model` is a bundle directory, a preset name or a `ModelShape`;
+    """Latency and energy of one report: `model` is a bundle (directory or .ekb), a preset name or a `ModelShape`;
     `weights` is a dtype name or a `Precision`: it replaces a bundle's own formats (read from its manifest when
     omitted); a shape runs in FP16 unless told otherwise.
     `assumptions` overrides named entries of devices.toml's [assumptions] (for sensitivity studies)."""
