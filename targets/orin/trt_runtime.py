@@ -108,12 +108,13 @@ class TrtBackend:
         cache = EngineCache(state_dir(state), bundle_id(bundle, plan), facts)
         cache.require()  # this device's engines, intact: else one line, before any GPU work
         self.stream = _check(cudart.cudaStreamCreate())
+        self.stream_handle = int(self.stream)  # TensorRT takes the cudaStream_t as an integer
         logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(logger)
         if plan.get("dla_core") is not None:
             self.runtime.DLA_core = int(plan["dla_core"])
         self.engines = {
-            role: _Engine(trt, self.runtime, cache.engine(role), self.profiles[role], self.stream)
+            role: _Engine(trt, self.runtime, cache.engine(role), self.profiles[role], self.stream_handle)
             for role in names.GRAPH_ROLES
         }
         self.buffers: dict[tuple[str, str], _DeviceBuffer] = {}
@@ -189,7 +190,7 @@ class TrtBackend:
             buf = self._buffer(role, name, out.nbytes)
             ctx.set_tensor_address(name, buf.ptr)
             fetched[name] = (out, buf)
-        if not ctx.execute_async_v3(self.stream):
+        if not ctx.execute_async_v3(self.stream_handle):
             raise EdgekitError(f"TensorRT failed to execute the {role} engine", self.source, code="engine_failed")
         for out, buf in fetched.values():
             self._d2h(out, buf.ptr)
@@ -228,7 +229,7 @@ class TrtBackend:
         slot_in = 0 if past is None else past.slot
         slot_out = 1 - slot_in
         feeds = {names.INPUTS_EMBEDS: x, names.ATTENTION_MASK: attention_mask, names.POSITION_IDS: position_ids}
-        kv_shape = np.zeros((batch, self.kv_heads, length, self.head_dim), np.float32)
+        kv_shape = np.broadcast_to(np.float32(0), (batch, self.kv_heads, length, self.head_dim))  # shape only
         for layer in range(self.num_layers):
             feeds[names.past_key(layer)] = kv_shape
             feeds[names.past_value(layer)] = kv_shape
