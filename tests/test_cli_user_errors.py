@@ -183,4 +183,4 @@ def test_samples_script_refuses_an_installed_package_without_out(tmp_path, monke
     assert exc.value.code == 2 and "--out" in capsys.readouterr().err
     assert not any(installed.iterdir())
     assert samples.main(["--out", str(tmp_path / "mine")]) == 0
-    assert (tmp_path / "mine" / "cr_chest" / "study.json").is_file() and not any(installed.iterdir())
+    assert (tmp_path / "mine" / "cr_chest.json").is_file() and not any(installed.iterdir())

@@ -26,8 +26,8 @@ def bundle_dir(tmp_path_factory) -> Path:
     return out
 
 
-def _truth(sample: Path) -> set[tuple]:
-    return {(f["type"], f["location"]) for f in json.loads((sample / "study.json").read_text())["findings"]}
+def _truth(kind: str) -> set[tuple]:
+    return {(f["type"], f["location"]) for f in json.loads((SAMPLES / f"{kind}.json").read_text())["findings"]}
 
 
 def test_bundle_is_complete_and_verified(bundle_dir):
@@ -41,13 +41,12 @@ def test_bundle_is_complete_and_verified(bundle_dir):
 @pytest.mark.parametrize("sample", ["ct_chest", "cr_chest", "us_cardiac", "us_cardiac/cine.mp4"])
 def test_run_writes_a_report_that_names_the_true_findings(bundle_dir, sample, capsys):
     study = SAMPLES / sample
-    meta_dir = study if study.is_dir() else study.parent
     rc = main(["run", str(bundle_dir), "--study", str(study), "--prompt", "Follow-up.", "--json"])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert report["text"].startswith("FINDINGS:")
     got = {(f.type, f.location) for f in parse_report(report["text"]).findings}
-    assert got == _truth(meta_dir), report["text"]
+    assert got == _truth(sample.split("/")[0]), report["text"]
     assert report["study"].startswith("uid:")
     assert report["timings"]["new_tokens"] > 5
 
@@ -131,9 +130,9 @@ def test_convert_writes_three_graphs(tmp_path, capsys):
 
 def test_sample_ground_truth_is_consistent():
     for sample in ("ct_chest", "cr_chest", "us_cardiac"):
-        meta = json.loads((SAMPLES / sample / "study.json").read_text())
+        meta = json.loads((SAMPLES / f"{sample}.json").read_text())
         parsed = parse_report(meta["references"][0])
-        assert {(f.type, f.location) for f in parsed.findings} == _truth(SAMPLES / sample)
+        assert {(f.type, f.location) for f in parsed.findings} == _truth(sample)
         assert [Finding(**f).to_dict() for f in meta["findings"]] == meta["findings"]
 
 
@@ -156,7 +155,7 @@ def test_build_with_a_recipe_records_its_passes_and_still_reports(tmp_path, caps
 
 
 def _only_dicom_copy(sample: Path, dest: Path) -> Path:
-    """The sample's DICOM files alone (the sample folder also holds its study.json), plus a stray text file."""
+    """The sample's DICOM files, plus a stray text file."""
     dest.mkdir()
     for f in sample.glob("*.dcm"):
         (dest / f.name).write_bytes(f.read_bytes())

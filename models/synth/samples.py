@@ -1,8 +1,9 @@
 """The committed sample studies under `models/samples/`: small, real files for docs, demos and smoke tests.
 
 They come from the "sample" split, so regenerating them (`python -m edgekit.models.synth.samples` in a checkout)
-rewrites the same bytes. Each folder holds a `study.json` with the ground truth. An installed package's samples are
-never rewritten in place: there the command needs `--out DIR`.
+rewrites the same bytes. Each folder `<kind>/` holds only the study's files, so loading the folder warns about
+nothing; its ground truth is `<kind>.json` beside it (a study record as in `studies.jsonl`, paths relative to that
+file). An installed package's samples are never rewritten in place: there the command needs `--out DIR`.
 """
 
 from __future__ import annotations
@@ -44,8 +45,14 @@ def pick_samples(kinds=("ct_chest", "cr_chest", "us_cardiac"), limit: int = 400)
     return picked
 
 
+def ground_truth_path(kind: str, samples_dir: str | Path = SAMPLES_DIR) -> Path:
+    """Where the ground truth of sample `kind` lives: `<kind>.json` beside the study folder, not inside it."""
+    return Path(samples_dir) / f"{kind}.json"
+
+
 def regenerate_samples(dest: str | Path = SAMPLES_DIR) -> list[Path]:
-    """(Re)write the sample studies into `dest/<kind>/`; returns every file written."""
+    """(Re)write the sample studies into `dest/<kind>/` and their ground truth into `dest/<kind>.json`; returns
+    every file written."""
     dest = Path(dest)
     written: list[Path] = []
     for kind, study in pick_samples().items():
@@ -54,10 +61,12 @@ def regenerate_samples(dest: str | Path = SAMPLES_DIR) -> list[Path]:
             shutil.rmtree(folder)
         files = write_dicom(study, folder)
         video = write_mp4(study.stored, folder / "cine.mp4", study.fps) if study.is_cine else None
-        path = "." if study.modality in ("CT", "MR") else files[0].name
-        rec = study_record(study, path, video.name if video else None, len(files) + (1 if video else 0))
-        (folder / "study.json").write_text(json.dumps(rec, indent=2) + "\n")
-        written += files + ([video] if video else []) + [folder / "study.json"]
+        path = folder if study.modality in ("CT", "MR") else files[0]
+        rel = lambda p: p.relative_to(dest).as_posix()  # noqa: E731
+        rec = study_record(study, rel(path), rel(video) if video else None, len(files) + (1 if video else 0))
+        truth = ground_truth_path(kind, dest)
+        truth.write_text(json.dumps(rec, indent=2) + "\n")
+        written += files + ([video] if video else []) + [truth]
     return written
 
 
