@@ -40,11 +40,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-try:  # Python 3.11+; JetPack 6 ships 3.10, where the tomli backport reads the same files
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib  # type: ignore[no-redef]
-
+from edgekit.compat import tomllib  # tomli on JetPack 6's Python 3.10
 from edgekit.errors import ConfigError
 
 DATA_FILE = "devices.toml"
