@@ -54,7 +54,7 @@ def main() -> int:
     data = default_test_split()
     cmd = [sys.executable, "-m", "edgekit.cli.app", "pareto", *map(str, paths), "-o", str(args.out)]
     cmd += ["--data", str(data), "--limit", str(args.limit), "--json"]
-    cmd += [f"--sparsity-target={s}" for s in args.sparsity] + (["--fresh"] if args.fresh else [])
+    cmd += [f"--sparsity-target={s}" for s in args.sparsity] + (["--force"] if args.fresh else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     profile = read_profile(args.out / "pareto.json")
     front = {p.id for p in profile.front}

@@ -61,11 +61,13 @@ def split_sections(text: str) -> tuple[str, str]:
 
 
 def report_energy(cost: dict, window) -> tuple[float | None, str | None]:
-    """A target that emulates or measures its own energy (its cost has `energy_j` and `figure_source`: x1's
-    emulator) is billed by it, not by a meter of the host that runs the emulator; otherwise the meter's window over
-    generation, if there was one."""
-    if "energy_j" in cost:
-        return float(cost["energy_j"]), cost["figure_source"]
+    """A target that emulates or measures its own device's energy (its cost says so: x1's emulator) is billed by
+    it, not by a meter of the host that runs the emulator; otherwise the meter's window over generation, if any."""
+    from edgekit.energy.emulated import energy_from_cost
+
+    own = energy_from_cost(cost)
+    if own is not None:
+        return own.joules, own.source
     joules = getattr(window, "joules", None)
     return (float(joules), window.source) if joules is not None else (None, None)
 

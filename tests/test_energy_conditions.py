@@ -1,11 +1,12 @@
 """Batteries, thermal zones and the Jetson power mode, read from fixture trees; the policy's signals in one read."""
 
 import pytest
-from energy_trees import copy_tree, tree, write
 
 from edgekit.energy import battery_state, power_mode, read_conditions, read_supplies, read_zones
 from edgekit.energy.nvpmodel import parse_conf, parse_query
 from edgekit.energy.thermal import headroom_c
+
+from energy_trees import copy_tree, tree, write
 
 
 def test_a_laptop_on_battery_and_the_mouse_battery_left_out():

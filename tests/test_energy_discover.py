@@ -4,7 +4,6 @@ target's emulated energy read from its cost."""
 import time
 
 import pytest
-from energy_trees import tree
 
 from edgekit.energy import (
     CCF_AWS,
@@ -23,6 +22,8 @@ from edgekit.energy import (
     weakest,
 )
 from edgekit.errors import ConfigError
+
+from energy_trees import tree
 
 
 @pytest.mark.parametrize(

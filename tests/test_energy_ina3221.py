@@ -1,11 +1,12 @@
 """The INA3221 reader against fixture trees laid out as on AGX Orin, Orin Nano and a JetPack 4 TX2 (ina3221x)."""
 
 import pytest
-from energy_trees import copy_tree, tree, write
 
 from edgekit.energy import Ina3221Meter, MeterReadError, MeterUnavailableError
 from edgekit.energy.ina3221 import find_channels
 from edgekit.energy.rails import board_total, total_rails
+
+from energy_trees import copy_tree, tree, write
 
 
 def test_agx_orin_total_is_the_sum_of_its_three_module_rails():

@@ -7,11 +7,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from energy_trees import copy_tree, tree, write
 
 from edgekit.energy import MeterReadError, MeterUnavailableError, RaplMeter
 from edgekit.energy.counters import Unwrapper, wrapped_delta
 from edgekit.energy.rapl import find_zones
+
+from energy_trees import copy_tree, tree, write
 
 PKG = "/sys/class/powercap/intel-rapl:0/energy_uj"
 RANGE = 262143328850

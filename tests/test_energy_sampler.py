@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-from energy_trees import copy_tree
 
 from edgekit.energy import (
     CpuTimeMeter,
@@ -23,6 +22,8 @@ from edgekit.energy import (
     measured,
 )
 from edgekit.errors import ConfigError
+
+from energy_trees import copy_tree
 
 RAIL = measured("test:rail")
 COUNTER = estimated("test-counter")

@@ -67,7 +67,10 @@ def pareto(
     meter: Annotated[
         str | None, typer.Option(help="Energy meter for non-emulated targets (default: the best this machine has).")
     ] = None,
-    fresh: Annotated[bool, typer.Option(help="Measure every point again instead of resuming.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Measure every point again, replacing the profile in --out (default: resume)."),
+    ] = False,
     plot: Annotated[bool, typer.Option(help="Write pareto.png and pareto.svg.")] = True,
     as_json: JsonOption = False,
 ) -> None:
@@ -104,7 +107,7 @@ def pareto(
             limit=limit,
             meter=meter_info["name"],
             meters=[meter_info],
-            resume=not fresh,
+            resume=not force,
             on_point=lambda _c, _reused: task.advance(),
         )
     images = plot_profile(profile, out / "pareto") if plot else []
