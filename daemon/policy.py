@@ -114,14 +114,11 @@ def effective(settings: PolicySettings, signals: Signals, current: Point | None)
         mode, reason = "saver", "thermal"
         if signals.thermal_headroom_c <= 0 and current is not None:  # past a trip point: cooler than now, whatever
             c = replace(c, power_budget_w=min(c.power_budget_w or math.inf, current.power_w * 0.999))
-    if (
-        c.power_budget_w is not None
-        and signals.power_w is not None
-        and signals.power_w > c.power_budget_w
-        and current is not None
-    ):  # the board draws more than the budget: our share must shrink below the current point's
-        c = replace(c, power_budget_w=min(c.power_budget_w, current.power_w * 0.999))
-        reason = "power"
+    budget = settings.constraints.power_budget_w  # the configured budget: heat's tightening is not the board's
+    if budget is not None and signals.power_w is not None and signals.power_w > budget and current is not None:
+        # the board draws more than the budget: our share must shrink below the current point's
+        c = replace(c, power_budget_w=min(c.power_budget_w or budget, current.power_w * 0.999))
+        reason = "power" if reason == "constraints" else reason
     late = (
         signals.recent_p95_ms is not None and c.latency_slo_ms is not None and signals.recent_p95_ms > c.latency_slo_ms
     )

@@ -151,3 +151,8 @@ def test_new_settings_take_effect_at_the_next_tick_without_the_window():
     gov.configure(PolicySettings(mode="saver", window_s=300))
     d = gov.tick(1, Signals())
     assert d.switched and d.point is TINY and d.reason == "settings"
+
+
+def test_past_a_trip_point_the_reason_stays_thermal_whatever_the_board_draws():
+    hot = choose(FRONT, PolicySettings(mode="performance"), Signals(thermal_headroom_c=-1.0, power_w=50.0), INT8)
+    assert hot.reason == "thermal" and hot.point.power_w < INT8.power_w
