@@ -72,13 +72,15 @@ def _overrides(dla: list[str] | None, dla_core: int | None, workspace: int | Non
         MAKE_ORIN + f"edgekit engine build {ORIN} --dry-run   # every check that needs no GPU",
         MAKE_ORIN + f"edgekit engine build {ORIN} --dry-run --dla vision_encoder --dla-core 0 --json | jq .capability",
         note="On the Jetson, without --dry-run: builds one engine per graph into the state directory, keyed by "
-        "TensorRT version, L4T release, SM and device; an up-to-date cache is reused unless --force.",
+        "TensorRT version, L4T release, SM and device; an up-to-date cache is reused unless --rebuild.",
     )
 )
 def build(
     bundle: BundleArgument,
     state_dir: StateDirOption = None,
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the cached engines are up to date.")] = False,
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Build even if the cached engines are up to date.")
+    ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check and show the plan; build nothing.")] = False,
     dla: DlaOption = None,
     dla_core: DlaCoreOption = None,
@@ -103,7 +105,7 @@ def build(
         def step(phase: str, done: int, total: int) -> None:
             task.update(description=phase, completed=done, total=total)
 
-        meta = build_engines(b, state=state_dir, overrides=overrides, force=force, progress=step, say=_say(as_json))
+        meta = build_engines(b, state=state_dir, overrides=overrides, force=rebuild, progress=step, say=_say(as_json))
     emit(meta, as_json, title="TensorRT engines")
 
 
