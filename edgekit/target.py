@@ -41,11 +41,14 @@ class TargetBuild:
 @dataclass(frozen=True)
 class RuntimeOptions:
     """How to run a bundle. `settings` are target-specific overrides of the bundle's `runtime` section (for x1:
-    `dss`, `sparsity_target`, `sensitivity_threshold`); a target refuses settings it does not know."""
+    `dss`, `sparsity_target`, `sensitivity_threshold`); a target refuses settings it does not know. `state_dir` is
+    where a target may keep what it builds on the device (orin: TensorRT engines), so a service's copies live in
+    its own state directory; None: the target's default."""
 
     threads: int | None = None
     profile_dir: Path | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
+    state_dir: Path | None = None
 
 
 class Target(Protocol):

@@ -44,9 +44,14 @@ def _rows(profile) -> list[dict]:
         "edgekit pareto out/radreport-tiny-x1 -o out/pareto-dss --data data/test --limit 2 --sparsity-target 0.2 "
         "--sparsity-target 0.5",
         "edgekit pareto out/radreport-tiny-cpu -o out/pareto --data data/test --limit 4 --json",
+        "edgekit build --target orin -o out/radreport-tiny-orin --no-parity && edgekit pareto "
+        "out/radreport-tiny-orin -o out/pareto-orin --data data/test --limit 2 --orin-estimate agx-orin-64:MAXN "
+        "--orin-estimate orin-nano-8:15W",
         note="Run again with the same -o to resume: points already measured (same id, same bundle) are kept. "
         "Without --data: the default model family's test split, generated once into the cache. Writes "
-        "pareto.json (what edgekitd's [policy] reads) and pareto.png / pareto.svg.",
+        "pareto.json (what edgekitd's [policy] reads) and pareto.png / pareto.svg. --orin-estimate runs an orin "
+        "bundle's graphs in ONNX Runtime and bills each report by the Orin cost model: estimated figures, "
+        "labelled estimated:orin-<model>-<mode>.",
     )
 )
 def pareto(
@@ -64,6 +69,14 @@ def pareto(
         list[float] | None, typer.Option(min=0.0, max=0.95, help=f"X1 DSS sparsity targets (x1 only). {GRID_HELP}")
     ] = None,
     threads: Annotated[list[int] | None, typer.Option(min=1, help=f"Threads. {GRID_HELP}")] = None,
+    orin_estimate: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="DEVICE:MODE",
+            help="Orin bundles only: bill each report by the Orin cost model for this device and power mode "
+            f"(e.g. agx-orin-64:MAXN, orin-nano-8:15W), the graphs run in ONNX Runtime. {GRID_HELP}",
+        ),
+    ] = None,
     meter: Annotated[
         str | None, typer.Option(help="Energy meter for non-emulated targets (default: the best this machine has).")
     ] = None,
@@ -85,6 +98,13 @@ def pareto(
 
     writable_out(out / PROFILE_NAME)
     loaded = [load_bundle(b) for b in bundles]  # every bundle checked before the first point is measured
+    if orin_estimate:  # checked here, not in each point's process: one line listing the devices and modes
+        from edgekit.errors import ConfigError
+        from edgekit.targets.orin.run_settings import canonical_estimate
+
+        if not any(b.target == "orin" for b in loaded):
+            raise ConfigError("--orin-estimate applies to orin bundles, and none of these is one")
+        orin_estimate = [canonical_estimate(v) for v in orin_estimate]
     data_dir = data if data is not None else default_test_split()
     studies = load_split(data_dir)
     grid = {
@@ -92,6 +112,7 @@ def pareto(
         "video_max_frames": video_max_frames,
         "sparsity_target": sparsity_target,
         "threads": threads,
+        "orin_estimate": orin_estimate,
     }
     configs = expand(loaded, grid)
     meter_info = describe_meter(meter)

@@ -4,7 +4,10 @@ Knobs (each a list; one value means "not varied"):
 - `max_new_tokens`: a cap on the report's length (None: the bundle's generation config);
 - `video_max_frames`: frames decoded per clip (the seed's 30 -> 15 fps frame skipping; DICOM studies unchanged);
 - `sparsity_target`: the X1's DSS target (x1 bundles only; None: the bundle's own setting);
-- `threads`: ONNX Runtime / emulator threads (None: physical cores).
+- `threads`: ONNX Runtime / emulator threads (None: physical cores);
+- `orin_estimate`: `DEVICE:MODE` of an Orin and its power mode (orin bundles only): the bundle's graphs run in ONNX
+  Runtime here and each report is billed by the Orin cost model (`estimated:orin-<model>-<mode>`), an Orin front
+  before anyone holds an Orin; several values are a grid over devices and power modes.
 Image size is fixed by the exported vision graph, and batch size by a daemon that does not batch yet, so neither
 is a knob here.
 """
@@ -17,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KNOBS = ("max_new_tokens", "video_max_frames", "sparsity_target", "threads")
-TARGET_KNOBS = {"sparsity_target": ("x1",)}  # knobs only some targets have
+KNOBS = ("max_new_tokens", "video_max_frames", "sparsity_target", "threads", "orin_estimate")
+TARGET_KNOBS = {"sparsity_target": ("x1",), "orin_estimate": ("orin",)}  # knobs only some targets have
 
 
 @dataclass(frozen=True)

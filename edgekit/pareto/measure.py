@@ -8,7 +8,9 @@ Where each figure comes from, by target:
 - latency: the report's wall clock here (`measured:wall-clock`), except on x1, where the emulator's NPU time is the
   device's latency (`emulated:x1`; the host's ingest and preprocessing are not in it);
 - energy per report: the X1 cost model on x1 (`emulated:x1`); elsewhere the best meter this machine has (a
-  sensor: `measured:<sensor>`; else an estimate: `estimated:<model>`), integrated over each report.
+  sensor: `measured:<sensor>`; else an estimate: `estimated:<model>`), integrated over each report;
+- an orin bundle with `orin_estimate`: the graphs run in ONNX Runtime here and the Orin cost model bills each
+  report, latency and energy both (`estimated:orin-<model>-<mode>`): an estimate, never a measurement.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ def _latency_and_energy(record: dict) -> tuple[float, str, float | None, str | N
     return latency, latency_source, record.get("energy_j"), record.get("energy_source")
 
 
+def runtime_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The knobs that are the target's run-time settings (`RuntimeOptions.settings`), in its own words."""
+    runtime = {k: settings[k] for k in ("sparsity_target",) if k in settings}
+    if "orin_estimate" in settings:  # the orin target: its graphs in ONNX Runtime, billed by the Orin estimate
+        runtime.update(engine="onnxruntime", estimate=settings["orin_estimate"])
+    return runtime
+
+
 def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) -> dict[str, Any]:
     """The point for `config`, as `Point.to_dict()`."""
     from edgekit.bundle import load_bundle
@@ -46,7 +56,7 @@ def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) ->
     from edgekit.target import RuntimeOptions
 
     settings = dict(config.settings)
-    runtime = {k: settings[k] for k in ("sparsity_target",) if k in settings}
+    runtime = runtime_settings(settings)
     t0 = time.perf_counter()
     bundle = load_bundle(config.bundle)
     limits = IngestLimits(video_max_frames=settings["video_max_frames"]) if "video_max_frames" in settings else None

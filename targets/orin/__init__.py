@@ -5,8 +5,10 @@ made strongly typed FP16 (INT4 weight-only as blocked DequantizeLinear where the
 profiles and a build plan in the manifest, reference inputs and outputs, parity measured in ONNX Runtime.
 On the device: `edgekit engine build` makes and caches the engines (`engine_build`), `edgekit engine check` holds
 them to ONNX Runtime (`engine_check`), and the run side (`trt_runtime.TrtBackend`) serves them to run, eval,
-profile and edgekitd. Without TensorRT the run side fails with `trt_import.TRT_MISSING`; `onnx_backend.
-OrinOnnxBackend` runs the same graphs in ONNX Runtime as the reference. docs/orin.md says what was verified where.
+profile and edgekitd, building them first where the cache has none. Without TensorRT the run side fails with
+`trt_import.TRT_MISSING`; `onnx_backend.OrinOnnxBackend` runs the same graphs in ONNX Runtime as the reference,
+and with `estimate=DEVICE:MODE` bills each report by the Orin cost model (`run_settings`, `estimate_billing`), so
+an orin bundle gives estimated Orin figures on any machine. docs/orin.md says what was verified where.
 """
 
 from __future__ import annotations
@@ -29,9 +31,28 @@ class OrinTarget:
         return prepare(inputs)
 
     def load_backend(self, bundle, options):
+        """`engine=tensorrt` (default): this device's engines, built on first load when the cache has none (a
+        service's first start; a no-op when they are current). `engine=onnxruntime`: the same graphs in ONNX
+        Runtime, billed by the Orin estimate when `estimate=DEVICE:MODE` is set (`run_settings`)."""
+        from .run_settings import read_settings
+
+        run = read_settings(options.settings, bundle.source)
+        if run.engine == "onnxruntime":
+            from .estimate_billing import EstimateBilling
+            from .onnx_backend import OrinOnnxBackend
+
+            billing = EstimateBilling(bundle, *run.estimate) if run.estimate is not None else None
+            return OrinOnnxBackend(
+                bundle, intra_op_threads=options.threads, profile_dir=options.profile_dir, billing=billing
+            )
+        from .engine_build import ensure_engines
+        from .trt_import import import_tensorrt
         from .trt_runtime import TrtBackend
 
-        return TrtBackend(bundle, overrides=dict(options.settings), profile_dir=options.profile_dir)
+        import_tensorrt()  # without TensorRT: its one line, before the bundle's graphs are read
+        state = None if options.state_dir is None else str(options.state_dir)
+        ensure_engines(bundle, state=state, overrides=run.plan_overrides)
+        return TrtBackend(bundle, overrides=run.plan_overrides, state=state, profile_dir=options.profile_dir)
 
 
 TARGET = OrinTarget()

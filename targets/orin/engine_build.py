@@ -15,6 +15,7 @@ Written against the TensorRT 10.3 Python API; runs only where TensorRT is instal
 from __future__ import annotations
 
 import gc
+import logging
 import resource
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from .trt_import import dla_supported, import_tensorrt, strongly_typed_flags
 Progress = Callable[[str, int, int], None]  # (phase, step, steps)
 PLAN_SUMMARY = ("workspace_mib", "builder_optimization_level", "devices", "dla_core", "sparse_weights")
 RSS_SOURCE = "getrusage(RUSAGE_SELF).ru_maxrss: peak resident memory of this process, parsing and building included"
+log = logging.getLogger("edgekit.orin")
 
 
 def require_orin(bundle) -> None:
@@ -193,6 +195,27 @@ def build_engines(
         "peak_host_rss_source": RSS_SOURCE,
     }
     cache.write_meta(meta)
+    return meta
+
+
+def ensure_engines(bundle, *, state: str | None = None, overrides: dict | None = None) -> dict | None:
+    """The run side's first load on a device (edgekitd's first start): build the engines when this device's
+    cache has none for this bundle and plan; None when a record is there (the backend then checks it and refuses
+    a damaged or foreign one in one line, as `edgekit engine build --rebuild` is the fix, not a silent rebuild)."""
+    plan = with_overrides(bundle.manifest.runtime, overrides or {}, bundle.source)
+    facts = current_facts()
+    cache = EngineCache(state_dir(state), bundle_id(bundle, plan), facts)
+    if cache.read_meta() is not None:
+        return None
+    log.warning("no TensorRT engines for %s on this device: building them into %s (once)", bundle.name, cache.folder)
+
+    def phase(name: str, step: int, steps: int) -> None:
+        if step == 0:
+            log.info("engine build: %s (%d steps)", name, steps)
+
+    meta = build_engines(bundle, state=state, overrides=overrides, progress=phase, say=log.info, facts=facts)
+    seconds, rss = meta["seconds"], meta["peak_host_rss_mib"]
+    log.warning("engines built for %s in %.0f s (peak host memory %.0f MiB)", bundle.name, seconds, rss)
     return meta
 
 
