@@ -61,12 +61,16 @@ def test_requests_beyond_the_profiles_are_refused_before_any_work(orin_bundle):
 
 
 @pytest.mark.skipif(HAS_TRT, reason="TensorRT is importable here: the missing-TensorRT line cannot show")
-def test_without_tensorrt_the_run_side_fails_in_one_line(orin_bundle, capsys):
+def test_without_tensorrt_the_run_side_fails_in_one_line(orin_bundle, capsys, tmp_path):
+    from edgekit.target import RuntimeOptions
     from edgekit.targets.orin.trt_import import DeviceRuntimeMissing
 
     with pytest.raises(DeviceRuntimeMissing) as err:
         load_backend(orin_bundle)
     assert str(err.value) == TRT_MISSING == "TensorRT not importable (needs JetPack 6.x / TensorRT ≥ 10.3)"
+    with pytest.raises(DeviceRuntimeMissing, match="TensorRT not importable"):  # the first start builds nothing
+        load_backend(orin_bundle, RuntimeOptions(state_dir=tmp_path / "state", settings={"engine": "tensorrt"}))
+    assert not (tmp_path / "state").exists()
     assert main(["run", str(orin_bundle.source), "--study", str(SAMPLE)]) == 2
     assert capsys.readouterr().err.strip() == f"error: {TRT_MISSING}"
     assert main(["engine", "build", str(orin_bundle.source), "--json"]) == 2
@@ -156,3 +160,17 @@ def test_the_tensorrt_backend_writes_the_same_report_as_onnx_runtime(orin_bundle
     trt_report = Reporter(orin_bundle).report(SAMPLE, "Cough.")
     ort_report = Reporter(orin_bundle, backend=OrinOnnxBackend(orin_bundle)).report(SAMPLE, "Cough.")
     assert trt_report.text == ort_report.text
+
+
+@needs_tensorrt
+def test_the_first_load_on_a_jetson_builds_the_engines_then_serves(orin_bundle, tmp_path):
+    """edgekitd's first start: no `edgekit engine build` beforehand; the second load finds them current."""
+    from edgekit.reporter import Reporter
+    from edgekit.target import RuntimeOptions
+
+    options = RuntimeOptions(state_dir=tmp_path)
+    first = Reporter(orin_bundle, runtime=options).report(SAMPLE, "Cough.")
+    (record,) = tmp_path.glob("engines/*/*/engines.json")
+    built = record.stat().st_mtime_ns
+    assert Reporter(orin_bundle, runtime=options).report(SAMPLE, "Cough.").text == first.text
+    assert record.stat().st_mtime_ns == built

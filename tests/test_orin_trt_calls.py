@@ -4,10 +4,12 @@ This proves nothing about TensorRT: the stand-in accepts whatever it is given an
 it does check is edgekit's own logic around the builder: the strongly typed flag on 10.x and none on 11, the
 manifest's profiles handed over shape by shape, the plan's workspace and optimisation level, the timing cache
 kept beside the engine cache, the cache reused when up to date and rebuilt when a device fact changes, DLA
-dropped on TensorRT 11.0. The real builder runs only on a Jetson (test_orin_engine.py, skipped here)."""
+dropped on TensorRT 11.0, and the run side's first load building the engines into the state dir it is given
+before it reads the cache. The real builder runs only on a Jetson (test_orin_engine.py, skipped here)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 
@@ -155,3 +157,50 @@ def test_tensorrt_11_is_strongly_typed_only_and_has_no_dla(orin_bundle, tmp_path
     build_engines(orin_bundle, state=str(tmp_path / "10"), facts=FACTS, overrides=overrides)
     assert ("config.default_device_type", "DLA") in calls10 and ("flag", "GPU_FALLBACK") in calls10
     assert ("config.DLA_core", 0) in calls10
+
+
+def stand_in_cudart(calls: list) -> dict[str, types.ModuleType]:
+    """cuda-python's runtime as far as the first load needs it: the device's SM and name, and a stream that fails
+    to be created, so the backend stops right after it has accepted the engine cache (nothing runs)."""
+    rt = types.ModuleType("cuda.bindings.runtime")
+    props = types.SimpleNamespace(major=8, minor=7, name=b"Orin (stand-in)")
+    rt.cudaGetDeviceProperties = lambda index: (0, props)
+
+    def stream_create():
+        calls.append(("cudaStreamCreate",))
+        return (1, None)  # an error code
+
+    rt.cudaStreamCreate = stream_create
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.runtime = rt
+    cuda = types.ModuleType("cuda")
+    cuda.bindings = bindings
+    return {"cuda": cuda, "cuda.bindings": bindings, "cuda.bindings.runtime": rt}
+
+
+def test_the_first_load_builds_the_engines_into_the_state_dir_then_reuses_them(orin_bundle, tmp_path, monkeypatch):
+    """edgekitd's first start: the run side builds what the cache lacks before the backend reads the cache."""
+    from edgekit.errors import EdgekitError
+    from edgekit.plugins import load_backend
+    from edgekit.target import RuntimeOptions
+
+    trt, calls = stand_in("10.3.0")
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    for name, module in stand_in_cudart(calls).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv("EDGEKIT_STATE_DIR", str(tmp_path / "default"))  # not used: the options name a state dir
+    options = RuntimeOptions(state_dir=tmp_path / "state")
+    with pytest.raises(EdgekitError, match="CUDA call failed"):  # past the cache check: the engines were accepted
+        load_backend(orin_bundle, options)
+    kinds = [c[0] for c in calls]
+    assert kinds.count("build") == 3 and kinds.index("cudaStreamCreate") > max(
+        i for i, k in enumerate(kinds) if k == "build"
+    )
+    (record,) = (tmp_path / "state").glob("engines/*/*/engines.json")
+    assert set(json.loads(record.read_text())["engines"]) == set(names.GRAPH_ROLES)
+    assert not (tmp_path / "default").exists()
+
+    calls.clear()
+    with pytest.raises(EdgekitError, match="CUDA call failed"):
+        load_backend(orin_bundle, options)
+    assert [c[0] for c in calls] == ["cudaStreamCreate"]  # current engines: no build, no parse
