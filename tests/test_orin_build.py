@@ -155,3 +155,13 @@ def test_every_recipe_builds_for_orin(recipe, tmp_path):
 def _one_step(backend):
     x = backend.embed(np.array([[1, 5, 7]], np.int64))
     return x, np.ones((1, 3), np.int64), np.arange(3, dtype=np.int64)[None], None
+
+
+def test_build_help_names_every_target_from_the_plugin_table(capsys, monkeypatch):
+    from edgekit.cli.app import main
+    from edgekit.plugins import target_names
+
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert main(["build", "--help"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "--target" in x)
+    assert "orin" in target_names() and f"One of: {', '.join(target_names())}." in line

@@ -18,6 +18,7 @@ from edgekit.cli.common import (
     examples,
     out_option,
 )
+from edgekit.plugins import target_names
 
 app = typer.Typer(help="Build a deployable bundle for a target.")
 
@@ -34,7 +35,7 @@ app = typer.Typer(help="Build a deployable bundle for a target.")
 )
 def build(
     model: ModelArgument = None,
-    target: Annotated[str, typer.Option("--target", "-t", help="cpu (ONNX Runtime) or x1 (the emulated NPU).")] = "cpu",
+    target: Annotated[str, typer.Option("--target", "-t", help=f"One of: {', '.join(target_names())}.")] = "cpu",
     out: Annotated[Path, out_option("Bundle directory, or .ekb file with --archive.")] = Path("out/bundle"),
     force: ForceOption = False,
     archive: Annotated[bool, typer.Option("--archive", help="Write one .ekb file instead of a directory.")] = False,
