@@ -22,6 +22,22 @@ from .patterns import add_initializer, find_weight_matmuls, matches_any, remove_
 F16, F32 = ir.DataType.FLOAT16, ir.DataType.FLOAT
 
 
+def output_to_fp16(model: ir.Model, node: ir.Node) -> None:
+    """`node` now computes FP16: its output gets a fresh FP16 value, and a Cast back to FP32 takes the old name, so
+    every consumer and graph output keeps reading FP32 (the fp16 pass and the orin target's typing share it)."""
+    old = node.outputs[0]
+    cast = ir.node("Cast", [old], {"to": F32}, name=f"{node.name}_CastToFp32")
+    model.graph.insert_after(node, cast)
+    new = cast.outputs[0]
+    name = old.name
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    cast.replace_input_with(0, old)
+    old.name, new.name = f"{name}_fp16", name
+    old.dtype, new.dtype = F16, F32
+    if old.shape is not None:
+        new.shape = old.shape
+
+
 @dataclass
 class Fp16Config(PassConfig):
     exclude: list[str] = param([], help="module-name patterns kept in FP32")
@@ -78,18 +94,7 @@ class Fp16Pass(GraphPass):
 
     @staticmethod
     def _cast_back(model: ir.Model, node: ir.Node, changes: PassChanges) -> int:
-        """Make `node` produce FP16 into a fresh value and Cast it to FP32 under the old output's name."""
-        old = node.outputs[0]
-        cast = ir.node("Cast", [old], {"to": F32}, name=f"{node.name}_CastToFp32")
-        model.graph.insert_after(node, cast)
-        new = cast.outputs[0]
-        name = old.name
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
-        cast.replace_input_with(0, old)
-        old.name, new.name = f"{name}_fp16", name
-        old.dtype, new.dtype = F16, F32
-        if old.shape is not None:
-            new.shape = old.shape
+        output_to_fp16(model, node)
         return 1
 
 

@@ -26,7 +26,7 @@ from edgekit import names
 from edgekit.export.save import save_model
 from edgekit.passes import find_weight_matmuls
 from edgekit.passes.base import PassContext, PassPreconditionError
-from edgekit.passes.fp16 import Fp16Pass
+from edgekit.passes.fp16 import Fp16Pass, output_to_fp16
 from edgekit.passes.patterns import add_initializer, remove_if_unused
 from edgekit.passes.sparsity import is_2to4
 
@@ -127,21 +127,6 @@ def _cast(model: ir.Model, value: ir.Value, to: ir.DataType, before: ir.Node, na
     return cast.outputs[0]
 
 
-def _output_to_fp16(model: ir.Model, node: ir.Node) -> None:
-    """`node` now computes FP16: its output gets a fresh FP16 value, and a Cast back to FP32 takes the old name."""
-    old = node.outputs[0]
-    back = ir.node("Cast", [old], {"to": F32}, name=f"{node.name}_CastToFp32")
-    model.graph.insert_after(node, back)
-    new = back.outputs[0]
-    name = old.name
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
-    back.replace_input_with(0, old)
-    old.name, new.name = f"{name}_fp16", name
-    old.dtype, new.dtype = F16, F32
-    if old.shape is not None:
-        new.shape = old.shape
-
-
 class _Fp16Inputs:
     """One FP16 Cast per activation, shared by every GEMM that reads it."""
 
@@ -178,7 +163,7 @@ def fp16_quantized_gemms(model: ir.Model, casts: _Fp16Inputs) -> int:
             dq.replace_input_with(1, s16)
         dq.outputs[0].dtype = F16
         node.replace_input_with(0, casts.of(node.inputs[0], node))
-        _output_to_fp16(model, node)
+        output_to_fp16(model, node)
         done += 1
     _drop_unused_initializers(model)
     return done
@@ -198,7 +183,7 @@ def fp16_convs(model: ir.Model, casts: _Fp16Inputs) -> int:
                 w16 = p.const_value.numpy().astype(np.float16)
                 node.replace_input_with(i, add_initializer(model.graph, w16, f"{p.name}_fp16"))
         node.replace_input_with(0, casts.of(node.inputs[0], node))
-        _output_to_fp16(model, node)
+        output_to_fp16(model, node)
         done += 1
     _drop_unused_initializers(model)
     return done
