@@ -221,13 +221,18 @@ def main() -> int:
                 baselines[label] = next(b for b in baselines.values() if b["point"] == point.id)
                 continue
             d.client.put_json("/v1/policy", {"mode": "fixed", "fixed": point.id})
-            base = Driver(d, data, [s for s, _ in day])
-            for _ in day:
+            # greedy reports are deterministic: each distinct study once, counted as often as the day sent it
+            sent = {s["id"]: s for s, _ in day}
+            base = Driver(d, data, list(sent.values()))
+            for _ in sent:
                 base.one()
-            baselines[label] = {"point": point.id, "records": base.records, "failed": base.failed}
+            by_id = {s["id"]: (s, r) for s, r in base.records}
+            records = [by_id[s["id"]] for s, _ in day if s["id"] in by_id]
+            baselines[label] = {"point": point.id, "records": records, "failed": base.failed}
 
         # oscillating load, faster than a 3 s window
-        d.client.put_json("/v1/policy", {"mode": "performance", "window_s": 3.0})
+        # (no quality floor here, so a burst has a faster point to step down to: the report-length caps)
+        d.client.put_json("/v1/policy", {"mode": "performance", "window_s": 3.0, "quality_floor_f1": None})
         settle(1.0)
         before, t0 = _switches(d), time.monotonic()
         while time.monotonic() - t0 < 15:
@@ -267,7 +272,12 @@ def main() -> int:
         "policy": {"energy_j_per_report": policy_e, "finding_f1": policy_f1},
         "baselines": compared,
         "energy_source": day[0][1]["energy_source"],
-        "oscillating_load": {"window_s": 3.0, "seconds": round(osc_s, 1), "switches": osc_switches},
+        "oscillating_load": {
+            "window_s": 3.0,
+            "seconds": round(osc_s, 1),
+            "switches": osc_switches,
+            "quality_floor_f1": None,
+        },
         "window_s": window_s,
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
@@ -287,10 +297,10 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}")
-    vs_best = compared["always best-F1 point"]
+    vs_reference = compared["always FP16"]
     ok = (
-        vs_best["energy_saving"] >= 0.30
-        and vs_best["f1_drop_points"] <= 2.0
+        vs_reference["energy_saving"] >= 0.30
+        and vs_reference["f1_drop_points"] <= 2.0
         and failed == 0
         and day_switches >= args.switches
         and osc_switches <= osc_s / 3.0 + 1
