@@ -93,6 +93,7 @@ class VariantRegistry:
     def configure(self, cfg: DaemonConfig) -> None:
         """(Re)read the variant list; loaded variants that are still listed stay loaded."""
         self.threads = cfg.threads
+        self.state_dir = Path(cfg.state_dir)  # where a target keeps what it builds on the device (orin: engines)
         self.keep_alive_s = cfg.keep_alive_s
         specs = {v.name: v for v in cfg.variants}
         if not specs:
@@ -184,10 +185,12 @@ class VariantRegistry:
 
     def _load(self, spec: Variant) -> Loaded:
         from edgekit.reporter import Reporter
+        from edgekit.target import RuntimeOptions
 
         self._say(f"loading variant {spec.name}")
         t0 = time.perf_counter()
-        reporter = Reporter.from_bundle(spec.bundle, threads=self.threads, meter=self.meter)
+        runtime = RuntimeOptions(threads=self.threads, state_dir=self.state_dir)
+        reporter = Reporter.from_bundle(spec.bundle, runtime=runtime, meter=self.meter)
         load_ms = (time.perf_counter() - t0) * 1e3
         self._say(f"warming variant {spec.name}")
         warm_ms = reporter.warm()
