@@ -147,6 +147,23 @@ class SafetensorsCheckpoint(Mapping[str, np.ndarray]):
             out = raw.astype(np.float32)
         return out.reshape(e.shape)
 
+    def read_rows(self, name: str, rows: list[int]) -> np.ndarray:
+        """Rows of a 2-D tensor (a few token embeddings) as float32, reading only those rows' bytes."""
+        e = self.entries[name]
+        if len(e.shape) != 2 or any(not 0 <= r < e.shape[0] for r in rows):
+            raise CheckpointError(f"tensor {name!r} of shape {e.shape} has no rows {rows}", e.file)
+        stored = _DTYPES[e.dtype]
+        width = e.shape[1] * stored.itemsize
+        raw = np.empty((len(rows), e.shape[1]), stored)
+        with open(e.file, "rb") as f:
+            for i, r in enumerate(rows):
+                f.seek(e.start + r * width)
+                if f.readinto(memoryview(raw[i]).cast("B")) != width:
+                    raise CheckpointError(f"file is truncated at tensor {name!r}", e.file)
+        if e.dtype == "BF16":
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        return raw.astype(np.float32)
+
     def lazy(self, name: str) -> ir.LazyTensor:
         """An initializer payload that reads the tensor only when the ONNX writer asks for its bytes."""
         return ir.LazyTensor(

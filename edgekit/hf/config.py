@@ -20,7 +20,14 @@ from edgekit.export.specs import DecoderSpec
 
 DECODER_TYPES = ("llama", "qwen2")
 VISION_TYPES = ("vit", "siglip_vision_model", "siglip")
-SUPPORTED_MODEL_TYPES = DECODER_TYPES + VISION_TYPES
+VLM_TYPES = ("llava", "idefics3", "smolvlm")
+SUPPORTED_MODEL_TYPES = DECODER_TYPES + VISION_TYPES + VLM_TYPES
+# families asked for that edgekit does not build, with why (the refusal says it, then lists what it imports)
+NOT_BUILT = {
+    "llava_next": "its anyres tiling picks a grid per image aspect ratio",
+    "qwen2_vl": "M-RoPE and native dynamic resolution give a graph shape per image size",
+    "qwen2_5_vl": "M-RoPE, windowed vision attention and dynamic resolution give a graph shape per image size",
+}
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -77,14 +84,17 @@ def is_hf_model_dir(model_dir: str | Path) -> bool:
 
 
 def model_kind(cfg: dict[str, Any], model_dir: str | Path) -> str:
-    """'decoder' or 'vision'; anything else is refused in one line."""
+    """'decoder', 'vision' or 'vlm'; anything else is refused in one line listing what is supported."""
     mt = cfg.get("model_type")
     if mt in DECODER_TYPES:
         return "decoder"
     if mt in VISION_TYPES:
         return "vision"
+    if mt in VLM_TYPES:
+        return "vlm"
+    why = f" ({NOT_BUILT[mt]})" if mt in NOT_BUILT else ""
     raise ConfigError(
-        f"model_type {mt!r} is not supported; edgekit imports {', '.join(SUPPORTED_MODEL_TYPES)}",
+        f"model_type {mt!r} is not supported{why}; edgekit imports {', '.join(SUPPORTED_MODEL_TYPES)}",
         Path(model_dir) / "config.json",
     )
 

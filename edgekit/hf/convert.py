@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import ChainMap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from edgekit.export.specs import DecoderSpec
 from .checkpoint import CheckpointError, SafetensorsCheckpoint, ShapeOnlyWeights, attach_lazy_weights
 from .config import decoder_spec, model_kind, read_hf_config
 from .vision_tower import VisionTowerSpec, build_vision_tower, vision_tower_spec
+from .vlm import VlmSpec, build_vlm_vision, expected_vlm_shapes, span_rows, vlm_spec
 
 # files copied next to the graphs (config.json is renamed: edgekit's own config.json means a ModelConfig)
 SIDE_FILES = (
@@ -41,17 +43,20 @@ SIDE_FILES = (
     "tokenizer.model",
     "vocab.json",
     "merges.txt",
+    "chat_template.json",
+    "chat_template.jinja",
+    "processor_config.json",
 )
 HF_CONFIG = "hf_config.json"
 
 
 @dataclass
 class HfConversion:
-    kind: str  # "decoder" | "vision"
+    kind: str  # "decoder" | "vision" | "vlm"
     model_type: str
     out: Path
     graphs: list[Path] = field(default_factory=list)
-    spec: DecoderSpec | VisionTowerSpec | None = None
+    spec: DecoderSpec | VisionTowerSpec | VlmSpec | None = None
 
 
 def expected_decoder_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
@@ -105,6 +110,13 @@ def _write(model: ir.Model, ckpt: SafetensorsCheckpoint, path: Path, threshold: 
     return save_model(model, path, external_data_threshold_bytes=threshold)
 
 
+def _write_decoder(stand_ins, spec: DecoderSpec, ckpt, tmp: Path, threshold: int) -> list[Path]:
+    return [
+        _write(build_embed_tokens(stand_ins, spec), ckpt, tmp / EMBED_TOKENS, threshold),
+        _write(build_decoder(stand_ins, spec), ckpt, tmp / DECODER, threshold),
+    ]
+
+
 def convert_hf(
     model_dir: str | Path,
     out_dir: str | Path,
@@ -126,14 +138,18 @@ def convert_hf(
     result = HfConversion(kind=kind, model_type=str(cfg["model_type"]), out=out_dir)
     try:
         written: list[Path] = []
-        if kind == "decoder":
+        if kind == "vlm":
+            spec = vlm_spec(cfg, model_dir, ckpt.entries)
+            check_shapes({**expected_vlm_shapes(spec, cfg), **expected_decoder_shapes(spec.decoder)}, ckpt)
+            stand_ins = ShapeOnlyWeights(ckpt)
+            vision_weights = ChainMap(span_rows(spec, ckpt), stand_ins)  # the span's few rows are real
+            vision = build_vlm_vision(vision_weights, spec)
+            written.append(_write(vision, ckpt, tmp / VISION_ENCODER, external_data_threshold_bytes))
+            written += _write_decoder(stand_ins, spec.decoder, ckpt, tmp, external_data_threshold_bytes)
+        elif kind == "decoder":
             spec = decoder_spec(cfg, model_dir, ckpt.entries)
             check_shapes(expected_decoder_shapes(spec), ckpt)
-            stand_ins = ShapeOnlyWeights(ckpt)
-            written.append(
-                _write(build_embed_tokens(stand_ins, spec), ckpt, tmp / EMBED_TOKENS, external_data_threshold_bytes)
-            )
-            written.append(_write(build_decoder(stand_ins, spec), ckpt, tmp / DECODER, external_data_threshold_bytes))
+            written += _write_decoder(ShapeOnlyWeights(ckpt), spec, ckpt, tmp, external_data_threshold_bytes)
         else:
             spec = vision_tower_spec(cfg, model_dir, ckpt.entries)
             written.append(

@@ -24,7 +24,7 @@ from edgekit.export.blocks import gelu, layer_norm, linear
 from edgekit.export.irbuilder import GraphBuilder, scope_of
 
 F32 = ir.DataType.FLOAT
-GELU = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
+GELU = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "quick_gelu": "quick"}
 
 # role -> name template ({p}: model prefix, {i}: layer index)
 NAMES = {
@@ -32,6 +32,22 @@ NAMES = {
         "patch": "{p}embeddings.patch_embedding",
         "pos": "{p}embeddings.position_embedding.weight",
         "cls": None,
+        "ln1": "{p}encoder.layers.{i}.layer_norm1",
+        "q": "{p}encoder.layers.{i}.self_attn.q_proj",
+        "k": "{p}encoder.layers.{i}.self_attn.k_proj",
+        "v": "{p}encoder.layers.{i}.self_attn.v_proj",
+        "o": "{p}encoder.layers.{i}.self_attn.out_proj",
+        "ln2": "{p}encoder.layers.{i}.layer_norm2",
+        "fc1": "{p}encoder.layers.{i}.mlp.fc1",
+        "fc2": "{p}encoder.layers.{i}.mlp.fc2",
+        "final": "{p}post_layernorm",
+        "layer": "{p}encoder.layers.{i}",
+    },
+    "clip": {  # CLIP's vision tower (LLaVA's): a class token, a bias-free patch conv and a pre-LayerNorm
+        "patch": "{p}embeddings.patch_embedding",
+        "pos": "{p}embeddings.position_embedding.weight",
+        "cls": "{p}embeddings.class_embedding",
+        "pre": "{p}pre_layrnorm",  # sic: transformers' spelling
         "ln1": "{p}encoder.layers.{i}.layer_norm1",
         "q": "{p}encoder.layers.{i}.self_attn.q_proj",
         "k": "{p}encoder.layers.{i}.self_attn.k_proj",
@@ -64,7 +80,7 @@ PREFIXES = {"siglip": ("", "vision_model.", "model.vision_model."), "vit": ("", 
 
 @dataclass(frozen=True)
 class VisionTowerSpec:
-    family: str  # "siglip" | "vit"
+    family: str  # "siglip" | "vit" | "clip"
     prefix: str  # "" or "vision_model." / "vit." as found in the checkpoint
     image_size: int
     patch_size: int
@@ -85,7 +101,11 @@ class VisionTowerSpec:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_patches + (1 if self.family == "vit" else 0)
+        return self.num_patches + (1 if self.has_cls else 0)
+
+    @property
+    def has_cls(self) -> bool:
+        return self.family in ("vit", "clip")
 
 
 def vision_tower_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[str]) -> VisionTowerSpec:
@@ -94,17 +114,26 @@ def vision_tower_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collect
     family = "vit" if mt == "vit" else "siglip"
     if mt == "siglip":  # a full SigLIP (text + vision) checkpoint: use its vision_config
         cfg = cfg.get("vision_config") or {}
+    return tower_spec(cfg, family, PREFIXES[family], names, where)
+
+
+def tower_spec(
+    cfg: dict[str, Any], family: str, prefixes: Collection[str], names: Collection[str], where: Path
+) -> VisionTowerSpec:
+    """A tower's spec from its (vision) config; `prefixes` are where its weights may sit in the checkpoint
+    (a VLM nests them: `vision_tower.`, `model.vision_model.`)."""
     probe = NAMES[family]["final"]
-    prefix = next((p for p in PREFIXES[family] if probe.format(p=p) + ".weight" in names), None)
+    prefix = next((p for p in prefixes if probe.format(p=p) + ".weight" in names), None)
     if prefix is None:
         raise ConfigError(
             f"no {family} vision tower weights found (looked for {probe.format(p='')}.weight "
-            f"under prefixes {', '.join(repr(p) for p in PREFIXES[family])})",
+            f"under prefixes {', '.join(repr(p) for p in prefixes)})",
             where,
         )
-    act = cfg.get("hidden_act", "gelu_pytorch_tanh" if family == "siglip" else "gelu")
+    act = cfg.get("hidden_act", {"siglip": "gelu_pytorch_tanh", "clip": "quick_gelu"}.get(family, "gelu"))
     if act not in GELU:
         raise ConfigError(f"hidden_act {act!r} is not supported (edgekit builds {', '.join(GELU)})", where)
+    default_eps = {"vit": 1e-12, "clip": 1e-5}.get(family, 1e-6)
     try:
         spec = VisionTowerSpec(
             family=family,
@@ -115,7 +144,7 @@ def vision_tower_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collect
             hidden=int(cfg["hidden_size"]),
             layers=int(cfg["num_hidden_layers"]),
             heads=int(cfg["num_attention_heads"]),
-            ln_eps=float(cfg.get("layer_norm_eps", 1e-12 if family == "vit" else 1e-6)),
+            ln_eps=float(cfg.get("layer_norm_eps", default_eps)),
             gelu=GELU[act],
             qkv_bias=bool(cfg.get("qkv_bias", True)),
         )
@@ -126,25 +155,51 @@ def vision_tower_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collect
     return spec
 
 
+def expected_tower_shapes(spec: VisionTowerSpec, layers: int, intermediate: int) -> dict[str, tuple[int, ...]]:
+    """The tensors the first `layers` layers (and the embeddings) read, with the shapes the config implies."""
+    d, p, c = spec.hidden, spec.patch_size, spec.channels
+    shapes: dict[str, tuple[int, ...]] = {
+        f"{spec.name('patch')}.weight": (d, c, p, p),
+        spec.name("pos"): (spec.num_tokens, d),
+    }
+    if spec.family != "clip":
+        shapes[f"{spec.name('patch')}.bias"] = (d,)
+    if spec.family == "clip":
+        shapes[spec.name("cls")] = (d,)
+        shapes[f"{spec.name('pre')}.weight"] = shapes[f"{spec.name('pre')}.bias"] = (d,)
+    for i in range(layers):
+        for role in ("ln1", "ln2"):
+            shapes[f"{spec.name(role, i)}.weight"] = shapes[f"{spec.name(role, i)}.bias"] = (d,)
+        for role in ("q", "k", "v", "o"):
+            shapes[f"{spec.name(role, i)}.weight"] = (d, d)
+            shapes[f"{spec.name(role, i)}.bias"] = (d,)
+        shapes[f"{spec.name('fc1', i)}.weight"] = (intermediate, d)
+        shapes[f"{spec.name('fc1', i)}.bias"] = (intermediate,)
+        shapes[f"{spec.name('fc2', i)}.weight"] = (d, intermediate)
+        shapes[f"{spec.name('fc2', i)}.bias"] = (d,)
+    return shapes
+
+
 def _embeddings(b: GraphBuilder, pixels: ir.Value, spec: VisionTowerSpec) -> ir.Value:
     patch = spec.name("patch")
     scope = scope_of(patch)
     p = spec.patch_size
-    y = b.op(
-        scope,
-        "Conv",
-        [pixels, b.weight(f"{patch}.weight"), b.weight(f"{patch}.bias")],
-        {"kernel_shape": [p, p], "strides": [p, p]},
-    )
+    conv_inputs = [pixels, b.weight(f"{patch}.weight")]
+    if spec.family != "clip":  # CLIP's patch conv has no bias
+        conv_inputs.append(b.weight(f"{patch}.bias"))
+    y = b.op(scope, "Conv", conv_inputs, {"kernel_shape": [p, p], "strides": [p, p]})
     y = b.op(scope, "Transpose", [b.op(scope, "Reshape", [y, b.const([0, spec.hidden, -1])])], {"perm": [0, 2, 1]})
-    if spec.family == "vit":  # a learned [CLS] token in front of the patches
+    if spec.has_cls:  # a learned [CLS] token in front of the patches (ViT: (1, 1, D); CLIP: (D,))
         cls_name = spec.name("cls")
         cscope = scope_of(cls_name.rsplit(".", 1)[0])
         batch = b.op(cscope, "Shape", [pixels], {"start": 0, "end": 1})
         shape = b.op(cscope, "Concat", [batch, b.const([1, spec.hidden])], {"axis": 0})
         cls = b.op(cscope, "Expand", [b.weight(cls_name), shape])
         y = b.op(cscope, "Concat", [cls, y], {"axis": 1})
-    return b.op(scope_of(spec.name("pos").rsplit(".", 1)[0]), "Add", [y, b.weight(spec.name("pos"))])
+    y = b.op(scope_of(spec.name("pos").rsplit(".", 1)[0]), "Add", [y, b.weight(spec.name("pos"))])
+    if spec.family == "clip":
+        y = layer_norm(b, y, spec.name("pre"), spec.ln_eps)
+    return y
 
 
 def _attention(b: GraphBuilder, x: ir.Value, spec: VisionTowerSpec, i: int) -> ir.Value:
@@ -166,16 +221,31 @@ def _layer(b: GraphBuilder, x: ir.Value, spec: VisionTowerSpec, i: int) -> ir.Va
     scope = scope_of(spec.name("layer", i))
     x = b.op(scope, "Add", [x, _attention(b, layer_norm(b, x, spec.name("ln1", i), spec.ln_eps), spec, i)])
     h = layer_norm(b, x, spec.name("ln2", i), spec.ln_eps)
-    h = gelu(b, linear(b, h, spec.name("fc1", i), bias=True), scope, approximate=spec.gelu)
+    h = activation(b, linear(b, h, spec.name("fc1", i), bias=True), scope, spec.gelu)
     return b.op(scope, "Add", [x, linear(b, h, spec.name("fc2", i), bias=True)])
+
+
+def activation(b: GraphBuilder, x: ir.Value, scope: str, kind: str) -> ir.Value:
+    """GELU (erf or tanh), or CLIP's quick_gelu x * sigmoid(1.702 x)."""
+    if kind != "quick":
+        return gelu(b, x, scope, approximate=kind)
+    scope = f"{scope}/QuickGelu"
+    return b.op(scope, "Mul", [x, b.op(scope, "Sigmoid", [b.op(scope, "Mul", [x, b.const(1.702, np.float32)])])])
+
+
+def hidden_states(b: GraphBuilder, pixels: ir.Value, spec: VisionTowerSpec, layers: int) -> list[ir.Value]:
+    """transformers' `hidden_states` of the tower for NCHW `pixels`: [embeddings, after layer 1, ..., after layer
+    `layers`] (no final norm), so a VLM can pick the layer it was trained on and build no layer past it."""
+    states = [_embeddings(b, pixels, spec)]
+    for i in range(layers):
+        states.append(_layer(b, states[-1], spec, i))
+    return states
 
 
 def build_vision_tower(weights: Mapping[str, np.ndarray], spec: VisionTowerSpec) -> ir.Model:
     b = GraphBuilder(weights, "vision_encoder")
     pixels = b.input(names.PIXEL_VALUES, F32, ["batch", spec.channels, spec.image_size, spec.image_size])
-    x = _embeddings(b, pixels, spec)
-    for i in range(spec.layers):
-        x = _layer(b, x, spec, i)
+    x = hidden_states(b, pixels, spec, spec.layers)[-1]
     x = layer_norm(b, x, spec.name("final"), spec.ln_eps)
     b.output(x, "last_hidden_state", F32, ["batch", spec.num_tokens, spec.hidden])
     return b.model()

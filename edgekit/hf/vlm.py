@@ -1,0 +1,280 @@
+"""Whole vision-language models from a Hugging Face directory: LLaVA, Idefics3 and SmolVLM into edgekit's three
+graphs, the same layout radreport-tiny ships (`vision_encoder`, `embed_tokens`, `decoder_model_merged`), so
+passes, targets, bundles, `edgekit run` and edgekitd take them unchanged.
+
+The vision graph takes what edgekit's preprocessing gives every model — display frames in [0, 1] as
+`pixel_values` (batch, 1 frame, 1 channel, S, S) — and does the rest of the Hugging Face image processor's work
+itself: grey to the tower's channels and the processor's per-channel `(x - image_mean) / image_std`. It returns
+the whole image span the processor would put in the prompt (LLaVA: the projected image tokens; Idefics3: those
+tokens between its wrapper tokens' embeddings), which the runtime places in front of the text. The decoder is the
+language model's (LLaMA, Mistral or Qwen2) through the same builders as a plain decoder import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from edgekit import names
+from edgekit.errors import ConfigError
+from edgekit.export.irbuilder import GraphBuilder
+from edgekit.export.specs import DecoderSpec
+
+from . import idefics3, llava
+from .checkpoint import SafetensorsCheckpoint
+from .config import VLM_TYPES, decoder_spec
+from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states
+
+__all__ = ["VLM_TYPES", "VlmSpec", "build_vlm_vision", "expected_vlm_shapes", "vlm_spec"]
+TEXT_TYPES = ("llama", "mistral", "qwen2")
+F32 = ir.DataType.FLOAT
+# the processors' defaults when preprocessor_config.json does not say (CLIPImageProcessor; SigLIP / Idefics3)
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+HALF = (0.5, 0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class VlmSpec:
+    """What the three graphs of one VLM need: the tower, how its output becomes image tokens, the decoder."""
+
+    family: str  # "llava" | "idefics3" (smolvlm is idefics3's architecture)
+    model_type: str
+    tower: VisionTowerSpec
+    tower_layers: int  # layers built (up to the deepest one read)
+    connector_prefix: str
+    decoder: DecoderSpec
+    text_model_type: str
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    image_token_id: int
+    feature_layers: tuple[int, ...] = ()  # llava: indices into hidden_states
+    drop_first: bool = False  # llava 'default' strategy: the CLS token is dropped
+    connector_bias: bool = True
+    connector_act: str = "none"
+    scale_factor: int = 1  # idefics3: pixel shuffle
+    span_before: tuple[int, ...] = ()  # token ids the processor writes before the image tokens
+    span_after: tuple[int, ...] = ()
+
+    @property
+    def image_size(self) -> int:
+        return self.tower.image_size
+
+    @property
+    def num_image_tokens(self) -> int:
+        """How many `image_token_id` tokens the processor writes for one image."""
+        if self.family == "llava":
+            return self.tower.num_tokens - (1 if self.drop_first else 0)
+        return self.tower.num_patches // (self.scale_factor**2)
+
+    @property
+    def span_ids(self) -> list[int]:
+        """The image span as token ids, what transformers' processor puts in `input_ids` for one image."""
+        return [*self.span_before, *[self.image_token_id] * self.num_image_tokens, *self.span_after]
+
+    @property
+    def span_length(self) -> int:
+        return len(self.span_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "model_type": self.model_type,
+            "text_model_type": self.text_model_type,
+            "image_size": self.image_size,
+            "image_tokens": self.num_image_tokens,
+            "span_tokens": self.span_length,
+            "tower": self.tower.family,
+            "tower_layers": self.tower_layers,
+            "decoder_layers": self.decoder.layers,
+        }
+
+
+def _text_config(cfg: dict[str, Any], where: Path) -> dict[str, Any]:
+    text = dict(cfg.get("text_config") or {})
+    mt = text.get("model_type", "llama")
+    if mt not in TEXT_TYPES:
+        raise ConfigError(
+            f"text_config.model_type {mt!r} is not supported (edgekit builds {', '.join(TEXT_TYPES)})", where
+        )
+    if mt == "mistral":  # LLaMA's math; a sliding window shorter than the context would attend differently
+        window, ctx = text.get("sliding_window"), text.get("max_position_embeddings")
+        if window is not None and (ctx is None or window < ctx):
+            raise ConfigError(
+                f"text_config.sliding_window {window} is shorter than max_position_embeddings {ctx}; "
+                "edgekit's decoder attends over the whole cache",
+                where,
+            )
+        text["model_type"] = "llama"
+    return {**text, "_source_model_type": mt}
+
+
+def _decoder(text: dict[str, Any], model_dir: Path, names_: Collection[str], lm_prefixes) -> DecoderSpec:
+    where = model_dir / "config.json"
+    found = next(((p, h) for p, h in lm_prefixes if f"{p}embed_tokens.weight" in names_), None)
+    if found is None:
+        raise ConfigError(
+            "no language model weights found (looked for embed_tokens.weight under "
+            f"{', '.join(p for p, _ in lm_prefixes)})",
+            where,
+        )
+    prefix, head = found
+    spec = decoder_spec(text, model_dir, names_)
+    return dataclasses.replace(
+        spec,
+        layer_prefix=f"{prefix}layers",
+        embed_tokens=f"{prefix}embed_tokens",
+        final_norm=f"{prefix}norm",
+        lm_head=head if f"{head}.weight" in names_ else f"{prefix}embed_tokens",
+    )
+
+
+def _mean_std(model_dir: Path, tower: VisionTowerSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+    default = (CLIP_MEAN, CLIP_STD) if tower.family == "clip" else (HALF, HALF)
+    if not path.is_file():
+        return default
+    try:
+        pre = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError("not valid JSON", path) from None
+    mean, std = pre.get("image_mean", default[0]), pre.get("image_std", default[1])
+    mean = (float(mean),) * tower.channels if isinstance(mean, (int, float)) else tuple(float(x) for x in mean)
+    std = (float(std),) * tower.channels if isinstance(std, (int, float)) else tuple(float(x) for x in std)
+    if len(mean) != tower.channels or len(std) != tower.channels or min(std) <= 0:
+        raise ConfigError(f"image_mean/image_std must give {tower.channels} values (std > 0)", path)
+    return mean, std
+
+
+def _special_id(model_dir: Path, token: str) -> int | None:
+    """A special token's id from tokenizer.json's added tokens (None when the tokenizer does not have it)."""
+    path = model_dir / names.WEIGHT_FILES["tokenizer"]
+    if not path.is_file():
+        return None
+    try:
+        added = json.loads(path.read_text()).get("added_tokens", [])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError("not valid JSON", path) from None
+    return next((int(t["id"]) for t in added if t.get("content") == token), None)
+
+
+def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]) -> VlmSpec:
+    """A LLaVA / Idefics3 / SmolVLM config (+ the checkpoint's names and the processor files) -> VlmSpec."""
+    model_dir = Path(model_dir)
+    where = model_dir / "config.json"
+    mt = cfg["model_type"]
+    text = _text_config(cfg, where)
+    source_text_type = text.pop("_source_model_type")
+    image_token = cfg.get("image_token_id", cfg.get("image_token_index"))
+    if isinstance(image_token, bool) or not isinstance(image_token, int):
+        raise ConfigError(f"image_token_id: expected an int, got {image_token!r}", where)
+    if mt == "llava":
+        tower = llava.tower_of(cfg, names_, where)
+        layers = llava.feature_layers(cfg, tower, where)
+        drop = llava.select_strategy(cfg, where)
+        common = dict(
+            family="llava",
+            tower=tower,
+            tower_layers=max(layers),
+            connector_prefix=llava.projector_prefix(names_, where),
+            decoder=_decoder(text, model_dir, names_, llava.LM_PREFIXES),
+            feature_layers=layers,
+            drop_first=drop,
+            connector_bias=bool(cfg.get("multimodal_projector_bias", True)),
+            connector_act=llava.projector_act(cfg, where),
+        )
+    else:
+        tower = idefics3.tower_of(cfg, names_, where)
+        if not np.array_equal(idefics3.position_ids(tower), np.arange(tower.num_patches)):
+            raise ConfigError("the vision tower's patch position ids are not the identity for a full image", where)
+        fake, glob = (_special_id(model_dir, t) for t in (idefics3.FAKE_TOKEN, idefics3.GLOBAL_TOKEN))
+        common = dict(
+            family="idefics3",
+            tower=tower,
+            tower_layers=tower.layers,
+            connector_prefix=idefics3.connector_prefix(names_, where),
+            decoder=_decoder(text, model_dir, names_, idefics3.LM_PREFIXES),
+            scale_factor=idefics3.scale_factor(cfg, tower, where),
+            span_before=tuple(t for t in (fake, glob) if t is not None),
+            span_after=(fake,) if fake is not None else (),
+        )
+    mean, std = _mean_std(model_dir, tower)
+    spec = VlmSpec(
+        model_type=mt,
+        text_model_type=source_text_type,
+        image_mean=mean,
+        image_std=std,
+        image_token_id=image_token,
+        **common,
+    )
+    if not 0 <= image_token < spec.decoder.vocab_size:
+        raise ConfigError(f"image_token_id {image_token} is outside the vocabulary of {spec.decoder.vocab_size}", where)
+    return spec
+
+
+def expected_vlm_shapes(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor the vision graph reads, with the shape config.json implies (the decoder's come from
+    `convert.expected_decoder_shapes`)."""
+    vcfg = cfg.get("vision_config") or {}
+    t, h = spec.tower, spec.decoder.hidden
+    shapes = expected_tower_shapes(t, spec.tower_layers, int(vcfg.get("intermediate_size", 4 * t.hidden)))
+    if spec.family == "llava":
+        in_dim = t.hidden * len(spec.feature_layers)
+        shapes.update(llava.projector_shapes(spec.connector_prefix, in_dim, h, spec.connector_bias))
+    else:
+        shapes[f"{t.name('final')}.weight"] = shapes[f"{t.name('final')}.bias"] = (t.hidden,)
+        shapes.update(idefics3.connector_shapes(spec.connector_prefix, t, spec.scale_factor, h))
+    return shapes
+
+
+SPAN_ROWS = "image_span_embeddings"  # initializer name of the span's token embeddings inside the vision graph
+
+
+def span_rows(spec: VlmSpec, ckpt: SafetensorsCheckpoint) -> dict[str, np.ndarray]:
+    """The embedding rows of the span's wrapper tokens, read from the checkpoint (a few rows, not the table)."""
+    ids = [*spec.span_before, *spec.span_after]
+    if not ids:
+        return {}
+    return {SPAN_ROWS: ckpt.read_rows(f"{spec.decoder.embed_tokens}.weight", ids)}
+
+
+def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Model:
+    """pixel_values (batch, 1, 1, S, S) display values -> image_features (batch, span, text_hidden)."""
+    b = GraphBuilder(weights, "vision_encoder")
+    s, c = spec.image_size, spec.tower.channels
+    pixels = b.input(names.PIXEL_VALUES, F32, ["batch", 1, 1, s, s])
+    scope = "/image_processor"
+    x = b.op(scope, "Reshape", [pixels, b.const([-1, 1, s, s])])
+    if c > 1:  # a grey display frame as the RGB image the tower was trained on
+        x = b.op(scope, "Concat", [x] * c, {"axis": 1})
+    shape = (1, c, 1, 1)
+    mean = b.const(np.asarray(spec.image_mean, np.float32).reshape(shape), np.float32)
+    std = b.const(np.asarray(spec.image_std, np.float32).reshape(shape), np.float32)
+    x = b.op(scope, "Div", [b.op(scope, "Sub", [x, mean]), std])
+    states = hidden_states(b, x, spec.tower, spec.tower_layers)
+    if spec.family == "llava":
+        y = llava.select_and_project(b, states, spec)
+    else:
+        y = idefics3.pixel_shuffle_project(b, idefics3.tower_output(b, states, spec), spec)
+    if spec.span_before or spec.span_after:
+        rows = b.weight(SPAN_ROWS)  # (before + after, hidden)
+        batch = b.op("/image_span", "Shape", [pixels], {"start": 0, "end": 1})
+        nb = len(spec.span_before)
+        parts = []
+        for lo, hi in ((0, nb), (nb, nb + len(spec.span_after))):
+            if hi > lo:
+                part = b.op("/image_span", "Slice", [rows, b.const([lo]), b.const([hi]), b.const([0])])
+                part = b.op("/image_span", "Unsqueeze", [part, b.const([0])])
+                shape = b.op("/image_span", "Concat", [batch, b.const([hi - lo, spec.decoder.hidden])], {"axis": 0})
+                parts.append(b.op("/image_span", "Expand", [part, shape]))
+            else:
+                parts.append(None)
+        y = b.op("/image_span", "Concat", [p for p in (parts[0], y, parts[1]) if p is not None], {"axis": 1})
+    b.output(y, names.IMAGE_FEATURES, F32, ["batch", spec.span_length, spec.decoder.hidden])
+    return b.model()

@@ -1,0 +1,163 @@
+"""Random-init Hugging Face VLM directories built from tiny configs (nothing downloaded), and transformers'
+answers for them: shared by tests/test_hf_vlm*.py and bench/hf_vlm_parity.py.
+
+Each directory is what a user's download looks like: `config.json` + safetensors from `save_pretrained`, a
+`tokenizer.json` built with `tokenizers` (a word-level vocabulary holding the model's special tokens at their
+config ids), `tokenizer_config.json` with the chat template, and the image processor's
+`preprocessor_config.json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+LLAVA_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}USER: {% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image>\n{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %} ASSISTANT:{% endif %}"
+)
+IDEFICS3_TEMPLATE = (
+    "<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}:{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+SIZES = {  # two sizes per family: (vision hidden, vision layers, image, patch, text hidden, text layers, vocab)
+    "tiny": (32, 2, 28, 7, 64, 2, 160),
+    "small": (64, 3, 56, 8, 128, 3, 320),
+}
+
+
+@dataclass
+class TinyVlm:
+    family: str
+    path: Path
+    model: object  # the transformers model, eval mode, float32
+    image_token_id: int
+    mean: tuple
+    std: tuple
+
+
+def _tokenizer(path: Path, vocab_size: int, specials: dict[str, int], template: str, bos: str, eos: str) -> None:
+    """A word-level tokenizer of `vocab_size` ids: words w0, w1, ... and the special tokens at their ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab, word = {}, 0
+    taken = set(specials.values())
+    for i in range(vocab_size):
+        if i not in taken:
+            vocab[f"w{word}"] = i
+            word += 1
+    vocab.update(specials)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(specials))
+    if bos == "<s>":  # LLaMA-style: the tokenizer adds <s> itself
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", specials["<s>"])])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, unk_token="<unk>")
+    fast.chat_template = template
+    fast.save_pretrained(path)
+
+
+def _widen(model, seed: int, scale: float = 0.1) -> None:
+    """Random biases, norms and positions (HF zero/one-initialises them, which would hide a graph ignoring them)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def make_llava(path: Path, size: str = "tiny", *, tower: str = "clip", text: str = "llama", seed: int = 0, **over):
+    import torch
+    import transformers as tf
+
+    vh, vl, img, patch, th, tl, vocab = SIZES[size]
+    vision = dict(hidden_size=vh, intermediate_size=2 * vh, num_hidden_layers=vl, num_attention_heads=4)
+    vision.update(image_size=img, patch_size=patch)
+    vcfg = tf.CLIPVisionConfig(**vision) if tower == "clip" else tf.SiglipVisionConfig(**vision)
+    tcls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[text]
+    textkw = dict(hidden_size=th, intermediate_size=2 * th, num_hidden_layers=tl, num_attention_heads=4)
+    textkw.update(num_key_value_heads=2, vocab_size=vocab, initializer_range=0.2)
+    if text == "mistral":
+        textkw["sliding_window"] = None
+    image_token = vocab - 1
+    cfg = tf.LlavaConfig(vision_config=vcfg, text_config=tcls(**textkw), image_token_id=image_token, **over)
+    torch.manual_seed(seed)
+    model = tf.LlavaForConditionalGeneration(cfg).eval()
+    _widen(model.model.vision_tower, seed)
+    _widen(model.model.multi_modal_projector, seed + 1, 0.05)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    specials = {"<unk>": 0, "<s>": 1, "</s>": 2, "USER:": 3, "ASSISTANT:": 4, "<image>": image_token}
+    _tokenizer(path, vocab, specials, LLAVA_TEMPLATE, "<s>", "</s>")
+    proc = tf.CLIPImageProcessor(size={"shortest_edge": img}, crop_size={"height": img, "width": img})
+    if tower == "siglip":
+        proc = tf.SiglipImageProcessor(size={"height": img, "width": img})
+    proc.save_pretrained(path)
+    return TinyVlm("llava", path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std))
+
+
+def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", seed: int = 0):
+    import torch
+    import transformers as tf
+
+    vh, vl, img, patch, th, tl, vocab = SIZES[size]
+    img = patch * 4  # a 4x4 grid, pixel-shuffled by 2 to 4 image tokens
+    vision = dict(hidden_size=vh, intermediate_size=2 * vh, num_hidden_layers=vl, num_attention_heads=4)
+    vision.update(image_size=img, patch_size=patch)
+    textkw = dict(model_type="llama", hidden_size=th, intermediate_size=2 * th, num_hidden_layers=tl)
+    textkw.update(num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, initializer_range=0.2)
+    image_token = vocab - 1
+    cls, mcls = {
+        "idefics3": (tf.Idefics3Config, tf.Idefics3ForConditionalGeneration),
+        "smolvlm": (tf.SmolVLMConfig, tf.SmolVLMForConditionalGeneration),
+    }[family]
+    cfg = cls(vision_config=vision, text_config=textkw, image_token_id=image_token, scale_factor=2)
+    torch.manual_seed(seed)
+    model = mcls(cfg).eval()
+    _widen(model.model.vision_model, seed)
+    _widen(model.model.connector, seed + 1, 0.05)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    specials = {
+        "<unk>": 0,
+        "<|im_start|>": 1,
+        "<end_of_utterance>": 2,
+        "User:": 3,
+        "Assistant:": 4,
+        "<fake_token_around_image>": 5,
+        "<global-img>": 6,
+        "<image>": image_token,
+    }
+    _tokenizer(path, vocab, specials, IDEFICS3_TEMPLATE, "<|im_start|>", "<end_of_utterance>")
+    proc = tf.Idefics3ImageProcessor(do_image_splitting=False, max_image_size={"longest_edge": img})
+    proc.save_pretrained(path)
+    return TinyVlm(family, path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std))
+
+
+def hf_pixels(vlm: TinyVlm, gray: np.ndarray):
+    """What transformers' image processor gives for a grey display frame in [0, 1] already at the tower's size:
+    the frame as RGB, normalised per channel (the resize is edgekit's preprocessing, not compared here)."""
+    import torch
+
+    rgb = np.repeat(gray[None], 3, axis=0)
+    x = (rgb - np.asarray(vlm.mean, np.float32)[:, None, None]) / np.asarray(vlm.std, np.float32)[:, None, None]
+    x = torch.tensor(x[None].astype(np.float32))
+    return x[None] if vlm.family != "llava" else x  # Idefics3 takes (batch, images, C, H, W)
+
+
+def hf_reference(vlm: TinyVlm, span_ids: list[int], gray: np.ndarray, text_ids: list[int], new_tokens: int):
+    """transformers' prefill logits (every position) and greedy `generate()` tokens for span + text."""
+    import torch
+
+    ids = torch.tensor([[*span_ids, *text_ids]])
+    pv = hf_pixels(vlm, gray)
+    with torch.no_grad():
+        logits = vlm.model(input_ids=ids, pixel_values=pv).logits[0].numpy()
+        out = vlm.model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=new_tokens, do_sample=False)
+    return logits, out[0, ids.shape[1] :].tolist()
