@@ -19,6 +19,7 @@ from pathlib import Path
 from edgekit import names
 from edgekit.bundle import sha256_file, write_bundle
 from edgekit.bundle.io import tool_versions
+from edgekit.bundle.manifest import EXTERNAL_DATA_ROLES
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.plugins import DEFAULT_MODEL, get_model_family, get_target, target_names
 from edgekit.target import BuildInputs
@@ -96,7 +97,9 @@ def build(
     if machine is not None and not plugin.takes_machine:
         raise ConfigError(f"target '{target}' takes no machine description", machine)
     model_dir = Path(model_dir) if model_dir else default_model_dir()
-    _check_source(model_dir)
+    hf = _is_hf_dir(model_dir)
+    if not hf:
+        _check_source(model_dir)
     loaded_recipe = _load_recipe(recipe) if recipe is not None else None
     if loaded_recipe is not None:
         loaded_recipe = retarget_recipe(loaded_recipe, target, getattr(plugin, "weight_encoding", None))
@@ -107,10 +110,15 @@ def build(
         work = Path(tmp)
         onnx_dir = work / "onnx"
         say("export: writing ONNX graphs from weights")
-        from edgekit.export import export_default
+        if hf:
+            hf_spec, model_files = _export_hf(model_dir, onnx_dir, work)
+            steps.append({"name": "hf_import", "params": {"opset": 21, "dtype": "float32", **hf_spec.to_dict()}})
+        else:
+            from edgekit.export import export_default
 
-        export_default(model_dir, onnx_dir)
-        steps.append({"name": "export", "params": {"opset": 21, "format": "onnx", "dtype": "float32"}})
+            export_default(model_dir, onnx_dir)
+            model_files = {role: model_dir / fname for role, fname in WEIGHT_FILES.items()}
+            steps.append({"name": "export", "params": {"opset": 21, "format": "onnx", "dtype": "float32"}})
         figures: dict = {}
         components: dict = {}
         graphs_dir = onnx_dir
@@ -120,7 +128,7 @@ def build(
             BuildInputs(
                 graphs=graphs_dir,
                 work=work,
-                model_dir=model_dir,
+                model_dir=model_files["model_config"].parent if hf else model_dir,
                 recipe=loaded_recipe.name if loaded_recipe else None,
                 recipe_passes=tuple(p.name for p in loaded_recipe.passes) if loaded_recipe else (),
                 machine=Path(machine) if machine else None,
@@ -132,22 +140,28 @@ def build(
         if parity:
             if importlib.util.find_spec("torch") is not None:  # without torch the figure says it was not measured
                 say("parity: ONNX Runtime against the PyTorch reference")
-            figures["parity"] = measure_parity_figure(graphs_dir, model_dir)
-        components = {
-            **{role: prepared.graphs / names.GRAPH_FILES[role] for role in names.GRAPH_ROLES},
-            **{role: model_dir / fname for role, fname in WEIGHT_FILES.items()},
-            **components,
-            **prepared.components,
+            if hf:
+                from edgekit.hf.parity import measure_hf_parity
+
+                figures["parity"] = measure_hf_parity(graphs_dir, model_dir, hf_spec)
+            else:
+                figures["parity"] = measure_parity_figure(graphs_dir, model_dir)
+        graph_files = {role: prepared.graphs / names.GRAPH_FILES[role] for role in names.GRAPH_ROLES}
+        external = {  # weights past protobuf's limit travel beside their graph
+            EXTERNAL_DATA_ROLES[role]: p.with_name(p.name + ".data")
+            for role, p in graph_files.items()
+            if p.with_name(p.name + ".data").is_file()
         }
+        components = {**graph_files, **external, **model_files, **components, **prepared.components}
         size = sum(Path(p).stat().st_size for p in components.values())
         figures["size"] = {"bytes": size, "source": "sum of the bundle's component files"}
         provenance = {
-            "source_weights_sha256": sha256_file(model_dir / names.WEIGHTS_FILE),
+            "source_weights_sha256": _weights_sha256(model_dir, hf),
             "source": str(model_dir.name if model_dir == default_model_dir() else model_dir),
             "passes": steps,
             "tools": tool_versions(),
         }
-        bundle_name = name or DEFAULT_MODEL_NAME
+        bundle_name = name or (model_dir.name if hf else DEFAULT_MODEL_NAME)
         if eval_data is not None:
             staged = write_bundle(
                 work / "staged", components, name=bundle_name, target=target, runtime=prepared.runtime
@@ -165,6 +179,41 @@ def build(
             archive=archive,
         )
     return BuildResult(bundle=path, figures=figures, steps=steps)
+
+
+def _is_hf_dir(model_dir: Path) -> bool:
+    from edgekit.hf import is_hf_model_dir
+
+    return model_dir.is_dir() and is_hf_model_dir(model_dir)
+
+
+def _export_hf(model_dir: Path, onnx_dir: Path, work: Path):
+    """A Hugging Face VLM directory -> the three graphs and the files the runtime serves it with, by role."""
+    from edgekit.hf import SafetensorsCheckpoint, convert_hf, read_hf_config
+    from edgekit.hf.config import VLM_TYPES, model_kind
+    from edgekit.hf.serving import write_serving_files
+    from edgekit.hf.vlm import vlm_spec
+
+    cfg = read_hf_config(model_dir)
+    kind = model_kind(cfg, model_dir)  # an unknown family: the one line listing the supported ones
+    if kind != "vlm":
+        raise ConfigError(
+            f"model_type {cfg.get('model_type')!r} is a {kind} alone; a bundle needs a vision-language model "
+            f"({', '.join(VLM_TYPES)}); `edgekit convert` writes its graphs",
+            model_dir / "config.json",
+        )
+    # tokenizer and chat template first: a model the runtime could not prompt is refused before any export
+    spec = vlm_spec(cfg, model_dir, SafetensorsCheckpoint(model_dir).entries)
+    files = write_serving_files(spec, model_dir, cfg, work / "serving")
+    return convert_hf(model_dir, onnx_dir).spec, files
+
+
+def _weights_sha256(model_dir: Path, hf: bool) -> str:
+    if not hf:
+        return sha256_file(model_dir / names.WEIGHTS_FILE)
+    from edgekit.hf.checkpoint import weights_digest
+
+    return weights_digest(model_dir)
 
 
 def _load_recipe(recipe: str | Path):

@@ -19,6 +19,9 @@ MANIFEST_NAME = "manifest.json"
 
 ROLES = (*names.GRAPH_ROLES, *names.WEIGHT_FILES)  # every bundle has the three graphs and the model's files
 REQUIRED_ROLES = ROLES
+# a graph whose weights are external (past protobuf's 2 GB: a 2B-class import) ships `<graph>.onnx.data` beside
+# it under this optional role; the runtimes find it by the graph's own reference to the file name
+EXTERNAL_DATA_ROLES = {role: f"{role}_data" for role in names.GRAPH_ROLES}
 
 
 @dataclass(frozen=True)

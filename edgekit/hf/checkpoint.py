@@ -175,6 +175,19 @@ class SafetensorsCheckpoint(Mapping[str, np.ndarray]):
         )
 
 
+def weights_digest(model_dir: str | Path) -> str:
+    """One sha256 over a checkpoint's safetensors files (single or shards, in name order): its provenance."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 class ShapeOnlyWeights(Mapping[str, np.ndarray]):
     """Zero-filled float32 stand-ins with the checkpoint's shapes, for building a graph without reading weights.
 

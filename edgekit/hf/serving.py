@@ -1,0 +1,205 @@
+"""What a bundle of an imported VLM carries beside its graphs so that the reporter and edgekitd serve it as they
+serve radreport-tiny: the model's own `tokenizer.json`, an edgekit `generation_config.json` holding its chat
+template, a `preprocessor_config.json` with its image processing, and its `config.json`.
+
+Why derive a template instead of running the model's Jinja chat template at serving time: the runtime assembles
+every prompt in one place (`edgekit.prompt`: `<bos> + template(prompt) + <sep>`), with no Jinja and no
+transformers on the device. So the chat template is rendered once here, at build time, for one user turn with an
+image, and cut into that shape; the cut is checked by tokenizing both ways, and a template that does not fit is
+refused rather than served differently. The image span itself goes in front of the text (the runtime's order;
+the processor puts it where `<image>` stands in the template).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from edgekit import names
+from edgekit.errors import ConfigError
+from edgekit.prompt import prompt_ids
+
+from .vlm import VlmSpec
+
+SENTINEL = "\x00PROMPT\x00"
+DEFAULT_PROMPT = "Describe the image."
+DEFAULT_MAX_NEW_TOKENS = 128
+# used when the model directory has no chat template (or jinja2 is not installed): the families' own layouts
+FALLBACK_TEMPLATES = {
+    "llava": "USER: <image>\n{prompt} ASSISTANT:",
+    "idefics3": "<|im_start|>User:<image>{prompt}<end_of_utterance>\nAssistant:",
+}
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError("not valid JSON", path) from None
+    if not isinstance(data, dict):
+        raise ConfigError("not a JSON object", path)
+    return data
+
+
+def chat_template(model_dir: Path) -> str | None:
+    """The model's chat template, where transformers looks for it (processor first, then tokenizer)."""
+    if (model_dir / "chat_template.jinja").is_file():
+        return (model_dir / "chat_template.jinja").read_text()
+    for name in ("chat_template.json", "processor_config.json", "tokenizer_config.json"):
+        if (model_dir / name).is_file():
+            t = _json(model_dir / name).get("chat_template")
+            if isinstance(t, list):  # named templates: the default one
+                t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
+            if isinstance(t, str):
+                return t
+    return None
+
+
+def render_turn(template: str, tokenizer_config: dict[str, Any]) -> str:
+    """One user turn (an image, then SENTINEL as the text) with the generation prompt, as transformers renders it."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg):
+        raise ConfigError(f"the chat template refused a single-image user turn: {msg}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    special = {k: tokenizer_config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    special = {k: v.get("content") if isinstance(v, dict) else v for k, v in special.items()}
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": SENTINEL}]}]
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True, **special)
+
+
+def _turn_text(spec: VlmSpec, model_dir: Path, tokenizer) -> str:
+    """The rendered user turn with the image placeholder taken out (its span is placed in front)."""
+    cfg_path = model_dir / "tokenizer_config.json"
+    tok_cfg = _json(cfg_path) if cfg_path.is_file() else {}
+    template = chat_template(model_dir)
+    text = None
+    if template is not None:
+        try:
+            text = render_turn(template, tok_cfg)
+        except ImportError:
+            text = None  # no jinja2: the family's layout below
+        except ConfigError:
+            raise
+        except Exception as exc:  # a template error is the model's file, named
+            raise ConfigError(f"the chat template does not render ({type(exc).__name__}: {exc})", model_dir) from None
+    if text is None:
+        text = FALLBACK_TEMPLATES[spec.family].replace("{prompt}", SENTINEL)
+    image = tokenizer.id_to_token(spec.image_token_id) or "<image>"
+    if SENTINEL not in text:
+        raise ConfigError("the chat template drops the user's text for an image turn", model_dir)
+    return text.replace(image, "")
+
+
+def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, Any]:
+    """edgekit's generation config for an imported VLM: `bos + template + sep` cut from the rendered chat turn."""
+    text = _turn_text(spec, model_dir, tokenizer)
+    where = model_dir / "tokenizer.json"
+    full = text.replace(SENTINEL, DEFAULT_PROMPT)
+    enc = tokenizer.encode(full, add_special_tokens=True)
+    ids, offsets = enc.ids, enc.offsets
+    if len(ids) < 3:
+        raise ConfigError("the chat turn tokenizes to fewer than 3 tokens; edgekit needs <bos> ... <sep>", where)
+    start, end = offsets[0][1], offsets[-1][0]  # the text between the first token and the last
+    lo, hi = text.index(SENTINEL), text.index(SENTINEL) + len(DEFAULT_PROMPT)
+    if not start <= lo < hi <= end:
+        raise ConfigError("the chat template puts the user's text in its first or last token", where)
+    escape = lambda t: t.replace("{", "{{").replace("}", "}}")  # noqa: E731
+    template = escape(full[start:lo]) + "{prompt}" + escape(full[hi:end])
+    gen_path = model_dir / names.WEIGHT_FILES["generation_config"]
+    hf_gen = _json(gen_path) if gen_path.is_file() else {}
+    eos = hf_gen.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    if eos is None:
+        tok_cfg = _json(model_dir / "tokenizer_config.json") if (model_dir / "tokenizer_config.json").is_file() else {}
+        eos_tok = tok_cfg.get("eos_token")
+        eos_tok = eos_tok.get("content") if isinstance(eos_tok, dict) else eos_tok
+        eos = tokenizer.token_to_id(eos_tok) if eos_tok else None
+    if eos is None:
+        raise ConfigError("no eos_token_id (generation_config.json) or eos_token (tokenizer_config.json)", model_dir)
+    config = {
+        "prompt_template": template,
+        "prompt_format": "<bos> + encode(prompt_template) + <sep>, after the image span; cut from the model's "
+        "chat template for one user turn with an image",
+        "bos_token_id": int(ids[0]),
+        "sep_token_id": int(ids[-1]),
+        "eos_token_id": int(eos),
+        "pad_token_id": int(hf_gen.get("pad_token_id") or 0),
+        "default_prompt": DEFAULT_PROMPT,
+        "max_new_tokens": int(hf_gen.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
+        "image_span": spec.span_length,
+    }
+    for prompt in (DEFAULT_PROMPT, "a b c"):  # the cut must tokenize as the whole turn does
+        whole = tokenizer.encode(text.replace(SENTINEL, prompt), add_special_tokens=True).ids
+        if prompt_ids(tokenizer, config, "", prompt) != whole:
+            raise ConfigError(
+                "the chat template cannot be served as <bos> + template + <sep>: the cut tokenizes differently", where
+            )
+    return config
+
+
+def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
+    """edgekit's preprocessing for the vision graph (one frame, resized to the tower's square, values in [0, 1]:
+    the graph normalises) and, for the record, the model's own image processor settings."""
+    path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+    hf = _json(path) if path.is_file() else {}
+    return {
+        "image_size": spec.image_size,
+        "num_frames": 1,
+        "mean": 0.0,
+        "std": 1.0,
+        "normalization": {
+            "in": names.VISION_ENCODER,
+            "image_mean": list(spec.image_mean),
+            "image_std": list(spec.image_std),
+            "channels": spec.tower.channels,
+        },
+        "resample": "box (edgekit.preprocess: Pillow BOX in mode F to image_size x image_size, no crop)",
+        "hf_image_processor": hf,
+    }
+
+
+def model_config(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The model's config.json, plus `max_positions` (the decoder's positions left after the image span: the
+    reporter's context budget reads it) and the language model's `vocab_size` at the top level."""
+    text = cfg.get("text_config") or {}
+    positions = text.get("max_position_embeddings")
+    out = dict(cfg)
+    if positions:
+        out["max_positions"] = int(positions) - spec.span_length
+    out.setdefault("vocab_size", spec.decoder.vocab_size)  # top level, where edgekit's readers look
+    out["edgekit_vlm"] = spec.to_dict()
+    return out
+
+
+def write_serving_files(spec: VlmSpec, model_dir: Path, cfg: dict[str, Any], out: Path) -> dict[str, Path]:
+    """The bundle's model files by role (edgekit.names.WEIGHT_FILES), written into `out`: a model directory as a
+    target's build side reads one (`BuildInputs.model_dir`)."""
+    from tokenizers import Tokenizer
+
+    tok_path = model_dir / names.WEIGHT_FILES["tokenizer"]
+    if not tok_path.is_file():
+        raise ConfigError(
+            "tokenizer.json is missing: edgekit's runtime reads the tokenizers library's tokenizer.json", model_dir
+        )
+    try:
+        tokenizer = Tokenizer.from_file(str(tok_path))
+    except Exception as exc:  # tokenizers raises its own exception type for a foreign file
+        raise ConfigError(f"not a tokenizers tokenizer.json ({type(exc).__name__})", tok_path) from None
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "generation_config": generation_config(spec, model_dir, tokenizer),
+        "preprocessor_config": preprocessor_config(spec, model_dir),
+        "model_config": model_config(spec, cfg),
+    }
+    paths = {"tokenizer": Path(shutil.copy2(tok_path, out / tok_path.name))}
+    for role, data in files.items():
+        p = out / names.WEIGHT_FILES[role]
+        p.write_text(json.dumps(data, indent=2) + "\n")
+        paths[role] = p
+    return paths
