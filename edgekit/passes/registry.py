@@ -22,6 +22,7 @@ _PASSES: dict[str, str | type[GraphPass]] = {
     "prune": "edgekit.passes.sparsity:PrunePass",
     "sparse24": "edgekit.passes.sparsity:Sparse24Pass",
     "heads": "edgekit.passes.heads:HeadPrunePass",
+    "copruning": "edgekit.passes.copruning:CoPrunePass",
 }
 
 
