@@ -15,6 +15,8 @@ from typing import Any
 from edgekit.compat import tomllib
 from edgekit.errors import ConfigError
 
+from .dicom_config import SECTIONS as DICOM_SECTIONS
+from .dicom_config import DicomSettings, read_sections
 from .policy import Constraints, PolicySettings
 
 DEFAULT_CONFIG_PATH = Path("/etc/edgekit/edgekitd.toml")
@@ -63,6 +65,8 @@ class DaemonConfig:
     policy_profile: Path | None = None  # the `edgekit pareto` profile of the configured variants (pareto.json)
     policy_tick_s: float = 1.0
     signals_root: Path = Path("/")  # where /sys, /etc are read from (a fixture tree in tests)
+    # [dicom], [dimse], [delivery], [[destinations]]: DICOM networking (dicom_config.py)
+    dicom: DicomSettings = DicomSettings()
     source: Path | None = None  # the file this was read from (None: defaults only)
 
     def variant(self, name: str) -> Variant | None:
@@ -141,7 +145,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"not valid TOML ({exc})", path) from None
     out: dict[str, Any] = {}
+    dicom = read_sections(data, path, _resolve)
+    if dicom is not None:
+        out["dicom"] = dicom
     for section, table in data.items():
+        if section in DICOM_SECTIONS:
+            continue
         if section == "variants":
             out["variants"] = _variants(table, path)
             continue

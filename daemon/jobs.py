@@ -8,6 +8,7 @@ readable for the retention period, then are deleted with their files.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import threading
@@ -19,6 +20,9 @@ from typing import Any
 
 QUEUED, RUNNING, SUCCEEDED, FAILED = "queued", "running", "succeeded", "failed"
 TERMINAL = (SUCCEEDED, FAILED)
+# A delivery (a finished report on its way to one destination): pending until it is sent, a dead letter after the
+# configured number of failed attempts, skipped when its job failed (there is no report to send).
+PENDING, DELIVERED, DEAD, SKIPPED = "pending", "delivered", "dead", "skipped"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -38,6 +42,17 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, created);
+CREATE TABLE IF NOT EXISTS deliveries (
+    job_id TEXT NOT NULL,
+    destination TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt REAL NOT NULL,
+    last_error TEXT,
+    delivered REAL,
+    PRIMARY KEY (job_id, destination)
+);
+CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries(state, next_attempt);
 """
 
 
@@ -103,6 +118,21 @@ class JobStore:
         path = self._evidence_path(job_id)
         return json.loads(path.read_text()) if path.is_file() else []
 
+    def save_sr(self, job_id: str, data: bytes) -> None:
+        """The SR sent to destinations, kept so that every retry (and `GET .../sr`) gives the same instance."""
+        path = self.job_dir(job_id) / "report-sr.dcm"
+        tmp = path.with_suffix(".part")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.chmod(0o600)
+        os.replace(tmp, path)
+
+    def stored_sr(self, job_id: str) -> bytes | None:
+        path = self.job_dir(job_id) / "report-sr.dcm"
+        return path.read_bytes() if path.is_file() else None
+
     def _evidence_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "evidence.json"
 
@@ -110,11 +140,12 @@ class JobStore:
     def new_id() -> str:
         return uuid.uuid4().hex
 
-    def insert(self, job: Job) -> Job:
-        """Add a queued job; if its idempotency key exists, return the existing job instead (the caller compares
-        fingerprints)."""
+    def insert(self, job: Job, deliveries: tuple[str, ...] = ()) -> Job:
+        """Add a queued job, with its pending `deliveries` (destination names) in the same commit; if its
+        idempotency key exists, return the existing job instead (the caller compares fingerprints)."""
         with self._lock:
             try:
+                self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
                     "INSERT INTO jobs (id, idempotency_key, fingerprint, state, variant, prompt, options, input, "
                     "created, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
@@ -130,13 +161,23 @@ class JobStore:
                         job.created,
                     ),
                 )
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO deliveries (job_id, destination, state, next_attempt) VALUES (?, ?, ?, ?)",
+                    [(job.id, d, PENDING, job.created) for d in deliveries],
+                )
+                self._db.execute("COMMIT")
                 return job
             except sqlite3.IntegrityError:
+                self._db.execute("ROLLBACK")
                 row = self._db.execute(
                     "SELECT * FROM jobs WHERE idempotency_key = ?", (job.idempotency_key,)
                 ).fetchone()
                 if row is None:  # a duplicate id, not a duplicate key: a bug, keep the error
                     raise
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
         return _job(row)
 
     def get(self, job_id: str) -> Job | None:
@@ -172,6 +213,20 @@ class JobStore:
             rows = self._db.execute("SELECT * FROM jobs WHERE state = ? ORDER BY created", (QUEUED,)).fetchall()
         return [_job(r) for r in rows]
 
+    def list(self, *, state: str | None = None, delivery: str | None = None, limit: int = 100) -> list[Job]:
+        """Newest first; `state` filters on the job's state, `delivery` on any of its deliveries' (e.g. "dead")."""
+        where, args = [], []
+        if state is not None:
+            where.append("state = ?")
+            args.append(state)
+        if delivery is not None:
+            where.append("id IN (SELECT job_id FROM deliveries WHERE state = ?)")
+            args.append(delivery)
+        sql = "SELECT * FROM jobs" + (f" WHERE {' AND '.join(where)}" if where else "")
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
+        return [_job(r) for r in rows]
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
@@ -184,10 +239,13 @@ class JobStore:
             ids = [
                 r[0]
                 for r in self._db.execute(
-                    "SELECT id FROM jobs WHERE state IN (?, ?) AND finished < ?", (*TERMINAL, cutoff)
+                    "SELECT id FROM jobs WHERE state IN (?, ?) AND finished < ? AND id NOT IN "
+                    "(SELECT job_id FROM deliveries WHERE state = ?)",
+                    (*TERMINAL, cutoff, PENDING),
                 ).fetchall()
             ]
             self._db.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in ids])
+            self._db.executemany("DELETE FROM deliveries WHERE job_id = ?", [(i,) for i in ids])
         for job_id in ids:
             shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
         return len(ids)
@@ -195,6 +253,105 @@ class JobStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+@dataclass
+class Delivery:
+    job_id: str
+    destination: str
+    state: str
+    attempts: int
+    next_attempt: float
+    last_error: str | None
+    delivered: float | None
+
+    def public(self) -> dict[str, Any]:
+        out = {"destination": self.destination, "state": self.state, "attempts": self.attempts}
+        if self.state == PENDING:
+            out["next_attempt"] = self.next_attempt
+        if self.last_error:
+            out["last_error"] = self.last_error
+        if self.delivered is not None:
+            out["delivered"] = self.delivered
+        return out
+
+
+class DeliveryStore:
+    """Outbound deliveries, in the jobs database: written in the same commit that accepts a network study's job,
+    so a restart at any point between receive and delivery finds each one still pending."""
+
+    def __init__(self, jobs: JobStore):
+        self._db, self._lock = jobs._db, jobs._lock
+
+    def add(self, job_id: str, destinations: list[str], now: float | None = None) -> None:
+        t = time.time() if now is None else now
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR IGNORE INTO deliveries (job_id, destination, state, next_attempt) VALUES (?, ?, ?, ?)",
+                [(job_id, d, PENDING, t) for d in destinations],
+            )
+
+    def for_job(self, job_id: str) -> list[Delivery]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM deliveries WHERE job_id = ? ORDER BY destination", (job_id,)
+            ).fetchall()
+        return [Delivery(**dict(r)) for r in rows]
+
+    def due(self, now: float | None = None, limit: int = 32) -> list[tuple[Delivery, str]]:
+        """Pending deliveries whose time has come and whose job has finished, with the job's state."""
+        t = time.time() if now is None else now
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT d.*, j.state AS job_state FROM deliveries d JOIN jobs j ON j.id = d.job_id "
+                "WHERE d.state = ? AND d.next_attempt <= ? AND j.state IN (?, ?) ORDER BY d.next_attempt LIMIT ?",
+                (PENDING, t, *TERMINAL, limit),
+            ).fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            state = d.pop("job_state")
+            out.append((Delivery(**d), state))
+        return out
+
+    def next_due(self) -> float | None:
+        with self._lock:
+            row = self._db.execute("SELECT MIN(next_attempt) FROM deliveries WHERE state = ?", (PENDING,)).fetchone()
+        return row[0] if row else None
+
+    def delivered(self, d: Delivery) -> None:
+        self._set(d, DELIVERED, d.attempts + 1, d.next_attempt, None, time.time())
+
+    def failed(self, d: Delivery, error: str, next_attempt: float | None) -> str:
+        """One failed attempt: pending again at `next_attempt`, or a dead letter when that is None."""
+        state = PENDING if next_attempt is not None else DEAD
+        self._set(d, state, d.attempts + 1, next_attempt or d.next_attempt, error[:500], None)
+        return state
+
+    def skip(self, d: Delivery, reason: str) -> None:
+        self._set(d, SKIPPED, d.attempts, d.next_attempt, reason[:500], None)
+
+    def retry_dead(self, job_id: str) -> int:
+        """Dead letters of a job pending again (an operator fixed the destination)."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE deliveries SET state = ?, attempts = 0, next_attempt = ? WHERE job_id = ? AND state = ?",
+                (PENDING, time.time(), job_id, DEAD),
+            )
+        return cur.rowcount
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM deliveries GROUP BY state").fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    def _set(self, d: Delivery, state: str, attempts: int, next_attempt: float, error, delivered) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE deliveries SET state = ?, attempts = ?, next_attempt = ?, last_error = ?, delivered = ? "
+                "WHERE job_id = ? AND destination = ?",
+                (state, attempts, next_attempt, error, delivered, d.job_id, d.destination),
+            )
 
 
 def _job(row: sqlite3.Row) -> Job:

@@ -57,6 +57,35 @@ class Metrics:
             registry=r,
         )
 
+        # DICOM networking: instances in (STOW-RS, C-STORE), studies completed, deliveries out
+        self.dicom_instances = Counter(
+            "edgekitd_dicom_instances",
+            "Received DICOM instances by route (stow, dimse) and outcome (stored, or the failure reason in hex)",
+            ["via", "outcome"],
+            registry=r,
+        )
+        self.dicom_studies = Counter(
+            "edgekitd_dicom_studies", "Received studies handed over as jobs, by outcome", ["outcome"], registry=r
+        )
+        self.dicom_associations = Counter(
+            "edgekitd_dicom_associations", "DIMSE associations by outcome (accepted, rejected)", ["outcome"], registry=r
+        )
+        self.deliveries = Counter(
+            "edgekitd_deliveries",
+            "Delivery attempts by destination and outcome (delivered, retry, dead, skipped)",
+            ["destination", "outcome"],
+            registry=r,
+        )
+        self.deliveries_now = Gauge(
+            "edgekitd_deliveries_state", "Deliveries in the store by state (dead = dead letters)", ["state"], registry=r
+        )
+        self.delivery_latency = Histogram(
+            "edgekitd_delivery_latency_seconds",
+            "Time from a report finished to its delivery",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
     def set_loaded(self, loaded: set[str], known: set[str]) -> None:
         for name in known:
             self.variant_loaded.labels(name).set(1 if name in loaded else 0)

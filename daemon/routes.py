@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
-from fastapi import Body, Depends, Header, Query
+from fastapi import Body, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from edgekit.errors import EdgekitError
 
+from .dicomweb import DICOM_JSON
 from .events import job_events, report_events
 from .forms import ReportForm, report_form
-from .jobs import TERMINAL
+from .jobs import DEAD, DELIVERED, FAILED, PENDING, QUEUED, RUNNING, SKIPPED, SUCCEEDED, TERMINAL
 from .responses import DICOM_MEDIA_TYPE, STREAM_MEDIA, Format, StreamFormat, error_json, job_links, render
 from .service import Daemon
 
@@ -53,6 +54,14 @@ class Route(NamedTuple):
 
 
 Upload = Annotated[ReportForm, Depends(report_form)]
+JobState = Literal[QUEUED, RUNNING, SUCCEEDED, FAILED]
+DeliveryState = Literal[PENDING, DELIVERED, DEAD, SKIPPED]
+StowBody = {
+    "requestBody": {
+        "required": True,
+        "content": {'multipart/related; type="application/dicom"': {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 OutputFormat = Annotated[Format, Query(alias="format")]
 
 
@@ -75,7 +84,19 @@ class Routes:
                 self.post_job,
                 {"tags": ["jobs"], "status_code": 202, "summary": "Queue a report (asynchronous, durable)"},
             ),
+            Route(
+                "GET",
+                "/v1/jobs",
+                self.list_jobs,
+                {"tags": ["jobs"], "summary": "Jobs, newest first; delivery=dead lists the dead letters"},
+            ),
             Route("GET", "/v1/jobs/{job_id}", self.get_job, {"tags": ["jobs"]}),
+            Route(
+                "POST",
+                "/v1/jobs/{job_id}/deliveries/retry",
+                self.retry_deliveries,
+                {"tags": ["jobs"], "summary": "Send a job's dead letters again (after fixing the destination)"},
+            ),
             Route(
                 "GET",
                 "/v1/jobs/{job_id}/sr",
@@ -109,6 +130,26 @@ class Routes:
                 "/v1/policy",
                 self.put_policy,
                 {"tags": ["policy"], "summary": "Change the policy's mode or constraints (decided on at once)"},
+            ),
+            Route(
+                "POST",
+                "/dicomweb/studies",
+                self.stow,
+                {
+                    "tags": ["dicomweb"],
+                    "summary": "STOW-RS: store instances; a report is written when each study is complete",
+                    "openapi_extra": StowBody,
+                },
+            ),
+            Route(
+                "POST",
+                "/dicomweb/studies/{study_uid}",
+                self.stow_study,
+                {
+                    "tags": ["dicomweb"],
+                    "summary": "STOW-RS: store instances of one study (others are refused)",
+                    "openapi_extra": StowBody,
+                },
             ),
             Route("GET", "/v2/health/live", self.live, {"tags": ["health"]}),
             Route("GET", "/v2/health/ready", self.ready, {"tags": ["health"]}),
@@ -150,10 +191,21 @@ class Routes:
             return JSONResponse(body, status_code=200)
         return JSONResponse(body, status_code=202, headers={"Location": f"/v1/jobs/{submitted.job.id}"})
 
+    async def list_jobs(
+        self,
+        state: Annotated[JobState | None, Query()] = None,
+        delivery: Annotated[DeliveryState | None, Query(description="jobs with a delivery in this state")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> dict[str, Any]:
+        return {"jobs": [job_links(j) for j in self.daemon.list_jobs(state, delivery, limit)]}
+
+    async def retry_deliveries(self, job_id: str) -> dict[str, Any]:
+        return job_links(self.daemon.retry_deliveries(job_id))
+
     async def get_job(self, job_id: str, fmt: OutputFormat = "json") -> Response | dict[str, Any]:
         job = self.daemon.find_job(job_id)
         if fmt == "json":
-            return job_links(job.public())
+            return job_links(self.daemon.job_public(job))
         if job.state not in TERMINAL:
             raise JobNotFinishedError(f"the job is {job.state}")
         if job.error is not None:
@@ -162,6 +214,9 @@ class Routes:
                 status_code=job.error.get("status", 400),
             )
         assert job.result is not None  # a succeeded job has its report
+        delivered = self.daemon.store.stored_sr(job.id) if fmt == "sr" else None
+        if delivered is not None:  # the SR the destinations got
+            return Response(delivered, media_type=DICOM_MEDIA_TYPE)
         return render(job.result, fmt, self.daemon.store.evidence(job.id))
 
     async def get_job_sr(self, job_id: str) -> Response | dict[str, Any]:
@@ -176,6 +231,29 @@ class Routes:
         return StreamingResponse(
             job_events(job_id, self.daemon.store, self.daemon.streams, fmt), media_type=STREAM_MEDIA[fmt]
         )
+
+    # --- DICOMweb -----------------------------------------------------------------------------------------------
+    async def stow(
+        self,
+        request: Request,
+        complete: Annotated[bool, Query(description="report each study now, without its quiet period")] = False,
+    ) -> Response:
+        return await self._stow(request, None, complete)
+
+    async def stow_study(
+        self,
+        request: Request,
+        study_uid: str,
+        complete: Annotated[bool, Query(description="report the study now, without its quiet period")] = False,
+    ) -> Response:
+        return await self._stow(request, study_uid, complete)
+
+    async def _stow(self, request: Request, study_uid: str | None, complete: bool) -> Response:
+        body = await request.body()
+        result = await asyncio.to_thread(
+            self.daemon.store_instances, body, request.headers.get("content-type"), study_uid, complete
+        )
+        return JSONResponse(result.body, status_code=result.status, media_type=DICOM_JSON)
 
     # --- variants -----------------------------------------------------------------------------------------------
     async def get_variants(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -25,9 +26,12 @@ from typing import Any
 from edgekit.errors import EdgekitError
 
 from .config import DaemonConfig, load_config
+from .delivery import DeliveryWorker
+from .dicomweb import StoreResult, StowService
+from .dimse import StorageScp
 from .forms import ReportForm
 from .intake import Ingestor, Intake
-from .jobs import Job, JobStore
+from .jobs import DeliveryStore, Job, JobStore
 from .metrics import Metrics
 from .notify import Notifier
 from .options import RequestOptions, generation_options
@@ -36,6 +40,7 @@ from .queue import WorkQueue
 from .runner import ReportRunner
 from .signals import SignalReader
 from .streams import StreamHub, TokenStream
+from .studies import StudyInbox
 from .variants import Loaded, VariantRegistry
 from .work import Work
 
@@ -104,6 +109,18 @@ class Daemon:
         self._heartbeat = time.monotonic()
         self._reload_lock = threading.Lock()
         self._stopped = threading.Event()
+        # DICOM networking: received instances wait in the inbox until their study is complete, then become jobs;
+        # finished jobs' reports go out through the delivery worker.
+        self.deliveries = DeliveryStore(self.store)
+        inbox_dir = Path(cfg.state_dir) / "inbox"
+        self.inbox = StudyInbox(inbox_dir, lambda: self.cfg.dicom.quiet_period_s, self.receive_study)
+        self.stow = StowService(self.inbox, self.metrics)
+        self.delivery = DeliveryWorker(self.store, self.deliveries, lambda: self.cfg.dicom, self.metrics)
+        self.delivery.calling_ae = cfg.dicom.ae_title
+        self.scp: StorageScp | None = None
+        if cfg.dicom.scp:  # bound here, so a port in use is a config error before anything loads
+            self.scp = StorageScp(cfg.dicom, self.inbox, self.metrics)
+            self.scp.start()
 
     # --- status -------------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -134,6 +151,7 @@ class Daemon:
             "running": q.running,
             "max_queue": q.max_queue,
             "recovered_jobs": self.recovered,
+            "pending_studies": self.inbox.pending(),
         }
 
     # --- life -----------------------------------------------------------------------------------------------------
@@ -163,7 +181,11 @@ class Daemon:
             self.notifier.send(f"STATUS=start failed: {type(exc).__name__}", "ERRNO=1")
             raise
         self.ready = True
-        self.notifier.ready(self.summary(f"recovered {self.recovered} job(s), purged {purged}"))
+        studies = self.inbox.start()
+        self.delivery.start()
+        self.notifier.ready(
+            self.summary(f"recovered {self.recovered} job(s) and {studies} received stud(ies), purged {purged}")
+        )
         self.notifier.start_watchdog(self.loop_alive)
         threading.Thread(target=self._keep_alive, args=(registry,), name="edgekitd-keep-alive", daemon=True).start()
         if self.policy is not None:
@@ -206,6 +228,10 @@ class Daemon:
         """The end of the lifespan: drain running reports (queued jobs stay queued), close what the daemon opened."""
         self.stop_accepting()
         self._stopped.set()
+        if self.scp is not None:
+            self.scp.stop()
+        self.inbox.stop()
+        self.delivery.stop()
         if self.queue is not None:
             drained = self.queue.drain(self.cfg.drain_timeout_s)
             counts = self.store.counts()
@@ -367,8 +393,115 @@ class Daemon:
             stream=self.streams.open(job.id),
         )
 
+    # --- DICOM networking -----------------------------------------------------------------------------------------
+    def store_instances(
+        self, body: bytes, content_type: str | None, study_uid: str | None, complete: bool
+    ) -> StoreResult:
+        """STOW-RS: blocking (parsing, fsync); instances are kept even while the model loads."""
+        return self.stow.store(body, content_type, study_uid, complete)
+
+    def receive_study(self, folder: Path) -> None:
+        """The inbox's hand-over (blocking, in its thread): a complete received study becomes a durable job, with
+        one pending delivery per configured destination in the same commit.
+
+        The report is written on the study's largest series (ingest reports on one stack of images); the SR lists
+        every received instance as evidence. A study ingest refuses still becomes a job, failed with the reason,
+        so it is visible in `GET /v1/jobs` and not dropped silently."""
+        from .sr import collect_evidence
+
+        registry, queue = self._serving()
+        series = sorted(
+            (d for d in folder.iterdir() if d.is_dir()), key=lambda d: (-sum(1 for _ in d.glob("*.dcm")), d.name)
+        )
+        names = sorted(f"{d.name}/{f.name}" for d in series for f in d.glob("*.dcm"))
+        if not names:
+            return
+        key = "dicom-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:40]
+        dicom = self.cfg.dicom
+        job_id = self.store.new_id()
+        job_dir = self.store.job_dir(job_id)
+        src = job_dir / "input"
+        src.mkdir(parents=True, mode=0o700)
+        for f in series[0].glob("*.dcm"):
+            _link_or_copy(f, src / f.name)
+        _fsync_tree(src)
+        variant = registry.active
+        options = RequestOptions()
+        job = Job(
+            id=job_id,
+            idempotency_key=key,
+            fingerprint=key,
+            state="queued",
+            variant=None,
+            prompt=dicom.prompt,
+            options=options.as_dict(),
+            input=str(src),
+            created=time.time(),
+        )
+        study = error = None
+        try:
+            study = self.ingestor.load(src)
+        except EdgekitError as err:
+            error = err
+        self.store.save_evidence(job_id, collect_evidence(folder))
+        stored = self.store.insert(job, tuple(d.name for d in dicom.destinations))
+        if stored.id != job_id:  # handed over before a crash: that job stands
+            shutil.rmtree(job_dir, ignore_errors=True)
+            return
+        if error is not None:
+            self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
+            self.metrics.dicom_studies.labels(error.code).inc()
+            log.info("received study job %s failed at ingest: %s", job_id, error.code)
+            self.delivery.wake()
+            return
+        work = self._work_for(job, variant)
+        work.study = study
+        if self.policy is not None:
+            work.options = self.policy.cap(work.options, variant)
+        work.future.add_done_callback(lambda _f: self.delivery.wake())
+        queue.submit(work, force=True)
+        self.metrics.dicom_studies.labels("queued").inc()
+        log.info("received study job %s accepted study=%s", job_id, study.uid_hash)
+
+    def job_public(self, job: Job) -> dict[str, Any]:
+        """A job as the API shows it, with its deliveries (if it has any)."""
+        out = job.public()
+        deliveries = self.deliveries.for_job(job.id)
+        if deliveries:
+            out["deliveries"] = [d.public() for d in deliveries]
+        return out
+
+    def list_jobs(self, state: str | None, delivery: str | None, limit: int) -> list[dict[str, Any]]:
+        return [self.job_public(j) for j in self.store.list(state=state, delivery=delivery, limit=limit)]
+
+    def retry_deliveries(self, job_id: str) -> dict[str, Any]:
+        job = self.find_job(job_id)
+        self.deliveries.retry_dead(job.id)
+        self.delivery.refresh_gauges()
+        self.delivery.wake()
+        return self.job_public(job)
+
     def find_job(self, job_id: str) -> Job:
         job = self.store.get(job_id) if JOB_ID.match(job_id) else None
         if job is None:
             raise JobNotFoundError("no such job (it may have passed its retention)")
         return job
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    """A hard link where the state dir allows (same file system: instant), else a copy."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for f in folder.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

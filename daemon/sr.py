@@ -4,8 +4,9 @@ Title LN 18748-4 "Diagnostic Imaging Report"; sections LN 59776-5 Findings (DCM 
 LN 19005-8 Impressions (DCM 121073 Impression); the generating algorithm per TID 4019 (name, version, parameters)
 with a device observer context (TID 1002); a DCM 121106 Comment, "Processing notes", lists the report's warnings
 (skipped slices, clamped values, decoder fallbacks, capped options) when it has any. The SR joins the source study
-(its Study Instance UID and patient module come from the evidence headers) and lists every source instance as
-evidence.
+(its Study Instance UID and patient module come from the evidence headers), lists every source instance as
+evidence (Current Requested Procedure Evidence: study, series, SOP instance UIDs) and names the request it answers
+(Referenced Request: the study's accession number and requested procedure, from the source's Request Attributes).
 
 Evidence is kept as a few header attributes per source instance (no pixels), because the SR must copy the patient
 and study identity; it lives only in the private state directory and is never logged.
@@ -14,6 +15,7 @@ and study identity; it lives only in the private state directory and is never lo
 from __future__ import annotations
 
 import io
+import logging
 import re
 import zipfile
 from pathlib import Path
@@ -41,6 +43,8 @@ EVIDENCE_KEYWORDS = (
     "SOPClassUID",
     "SOPInstanceUID",
     "SpecificCharacterSet",
+    "StudyDescription",
+    "RequestAttributesSequence",
 )
 MAX_EVIDENCE = 10000
 MAX_NOTE_CHARS = 8192
@@ -135,6 +139,8 @@ def build_sr(
     )
     from pydicom.sr.codedict import codes
 
+    # highdicom logs each evidence instance's SOP Instance UID at INFO while copying the patient and study modules
+    logging.getLogger("highdicom").setLevel(logging.WARNING)
     if not evidence:
         raise SrUnavailableError("a DICOM SR needs a DICOM source study; this report was made from a video")
     sources = [Dataset.from_json(d) for d in evidence]
@@ -168,6 +174,7 @@ def build_sr(
     root.ContentSequence = [*device, *algorithm, findings, impressions, *_notes(report.get("warnings") or [])]
     return hd.sr.EnhancedSR(
         evidence=sources,
+        requested_procedures=[_referenced_request(sources)],
         content=root,
         series_instance_uid=hd.UID(),
         series_number=series_number,
@@ -178,6 +185,28 @@ def build_sr(
         is_final=False,
         is_verified=False,  # machine-written drafts: a clinician verifies them
     )
+
+
+def _referenced_request(sources: list[Dataset]) -> Dataset:
+    """The Referenced Request Sequence item (PS3.3 C.17.2): the study and the order it was made for, as the source
+    states them (type 2 attributes stay empty when the source has none)."""
+    first = sources[0]
+    request = next(
+        (item for ds in sources for item in (ds.get("RequestAttributesSequence") or []) if item is not None), None
+    )
+    item = Dataset()
+    item.StudyInstanceUID = first.StudyInstanceUID
+    item.ReferencedStudySequence = []
+    item.AccessionNumber = first.get("AccessionNumber", "")
+    item.PlacerOrderNumberImagingServiceRequest = ""
+    item.FillerOrderNumberImagingServiceRequest = ""
+    item.RequestedProcedureID = (request.get("RequestedProcedureID", "") if request is not None else "") or ""
+    description = request.get("RequestedProcedureDescription", "") if request is not None else ""
+    item.RequestedProcedureDescription = description or first.get("StudyDescription", "")
+    item.RequestedProcedureCodeSequence = (
+        list(request.get("RequestedProcedureCodeSequence") or []) if request is not None else []
+    )
+    return item
 
 
 def _notes(warnings: list[str]) -> list[Any]:
