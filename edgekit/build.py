@@ -98,7 +98,9 @@ def build(
         raise ConfigError(f"target '{target}' takes no machine description", machine)
     model_dir = Path(model_dir) if model_dir else default_model_dir()
     hf = _is_hf_dir(model_dir)
-    if not hf:
+    if hf:
+        _check_hf_source(model_dir)
+    else:
         _check_source(model_dir)
     loaded_recipe = _load_recipe(recipe) if recipe is not None else None
     if loaded_recipe is not None:
@@ -187,12 +189,10 @@ def _is_hf_dir(model_dir: Path) -> bool:
     return model_dir.is_dir() and is_hf_model_dir(model_dir)
 
 
-def _export_hf(model_dir: Path, onnx_dir: Path, work: Path):
-    """A Hugging Face VLM directory -> the three graphs and the files the runtime serves it with, by role."""
-    from edgekit.hf import SafetensorsCheckpoint, convert_hf, read_hf_config
+def _check_hf_source(model_dir: Path) -> None:
+    """A Hugging Face directory must hold a VLM of a family edgekit builds: refused up front otherwise."""
+    from edgekit.hf import read_hf_config
     from edgekit.hf.config import VLM_TYPES, model_kind
-    from edgekit.hf.serving import write_serving_files
-    from edgekit.hf.vlm import vlm_spec
 
     cfg = read_hf_config(model_dir)
     kind = model_kind(cfg, model_dir)  # an unknown family: the one line listing the supported ones
@@ -202,6 +202,15 @@ def _export_hf(model_dir: Path, onnx_dir: Path, work: Path):
             f"({', '.join(VLM_TYPES)}); `edgekit convert` writes its graphs",
             model_dir / "config.json",
         )
+
+
+def _export_hf(model_dir: Path, onnx_dir: Path, work: Path):
+    """A Hugging Face VLM directory -> the three graphs and the files the runtime serves it with, by role."""
+    from edgekit.hf import SafetensorsCheckpoint, convert_hf, read_hf_config
+    from edgekit.hf.serving import write_serving_files
+    from edgekit.hf.vlm import vlm_spec
+
+    cfg = read_hf_config(model_dir)
     # tokenizer and chat template first: a model the runtime could not prompt is refused before any export
     spec = vlm_spec(cfg, model_dir, SafetensorsCheckpoint(model_dir).entries)
     files = write_serving_files(spec, model_dir, cfg, work / "serving")

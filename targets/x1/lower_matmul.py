@@ -8,10 +8,13 @@ them at load.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
+
+from edgekit import names
 
 from .graph_view import attrs
 
@@ -63,10 +66,16 @@ def try_gemm(low: Lowering, n: ir.Node) -> bool:
             anchor, out = adds[0], adds[0].outputs[0]
             consumed.append(adds[0])
     role = next((r for r in ("q_proj", "o_proj") if f"/{r}/" in n.name), None)
-    if role and "/self_attn/" in n.name and "/model/layers." in n.name:
+    if role and low.graph_name in DECODER_NAMES and DECODER_ATTENTION.search(n.name):
         attr["head_role"] = role
     low.emit(anchor, consumed, [(mnem, {**attr, "in": [n.inputs[0].name], "out": [out.name]})], "gemm")
     return True
+
+
+DECODER_NAMES = (names.DECODER_ROLE, names.DECODER)
+# a decoder layer's attention, whatever the module prefix (model.layers, language_model.model.layers in LLaVA,
+# model.text_model.layers in Idefics3): the projections DSS masks by head
+DECODER_ATTENTION = re.compile(r"/layers\.\d+/self_attn/")
 
 
 def try_conv(low: Lowering, n: ir.Node) -> bool:

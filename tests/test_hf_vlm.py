@@ -1,0 +1,218 @@
+"""Whole Hugging Face VLMs (llava with CLIP/SigLIP towers and LLaMA/Qwen2/Mistral language models; idefics3 and
+smolvlm in the processor's no-split mode): random-init models built from tiny configs with transformers (nothing
+downloaded), converted by edgekit, and compared with transformers' forward and `generate()` for the same image
+and tokens; then built into bundles and served by the reporter unchanged; then the refusals.
+
+The 100-case parity at two sizes per family is bench/hf_vlm_parity.py; here two cases per configuration."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("jinja2")
+
+from hf_vlm_factory import hf_reference, make_idefics3, make_llava  # noqa: E402
+
+from edgekit.cli import app as app_module  # noqa: E402
+from edgekit.errors import ConfigError, EdgekitError  # noqa: E402
+from edgekit.generate import GenerationOptions, generate  # noqa: E402
+from edgekit.hf import convert_hf  # noqa: E402
+from edgekit.ingest import Study  # noqa: E402
+from edgekit.ort import CpuBackend  # noqa: E402
+from edgekit.reporter import Reporter  # noqa: E402
+
+TOL = 1e-4  # relative to the largest logit
+
+
+def _parity(vlm, onnx_dir, spec, cases=2, new_tokens=6):
+    backend = CpuBackend.from_dir(onnx_dir, intra_op_threads=1)
+    rng = np.random.default_rng(1)
+    for _ in range(cases):
+        gray = rng.uniform(0, 1, (spec.image_size, spec.image_size)).astype(np.float32)
+        text = [int(t) for t in rng.integers(8, spec.decoder.vocab_size - 1, 6)]
+        ref_logits, ref_tokens = hf_reference(vlm, spec.span_ids, gray, text, new_tokens)
+        pixels = gray[None, None, None]
+        image = backend.encode_images(pixels)
+        assert image.shape == (1, spec.span_length, spec.decoder.hidden)
+        x = np.concatenate([image, backend.embed(np.asarray([text]))], axis=1)
+        n = x.shape[1]
+        logits, _ = backend.decode(x, np.ones((1, n), np.int64), np.arange(n)[None], None)
+        scale = np.abs(ref_logits).max()
+        assert scale > 0.5  # not two near-zero tensors
+        assert np.abs(logits[0] - ref_logits).max() / scale <= TOL
+        got = generate(backend, pixels, np.asarray([text]), GenerationOptions(max_new_tokens=new_tokens)).token_ids
+        assert got == ref_tokens
+
+
+@pytest.mark.parametrize(
+    "tower,text,over,tokens",
+    [
+        ("clip", "llama", {}, 16),  # feature layer -2, CLS dropped ('default')
+        ("siglip", "qwen2", {"vision_feature_select_strategy": "full"}, 16),  # q/k/v biases, no CLS
+        ("clip", "mistral", {"vision_feature_layer": [-3, -1], "vision_feature_select_strategy": "full"}, 17),
+    ],
+    ids=["clip-llama", "siglip-qwen2-full", "clip-mistral-multilayer"],
+)
+def test_llava_parity(tmp_path, tower, text, over, tokens):
+    vlm = make_llava(tmp_path / "hf", tower=tower, text=text, **over)
+    result = convert_hf(tmp_path / "hf", tmp_path / "onnx")
+    assert result.kind == "vlm" and result.spec.num_image_tokens == tokens
+    assert result.spec.text_model_type == text
+    _parity(vlm, tmp_path / "onnx", result.spec)
+    names = {i.name for i in onnx.load(str(tmp_path / "onnx" / "vision_encoder.onnx")).graph.initializer}
+    assert "multi_modal_projector.linear_1.weight" in names  # the checkpoint's own names
+
+
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_idefics3_parity(tmp_path, family):
+    vlm = make_idefics3(tmp_path / "hf", family=family)
+    spec = convert_hf(tmp_path / "hf", tmp_path / "onnx").spec
+    assert spec.num_image_tokens == 4 and spec.span_ids == [5, 6, *[vlm.image_token_id] * 4, 5]
+    _parity(vlm, tmp_path / "onnx", spec)
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llava")
+    return make_llava(root / "hf", tower="clip", text="llama", seed=2)
+
+
+def _study(size: int, seed: int = 0) -> Study:
+    frames = np.random.default_rng(seed).uniform(0, 1, (3, 2 * size, 2 * size)).astype(np.float32)
+    return Study(frames, modality="CT", uid_hash="uid:test", source="dicom")
+
+
+def test_build_and_serve_llava_bundle(tmp_path, llava_dir, capsys):
+    """`edgekit build HF_DIR` -> a bundle with the model's tokenizer, template and preprocessing; the reporter
+    serves it as it is, and its tokens are transformers' for the same study and prompt."""
+    out = tmp_path / "bundle"
+    assert app_module.main(["build", str(llava_dir.path), "--target", "cpu", "-o", str(out), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert figures["parity"]["measured"] and figures["parity"]["greedy_identical"] == 1.0
+    assert figures["parity"]["max_rel_logit_error"] <= TOL
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (out / "tokenizer.json").read_bytes() == (llava_dir.path / "tokenizer.json").read_bytes()
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["prompt_template"] == "USER: \n{prompt} " and gen["bos_token_id"] == 1 and gen["sep_token_id"] == 4
+    pre = json.loads((out / "preprocessor_config.json").read_text())
+    assert pre["image_size"] == 28 and pre["num_frames"] == 1
+    assert pre["normalization"]["image_mean"] == pytest.approx(list(llava_dir.mean))
+    assert manifest["name"] == "hf" and manifest["provenance"]["passes"][0]["name"] == "hf_import"
+
+    reporter = Reporter.from_bundle(out, threads=1)
+    study, prompt = _study(28), "w3 w4 w5"
+    report = reporter.report(study, prompt, reporter.options(max_new_tokens=6))
+    ids = reporter.prompt_ids(study.modality, prompt)[0].tolist()
+    assert ids[0] == 1 and ids[-1] == 4  # <s> USER: ... ASSISTANT:
+    span = convert_hf(llava_dir.path, tmp_path / "onnx").spec.span_ids
+    gray = reporter.pixel_values(study)[0, 0, 0]
+    _, theirs = hf_reference(llava_dir, span, gray, ids, len(report.text.split()) or 1)
+    assert report.text == reporter.tokenizer.decode(theirs, skip_special_tokens=True).strip()
+    assert report.stop_reason in ("max_new_tokens", "stop_token")
+
+
+def test_build_x1_smolvlm_bundle_runs(tmp_path):
+    vlm = make_idefics3(tmp_path / "hf", family="smolvlm", seed=3)
+    out = tmp_path / "x1"
+    assert app_module.main(["build", str(vlm.path), "--target", "x1", "-o", str(out), "--no-parity"]) == 0
+    reporter = Reporter.from_bundle(out, threads=1)
+    report = reporter.report(_study(32, seed=1), "w7", reporter.options(max_new_tokens=4))
+    assert report.target == "x1" and report.timings["new_tokens"] >= 1
+    assert report.energy_source and report.energy_source.startswith("emulated")
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["prompt_template"] == "User:{prompt}<end_of_utterance>\n" and gen["image_span"] == 7
+
+
+# refusals ------------------------------------------------------------------------------------------------------
+def _one_line(capsys) -> str:
+    """The one error line on stderr (progress lines before it are not errors)."""
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_next", "paligemma"])
+def test_unsupported_vlm_family_lists_the_supported_ones(tmp_path, capsys, family):
+    hf = tmp_path / family
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": family}))
+    for cmd in (["convert", str(hf), "-o", str(tmp_path / "o")], ["build", str(hf), "-o", str(tmp_path / "b")]):
+        assert app_module.main(cmd) == 2
+        err = _one_line(capsys)
+        assert f"model_type '{family}' is not supported" in err and "llava, idefics3, smolvlm" in err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "b").exists()
+
+
+def test_decoder_alone_is_not_a_bundle(tmp_path, capsys):
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama")
+    capsys.readouterr()
+    assert app_module.main(["build", str(tmp_path / "llama"), "-o", str(tmp_path / "b")]) == 2
+    assert "a bundle needs a vision-language model" in _one_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        ("drop", "multi_modal_projector.linear_2.weight is missing"),
+        ("reshape", "vision_tower.encoder.layers.0.mlp.fc1.weight has shape (64, 16), config.json implies (64, 32)"),
+        ("drop_lm", "language_model.model.layers.1.self_attn.k_proj.weight is missing"),
+    ],
+)
+def test_weights_not_matching_config_are_refused_naming_the_tensor(tmp_path, llava_dir, capsys, edit, needle):
+    from safetensors.numpy import load_file, save_file
+
+    hf = tmp_path / "hf"
+    shutil.copytree(llava_dir.path, hf)
+    tensors = load_file(str(hf / "model.safetensors"))
+    if edit == "drop":
+        del tensors["multi_modal_projector.linear_2.weight"]
+    elif edit == "drop_lm":
+        del tensors["language_model.model.layers.1.self_attn.k_proj.weight"]
+    else:
+        name = "vision_tower.encoder.layers.0.mlp.fc1.weight"
+        tensors[name] = tensors[name][:, :16].copy()
+    save_file(tensors, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    capsys.readouterr()
+    with pytest.raises(EdgekitError, match="checkpoint does not match config.json") as info:
+        convert_hf(hf, tmp_path / "onnx")
+    assert needle in str(info.value)
+    assert not (tmp_path / "onnx").exists() and not list(tmp_path.glob(".onnx*"))  # no graph written
+    assert app_module.main(["build", str(hf), "-o", str(tmp_path / "b")]) == 2
+    assert needle in _one_line(capsys) and not (tmp_path / "b").exists()
+
+
+def test_template_that_cannot_be_served_is_refused(tmp_path, llava_dir, capsys):
+    hf = tmp_path / "hf"
+    shutil.copytree(llava_dir.path, hf)
+    assert (hf / "chat_template.jinja").is_file()  # where transformers 5 saves it
+    (hf / "chat_template.jinja").write_text("{{ raise_exception('no images here') }}")
+    with pytest.raises(ConfigError, match="no images here"):
+        from edgekit.build import build
+
+        build("cpu", tmp_path / "b", model_dir=hf, parity=False)
+    assert not (tmp_path / "b").exists()
+
+
+def test_adapter_for_another_base_is_refused_up_front(tmp_path, llava_dir):
+    peft = pytest.importorskip("peft")
+    from edgekit.passes.lora import merge_lora
+    from edgekit.passes.peft_adapter import AdapterError
+
+    other = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+    )
+    lora = peft.get_peft_model(other, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    lora.save_pretrained(tmp_path / "adapter")
+    convert_hf(llava_dir.path, tmp_path / "onnx")
+    with pytest.raises(AdapterError) as info:
+        merge_lora(tmp_path / "onnx", tmp_path / "merged", [tmp_path / "adapter"])
+    assert "model.layers.0.self_attn.q_proj" in str(info.value)
+    assert not (tmp_path / "merged").exists()
