@@ -12,7 +12,6 @@ one that cannot be stored with 0xA700. Logs name the calling AE and hashed study
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 from typing import Any
@@ -27,8 +26,8 @@ from .instances import (
     OUT_OF_RESOURCES,
     PROCESSING_FAILURE,
     Refusal,
-    check_dataset,
     decodable_transfer_syntaxes,
+    parse_part,
 )
 from .metrics import Metrics
 from .studies import StudyInbox
@@ -94,24 +93,19 @@ class StorageScp:
             assoc.kill()
 
     def _store(self, event: Any) -> int:
-        """One C-STORE: the dataset as a Part 10 file into the inbox; the status tells the sender how it went."""
-        from edgekit.ingest.phi import phi_guard
-
+        """One C-STORE: the dataset's bytes as received, as a Part 10 file, checked as a STOW-RS part is (the same
+        failure reasons), then into the inbox; the status tells the sender how it went."""
         try:
-            with phi_guard():
-                ds = event.dataset
-                ds.file_meta = event.file_meta
-                ts = str(event.context.transfer_syntax)
-                checked = check_dataset(ds, ts)
-                if isinstance(checked, Refusal):
-                    return self._refused(checked.reason)
-                buf = io.BytesIO()
-                ds.save_as(buf, enforce_file_format=True)
-        except Exception as err:  # the dataset could not be decoded from the wire
-            log.info("C-STORE from %s: undecodable dataset (%s)", self._calling(event), type(err).__name__)
+            data = event.encoded_dataset(include_meta=True)
+        except Exception as err:  # no usable meta information from the request
+            log.info("C-STORE from %s: unusable request (%s)", self._calling(event), type(err).__name__)
             return self._refused(CANNOT_UNDERSTAND)
+        checked = parse_part(data)
+        if isinstance(checked, Refusal):
+            return self._refused(checked.reason)
+        _ds, uids = checked
         try:
-            self.inbox.add(buf.getvalue(), checked)
+            self.inbox.add(data, uids)
         except OSError as err:
             log.error("C-STORE: cannot store an instance (%s)", err.strerror or type(err).__name__)
             return self._refused(OUT_OF_RESOURCES)
@@ -119,7 +113,7 @@ class StorageScp:
             log.exception("C-STORE: storing an instance crashed")
             return self._refused(PROCESSING_FAILURE)
         self.metrics.dicom_instances.labels("dimse", "stored").inc()
-        log.debug("C-STORE from %s: study %s", self._calling(event), hash_uid(checked.study))
+        log.debug("C-STORE from %s: study %s", self._calling(event), hash_uid(uids.study))
         return 0x0000
 
     def _refused(self, reason: int) -> int:

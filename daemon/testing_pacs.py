@@ -110,7 +110,9 @@ class Orthanc:
         path = self.root / "orthanc.json"
         path.write_text(json.dumps(self.config(), indent=2))
         self._logf = open(self.log, "ab")
-        self.proc = subprocess.Popen([tool("Orthanc") or "Orthanc", str(path)], stdout=self._logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [tool("Orthanc") or "Orthanc", str(path)], stdout=self._logf, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
