@@ -76,3 +76,13 @@ def test_bootstrap_interval_contains_the_estimate_and_narrows_with_more_data():
     assert bootstrap_ci(small, lambda x: float(x.mean()), seed=3) == bootstrap_ci(
         small, lambda x: float(x.mean()), seed=3
     )
+
+
+def test_counted_types_are_scored_apart_so_always_one_findings_cannot_hide_a_miscount():
+    truth = [F("nodule", "left", 30, 1), F("pleural effusion", "left"), F("mass", "right", 50)]
+    pred = [F("nodule", "left", 30, 3), F("pleural effusion", "left"), F("mass", "right", 50)]
+    s = score_study(truth, [], pred, [])
+    assert s.count_correct == 2  # two of three matches right overall: the effusion and mass cannot be miscounted
+    assert (s.counted_matches, s.counted_correct) == (1, 0)  # the one finding whose count can be wrong, is wrong
+    right = score_study(truth, [], [F("nodule", "left", 30, 1)], [])
+    assert (right.counted_matches, right.counted_correct) == (1, 1)

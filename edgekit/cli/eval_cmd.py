@@ -33,6 +33,13 @@ def _fmt(metric: dict | float | None, scale: float = 1.0) -> str:
     return f"{metric * scale:.3g}"
 
 
+def _count_cell(s: dict) -> str:
+    """Overall count accuracy, then right/matched among the findings that can be more than one (CT nodules)."""
+    c = s.get("count_accuracy_counted_types") or {}
+    overall = "-" if s["count_accuracy"] is None else f"{s['count_accuracy']:.3f}"
+    return overall + (f" ({c['correct']}/{c['n']} counted)" if c.get("n") else "")
+
+
 def table_rows(result: dict) -> list[dict]:
     groups = [("all (DICOM)", result["overall"]), *result["by_kind"].items()]
     if result.get("video"):
@@ -50,6 +57,8 @@ def table_rows(result: dict) -> list[dict]:
                 "P": _fmt(s["finding_precision"]),
                 "R": _fmt(s["finding_recall"]),
                 "halluc.": _fmt(s["hallucinated_finding_rate"]),
+                "count acc.": _count_cell(s),
+                "size MAE mm": "-" if s["size_mae_mm"] is None else f"{s['size_mae_mm']:.1f}",
                 "BLEU-4 [95% CI]": _fmt(s["bleu4"]),
                 "ROUGE-L": _fmt(s["rouge_l"]["value"]),
                 "p50 ms": f"{s['latency_ms']['p50']:.0f}",

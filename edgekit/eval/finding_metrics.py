@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from ..findings import COUNTED_TYPES
+
 
 @dataclass
 class StudyScore:
@@ -22,6 +24,8 @@ class StudyScore:
     contradictions: int  # present findings stated absent
     count_correct: int  # among matches
     size_abs_err_mm: list[float]
+    counted_matches: int = 0  # matches of a type that can be more than one (CT nodules): where a count can be wrong
+    counted_correct: int = 0
 
 
 def _key(f) -> tuple:
@@ -36,6 +40,7 @@ def score_study(truth: list, truth_negatives: list[str], predicted: list, predic
         by_key.setdefault(_key(f), []).append(f)
     tp = 0
     count_ok = 0
+    counted = counted_ok = 0
     size_err: list[float] = []
     for f in predicted:
         k = _key(f)
@@ -44,6 +49,9 @@ def score_study(truth: list, truth_negatives: list[str], predicted: list, predic
             tp += 1
             ref = by_key[k][remaining[k]]
             count_ok += int(f.count == ref.count)
+            if f.type in COUNTED_TYPES:
+                counted += 1
+                counted_ok += int(f.count == ref.count)
             if f.size_mm is not None and ref.size_mm is not None:
                 size_err.append(abs(float(f.size_mm) - float(ref.size_mm)))
     truth_types = {f.type for f in truth}
@@ -56,6 +64,8 @@ def score_study(truth: list, truth_negatives: list[str], predicted: list, predic
         contradictions=len(truth_types & set(predicted_negatives)),
         count_correct=count_ok,
         size_abs_err_mm=size_err,
+        counted_matches=counted,
+        counted_correct=counted_ok,
     )
 
 

@@ -75,6 +75,14 @@ def _rows(studies: list[dict], include_video: bool) -> list[tuple[dict, str, str
     return rows
 
 
+def _counted_accuracy(ok: list[dict]) -> dict:
+    """Count accuracy among matches of the types that can be more than one (CT nodules): the overall figure
+    hides miscounts behind the many findings that are always one."""
+    n = sum(r["score"]["counted_matches"] for r in ok)
+    right = sum(r["score"]["counted_correct"] for r in ok)
+    return {"value": right / n if n else None, "correct": right, "n": n}
+
+
 def _summarise(records: list[dict], *, resamples: int, seed: int) -> dict:
     ok = [r for r in records if r.get("error") is None]
     if not ok:
@@ -111,6 +119,7 @@ def _summarise(records: list[dict], *, resamples: int, seed: int) -> dict:
         "reports_with_hallucination": float(np.mean([r["score"]["hallucinated"] > 0 for r in ok])),
         "contradiction_rate": float(np.mean([r["score"]["contradictions"] > 0 for r in ok])),
         "count_accuracy": sum(r["score"]["count_correct"] for r in ok) / tp if tp else None,
+        "count_accuracy_counted_types": _counted_accuracy(ok),
         "size_mae_mm": float(np.mean(sizes)) if sizes else None,
         "bleu4": {"value": bleu, "ci95": bleu_ci},
         "rouge_l": {"value": float(rl.mean()), "ci95": rl_ci},
