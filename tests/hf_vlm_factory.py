@@ -24,9 +24,10 @@ IDEFICS3_TEMPLATE = (
     "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}<end_of_utterance>\n"
     "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-SIZES = {  # two sizes per family: (vision hidden, vision layers, image, patch, text hidden, text layers, vocab)
+SIZES = {  # (vision hidden, vision layers, image, patch, text hidden, text layers, vocab); tests use tiny
     "tiny": (32, 2, 28, 7, 64, 2, 160),
     "small": (64, 3, 56, 8, 128, 3, 320),
+    "medium": (256, 4, 112, 14, 512, 4, 4096),  # ~17M parameters: the bench's second size
 }
 
 
@@ -107,7 +108,7 @@ def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", s
     import transformers as tf
 
     vh, vl, img, patch, th, tl, vocab = SIZES[size]
-    img = patch * 4  # a 4x4 grid, pixel-shuffled by 2 to 4 image tokens
+    img = patch * (8 if size == "medium" else 4)  # a 4x4 (8x8) grid, pixel-shuffled by 2 to 4 (16) image tokens
     vision = dict(hidden_size=vh, intermediate_size=2 * vh, num_hidden_layers=vl, num_attention_heads=4)
     vision.update(image_size=img, patch_size=patch)
     textkw = dict(model_type="llama", hidden_size=th, intermediate_size=2 * th, num_hidden_layers=tl)

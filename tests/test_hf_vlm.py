@@ -125,6 +125,7 @@ def test_build_x1_smolvlm_bundle_runs(tmp_path):
     reporter = Reporter.from_bundle(out, threads=1)
     report = reporter.report(_study(32, seed=1), "w7", reporter.options(max_new_tokens=4))
     assert report.target == "x1" and report.timings["new_tokens"] >= 1
+    assert reporter.backend.heads == 4  # DSS sees the decoder's heads under model.text_model.layers
     assert report.energy_source and report.energy_source.startswith("emulated")
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["prompt_template"] == "User:{prompt}<end_of_utterance>\n" and gen["image_span"] == 7

@@ -1,0 +1,170 @@
+"""Hugging Face VLM import parity: edgekit's graphs (ONNX Runtime CPU) against transformers on random-init models
+built from configs (nothing downloaded), per family at two sizes, plus the memory of one 2B-class import.
+
+Per family and size: 100 cases of a random grey image (the tower's size) and a random 8-token prompt; greedy
+tokens from transformers' `generate()` (12 new tokens) against edgekit's `generate()` on the converted graphs,
+and the prefill logits (max |error| / max |logit|). Export time and peak RSS are of `convert_hf` alone, in a
+child process (ru_maxrss of that process; the RSS after its imports beside it). The 2B-class run (`--big`)
+builds a LLaVA of ~2.0B parameters (a CLIP-L/14-336-sized tower + a 2048-wide, 24-layer LLaMA) in float16, saves
+it sharded, and converts it in a child process: its peak RSS is the figure that says tensors are streamed (the
+float32 graphs alone are ~8 GB).
+
+    python bench/hf_vlm_parity.py                  # 4 configurations x 2 sizes x 100 cases
+    python bench/hf_vlm_parity.py --cases 10 --big # and the 2B-class memory run
+Writes out/bench/hf_vlm_parity.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the random-init model factory
+
+from hf_vlm_factory import hf_reference, make_idefics3, make_llava  # noqa: E402
+
+SIZES = ("tiny", "medium")  # the factory's sizes: ~0.13M and ~17M parameters
+CONFIGS = {
+    "llava (CLIP + LLaMA)": lambda p, size: make_llava(p, size, tower="clip", text="llama"),
+    "llava (SigLIP + Qwen2)": lambda p, size: make_llava(p, size, tower="siglip", text="qwen2"),
+    "idefics3": lambda p, size: make_idefics3(p, size, family="idefics3"),
+    "smolvlm": lambda p, size: make_idefics3(p, size, family="smolvlm"),
+}
+CHILD = """
+import json, resource, sys, time
+from edgekit.hf import convert_hf
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+imported = rss()
+t0 = time.perf_counter()
+r = convert_hf(sys.argv[1], sys.argv[2])
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss_mb": rss(), "rss_after_imports_mb": imported}))
+"""
+
+
+def convert_in_child(hf: Path, out: Path) -> dict:
+    """convert_hf in a fresh process: its wall time and the process's peak RSS (nothing else lives there)."""
+    res = subprocess.run([sys.executable, "-c", CHILD, str(hf), str(out)], capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def parity(vlm, onnx_dir: Path, cases: int, new_tokens: int) -> dict:
+    from edgekit.generate import GenerationOptions, generate
+    from edgekit.hf import convert_hf
+    from edgekit.ort import CpuBackend
+
+    spec = convert_hf(vlm.path, onnx_dir.with_name("spec-check")).spec
+    backend = CpuBackend.from_dir(onnx_dir, intra_op_threads=1)
+    rng = np.random.default_rng(0)
+    vocab = [i for i in range(spec.decoder.vocab_size) if i not in set(spec.span_ids) and i > 7]
+    same, worst = 0, 0.0
+    for _ in range(cases):
+        gray = rng.uniform(0, 1, (spec.image_size, spec.image_size)).astype(np.float32)
+        text = [int(t) for t in rng.choice(vocab, 8)]
+        ref_logits, theirs = hf_reference(vlm, spec.span_ids, gray, text, new_tokens)
+        pixels = gray[None, None, None]
+        x = np.concatenate([backend.encode_images(pixels), backend.embed(np.asarray([text]))], axis=1)
+        n = x.shape[1]
+        logits, _ = backend.decode(x, np.ones((1, n), np.int64), np.arange(n)[None], None)
+        worst = max(worst, float(np.abs(logits[0] - ref_logits).max() / np.abs(ref_logits).max()))
+        ours = generate(backend, pixels, np.asarray([text]), GenerationOptions(max_new_tokens=new_tokens)).token_ids
+        same += ours == theirs
+    params = sum(p.numel() for p in vlm.model.parameters())
+    return {"cases": cases, "greedy_identical": same / cases, "max_rel_logit_error": worst, "params": params}
+
+
+def big_run(root: Path) -> dict:
+    """A ~2B random-init LLaVA, float16 shards, converted in a child process."""
+    import torch
+    import transformers as tf
+
+    vcfg = tf.CLIPVisionConfig(
+        hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16, image_size=336
+    )
+    vcfg.patch_size = 14
+    tcfg = tf.LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        vocab_size=32064,
+    )
+    cfg = tf.LlavaConfig(vision_config=vcfg, text_config=tcfg, image_token_id=32000)
+    t0 = time.perf_counter()
+    torch.set_default_dtype(torch.float16)
+    with torch.device("meta"):
+        model = tf.LlavaForConditionalGeneration(cfg)
+    model = model.to_empty(device="cpu")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02, generator=g)
+    torch.set_default_dtype(torch.float32)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(root / "hf", max_shard_size="2GB")
+    del model
+    made = time.perf_counter() - t0
+    stats = convert_in_child(root / "hf", root / "onnx")
+    on_disk = sum(f.stat().st_size for f in (root / "onnx").iterdir())
+    return {"params": params, "make_seconds": made, **stats, "onnx_bytes": on_disk, "checkpoint": "float16 shards"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=100)
+    ap.add_argument("--new-tokens", type=int, default=12)
+    ap.add_argument("--big", action="store_true", help="also the 2B-class memory run (~4 GB + ~8 GB of disk)")
+    ap.add_argument("--out", type=Path, default=Path("out/bench/hf_vlm_parity.json"))
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hf-vlm-parity-") as tmp:
+        for name, make in CONFIGS.items():
+            for size in SIZES:
+                root = Path(tmp) / f"{name.split()[0]}-{size}-{len(rows)}"
+                vlm = make(root / "hf", size)
+                row = {"family": name, "size": size, **convert_in_child(root / "hf", root / "onnx")}
+                row.update(parity(vlm, root / "onnx", args.cases, args.new_tokens))
+                rows.append(row)
+                print(f"  {name} {size}: done", file=sys.stderr)
+                shutil.rmtree(root, ignore_errors=True)
+        big = big_run(Path(tmp) / "big") if args.big else None
+    import torch
+    import transformers
+
+    result = {
+        "rows": rows,
+        "big": big,
+        "source": f"transformers {transformers.__version__} / torch {torch.__version__} (float32) vs ONNX Runtime CPU "
+        f"on the converted graphs; random-init models from configs; {args.cases} cases per row, "
+        f"{args.new_tokens} greedy tokens; export time and peak RSS of convert_hf in a child process",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print("| family | size | params | greedy identical | max rel logit error | export s | peak RSS MB |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['family']} | {r['size']} | {r['params'] / 1e6:.2f}M | {r['greedy_identical']:.0%} "
+            f"| {r['max_rel_logit_error']:.1e} | {r['seconds']:.2f} "
+            f"| {r['peak_rss_mb']:.0f} ({r['rss_after_imports_mb']:.0f}) |"
+        )
+    if big:
+        print(
+            f"\n2B-class llava ({big['params'] / 1e9:.2f}B params, {big['checkpoint']}): "
+            f"export {big['seconds']:.0f} s, peak RSS {big['peak_rss_mb']:.0f} MB "
+            f"({big['rss_after_imports_mb']:.0f} MB after imports), "
+            f"ONNX {big['onnx_bytes'] / 1e9:.1f} GB"
+        )
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
