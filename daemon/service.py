@@ -63,6 +63,11 @@ class JobNotFoundError(EdgekitError):
     http_status = 404
 
 
+class StowDisabledError(EdgekitError):
+    code = "stow_disabled"
+    http_status = 404
+
+
 class IdempotencyError(EdgekitError):
     code = "invalid_idempotency_key"
 
@@ -398,6 +403,8 @@ class Daemon:
         self, body: bytes, content_type: str | None, study_uid: str | None, complete: bool
     ) -> StoreResult:
         """STOW-RS: blocking (parsing, fsync); instances are kept even while the model loads."""
+        if not self.cfg.dicom.stow:
+            raise StowDisabledError("STOW-RS is off in this daemon's config (dicom.stow = false)")
         return self.stow.store(body, content_type, study_uid, complete)
 
     def receive_study(self, folder: Path) -> None:

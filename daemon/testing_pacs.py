@@ -8,6 +8,7 @@ Orthanc 1.10 has no bind-address option, so "loopback only" is enforced by those
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -29,21 +30,17 @@ def dicomweb_plugin() -> Path | None:
     return None
 
 
+@functools.cache
 def tool(name: str) -> str | None:
-    """The path of a Debian tool. pynetdicom installs its own `storescu`/`echoscu` scripts into a venv's bin, which
-    would shadow DCMTK's on PATH: those are passed over (DCMTK's print "$dcmtk:" in their version)."""
+    """The path of a Debian tool. pynetdicom installs its own `storescu`/`echoscu` Python scripts into a venv's
+    bin, which would shadow DCMTK's on PATH: only executables (ELF binaries, not scripts) count."""
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         path = shutil.which(name, path=folder) if folder else None
         if path is None:
             continue
-        if name in ("Orthanc",):
-            return path
-        try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if "dcmtk" in out.lower():
-            return path
+        with open(path, "rb") as f:
+            if f.read(4) == b"\x7fELF":
+                return path
     return None
 
 
