@@ -150,6 +150,8 @@ class CoPrunePass(GraphPass):
             initializers_touched=[mm.weight.name for mm in mms],
             notes={
                 **sparsity_notes(reached, sizes),
+                "weights_zeroed": int(sum(round(reached[k] * sizes[k]) for k in sizes)),
+                "blocks": int(sum(m.size for m in masks)),
                 "tau": c.tau,
                 "block": c.block,
                 "score": c.score,
