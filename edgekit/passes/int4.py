@@ -31,22 +31,48 @@ from edgekit.names import DECODER, VISION_ENCODER
 from .base import GraphPass, PassChanges, PassContext
 from .calibration import capture_values, embedding_table, sample_feeds, vision_feeds
 from .config import PassConfig, param
+from .gptq import block_hessians, gptq_quantize, hessian
+from .hqq import hqq_quantize
 from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
+from .naming import NodeNames
 from .patterns import WeightMatMul, add_initializer, matches_any, remove_if_unused, require_weight_matmuls
 
-AWQ_MAX_TOKENS = 512
+AWQ_MAX_TOKENS = 512  # tokens the alpha search multiplies through (the Hessians use up to HESSIAN_MAX_TOKENS)
+HESSIAN_MAX_TOKENS = 8192
+METHODS = ("rtn", "hqq", "awq", "gptq", "awq-gptq")
+DATA_METHODS = ("awq", "gptq", "awq-gptq")  # the ones that read calibration activations
 GRAPHS = {"decoder": DECODER, "vision": VISION_ENCODER}  # the `graphs` parameter's names for the files
 
 
 @dataclass
 class Int4Config(PassConfig):
     block: int = param(32, choices=(16, 32, 64, 128), help="block size along K")
-    symmetric: bool = param(True, help="symmetric (no zero points; required for orin/x1) or asymmetric")
-    method: str = param("rtn", choices=("rtn", "awq"), help="rtn: round to nearest; awq: activation-aware scaling")
+    symmetric: bool | None = param(
+        None,
+        help="symmetric (no zero points; required for orin/x1) or asymmetric; unset: asymmetric for cpu "
+        "(MatMulNBits zero points, as ORT's quantizer defaults to), symmetric for orin/x1",
+    )
+    method: str = param(
+        "awq-gptq",
+        choices=METHODS,
+        help="rtn: round to nearest; hqq: data-free l_p refinement of the scales; awq: activation-aware scaling "
+        "with an output-error clipping search; gptq: error-compensating rounding (Hessian of calibration "
+        "activations); awq-gptq (default): GPTQ, with AWQ's scaling for each input where it lowers the "
+        "error on held-out calibration tokens",
+    )
     target: str = param(
         "cpu", choices=("cpu", "orin", "x1"), help="encoding: cpu=MatMulNBits, orin/x1=blocked DequantizeLinear INT4"
     )
-    clip: int = param(0, min=0, max=50, help="range-shrink search steps per block (0: plain RTN; awq uses 10 if 0)")
+    clip: int = param(
+        0, min=0, max=50, help="range-shrink search steps per block (0: none for rtn/hqq; the data methods use 10)"
+    )
+    scale_search: bool = param(
+        True,
+        help="symmetric: ORT's scale, abs-max/-8 with the abs-max's sign (positive-only for orin/x1), and with "
+        "calibration data also max/7 and max/7.5, chosen by output error (false: max/7 only, edgekit <= 0.9)",
+    )
+    refine: int = param(0, min=0, max=20, help="least-squares scale re-estimation steps after rounding (rtn/awq)")
+    damp: float = param(0.01, min=0.0, max=10.0, help="gptq: damping, as a fraction of the Hessian's mean diagonal")
     accuracy_level: int = param(0, choices=(0, 1, 2, 3, 4), help="MatMulNBits accuracy_level (cpu only)")
     mixed: int = param(0, min=0, max=1000, help="keep the N most sensitive MatMuls at keep_bits")
     keep: list[str] = param([], help="module-name patterns always kept at keep_bits (e.g. lm_head)")
@@ -71,7 +97,7 @@ class Int4Config(PassConfig):
     )
 
     def validate(self, where: str) -> None:
-        if self.target in ("orin", "x1") and not self.symmetric:
+        if self.target in ("orin", "x1") and self.symmetric is False:
             raise ConfigError(
                 f"{where}.symmetric: target {self.target} takes symmetric INT4 only (TensorRT 10 refuses zero points)"
             )
@@ -98,6 +124,13 @@ class Int4Pass(GraphPass):
         for m in mms:  # refuse before touching anything
             check_block(m.k, self.block_for(m.k), m.weight.name)
 
+    @property
+    def symmetric(self) -> bool:
+        """`symmetric` as set, or the target's default (asymmetric for cpu, symmetric for orin/x1)."""
+        if self.config.symmetric is not None:
+            return self.config.symmetric
+        return self.config.target != "cpu"
+
     def block_for(self, k: int) -> int:
         """`block`, or with `fit_block` the largest allowed block <= it that divides K (checked by the caller)."""
         if self.config.fit_block:
@@ -110,34 +143,68 @@ class Int4Pass(GraphPass):
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         cfg = self.config
         mms = [m for m in require_weight_matmuls(model, self.name, ctx.graph) if not matches_any(m.name, cfg.exclude)]
-        needs_data = cfg.method == "awq" or cfg.mixed > 0
+        needs_data = cfg.method in DATA_METHODS or cfg.mixed > 0
         acts: dict[str, np.ndarray] = {}
         if needs_data:
             feeds = ctx.feeds() or _calibration_feeds(model, ctx, cfg)
             names = sorted({m.activation.name for m in mms})
-            acts = {k: _subsample(v, ctx.seed) for k, v in capture_values(model, names, feeds).items()}
+            acts = {
+                k: _subsample(v, ctx.seed, HESSIAN_MAX_TOKENS) for k, v in capture_values(model, names, feeds).items()
+            }
 
-        scales = self._awq_scales(mms, acts) if cfg.method == "awq" else {}
+        scales = self._awq_scales(mms, acts, ctx.seed) if cfg.method in ("awq", "awq-gptq") else {}
+        awq_dropped = []
+        if cfg.method == "awq-gptq":
+            for act_name in list(scales):
+                members = [m for m in mms if m.activation.name == act_name]
+                if not self._scaling_helps_gptq(members, acts[act_name], scales[act_name], ctx.seed):
+                    awq_dropped.append(act_name)
+                    del scales[act_name]
         # Weights are read per MatMul when quantized and released after (see `_release`), never all at once:
         # with external data this keeps the pass at about one float weight in memory, whatever the model size.
         act_of = {id(m): m.activation.name for m in mms}  # fixed now: applying scales re-points activations
-        clip = cfg.clip or (10 if cfg.method == "awq" else 0)
+        clip = cfg.clip or (10 if cfg.method in DATA_METHODS else 0)
+        signed = cfg.target == "cpu"  # MatMulNBits takes negative scales; TensorRT's DequantizeLinear does not
+        hessians: dict[str, np.ndarray] = {}
+
+        def act_hessian(name: str) -> np.ndarray:
+            if name not in hessians:
+                hessians[name] = hessian(acts[name])
+            return hessians[name]
 
         def quantize(m: WeightMatMul, bits: int) -> QuantizedWeight:
-            s = scales.get(act_of[id(m)])
+            act = act_of[id(m)]
+            s = scales.get(act)
             w = m.kn().T if s is None else m.kn().T * s[None, :]  # (N, K)
-            imp = None
-            if act_of[id(m)] in acts and cfg.method == "awq":
-                x = acts[act_of[id(m)]] if s is None else acts[act_of[id(m)]] / s
-                imp = (x.astype(np.float64) ** 2).mean(0)
+            block = self.block_for(m.k)
+            common = {"bits": bits, "symmetric": self.symmetric, "name": m.weight.name}
+            h = None
+            if act in acts and cfg.method in DATA_METHODS:
+                h = act_hessian(act)
+                if s is not None:  # the Hessian of x / s
+                    h = h / np.outer(s, s)
+            if cfg.method in ("gptq", "awq-gptq"):
+                return gptq_quantize(
+                    w,
+                    h,
+                    block,
+                    damp=cfg.damp,
+                    clip_grid=clip,
+                    scale_search=cfg.scale_search,
+                    signed_scales=signed,
+                    **common,
+                )
+            if cfg.method == "hqq":
+                return hqq_quantize(w, block, signed_scales=signed, **common)
             return quantize_blocks(
                 w,
-                self.block_for(m.k),
-                bits=bits,
-                symmetric=cfg.symmetric,
-                importance=imp,
+                block,
+                hessian=None if h is None else block_hessians(h, block),
                 clip_grid=clip,
-                name=m.weight.name,
+                scale_search=cfg.scale_search,
+                signed_scales=signed,
+                refine=cfg.refine,
+                **common,
             )
 
         sensitivity = self._sensitivity(mms, acts, quantize, scales) if cfg.mixed > 0 else {}
@@ -145,9 +212,10 @@ class Int4Pass(GraphPass):
         kept = set(ranked[: cfg.mixed]) | {m.name for m in mms if matches_any(m.name, cfg.keep)}
 
         changes = PassChanges()
-        folded = self._apply_scales(model, mms, scales, changes)
+        node_names = NodeNames(model.graph)
+        folded = self._apply_scales(model, mms, scales, changes, node_names)
         encoder = ENCODERS[cfg.target]
-        opts = {"accuracy_level": cfg.accuracy_level if cfg.target == "cpu" else 0}
+        opts = {"accuracy_level": cfg.accuracy_level if cfg.target == "cpu" else 0, "node_names": node_names}
         counts = defaultdict(int)
         for m in mms:
             transpose = m.transpose
@@ -169,22 +237,25 @@ class Int4Pass(GraphPass):
                 model.graph.initializers.pop(m.weight.name, None)
             if not m.weight.uses():  # replaced (remove_if_unused may already have dropped the initializer)
                 _release(m.weight)
-        others = quantize_other_weights(model, cfg.other_bits, cfg.block, changes) if cfg.other_bits else []
+        others = quantize_other_weights(model, cfg.other_bits, cfg.block, changes, node_names) if cfg.other_bits else []
         changes.notes = {
             "other_weights": others,
             "encoding": {"cpu": "MatMulNBits", "orin": "DequantizeLinear-int4", "x1": "DequantizeLinear-int4"}[
                 cfg.target
             ],
+            "method": cfg.method,
             "matmuls": dict(counts),
             "kept": sorted(kept),
             "sensitivity_top": {n: round(sensitivity[n], 6) for n in ranked[: max(cfg.mixed, 5)]},
             "awq_groups": len(scales),
+            "awq_dropped_for_gptq": len(awq_dropped),
             "awq_folded_into_norm": folded,
+            "calibration_tokens": {k: int(v.shape[0]) for k, v in acts.items()} if acts else {},
         }
         return changes
 
     # ---------------------------------------------------------------------------------------------------------
-    def _awq_scales(self, mms: list[WeightMatMul], acts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _awq_scales(self, mms: list[WeightMatMul], acts: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
         """Per activation (shared by a group of MatMuls): s = mean|x|^alpha, alpha chosen on output error."""
         cfg = self.config
         groups: dict[str, list[WeightMatMul]] = defaultdict(list)
@@ -192,7 +263,7 @@ class Int4Pass(GraphPass):
             groups[m.activation.name].append(m)
         out = {}
         for act_name, members in groups.items():
-            x = acts[act_name]
+            x = _subsample(acts[act_name], seed, AWQ_MAX_TOKENS)
             mean_abs = np.abs(x).mean(0) + 1e-8
             ref = [x @ m.kn() for m in members]
             best, best_err = None, np.inf
@@ -202,7 +273,12 @@ class Int4Pass(GraphPass):
                 err = 0.0
                 for m, y in zip(members, ref):
                     qw = quantize_blocks(
-                        m.kn().T * s[None, :], self.block_for(m.k), symmetric=cfg.symmetric, name=m.weight.name
+                        m.kn().T * s[None, :],
+                        self.block_for(m.k),
+                        symmetric=self.symmetric,
+                        scale_search=False,  # a proxy: the final quantizer searches
+                        signed_scales=cfg.target == "cpu",
+                        name=m.weight.name,
                     )
                     err += float(((x @ (qw.dequantize().T / s[:, None]) - y) ** 2).mean())
                 if err < best_err:
@@ -210,6 +286,37 @@ class Int4Pass(GraphPass):
             if best is not None and not np.allclose(best, 1.0):
                 out[act_name] = best.astype(np.float32)
         return out
+
+    def _scaling_helps_gptq(self, members: list[WeightMatMul], x: np.ndarray, s: np.ndarray, seed: int) -> bool:
+        """Whether GPTQ of this input's MatMuls has a lower output error with AWQ's scale than without, fitted on
+        three quarters of the calibration tokens and measured on the rest. Why: the scale is chosen on RTN's
+        error, and GPTQ, which already compensates along the input channels, sometimes does better without."""
+        cfg = self.config
+        order = np.random.default_rng(seed).permutation(x.shape[0])
+        cut = max(1, (3 * x.shape[0]) // 4)
+        fit, val = x[order[:cut]], x[order[cut:]]
+        if val.shape[0] == 0:
+            return True
+        h = hessian(fit)
+        err = {False: 0.0, True: 0.0}
+        for m in members:
+            w = m.kn().T
+            y = val @ w.T
+            for scaled in (False, True):
+                qw = gptq_quantize(
+                    w * s[None, :] if scaled else w,
+                    h / np.outer(s, s) if scaled else h,
+                    self.block_for(m.k),
+                    symmetric=self.symmetric,
+                    damp=cfg.damp,
+                    clip_grid=cfg.clip or 10,
+                    scale_search=cfg.scale_search,
+                    signed_scales=cfg.target == "cpu",
+                    name=m.weight.name,
+                )
+                wq = qw.dequantize() / s[None, :] if scaled else qw.dequantize()
+                err[scaled] += float(((val @ wq.T - y) ** 2).sum())
+        return err[True] < err[False]
 
     def _sensitivity(self, mms, acts, quantize, scales) -> dict[str, float]:
         """Relative output error of each MatMul quantized alone (on its own calibration activations)."""
@@ -224,7 +331,7 @@ class Int4Pass(GraphPass):
             out[m.name] = float(np.linalg.norm(x @ wq - y) / (np.linalg.norm(y) + 1e-12))
         return out
 
-    def _apply_scales(self, model: ir.Model, mms, scales, changes: PassChanges) -> int:
+    def _apply_scales(self, model: ir.Model, mms, scales, changes: PassChanges, node_names: NodeNames) -> int:
         """x -> x / s in front of each scaled group: folded into a norm's weight when that Mul is theirs alone."""
         folded = 0
         for act_name, s in scales.items():
@@ -238,8 +345,8 @@ class Int4Pass(GraphPass):
                 folded += 1
                 continue
             inv = _new_initializer(model.graph, (1.0 / s).astype(np.float32), f"{members[0].name}.awq_inv_scale")
-            mul = ir.node("Mul", [act, inv], name=f"{members[0].node.name}_awq_scale")
-            mul.outputs[0].name = f"{act_name}_awq"
+            mul = ir.node("Mul", [act, inv], name=node_names.take(f"{members[0].name}_awq_scale"))
+            mul.outputs[0].name = f"{inv.name}_out"
             if act.dtype is not None:
                 mul.outputs[0].dtype = act.dtype
             model.graph.insert_before(members[0].node, mul)
@@ -252,12 +359,15 @@ class Int4Pass(GraphPass):
 OTHER_MIN_ELEMENTS = 4096  # below this a float tensor (a norm, a bias) costs less than its DequantizeLinear node
 
 
-def quantize_other_weights(model: ir.Model, bits: int, block: int, changes: PassChanges) -> list[str]:
+def quantize_other_weights(
+    model: ir.Model, bits: int, block: int, changes: PassChanges, node_names: NodeNames | None = None
+) -> list[str]:
     """Float initializers of >= OTHER_MIN_ELEMENTS that are not MatMul weights or Gather tables (a patch Conv's
     kernel, an added position table) -> symmetric blocked DequantizeLinear along their flattened trailing axes,
     reshaped back when they are not 2-D. Why: with the MatMuls at 4 bits these few float tensors are a visible
     share of a small encoder. Consumers see the same shape and dtype."""
     done = []
+    node_names = node_names or NodeNames(model.graph)
     for value in list(model.graph.initializers.values()):
         arr = value.const_value.numpy() if value.const_value is not None else None
         if (
@@ -280,13 +390,13 @@ def quantize_other_weights(model: ir.Model, bits: int, block: int, changes: Pass
                 add_initializer(model.graph, qw.scales, f"{value.name}.scales"),
             ],
             {"axis": 1, "block_size": b},
-            name=f"{value.name}_DequantizeLinear",
+            name=node_names.take(f"{value.name}_DequantizeLinear"),
         )
         out, nodes = dq.outputs[0], [dq]
         out.name, out.dtype, out.shape = f"{value.name}_dq", ir.DataType.FLOAT, ir.Shape(list(flat.shape))
         if arr.ndim != 2:
             shape = add_initializer(model.graph, np.asarray(arr.shape, np.int64), f"{value.name}.shape")
-            reshape = ir.node("Reshape", [out, shape], name=f"{value.name}_Reshape")
+            reshape = ir.node("Reshape", [out, shape], name=node_names.take(f"{value.name}_Reshape"))
             out = reshape.outputs[0]
             out.name, out.dtype, out.shape = f"{value.name}_dqr", ir.DataType.FLOAT, ir.Shape(list(arr.shape))
             nodes.append(reshape)
@@ -342,8 +452,8 @@ def _new_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
     return add_initializer(graph, np.ascontiguousarray(array, dtype=np.float32), name)
 
 
-def _subsample(x: np.ndarray, seed: int) -> np.ndarray:
-    if x.shape[0] <= AWQ_MAX_TOKENS:
+def _subsample(x: np.ndarray, seed: int, limit: int) -> np.ndarray:
+    if x.shape[0] <= limit:
         return x
-    idx = np.random.default_rng(seed).choice(x.shape[0], AWQ_MAX_TOKENS, replace=False)
+    idx = np.random.default_rng(seed).choice(x.shape[0], limit, replace=False)
     return x[np.sort(idx)]

@@ -21,6 +21,7 @@ import onnx_ir as ir
 
 from edgekit.errors import ConfigError
 
+from .naming import NodeNames
 from .patterns import add_initializer
 
 MS_DOMAIN = "com.microsoft"
@@ -60,9 +61,19 @@ def check_block(k: int, block: int, tensor: str) -> None:
         )
 
 
-def _codes(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmax: int) -> np.ndarray:
+def round_codes(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, qmax: int) -> np.ndarray:
     safe = np.where(scale == 0, 1.0, scale)
     return np.clip(np.rint(w / safe + zero), 0, qmax)
+
+
+def block_error(d: np.ndarray, imp: np.ndarray | None, hessian: np.ndarray | None) -> np.ndarray:
+    """Per (row, block) error of a dequantization error `d` (N, G, B): `d H d` with each block's activation Gram
+    `hessian` (G, B, B) (the block's share of the output error, cross-channel terms included), else `sum imp d^2`
+    with per-channel weights `imp` (G, B) (uniform: plain squared error)."""
+    if hessian is not None:
+        dg = np.ascontiguousarray(d.swapaxes(0, 1))  # (G, N, B): one batched matmul per block
+        return (np.matmul(dg, hessian) * dg).sum(-1).T
+    return (d * d * imp).sum(-1) if imp is not None else (d * d).sum(-1)
 
 
 def quantize_blocks(
@@ -75,39 +86,82 @@ def quantize_blocks(
     clip_grid: int = 0,
     min_clip: float = 0.7,
     name: str = "weight",
+    scale_search: bool = False,
+    signed_scales: bool = False,
+    hessian: np.ndarray | None = None,
+    refine: int = 0,
 ) -> QuantizedWeight:
     """Quantize an (N, K) weight in blocks of `block` along K.
 
-    `clip_grid` > 0 searches, per block, a shrink of the range in [min_clip, 1] that minimises the block's squared
-    error weighted by `importance` (K,) — the mean squared activation of each input channel when calibration data
-    is given, so the error that matters (on the output) is what is minimised; uniform otherwise.
+    The scale of a block is chosen among candidates by the block's error (`block_error`): weighted by
+    `importance` (K,) (each input channel's mean squared activation) or, sharper, by `hessian` (K/B, B, B) (each
+    block's activation Gram matrix, the AWQ-style output error); plain squared error when neither is given.
+    - `clip_grid` > 0 adds range shrinks in [min_clip, 1].
+    - `scale_search` (symmetric) spends the whole signed grid -8..7 as ONNX Runtime does: scale = w_absmax / -8,
+      keeping the sign of the abs-max element so that element lands exactly on -8 (a finer step than max|w| / 7,
+      which leaves code -8 unused). That needs a negative scale when the abs-max is positive, allowed only with
+      `signed_scales` (MatMulNBits takes them, blocked DequantizeLinear for TensorRT does not); without it,
+      max/7 stays in those blocks. Without activation data this rule is applied as it is: choosing per block
+      between it and max/7 (or max/7.5) by squared error measured worse output error on the bench's models.
+      With `importance` or `hessian` the error sees the activations, and max/7 and max/7.5 join the
+      candidates (with the clip ratios), chosen on that error.
+    - `refine` > 0 re-estimates each block's scale by least squares for its codes (weighted as above) and
+      re-rounds, that many times, keeping a block's new scale only where its error falls (scale estimation).
     """
     n, k = w_nk.shape
     check_block(k, block, name)
     qmax = 2**bits - 1
+    half = 2 ** (bits - 1)
     wb = w_nk.reshape(n, k // block, block).astype(np.float32)
-    imp = (np.ones(k, np.float32) if importance is None else importance.astype(np.float32)).reshape(k // block, block)
+    imp = None if importance is None else importance.astype(np.float32).reshape(k // block, block)
+    hess = None if hessian is None else np.asarray(hessian, np.float32)
 
-    def attempt(ratio: float):
-        if symmetric:
-            amax = np.abs(wb).max(-1) * ratio
-            scale = amax / (2 ** (bits - 1) - 1)  # +-7 around the implied zero 8: code 0 (-8) stays unused
-            zero = np.full(scale.shape, 2 ** (bits - 1), np.float32)
-        else:
+    def attempt(scale: np.ndarray, zero: np.ndarray):
+        q = round_codes(wb, scale[..., None], zero[..., None], qmax)
+        err = block_error((q - zero[..., None]) * scale[..., None] - wb, imp, hess)
+        return q, err
+
+    candidates = []  # (scale, zero) pairs, (N, G) each
+    ratios = [1.0, *(np.linspace(1.0, min_clip, clip_grid + 1)[1:] if clip_grid else [])]
+    weighted = importance is not None or hessian is not None
+    if symmetric:
+        amax = np.abs(wb).max(-1)
+        zero = np.full(amax.shape, half, np.float32)
+        narrow = amax / (half - 1)  # +-7 around the implied zero 8: exact on the extreme, code -8 unused
+        if scale_search:
+            # ORT's choice: the abs-max element lands exactly on -8 (a negative scale when it is positive)
+            signed = np.take_along_axis(wb, np.abs(wb).argmax(-1)[..., None], -1)[..., 0]
+            ort = signed / -half
+            narrow = np.where(signed_scales | (ort > 0), ort, narrow)
+        for ratio in ratios:
+            candidates.append((narrow * ratio, zero))
+            if scale_search and weighted:  # with the activations in the error, clipping the extreme is judged
+                candidates.append((amax * ratio / (half - 1), zero))
+                candidates.append((amax * ratio / (half - 0.5), zero))
+    else:
+        for ratio in ratios:
             lo = np.minimum(wb.min(-1), 0) * ratio
             hi = np.maximum(wb.max(-1), 0) * ratio
             scale = (hi - lo) / qmax
-            zero = np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), 0, qmax)
-        q = _codes(wb, scale[..., None], zero[..., None], qmax)
-        err = (((q - zero[..., None]) * scale[..., None] - wb) ** 2 * imp).sum(-1)
-        return q, scale, zero, err
+            candidates.append((scale, np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), 0, qmax)))
 
-    q, scale, zero, err = attempt(1.0)
-    for ratio in np.linspace(1.0, min_clip, clip_grid + 1)[1:] if clip_grid else []:
-        q2, s2, z2, e2 = attempt(float(ratio))
+    scale, zero = candidates[0]
+    q, err = attempt(scale, zero)
+    for s2, z2 in candidates[1:]:
+        q2, e2 = attempt(s2, z2)
         better = e2 < err
         q = np.where(better[..., None], q2, q)
         scale, zero, err = np.where(better, s2, scale), np.where(better, z2, zero), np.where(better, e2, err)
+    for _ in range(refine):
+        s2 = _least_squares_scale(wb, q - zero[..., None], imp, hess, scale)
+        if not signed_scales and symmetric:
+            s2 = np.where(s2 > 0, s2, scale)
+        q2, e2 = attempt(s2, zero)
+        better = e2 < err
+        if not better.any():
+            break
+        q = np.where(better[..., None], q2, q)
+        scale, err = np.where(better, s2, scale), np.where(better, e2, err)
     return QuantizedWeight(
         q=q.reshape(n, k).astype(np.uint8),
         scales=scale.astype(np.float32),
@@ -115,6 +169,19 @@ def quantize_blocks(
         bits=bits,
         block=block,
     )
+
+
+def _least_squares_scale(
+    wb: np.ndarray, c: np.ndarray, imp: np.ndarray | None, hess: np.ndarray | None, old: np.ndarray
+) -> np.ndarray:
+    """Per block, the scale s minimising the weighted error of s * c against w for fixed codes c (N, G, B)."""
+    if hess is not None:
+        hc = np.matmul(np.ascontiguousarray(c.swapaxes(0, 1)), hess).swapaxes(0, 1)  # H symmetric: (c H)
+        num, den = (hc * wb).sum(-1), (hc * c).sum(-1)
+    else:
+        weight = imp if imp is not None else 1.0
+        num, den = (weight * c * wb).sum(-1), (weight * c * c).sum(-1)
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), old).astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -194,7 +261,7 @@ def encode_matmulnbits(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, na
     attrs = {"K": k, "N": n, "bits": qw.bits, "block_size": qw.block}
     if opts.get("accuracy_level"):
         attrs["accuracy_level"] = int(opts["accuracy_level"])
-    node = ir.node("MatMulNBits", inputs, attrs, domain=MS_DOMAIN, name=f"{matmul.name}_Q{qw.bits}")
+    node = ir.node("MatMulNBits", inputs, attrs, domain=MS_DOMAIN, name=_node_name(model, opts, f"{name}_Q{qw.bits}"))
     graph.insert_before(matmul, node)
     old = matmul.outputs[0]
     _copy_value_info(old, node.outputs[0])
@@ -213,7 +280,7 @@ def encode_qdq(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, name: str,
         "DequantizeLinear",
         [add_initializer(graph, w, f"{name}.qweight"), add_initializer(graph, scale, f"{name}.scales")],
         {"axis": 0, "block_size": qw.block},
-        name=f"{matmul.name}_DequantizeLinear",
+        name=_node_name(model, opts, f"{name}_DequantizeLinear"),
     )
     dq.outputs[0].name = f"{name}.weight_dq"
     dq.outputs[0].dtype = ir.DataType.FLOAT
@@ -221,6 +288,15 @@ def encode_qdq(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, name: str,
     graph.insert_before(matmul, dq)
     matmul.replace_input_with(1, dq.outputs[0])
     return 1
+
+
+def _node_name(model: ir.Model, opts: dict, preferred: str) -> str:
+    """A unique node name built from the weight's (unique) name: the caller's `NodeNames` when it passes one in
+    `opts["node_names"]` (one scan of the graph per pass), else a fresh one."""
+    names = opts.get("node_names")
+    if names is None:
+        names = opts["node_names"] = NodeNames(model.graph)
+    return names.take(preferred)
 
 
 def _copy_value_info(src: ir.Value, dst: ir.Value) -> None:

@@ -1,0 +1,110 @@
+"""GPTQ for one weight, in numpy: quantize the columns of W (N, K) one at a time along K and push each column's
+rounding error onto the columns not yet quantized, through the inverse of the activation Hessian H = X^T X.
+
+Why: round-to-nearest treats each weight alone; the output error of a linear layer is (W - Q) H (W - Q)^T, and
+GPTQ (Frantar et al., 2022) minimises it greedily with the closed-form update of Optimal Brain Quantization.
+Each block's scale is chosen when the sweep reaches the block, from the weights as updated so far, by the
+block's share of the output error (`quantize_blocks` with the block's Gram matrix), so the integers and scales
+land in the same MatMulNBits / blocked-DequantizeLinear layout as every other method. Columns are visited in
+order (no act-order): the blocks must stay contiguous along K for those encodings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .int4_encode import QuantizedWeight, check_block, quantize_blocks, round_codes
+
+CHUNK = 128  # columns updated lazily together (the GPTQ paper's B); rounded up to a multiple of the block
+
+
+def block_hessians(h: np.ndarray, block: int) -> np.ndarray:
+    """The (K/B, B, B) diagonal blocks of a (K, K) Hessian: each block's own share of the output error."""
+    k = h.shape[0]
+    g = k // block
+    return np.stack([h[i * block : (i + 1) * block, i * block : (i + 1) * block] for i in range(g)]).astype(np.float32)
+
+
+def hessian(x: np.ndarray) -> np.ndarray:
+    """H = X^T X / tokens for activations (tokens, K), in float64."""
+    x = np.asarray(x, np.float64)
+    return x.T @ x / max(x.shape[0], 1)
+
+
+def gptq_quantize(
+    w_nk: np.ndarray,
+    h: np.ndarray,
+    block: int,
+    *,
+    bits: int = 4,
+    symmetric: bool = True,
+    damp: float = 0.01,
+    clip_grid: int = 0,
+    scale_search: bool = True,
+    signed_scales: bool = False,
+    name: str = "weight",
+) -> QuantizedWeight:
+    """GPTQ of an (N, K) weight against the (K, K) Hessian `h` of its input; `damp` times the mean diagonal is
+    added to H (the usual 1%: calibration sets smaller than K leave H singular)."""
+    n, k = w_nk.shape
+    check_block(k, block, name)
+    qmax = 2**bits - 1
+    w = np.asarray(w_nk, np.float64).copy()
+    h = np.asarray(h, np.float64)
+    hb = block_hessians(h, block)
+    hd = h.copy()
+    dead = np.diag(hd) <= 0
+    hd[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    hd[np.diag_indices(k)] += damp * float(np.mean(np.diag(hd)))
+    u = _upper_inverse_cholesky(hd)
+
+    codes = np.zeros((n, k), np.uint8)
+    groups = k // block
+    scales = np.zeros((n, groups), np.float32)
+    zeros = np.zeros((n, groups), np.float32)
+    chunk = block * max(1, -(-CHUNK // block))
+    for i1 in range(0, k, chunk):
+        i2 = min(i1 + chunk, k)
+        w1 = w[:, i1:i2].copy()
+        e1 = np.zeros_like(w1)
+        u1 = u[i1:i2, i1:i2]
+        for j in range(i2 - i1):
+            col = i1 + j
+            if col % block == 0:
+                g = col // block
+                qw = quantize_blocks(
+                    w1[:, j : j + block].astype(np.float32),
+                    block,
+                    bits=bits,
+                    symmetric=symmetric,
+                    hessian=hb[g : g + 1],
+                    clip_grid=clip_grid,
+                    scale_search=scale_search,
+                    signed_scales=signed_scales,
+                    name=name,
+                )
+                scales[:, g], zeros[:, g] = qw.scales[:, 0], qw.zeros()[:, 0]
+            s, z = scales[:, col // block].astype(np.float64), zeros[:, col // block].astype(np.float64)
+            q = round_codes(w1[:, j], s, z, qmax)
+            err = (w1[:, j] - (q - z) * s) / u1[j, j]
+            w1[:, j:] -= np.outer(err, u1[j, j:])
+            e1[:, j] = err
+            codes[:, col] = q
+        w[:, i2:] -= e1 @ u[i1:i2, i2:]
+    return QuantizedWeight(
+        q=codes, scales=scales, zero_points=None if symmetric else zeros.astype(np.uint8), bits=bits, block=block
+    )
+
+
+def _upper_inverse_cholesky(h: np.ndarray) -> np.ndarray:
+    """U upper-triangular with H^-1 = U^T U, adding damping until H is positive definite."""
+    extra = 0.0
+    mean_diag = float(np.mean(np.diag(h)))
+    for _ in range(8):
+        try:
+            hinv = np.linalg.inv(h + extra * np.eye(h.shape[0]))
+            return np.linalg.cholesky((hinv + hinv.T) / 2).T
+        except np.linalg.LinAlgError:
+            extra = max(extra * 10, 1e-4 * mean_diag or 1e-6)
+    raise np.linalg.LinAlgError("activation Hessian is not positive definite even after damping")
