@@ -67,7 +67,10 @@ def test_llava_parity(tmp_path, tower, text, over, tokens):
     assert result.spec.text_model_type == text
     _parity(vlm, tmp_path / "onnx", result.spec)
     names = {i.name for i in onnx.load(str(tmp_path / "onnx" / "vision_encoder.onnx")).graph.initializer}
-    assert "multi_modal_projector.linear_1.weight" in names  # the checkpoint's own names
+    # transformers 5's module names (what PEFT adapters name), from the checkpoint's on-disk layout
+    assert {"model.multi_modal_projector.linear_1.weight", "model.language_model.layers.0.self_attn.q_proj.weight"} <= (
+        names | {i.name for i in onnx.load(str(tmp_path / "onnx" / "decoder_model_merged.onnx")).graph.initializer}
+    )
 
 
 @pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
@@ -217,3 +220,23 @@ def test_adapter_for_another_base_is_refused_up_front(tmp_path, llava_dir):
         merge_lora(tmp_path / "onnx", tmp_path / "merged", [tmp_path / "adapter"])
     assert "model.layers.0.self_attn.q_proj" in str(info.value)
     assert not (tmp_path / "merged").exists()
+
+
+def test_peft_adapter_of_the_same_llava_merges_as_peft_does(tmp_path, llava_dir):
+    """The graph names LLaVA's weights as transformers 5's modules are named, so an adapter trained on the model
+    (PEFT keys `base_model.model.model.language_model.layers...`) merges, and answers as PEFT's own merge."""
+    import dataclasses
+
+    peft = pytest.importorskip("peft")
+    from edgekit.passes.lora import merge_lora
+
+    base = transformers.LlavaForConditionalGeneration.from_pretrained(llava_dir.path).eval()
+    config = peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=r".*language_model.*\.(q_proj|v_proj|down_proj)", init_lora_weights=False
+    )
+    lora = peft.get_peft_model(base, config)
+    lora.save_pretrained(tmp_path / "adapter")
+    merged = lora.merge_and_unload().eval()
+    spec = convert_hf(llava_dir.path, tmp_path / "onnx").spec
+    merge_lora(tmp_path / "onnx", tmp_path / "merged", [tmp_path / "adapter"])
+    _parity(dataclasses.replace(llava_dir, model=merged), tmp_path / "merged", spec, cases=1)

@@ -105,15 +105,15 @@ def check_shapes(expected: dict[str, tuple[int, ...]], ckpt: SafetensorsCheckpoi
         raise CheckpointError("checkpoint does not match config.json: " + "; ".join(problems[:3]) + more, ckpt.dir)
 
 
-def _write(model: ir.Model, ckpt: SafetensorsCheckpoint, path: Path, threshold: int) -> Path:
-    attach_lazy_weights(model, ckpt)
+def _write(model: ir.Model, ckpt: SafetensorsCheckpoint, path: Path, threshold: int, aliases=None) -> Path:
+    attach_lazy_weights(model, ckpt, aliases)
     return save_model(model, path, external_data_threshold_bytes=threshold)
 
 
-def _write_decoder(stand_ins, spec: DecoderSpec, ckpt, tmp: Path, threshold: int) -> list[Path]:
+def _write_decoder(stand_ins, spec: DecoderSpec, ckpt, tmp: Path, threshold: int, aliases=None) -> list[Path]:
     return [
-        _write(build_embed_tokens(stand_ins, spec), ckpt, tmp / EMBED_TOKENS, threshold),
-        _write(build_decoder(stand_ins, spec), ckpt, tmp / DECODER, threshold),
+        _write(build_embed_tokens(stand_ins, spec), ckpt, tmp / EMBED_TOKENS, threshold, aliases),
+        _write(build_decoder(stand_ins, spec), ckpt, tmp / DECODER, threshold, aliases),
     ]
 
 
@@ -140,12 +140,14 @@ def convert_hf(
         written: list[Path] = []
         if kind == "vlm":
             spec = vlm_spec(cfg, model_dir, ckpt.entries)
-            check_shapes({**expected_vlm_shapes(spec, cfg), **expected_decoder_shapes(spec.decoder)}, ckpt)
-            stand_ins = ShapeOnlyWeights(ckpt)
+            expected = {**expected_vlm_shapes(spec, cfg), **expected_decoder_shapes(spec.decoder)}
+            check_shapes({spec.to_checkpoint(k): v for k, v in expected.items()}, ckpt)
+            aliases = spec.aliases(ckpt.entries)
+            stand_ins = ShapeOnlyWeights(ckpt, aliases)
             vision_weights = ChainMap(span_rows(spec, ckpt), stand_ins)  # the span's few rows are real
             vision = build_vlm_vision(vision_weights, spec)
-            written.append(_write(vision, ckpt, tmp / VISION_ENCODER, external_data_threshold_bytes))
-            written += _write_decoder(stand_ins, spec.decoder, ckpt, tmp, external_data_threshold_bytes)
+            written.append(_write(vision, ckpt, tmp / VISION_ENCODER, external_data_threshold_bytes, aliases))
+            written += _write_decoder(stand_ins, spec.decoder, ckpt, tmp, external_data_threshold_bytes, aliases)
         elif kind == "decoder":
             spec = decoder_spec(cfg, model_dir, ckpt.entries)
             check_shapes(expected_decoder_shapes(spec), ckpt)

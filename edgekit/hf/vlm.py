@@ -61,6 +61,27 @@ class VlmSpec:
     scale_factor: int = 1  # idefics3: pixel shuffle
     span_before: tuple[int, ...] = ()  # token ids the processor writes before the image tokens
     span_after: tuple[int, ...] = ()
+    # (checkpoint prefix, module prefix): the graph names weights as transformers' modules are named (what PEFT
+    # adapters and quantization reports say), where the checkpoint on disk uses another layout (LLaVA's legacy one)
+    renames: tuple[tuple[str, str], ...] = ()
+
+    def to_checkpoint(self, name: str) -> str:
+        """A graph (module) weight name -> the checkpoint's name for it."""
+        for ckpt, module in self.renames:
+            if name.startswith(module):
+                return ckpt + name[len(module) :]
+        return name
+
+    def to_module(self, name: str) -> str:
+        for ckpt, module in self.renames:
+            if name.startswith(ckpt):
+                return module + name[len(ckpt) :]
+        return name
+
+    def aliases(self, checkpoint_names: Collection[str]) -> dict[str, str]:
+        """{graph name: checkpoint name} for every renamed tensor."""
+        out = {self.to_module(n): n for n in checkpoint_names}
+        return {k: v for k, v in out.items() if k != v}
 
     @property
     def image_size(self) -> int:
@@ -215,7 +236,40 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
     )
     if not 0 <= image_token < spec.decoder.vocab_size:
         raise ConfigError(f"image_token_id {image_token} is outside the vocabulary of {spec.decoder.vocab_size}", where)
-    return spec
+    return _module_names(spec) if spec.family == "llava" else spec
+
+
+LLAVA_MODULES = {"tower": "model.vision_tower.", "connector": "model.multi_modal_projector."}
+LLAVA_LM, LLAVA_HEAD = "model.language_model.", "lm_head"
+
+
+def _module_names(spec: VlmSpec) -> VlmSpec:
+    """LLaVA's graph under transformers 5's module names (`model.language_model.layers.0...`,
+    `model.vision_tower...`, `lm_head`), whichever layout its checkpoint was saved in (transformers 4 and 5 both
+    write `language_model.model.*` / `vision_tower.*` to disk)."""
+    d = spec.decoder
+    lm = d.layer_prefix[: -len("layers")]
+    pairs = [
+        (spec.tower.prefix, LLAVA_MODULES["tower"]),
+        (spec.connector_prefix, LLAVA_MODULES["connector"]),
+        (lm, LLAVA_LM),
+    ]
+    if not d.lm_head.startswith(lm):  # untied: its own module
+        pairs.append((d.lm_head, LLAVA_HEAD))
+    renames = tuple((c, m) for c, m in pairs if c != m)
+    named = dataclasses.replace(spec, renames=renames)
+    return dataclasses.replace(
+        named,
+        tower=dataclasses.replace(spec.tower, prefix=LLAVA_MODULES["tower"]),
+        connector_prefix=LLAVA_MODULES["connector"],
+        decoder=dataclasses.replace(
+            d,
+            layer_prefix=named.to_module(d.layer_prefix),
+            embed_tokens=named.to_module(d.embed_tokens),
+            final_norm=named.to_module(d.final_norm),
+            lm_head=named.to_module(d.lm_head),
+        ),
+    )
 
 
 def expected_vlm_shapes(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -241,7 +295,7 @@ def span_rows(spec: VlmSpec, ckpt: SafetensorsCheckpoint) -> dict[str, np.ndarra
     ids = [*spec.span_before, *spec.span_after]
     if not ids:
         return {}
-    return {SPAN_ROWS: ckpt.read_rows(f"{spec.decoder.embed_tokens}.weight", ids)}
+    return {SPAN_ROWS: ckpt.read_rows(spec.to_checkpoint(f"{spec.decoder.embed_tokens}.weight"), ids)}
 
 
 def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Model:
