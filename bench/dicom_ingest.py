@@ -3,8 +3,9 @@ Orthanc by edgekitd itself, beside the same kind of studies through `POST /v1/jo
 writes today (poll the job, fetch its SR, STOW-RS it to the PACS). Side by side in one run, in alternating blocks
 so both paths see the same background load.
 
-Per path: throughput (studies per minute over the blocks' wall time) and time to SR-in-PACS per study (p50/p95:
-from the first byte sent to the SR visible in Orthanc's index). The C-STORE path's time includes the quiet period
+Per path: throughput (studies per minute over the blocks' wall time), time to SR-in-PACS per study (p50/p95: from
+the first byte sent to the SR visible in Orthanc's index; a jobs block submits its studies at once, so they queue)
+and the time to send one study (storescu's run; one POST /v1/jobs). The C-STORE path's time includes the quiet period
 (`--quiet`, 1 s here; 10 s by default in edgekitd), which is shown beside it and subtracted in its own column.
 
     python bench/dicom_ingest.py [--studies 50] [--block 10] [--quiet 1.0] [--full-size] [--out FILE]
@@ -101,16 +102,17 @@ def stow_to(pacs: Orthanc, data: bytes) -> None:
         assert resp.status == 200, resp.status
 
 
-def cstore_block(d: DaemonProcess, block: list[tuple[str, Path]], starts: dict[str, float]) -> None:
+def cstore_block(d: DaemonProcess, block: list[tuple[str, Path]], starts: dict, sends: dict) -> None:
     for uid, folder in block:
         starts[uid] = time.perf_counter()
         cmd = [tool("storescu"), "-xr", "-aet", "MODALITY", "-aec", "EDGEKIT", "127.0.0.1", str(d.scp_port)]
         sent = subprocess.run(cmd + [str(p) for p in sorted(folder.glob("*.dcm"))], capture_output=True, timeout=120)
         if sent.returncode != 0:
             raise RuntimeError(sent.stderr.decode()[-1000:])
+        sends[uid] = time.perf_counter() - starts[uid]
 
 
-def jobs_block(d: DaemonProcess, pacs: Orthanc, block: list[tuple[str, Path]], starts: dict[str, float]) -> None:
+def jobs_block(d: DaemonProcess, pacs: Orthanc, block: list[tuple[str, Path]], starts: dict, sends: dict) -> None:
     """Today's glue: POST /v1/jobs, then (in one thread, as the daemon's delivery worker is one) poll each job,
     fetch its SR and STOW-RS it to the PACS."""
     ids = []
@@ -118,6 +120,7 @@ def jobs_block(d: DaemonProcess, pacs: Orthanc, block: list[tuple[str, Path]], s
         starts[uid] = time.perf_counter()
         r = d.client.post_study("/v1/jobs", study_files(folder))
         assert r.status == 202, r.body[:300]
+        sends[uid] = time.perf_counter() - starts[uid]
         ids.append(r.json()["id"])
     for job_id in ids:
         while True:
@@ -129,9 +132,12 @@ def jobs_block(d: DaemonProcess, pacs: Orthanc, block: list[tuple[str, Path]], s
         stow_to(pacs, d.client.get(f"/v1/jobs/{job_id}/sr").body)
 
 
-def summarise(starts: dict[str, float], seen: dict[str, float], wall_s: float, quiet_s: float) -> dict:
+def summarise(starts: dict, sends: dict, seen: dict, wall_s: float, quiet_s: float) -> dict:
     lat = np.array([seen[u] - starts[u] for u in starts])
+    send = np.array(list(sends.values()))
     return {
+        "send_p50_s": float(np.percentile(send, 50)),
+        "send_p95_s": float(np.percentile(send, 95)),
         "studies": len(lat),
         "instances": len(lat) * len(CT),
         "wall_s": wall_s,
@@ -173,17 +179,19 @@ def main(argv: list[str] | None = None) -> int:
         watch = SrWatch(pacs)
         starts_a: dict[str, float] = {}
         starts_b: dict[str, float] = {}
+        sends_a: dict[str, float] = {}
+        sends_b: dict[str, float] = {}
         wall = {"a": 0.0, "b": 0.0}
         try:
             for i in range(0, args.studies, args.block):
                 t0 = time.perf_counter()
                 block = studies_a[i : i + args.block]
-                cstore_block(d, block, starts_a)
+                cstore_block(d, block, starts_a, sends_a)
                 watch.wait([u for u, _ in block])
                 wall["a"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 block = studies_b[i : i + args.block]
-                jobs_block(d, pacs, block, starts_b)
+                jobs_block(d, pacs, block, starts_b, sends_b)
                 watch.wait([u for u, _ in block])
                 wall["b"] += time.perf_counter() - t0
                 print(f"  block {i // args.block + 1}: {i + len(block)} studies per path", file=sys.stderr)
@@ -193,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             watch.stop()
             d.stop()
             pacs.stop()
-    a = summarise(starts_a, watch.seen, wall["a"], args.quiet)
-    b = summarise(starts_b, watch.seen, wall["b"], 0.0)
+    a = summarise(starts_a, sends_a, watch.seen, wall["a"], args.quiet)
+    b = summarise(starts_b, sends_b, watch.seen, wall["b"], 0.0)
     result = {
         "model": "radreport-tiny architecture, random weights" if args.full_size else "tiny test model, random weights",
         "pacs": "Orthanc (Debian) + DICOMweb plugin, loopback",
@@ -207,21 +215,23 @@ def main(argv: list[str] | None = None) -> int:
             "p50_cstore_over_jobs": a["time_to_sr_p50_s"] / b["time_to_sr_p50_s"],
             "p95_cstore_over_jobs": a["time_to_sr_p95_s"] / b["time_to_sr_p95_s"],
             "p50_less_quiet_cstore_over_jobs": a["time_to_sr_p50_less_quiet_s"] / b["time_to_sr_p50_s"],
+            "send_p50_cstore_over_jobs": a["send_p50_s"] / b["send_p50_s"],
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"\n{args.studies} studies per path x {len(CT)} CT instances; quiet period {args.quiet} s; {result['model']}")
-    print(f"{'path':<34}{'studies/min':>12}{'SR p50 s':>10}{'SR p95 s':>10}{'p50-quiet s':>12}")
+    print(f"{'path':<34}{'studies/min':>12}{'SR p50 s':>10}{'SR p95 s':>10}{'p50-quiet s':>12}{'send p50 s':>12}")
     for name, r in (("C-STORE -> edgekitd delivers", a), ("POST /v1/jobs + glue STOW-RS", b)):
         print(
             f"{name:<34}{r['throughput_studies_per_min']:>12.1f}{r['time_to_sr_p50_s']:>10.2f}"
-            f"{r['time_to_sr_p95_s']:>10.2f}{r['time_to_sr_p50_less_quiet_s']:>12.2f}"
+            f"{r['time_to_sr_p95_s']:>10.2f}{r['time_to_sr_p50_less_quiet_s']:>12.2f}{r['send_p50_s']:>12.2f}"
         )
     ratios = result["ratios"]
     print(
         f"{'ratio C-STORE / jobs':<34}{ratios['throughput_cstore_over_jobs']:>12.2f}"
-        f"{ratios['p50_cstore_over_jobs']:>10.2f}{ratios['p95_cstore_over_jobs']:>10.2f}{ratios['p50_less_quiet_cstore_over_jobs']:>12.2f}"
+        f"{ratios['p50_cstore_over_jobs']:>10.2f}{ratios['p95_cstore_over_jobs']:>10.2f}"
+        f"{ratios['p50_less_quiet_cstore_over_jobs']:>12.2f}{ratios['send_p50_cstore_over_jobs']:>12.2f}"
     )
     print(f"wrote {args.out}")
     return 0

@@ -457,6 +457,7 @@ class Daemon:
             return
         if error is not None:
             self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
+            shutil.rmtree(src, ignore_errors=True)  # as a job's input goes once it has run
             self.metrics.dicom_studies.labels(error.code).inc()
             log.info("received study job %s failed at ingest: %s", job_id, error.code)
             self.delivery.wake()
