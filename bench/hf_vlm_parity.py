@@ -4,7 +4,7 @@ built from configs (nothing downloaded), per family at two sizes, plus the memor
 Per family and size: 100 cases of a random grey image (the tower's size) and a random 8-token prompt; greedy
 tokens from transformers' `generate()` (12 new tokens) against edgekit's `generate()` on the converted graphs,
 and the prefill logits (max |error| / max |logit|). Export time and peak RSS are of `convert_hf` alone, in a
-child process (ru_maxrss of that process; the RSS after its imports beside it). The 2B-class run (`--big`)
+child process (VmHWM of that process; the peak after its imports beside it). The 2B-class run (`--big`)
 builds a LLaVA of ~2.0B parameters (a CLIP-L/14-336-sized tower + a 2048-wide, 24-layer LLaMA) in float16, saves
 it sharded, and converts it in a child process: its peak RSS is the figure that says tensors are streamed (the
 float32 graphs alone are ~8 GB).
@@ -38,10 +38,11 @@ CONFIGS = {
     "idefics3": lambda p, size: make_idefics3(p, size, family="idefics3"),
     "smolvlm": lambda p, size: make_idefics3(p, size, family="smolvlm"),
 }
-CHILD = """
-import json, resource, sys, time
+CHILD = r"""
+import json, re, sys, time
 from edgekit.hf import convert_hf
-rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this process's peak RSS since exec (ru_maxrss would carry the parent's peak across fork + exec)
+rss = lambda: int(re.search(r"VmHWM:\s+(\d+) kB", open("/proc/self/status").read()).group(1)) / 1024
 imported = rss()
 t0 = time.perf_counter()
 r = convert_hf(sys.argv[1], sys.argv[2])
@@ -124,6 +125,9 @@ def main() -> None:
     ap.add_argument("--big", action="store_true", help="also the 2B-class memory run (~4 GB + ~8 GB of disk)")
     ap.add_argument("--out", type=Path, default=Path("out/bench/hf_vlm_parity.json"))
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # both sides on one thread: a fair pair, and no oversubscription of a shared box
     rows = []
     with tempfile.TemporaryDirectory(prefix="hf-vlm-parity-") as tmp:
         for name, make in CONFIGS.items():
@@ -136,7 +140,6 @@ def main() -> None:
                 print(f"  {name} {size}: done", file=sys.stderr)
                 shutil.rmtree(root, ignore_errors=True)
         big = big_run(Path(tmp) / "big") if args.big else None
-    import torch
     import transformers
 
     result = {
