@@ -240,3 +240,24 @@ def test_peft_adapter_of_the_same_llava_merges_as_peft_does(tmp_path, llava_dir)
     spec = convert_hf(llava_dir.path, tmp_path / "onnx").spec
     merge_lora(tmp_path / "onnx", tmp_path / "merged", [tmp_path / "adapter"])
     _parity(dataclasses.replace(llava_dir, model=merged), tmp_path / "merged", spec, cases=1)
+
+
+def test_external_weights_ship_beside_their_graphs(tmp_path, llava_dir, monkeypatch):
+    """A 2B-class import keeps its weights in <graph>.onnx.data (past protobuf's 2 GB): the bundle ships them
+    under <role>_data beside the graph and serves the same report. Forced here with a threshold of 0 bytes."""
+    import edgekit.hf
+    from edgekit.build import build
+    from edgekit.bundle.manifest import EXTERNAL_DATA_ROLES
+
+    plain = build("cpu", tmp_path / "plain", model_dir=llava_dir.path, parity=False).bundle
+    real = edgekit.hf.convert_hf
+    monkeypatch.setattr(edgekit.hf, "convert_hf", lambda *a, **k: real(*a, **k, external_data_threshold_bytes=0))
+    ext = build("cpu", tmp_path / "ext", model_dir=llava_dir.path, parity=False).bundle
+    roles = json.loads((ext / "manifest.json").read_text())["components"]
+    assert {EXTERNAL_DATA_ROLES[r] for r in ("vision_encoder", "embed_tokens", "decoder")} <= roles.keys()
+    assert (ext / "decoder_model_merged.onnx.data").is_file()
+    assert (ext / "decoder_model_merged.onnx").stat().st_size < 100_000  # the weights are not inside
+    study = _study(28, seed=4)
+    a, b = (Reporter.from_bundle(p, threads=1) for p in (plain, ext))
+    texts = [r.report(study, "w9", r.options(max_new_tokens=5)).text for r in (a, b)]
+    assert texts[0] == texts[1] and texts[0]
