@@ -204,7 +204,8 @@ def test_fuzz_malformed_multipart_never_answers_5xx(daemon):
     @given(multipart_bodies())
     def fuzz(case):
         body, ctype = case
-        header = ctype.encode("latin-1", "replace").decode("latin-1").replace("\r", " ").replace("\n", " ")
+        # a header value of visible ASCII: other bytes are refused by uvicorn's HTTP parser before the app sees them
+        header = "".join(c if " " <= c <= "~" else "?" for c in ctype)
         reply = stow(daemon, body, header)
         seen[reply.status] = seen.get(reply.status, 0) + 1
         assert reply.status in (200, 202, 400, 409, 415), (reply.status, reply.body[:300])
