@@ -86,8 +86,11 @@ def cstore(dest: Destination, data: bytes, calling_ae: str) -> None:
     import io
 
     import pydicom
-    from pynetdicom import AE
 
+    try:
+        from pynetdicom import AE
+    except ImportError:
+        raise DeliveryError("C-STORE needs pynetdicom: pip install 'edgekit[serve]'") from None
     ds = pydicom.dcmread(io.BytesIO(data))
     ae = AE(ae_title=calling_ae)
     ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = dest.timeout_s

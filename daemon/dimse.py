@@ -51,7 +51,10 @@ class StorageScp:
 
     def start(self) -> None:
         """Bind and serve in pynetdicom's threads; a port in use is a config error (the daemon exits 2)."""
-        from pynetdicom import AE, evt
+        try:
+            from pynetdicom import AE, evt
+        except ImportError:
+            raise ConfigError("dimse.enabled = true needs pynetdicom: pip install 'edgekit[serve]'") from None
 
         # pynetdicom logs every association at INFO and whole datasets at DEBUG: patient values. Warnings only.
         logging.getLogger("pynetdicom").setLevel(logging.WARNING)
