@@ -122,11 +122,11 @@ def tower_spec(
 ) -> VisionTowerSpec:
     """A tower's spec from its (vision) config; `prefixes` are where its weights may sit in the checkpoint
     (a VLM nests them: `vision_tower.`, `model.vision_model.`)."""
-    probe = NAMES[family]["final"]
-    prefix = next((p for p in prefixes if probe.format(p=p) + ".weight" in names), None)
+    probe = NAMES[family]["ln1"]  # layer 0's first norm: a VLM may drop the tower's unused final norm
+    prefix = next((p for p in prefixes if probe.format(p=p, i=0) + ".weight" in names), None)
     if prefix is None:
         raise ConfigError(
-            f"no {family} vision tower weights found (looked for {probe.format(p='')}.weight "
+            f"no {family} vision tower weights found (looked for {probe.format(p='', i=0)}.weight "
             f"under prefixes {', '.join(repr(p) for p in prefixes)})",
             where,
         )
