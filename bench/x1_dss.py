@@ -31,8 +31,8 @@ class _Recording:
         self.engine, self.stats = engine, []
         self.bundle = engine.bundle
 
-    def report(self, study, prompt: str = ""):
-        rep = self.engine.report(study, prompt)
+    def report(self, study, prompt: str = "", options=None):
+        rep = self.engine.report(study, prompt, options)
         self.stats.append(dict(self.engine.last_stats))
         return rep
 

@@ -48,6 +48,13 @@ def _check_source(model_dir: Path) -> None:
             raise EdgekitError(f"not a model directory: {name} is missing", model_dir)
 
 
+def learned_head_importance(model_dir: Path) -> dict:
+    """The head importance a model learned in training (its gates, written beside the weights), as a bundle
+    component: the X1's DSS reads it as `g[l,h]` with no further step."""
+    path = model_dir / names.HEAD_IMPORTANCE_FILE
+    return {names.HEAD_IMPORTANCE: path} if path.is_file() else {}
+
+
 def measure_parity_figure(onnx_dir: Path, model_dir: Path, samples: int = 8) -> dict:
     """ONNX Runtime vs the PyTorch reference, or a note saying why it was not measured."""
     try:
@@ -120,6 +127,7 @@ def build(
 
             export_default(model_dir, onnx_dir)
             model_files = {role: model_dir / fname for role, fname in WEIGHT_FILES.items()}
+            model_files.update(learned_head_importance(model_dir))
             steps.append({"name": "export", "params": {"opset": 21, "format": "onnx", "dtype": "float32"}})
         figures: dict = {}
         components: dict = {}
@@ -154,6 +162,7 @@ def build(
             for role, p in graph_files.items()
             if p.with_name(p.name + ".data").is_file()
         }
+        # a recipe's heads pass scores the graphs it pruned: its scores (in `components`) win over learned gates
         components = {**graph_files, **external, **model_files, **components, **prepared.components}
         size = sum(Path(p).stat().st_size for p in components.values())
         figures["size"] = {"bytes": size, "source": "sum of the bundle's component files"}

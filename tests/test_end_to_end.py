@@ -6,10 +6,12 @@ These run the real CLI entry point (`edgekit.cli.app.main`) on the committed wei
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from edgekit import names
 from edgekit.build import build, default_model_dir
 from edgekit.bundle import load_bundle
 from edgekit.cli.app import main
@@ -239,11 +241,20 @@ def test_build_without_torch_prints_no_parity_step(tmp_path, capsys, monkeypatch
 
 def test_x1_profile_says_where_head_importance_came_from_and_help_names_its_plot(tmp_path, capsys, monkeypatch):
     bundle = tmp_path / "x1"
-    build("x1", bundle, parity=False)  # the default recipe: no head-importance scores in the bundle
-    out = tmp_path / "prof"
-    assert main(["profile", str(bundle), "--study", str(SAMPLES / "cr_chest"), "-o", str(out), "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["summary"]["DSS"].startswith("on (uniform head importance: the bundle has none), skip rate ")
+    build("x1", bundle, parity=False)  # the default weights carry their learned head gates
+    assert load_bundle(bundle).manifest.components[names.HEAD_IMPORTANCE].path == names.HEAD_IMPORTANCE_FILE
+    ungated = tmp_path / "ungated"
+    shutil.copytree(default_model_dir(), ungated)
+    (ungated / names.HEAD_IMPORTANCE_FILE).unlink()
+    build("x1", tmp_path / "x1-ungated", model_dir=ungated, parity=False)
+    summaries = {}
+    for b in (bundle, tmp_path / "x1-ungated"):
+        out = tmp_path / f"prof-{b.name}"
+        assert main(["profile", str(b), "--study", str(SAMPLES / "cr_chest"), "-o", str(out), "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        summaries[b.name] = result["summary"]["DSS"]
+    assert summaries["x1"].startswith("on (head importance from the bundle), skip rate ")
+    assert summaries["x1-ungated"].startswith("on (uniform head importance: the bundle has none), skip rate ")
     plot = Path(result["plot"])
     assert plot.read_bytes()[:4] == b"\x89PNG"
     monkeypatch.setenv("COLUMNS", "1000")

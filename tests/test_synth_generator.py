@@ -165,6 +165,8 @@ def test_nodule_count_matches_separate_blobs_on_the_correct_side():
             continue
         projection = s.masks["nodule"].any(axis=0)
         assert _components(projection) == f.count
+        assert len(s.centres["nodule"]) == f.count  # where each one is drawn, inside its pixels
+        assert all(projection[int(y), int(x)] for y, x in s.centres["nodule"])
         cols = np.nonzero(projection)[1]
         # patient's right is image left
         assert (cols < 64).all() if f.location == "right" else (cols >= 64).all()

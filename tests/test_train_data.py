@@ -100,3 +100,42 @@ def test_xc_modality_only_for_cine_studies(enc):
     if any(t.is_cine for t in enc.data.texts):
         assert (True, True) in seen and (True, False) in seen
     assert all(modality != VIDEO_MODALITY for _, modality, _ in epoch_items(enc, 0, 0, 0.0))
+
+
+def test_count_maps_put_each_nodule_in_the_image_token_cell_and_side_channel_it_is_drawn_in(enc):
+    from edgekit.models.radreport_tiny.data import COUNT_CHANNELS
+
+    assert COUNT_CHANNELS == (("nodule", "left"), ("nodule", "right"))
+    b = make_batch(enc, [(i, enc.data.texts[i].modality, 0) for i in range(N)], count_cells=4)
+    assert b["count_maps"].shape == (N, 2, 16)
+    assert "count_maps" not in make_batch(enc, [(0, enc.data.texts[0].modality, 0)])
+    with_nodules = 0
+    for i, t in enumerate(enc.data.texts):
+        nodule = next((f for f in t.findings if f.type == "nodule"), None)
+        assert b["count_maps"][i].sum() == (nodule.count if nodule else 0)
+        if nodule is None:
+            continue
+        with_nodules += 1
+        channel = COUNT_CHANNELS.index(("nodule", nodule.location))
+        assert b["count_maps"][i, channel].sum() == nodule.count
+        s = generate_study(i, "train")
+        rows, cols = s.stored.shape[1:]
+        for y, x in s.centres["nodule"]:  # the 4x4 cell of a 128-px CT is 32 px: row-major like the tokens
+            assert b["count_maps"][i, channel, int(y // (rows / 4)) * 4 + int(x // (cols / 4))] >= 1
+        cells = np.nonzero(b["count_maps"][i, channel])[0] % 4
+        assert (cells >= 2).all() if nodule.location == "left" else (cells < 2).all()  # patient's left: image right
+    assert with_nodules >= 1
+
+
+def test_phrasings_limit_the_references_trained_on_without_changing_the_other_draws(enc):
+    every = epoch_items(enc, 0, 3, 0.3)
+    assert epoch_items(enc, 0, 3, 0.3, phrasings=4) == every
+    assert len({r for _, _, r in every}) > 1  # by default, a random one of the four phrasings
+    canonical = epoch_items(enc, 0, 3, 0.3, phrasings=1)
+    assert [r for _, _, r in canonical] == [0] * N
+    assert [(i, m) for i, m, _ in canonical] == [(i, m) for i, m, _ in every]
+    two = epoch_items(enc, 0, 3, 0.3, phrasings=2)
+    assert {r for _, _, r in two} <= {0, 1}
+    batches = list(iterate_batches(enc, batch_size=4, epochs=1, seed=0, phrasings=1))
+    first = epoch_items(enc, 0, 0, 0.3, phrasings=1)[:4]
+    np.testing.assert_array_equal(batches[0]["input_ids"], make_batch(enc, first)["input_ids"])

@@ -86,3 +86,56 @@ def test_model_options_are_checked():
 
     with pytest.raises(ConfigError, match="unknown model option"):
         replace(TrainOptions(), model={"hiddne": 3}).model_config(100, PreprocessConfig())
+
+
+def test_count_map_loss_is_the_squared_count_error_per_cell_and_leaves_the_lm_loss_alone(enc):
+    from edgekit.models.radreport_tiny.data import COUNT_CHANNELS, make_batch
+    from edgekit.models.radreport_tiny.train import CountMapProbe, to_torch, training_loss
+
+    set_determinism(0, 2)
+    cfg = TrainOptions(model=TINY).model_config(enc.vocab_size, PreprocessConfig())
+    model, probe = build_model(cfg, 0), CountMapProbe(cfg, len(COUNT_CHANNELS))
+    cells = cfg.grid // cfg.pool_stride
+    batch = to_torch(make_batch(enc, [(i, enc.data.texts[i].modality, 0) for i in range(4)], count_cells=cells))
+    assert batch["count_maps"].shape == (4, len(COUNT_CHANNELS), cells * cells)
+    with torch.no_grad():
+        plain, lm = training_loss(model, None, batch, 0.0)
+        total, lm_too = training_loss(model, None, batch, 0.0, probe, 1.0)
+        err = probe(model.encode_images(batch["pixel_values"])) - batch["count_maps"]
+        batch["count_maps"] = batch["count_maps"] + 1.0  # one more nodule of each side in every cell
+        more, _ = training_loss(model, None, batch, 0.0, probe, 0.5)
+    assert plain == lm == lm_too
+    assert torch.allclose(total - lm, err.pow(2).sum((1, 2)).mean(), rtol=1e-5)
+    assert torch.allclose(more - lm, 0.5 * (err - 1.0).pow(2).sum((1, 2)).mean(), rtol=1e-5)
+
+
+def test_head_gates_close_the_lowest_heads_on_schedule_and_fold_into_o_proj_exactly(enc):
+    from edgekit.models.radreport_tiny.data import make_batch
+    from edgekit.models.radreport_tiny.head_gates import HeadGates, closed_target
+    from edgekit.models.radreport_tiny.train import to_torch
+
+    assert [closed_target(s, 100, 24, 0.375, 0.4, 0.6) for s in (0, 38, 49, 59, 99)] == [0, 0, 4, 9, 9]
+    set_determinism(0, 2)
+    cfg = TrainOptions(model=TINY).model_config(enc.vocab_size, PreprocessConfig())
+    model = build_model(cfg, 0).eval()
+    gates = HeadGates(cfg.layers, cfg.heads)
+    with torch.no_grad():
+        gates.logits.copy_(torch.tensor([[3.0, -1.0, 2.0, -2.0], [-3.0, 1.0, 0.5, 2.5]]))
+    assert gates.close_to(3, min_open_per_layer=1) == [(1, 0), (0, 3), (0, 1)]  # lowest first, globally
+    assert gates.close_to(7, min_open_per_layer=1) == [(1, 2), (1, 1), (0, 2)]  # 6, not 7: each layer keeps one
+    assert gates.values()[gates.closed].eq(0).all() and gates.closed.sum() == 6
+    b = to_torch(make_batch(enc, [(i, enc.data.texts[i].modality, 0) for i in range(2)]))
+    with torch.no_grad():
+        plain = model(b["pixel_values"], b["input_ids"], b["attention_mask"])
+        with gates.applied(model):
+            gated = model(b["pixel_values"], b["input_ids"], b["attention_mask"])
+        assert all(layer.self_attn.head_gate is None for layer in model.model.layers)  # reset after the block
+        doc = gates.importance_doc(model)
+        gates.fold_into(model)
+        folded = model(b["pixel_values"], b["input_ids"], b["attention_mask"])
+    assert (gated - plain).abs().max() > 1e-3
+    torch.testing.assert_close(folded, gated, rtol=1e-5, atol=1e-5)
+    hd = cfg.head_dim
+    assert model.model.layers[0].self_attn.o_proj.weight[:, 3 * hd : 4 * hd].eq(0).all()
+    assert doc["layers"][0]["score"][3] == 0.0 and doc["layers"][1]["closed"] == [0, 1, 2]
+    assert doc["layers"][0]["score"][0] == pytest.approx(torch.sigmoid(torch.tensor(3.0)).item())

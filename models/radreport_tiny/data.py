@@ -45,7 +45,21 @@ def _finding_labels() -> tuple[tuple[str, str | None, str | None], ...]:
     return tuple(presence + attributes)
 
 
+def _count_channels() -> tuple[tuple[str, str | None], ...]:
+    """(type, location) of every counted finding: one channel per side, so a token that counts a nodule also has
+    to say which lung it is in (a channel shared by both sides let the decoder lose the side)."""
+    from edgekit.findings import KINDS
+
+    return tuple(
+        sorted(
+            {(f.type, loc) for k in KINDS for f in k.findings if f.max_count > 1 for loc in (f.locations or (None,))},
+            key=lambda p: (p[0], p[1] or ""),
+        )
+    )
+
+
 FINDING_LABELS = _finding_labels()  # the targets of the training-only finding probe
+COUNT_CHANNELS = _count_channels()  # the channels of the count maps, targets of the training-only count-map probe
 PRESENCE_LABELS = sum(1 for label in FINDING_LABELS if label[2] is None)  # the first columns: presence only
 _LABEL_INDEX = {p: i for i, p in enumerate(FINDING_LABELS)}
 
@@ -62,8 +76,19 @@ def finding_label_vector(findings) -> np.ndarray:
     return v
 
 
+def count_map(centres, cells: int) -> np.ndarray:
+    """(len(COUNT_CHANNELS), cells * cells): how many findings of each counted (type, location) are centred in
+    each cell of a cells x cells grid over the image, row-major like the image tokens. `centres` are (type,
+    location, row, col) with row and col as fractions of the image height and width."""
+    m = np.zeros((len(COUNT_CHANNELS), cells * cells), np.float32)
+    for type_, location, row, col in centres:
+        r, c = (min(cells - 1, max(0, int(v * cells))) for v in (row, col))
+        m[COUNT_CHANNELS.index((type_, location)), r * cells + c] += 1.0
+    return m
+
+
 VIDEO_MODALITY = "XC"  # what a cine loop served as MP4 is called at inference
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,7 @@ class StudyText:
     is_cine: bool
     findings: tuple  # synth.Finding, for evaluation
     negatives: tuple[str, ...]
+    centres: tuple = ()  # (type, location, row, col) of each counted finding drawn; row, col: fractions of the size
 
 
 @dataclass
@@ -116,6 +142,7 @@ def study_pixels(study, cfg: PreprocessConfig) -> np.ndarray:
 def _make_one(args) -> tuple[np.ndarray, StudyText]:
     index, split, cfg, generate = args
     study = (generate or _default_generate)(index, split)
+    height, width = np.asarray(study.stored).shape[-2:]
     text = StudyText(
         index=index,
         modality=study.modality,
@@ -124,6 +151,11 @@ def _make_one(args) -> tuple[np.ndarray, StudyText]:
         is_cine=is_cine(study),
         findings=tuple(study.findings),
         negatives=tuple(study.negatives),
+        centres=tuple(
+            (f.type, f.location, y / height, x / width)
+            for f in study.findings
+            for y, x in study.centres.get(f.type, ())
+        ),
     )
     return study_pixels(study, cfg).astype(np.float16), text
 
@@ -212,10 +244,13 @@ def encode_split(tok, data: SplitData) -> EncodedSplit:
     return EncodedSplit(data, prompts, refs)
 
 
-def make_batch(enc: EncodedSplit, items: Sequence[tuple[int, str, int]]) -> dict[str, np.ndarray]:
+def make_batch(
+    enc: EncodedSplit, items: Sequence[tuple[int, str, int]], count_cells: int | None = None
+) -> dict[str, np.ndarray]:
     """Items are (study, modality name, reference). Right-padded; labels are IGNORE except on report and <eos>.
 
     `labels[b, t]` is the target of text position t itself (not shifted); the loss compares logits at t - 1.
+    With `count_cells`, also each study's `count_map` on that grid (the image tokens' grid).
     """
     seqs, starts = [], []
     for i, modality, r in items:
@@ -232,17 +267,23 @@ def make_batch(enc: EncodedSplit, items: Sequence[tuple[int, str, int]]) -> dict
         labels[b, start : len(s)] = s[start:]
     pixels = enc.data.pixels[[i for i, _, _ in items]].astype(np.float32)
     findings = np.stack([finding_label_vector(enc.data.texts[i].findings) for i, _, _ in items])
-    return {
+    batch = {
         "pixel_values": pixels,
         "input_ids": ids,
         "attention_mask": mask,
         "labels": labels,
         "finding_labels": findings,
     }
+    if count_cells is not None:
+        batch["count_maps"] = np.stack([count_map(enc.data.texts[i].centres, count_cells) for i, _, _ in items])
+    return batch
 
 
-def epoch_items(enc: EncodedSplit, seed: int, epoch: int, xc_share: float) -> list[tuple[int, str, int]]:
-    """A shuffled pass over the split: a random reference per study, and "XC" for `xc_share` of cine studies."""
+def epoch_items(
+    enc: EncodedSplit, seed: int, epoch: int, xc_share: float, phrasings: int | None = None
+) -> list[tuple[int, str, int]]:
+    """A shuffled pass over the split: a random one of the first `phrasings` references per study (None: of all),
+    and "XC" for `xc_share` of cine studies. The draws do not depend on `phrasings`."""
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(enc.data))
     pick_ref = rng.random(len(order))
@@ -251,18 +292,26 @@ def epoch_items(enc: EncodedSplit, seed: int, epoch: int, xc_share: float) -> li
     for k, i in enumerate(order.tolist()):
         t = enc.data.texts[i]
         modality = VIDEO_MODALITY if t.is_cine and pick_xc[k] < xc_share else t.modality
-        items.append((i, modality, int(pick_ref[k] * len(enc.references[i]))))
+        choices = len(enc.references[i]) if phrasings is None else min(phrasings, len(enc.references[i]))
+        items.append((i, modality, int(pick_ref[k] * choices)))
     return items
 
 
 def iterate_batches(
-    enc: EncodedSplit, *, batch_size: int, epochs: int, seed: int, xc_share: float = 0.3
+    enc: EncodedSplit,
+    *,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    xc_share: float = 0.3,
+    phrasings: int | None = None,
+    count_cells: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """All training batches in order; the last short batch of an epoch is dropped so every step has equal weight."""
     for epoch in range(epochs):
-        items = epoch_items(enc, seed, epoch, xc_share)
+        items = epoch_items(enc, seed, epoch, xc_share, phrasings)
         for start in range(0, len(items) - batch_size + 1, batch_size):
-            yield make_batch(enc, items[start : start + batch_size])
+            yield make_batch(enc, items[start : start + batch_size], count_cells)
 
 
 def eval_items(enc: EncodedSplit) -> list[tuple[int, str, int]]:

@@ -121,6 +121,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden, c.kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(c.hidden, c.kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(c.heads * hd, c.hidden, bias=False)
+        self.head_gate: torch.Tensor | None = None  # (heads,) training-only gates (head_gates.py), folded on save
 
     def forward(self, x, cos, sin, mask, past=None):
         c, (b, s, _) = self.c, x.shape
@@ -140,6 +141,8 @@ class Attention(nn.Module):
         vv = v.repeat_interleave(rep, dim=1)
         att = (q @ kk.transpose(-1, -2)) / math.sqrt(hd) + mask
         y = att.softmax(-1) @ vv
+        if self.head_gate is not None:
+            y = y * self.head_gate[None, :, None, None]
         return self.o_proj(y.transpose(1, 2).reshape(b, s, c.heads * hd)), present
 
 

@@ -78,6 +78,7 @@ class SynthStudy:
     fps: float | None = None  # cine loops only
     patient: dict = field(default_factory=dict)  # synthetic PHI, written to DICOM only, never logged
     masks: dict[str, np.ndarray] = field(default_factory=dict)  # finding type -> bool (n, H, W) drawn pixels
+    centres: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # counted type -> (row, col) of each
 
     def display(self) -> np.ndarray:
         """Display values in [0, 1], through the function inference applies to the DICOM files."""
@@ -230,4 +231,5 @@ def generate_study_with(index: int, split: str, override: list[Finding] | None) 
         fps=fps,
         patient=_patient(index, seed, meta),
         masks=rendered.masks,
+        centres=rendered.centres,
     )

@@ -22,6 +22,7 @@ RngFor = Callable[[str], np.random.Generator]  # a finding type -> its own place
 class Rendered:
     stored: np.ndarray  # (n, H, W) stored values, dtype as written to DICOM
     masks: dict[str, np.ndarray] = field(default_factory=dict)  # type -> bool (n, H, W) pixels the finding set
+    centres: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # counted type -> (row, col) each
     center: float | None = None
     width: float | None = None
     photometric: str = "MONOCHROME2"
@@ -111,6 +112,7 @@ def render_ct_chest(
         hu[k] = img
 
     masks: dict[str, np.ndarray] = {}
+    centres_of: dict[str, list[tuple[float, float]]] = {}
     f = _find(findings, "pleural effusion")
     if f:  # dependent (posterior = image bottom) fluid with a meniscus rising laterally
         ly, lx = lung_centre[f.location]
@@ -153,10 +155,11 @@ def render_ct_chest(
             m |= np.stack([d <= r * p for p in prof])
         hu[m] = 30.0
         masks[f.type] = m
+        centres_of[f.type] = [(float(y), float(x)) for y, x in centres]
 
     hu += noise.normal(0, 15, hu.shape).astype(np.float32)
     stored = np.clip(np.rint(hu + 1024), 0, 4095).astype(np.int16)
-    return Rendered(stored, masks, center=-600.0, width=1500.0)
+    return Rendered(stored, masks, centres_of, center=-600.0, width=1500.0)
 
 
 def _place_apart(rng, radii, *, y_range, x_range, gap, inside) -> list[tuple[float, float]]:
