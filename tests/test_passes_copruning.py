@@ -10,7 +10,6 @@ import pytest
 from safetensors.numpy import save_file
 
 from edgekit.export import export_model, random_weights
-from edgekit.export.model_config import ModelConfig
 from edgekit.names import DECODER
 from edgekit.passes.base import PassPreconditionError
 from edgekit.passes.check import run_all, session
@@ -19,21 +18,7 @@ from edgekit.passes.heads import decoder_feeds
 from edgekit.passes.patterns import find_weight_matmuls
 from edgekit.passes.registry import get_pass_class
 
-SMALL = ModelConfig(
-    image_size=16,
-    patch_size=8,
-    num_frames=2,
-    vision_hidden=32,
-    vision_layers=1,
-    vision_heads=2,
-    vision_mlp=64,
-    vocab_size=64,
-    hidden=48,
-    layers=2,
-    heads=6,
-    kv_heads=2,
-    intermediate=96,
-)
+from small_model import SMALL
 
 
 @pytest.fixture(scope="module")
