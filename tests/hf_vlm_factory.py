@@ -63,6 +63,12 @@ def _tokenizer(path: Path, vocab_size: int, specials: dict[str, int], template: 
     fast.save_pretrained(path)
 
 
+def _init_range(hidden: int) -> float:
+    """Wide enough that logits spread (0.2 at width 64), scaled by 1/sqrt(width) so each layer's gain stays ~1.6
+    at every size: a wider model at a fixed 0.2 grows its activations layer by layer, and its float32 error with it."""
+    return 1.6 / hidden**0.5
+
+
 def _widen(model, seed: int, scale: float = 0.1) -> None:
     """Random biases, norms and positions (HF zero/one-initialises them, which would hide a graph ignoring them)."""
     import torch
@@ -83,7 +89,7 @@ def make_llava(path: Path, size: str = "tiny", *, tower: str = "clip", text: str
     vcfg = tf.CLIPVisionConfig(**vision) if tower == "clip" else tf.SiglipVisionConfig(**vision)
     tcls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[text]
     textkw = dict(hidden_size=th, intermediate_size=2 * th, num_hidden_layers=tl, num_attention_heads=4)
-    textkw.update(num_key_value_heads=2, vocab_size=vocab, initializer_range=0.2)
+    textkw.update(num_key_value_heads=2, vocab_size=vocab, initializer_range=_init_range(th))
     if text == "mistral":
         textkw["sliding_window"] = None
     image_token = vocab - 1
@@ -112,7 +118,7 @@ def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", s
     vision = dict(hidden_size=vh, intermediate_size=2 * vh, num_hidden_layers=vl, num_attention_heads=4)
     vision.update(image_size=img, patch_size=patch)
     textkw = dict(model_type="llama", hidden_size=th, intermediate_size=2 * th, num_hidden_layers=tl)
-    textkw.update(num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, initializer_range=0.2)
+    textkw.update(num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, initializer_range=_init_range(th))
     image_token = vocab - 1
     cls, mcls = {
         "idefics3": (tf.Idefics3Config, tf.Idefics3ForConditionalGeneration),

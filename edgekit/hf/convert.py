@@ -25,7 +25,7 @@ from edgekit.errors import ConfigError
 from edgekit.export.decoder import build_decoder
 from edgekit.export.default import DECODER, EMBED_TOKENS, VISION_ENCODER
 from edgekit.export.embed import build_embed_tokens
-from edgekit.export.save import EXTERNAL_DATA_THRESHOLD_BYTES, save_model, validate
+from edgekit.export.save import save_model, validate
 from edgekit.export.specs import DecoderSpec
 
 from .checkpoint import CheckpointError, SafetensorsCheckpoint, ShapeOnlyWeights, attach_lazy_weights
@@ -48,6 +48,10 @@ SIDE_FILES = (
     "processor_config.json",
 )
 HF_CONFIG = "hf_config.json"
+# A graph written inline is serialised whole in memory (every weight at once, then the protobuf copy): above this,
+# weights go to `<graph>.onnx.data` and are written one tensor at a time, so converting a 2B-class model needs
+# little more than its largest tensor (a 1.2 GB vision tower inline peaked at 3.5 GB of RSS).
+HF_EXTERNAL_DATA_THRESHOLD_BYTES = 256 * 1024 * 1024
 
 
 @dataclass
@@ -121,7 +125,7 @@ def convert_hf(
     model_dir: str | Path,
     out_dir: str | Path,
     *,
-    external_data_threshold_bytes: int = EXTERNAL_DATA_THRESHOLD_BYTES,
+    external_data_threshold_bytes: int = HF_EXTERNAL_DATA_THRESHOLD_BYTES,
     check: bool = True,
 ) -> HfConversion:
     """Convert the Hugging Face model in `model_dir` into graphs in `out_dir` (created or updated)."""
