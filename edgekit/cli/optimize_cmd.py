@@ -20,16 +20,25 @@ app = typer.Typer(help="Apply optimisation passes (quantisation, fusion) to ONNX
         "edgekit optimize out/radreport-tiny-cpu -o out/int4-orin --pass int4:target=orin",
         "edgekit optimize out/radreport-tiny-cpu -o out/int8 --recipe int8 --json",
         "edgekit optimize out/radreport-tiny-cpu -o out/fp16 --recipe models/radreport_tiny/recipes/fp16.toml",
-        note="SOURCE is a folder of ONNX graphs (from edgekit convert) or a bundle. A bundled recipe is named "
-        "without its .toml: fp16, int8, int4, int4-awq, int4-orin, int4-heads38, int4-sparse24.",
+        "edgekit optimize out/radreport-tiny-cpu/decoder_model_merged.onnx -o out/decoder-int4.onnx "
+        "--pass int4:block=32 --dim seq=64",
+        note="SOURCE is a folder of ONNX graphs (from edgekit convert), a bundle, any ONNX file, or a folder of "
+        "ONNX files. On a file edgekit did not write, unnamed nodes are named, external data is kept (OUT.data), "
+        "the opset is raised where a pass needs it, and each pass is checked against the model before it on "
+        "feeds generated from the graph's inputs (symbolic dims by name; --dim NAME=N sets one). lora and heads "
+        "need edgekit's graph roles and are refused on such files. A bundled recipe is named without its .toml: "
+        "fp16, int8, int4, int4-awq, int4-orin, int4-heads38, int4-sparse24.",
     )
 )
 def optimize(
     source: Annotated[
         Path,
-        typer.Argument(help="Model directory (the three ONNX graphs) or bundle (dir or .ekb).", show_default=False),
+        typer.Argument(
+            help="Model directory (the three ONNX graphs), bundle (dir or .ekb), an ONNX file or a folder of them.",
+            show_default=False,
+        ),
     ],
-    out: Annotated[Path, out_option("Output model directory (written atomically).")],
+    out: Annotated[Path, out_option("Output model directory, or .onnx file for an ONNX file (written atomically).")],
     recipe: Annotated[
         str | None, typer.Option("--recipe", help="Recipe TOML file, or a name under models/radreport_tiny/recipes/.")
     ] = None,
@@ -44,6 +53,13 @@ def optimize(
             help="Record N real decoder calibration feeds from the synthetic train split (else generated feeds).",
         ),
     ] = None,
+    dim: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dim",
+            help="NAME=N: size of a symbolic input dimension in generated feeds (ONNX files; repeatable).",
+        ),
+    ] = None,
     force: ForceOption = False,
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip the per-pass numerical check.")] = False,
     as_json: JsonOption = False,
@@ -56,6 +72,12 @@ def optimize(
     if bool(recipe) == bool(passes):
         raise ConfigError("give exactly one of --recipe FILE.toml or --pass NAME[:k=v,...]")
     pass_list = load_recipe(recipe).passes if recipe else parse_pass_options(list(passes or []))
+    dims = _dims(dim or [])
+    foreign = _foreign_onnx(source)
+    if foreign and calib:
+        raise ConfigError(
+            "--calib records the default model's decoder feeds; it does not apply to an ONNX file", source
+        )
     calibration = None
     if calib:
         from edgekit.passes.calibration import record_decoder_feeds
@@ -72,9 +94,15 @@ def optimize(
             else:
                 bar.advance(1)
 
-        result = run_pipeline(
-            source, out, pass_list, calibration=calibration, check=not no_check, overwrite=force, on_pass=on_pass
-        )
+        if foreign:
+            from edgekit.passes.onnx_file import optimize_onnx_file, optimize_onnx_folder
+
+            run = optimize_onnx_file if source.is_file() else optimize_onnx_folder
+            result = run(source, out, pass_list, dims=dims, check=not no_check, overwrite=force, on_pass=on_pass)
+        else:
+            result = run_pipeline(
+                source, out, pass_list, calibration=calibration, check=not no_check, overwrite=force, on_pass=on_pass
+            )
 
     if as_json:
         emit({"out": str(result.out), "seconds": result.seconds, **result.provenance()}, True)
@@ -99,3 +127,25 @@ def optimize(
     for r in result.reports:
         if r.notes.get("kept"):
             err_console.print(f"{r.pass_name}: kept at higher precision: {', '.join(r.notes['kept'])}")
+
+
+def _dims(items: list[str]) -> dict[str, int]:
+    dims = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
+            raise ConfigError(f"--dim: expected NAME=N with N >= 1, got {item!r}")
+        dims[name.strip()] = int(value)
+    return dims
+
+
+def _foreign_onnx(source: Path) -> bool:
+    """An ONNX file, or a folder of ONNX files without edgekit's graph names (else the model-directory path)."""
+    from edgekit.bundle.manifest import MANIFEST_NAME
+    from edgekit.passes.base import ALL_GRAPHS
+
+    if source.is_file():
+        return source.suffix == ".onnx"
+    if source.is_dir() and not (source / MANIFEST_NAME).is_file():
+        return not any((source / g).is_file() for g in ALL_GRAPHS) and any(source.glob("*.onnx"))
+    return False

@@ -13,7 +13,7 @@ Four sources, most to least realistic:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -58,26 +58,67 @@ def _np_dtype(dtype: ir.DataType):
     return dtype.numpy() if dtype is not None else np.float32
 
 
+def dim_value(name: str, known: Mapping[str, int]) -> int:
+    """The size given to a symbolic dimension: `known[name]` (edgekit's names and the user's overrides), else a
+    guess from common exporters' names (torch.onnx, Optimum, tf2onnx): batch-like 1, past-like `past_seq`,
+    total-like `total_seq`, sequence-like `seq`, `a + b` as the sum of its parts; anything else 1."""
+    if name in known:
+        return int(known[name])
+    if "+" in name:
+        parts = [p.strip() for p in name.split("+")]
+        return sum(int(p) if p.isdigit() else dim_value(p, known) for p in parts)
+    low = name.lower()
+    if "past" in low or "cache" in low:
+        return int(known.get("past_seq", 0))
+    if "total" in low or "key_value" in low:
+        return int(known.get("total_seq", known.get("seq", 16)))
+    if "batch" in low or low in ("n", "b", "bs", "unk__0"):
+        return int(known.get("batch", 1))
+    if "seq" in low or "len" in low or "token" in low or low in ("s", "t", "time"):
+        return int(known.get("seq", 16))
+    return 1
+
+
+def _gather_rows(model: ir.Model, name: str) -> int | None:
+    """Rows of the constant table a `Gather` reads with input `name` (a vocabulary size for token ids)."""
+    for node in model.graph:
+        if node.op_type == "Gather" and len(node.inputs) > 1 and node.inputs[1] is not None:
+            table = node.inputs[0]
+            if node.inputs[1].name == name and table is not None and table.shape is not None and table.shape.rank():
+                rows = table.shape[0]
+                return rows if isinstance(rows, int) else None
+    return None
+
+
 def sample_feeds(
-    model: ir.Model, n: int = 4, *, seq: int = 16, past: int = 0, seed: int = 0, embeddings: np.ndarray | None = None
+    model: ir.Model,
+    n: int = 4,
+    *,
+    seq: int = 16,
+    past: int = 0,
+    seed: int = 0,
+    embeddings: np.ndarray | None = None,
+    dims: Mapping[str, int] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """`n` random feed dicts in `model`'s input signature. Symbolic dims: batch 1, seq `seq`, past `past`
-    (every other sample uses a past of 4 so the KV-cache path is exercised too), total = past + seq."""
+    (every other sample uses a past of 4 so the KV-cache path is exercised too), total = past + seq; other
+    names by `dim_value`, and `dims` (name -> size) overrides any of them. Token ids are drawn below the row
+    count of the table they index when a `Gather` shows it."""
     rng = np.random.default_rng(seed)
     feeds = []
     for i in range(n):
         p = past if past or i % 2 == 0 else 4
-        dims = {**_DIM_DEFAULTS, "seq": seq, "past_seq": p, "total_seq": p + seq}
+        known = {**_DIM_DEFAULTS, "seq": seq, "past_seq": p, "total_seq": p + seq, **(dims or {})}
         feed: dict[str, np.ndarray] = {}
         for value in model.graph.inputs:
-            shape = [d if isinstance(d, int) else dims.get(str(d), 1) for d in (value.shape or [])]
+            shape = [d if isinstance(d, int) else dim_value(str(d), known) for d in (value.shape or [])]
             name, dtype = value.name, _np_dtype(value.dtype)
             if name == names.ATTENTION_MASK:
                 feed[name] = np.ones(shape, dtype)
             elif name == names.POSITION_IDS:
                 feed[name] = np.broadcast_to(np.arange(p, p + shape[-1]), shape).astype(dtype)
-            elif name == names.INPUT_IDS:
-                vocab = embeddings.shape[0] if embeddings is not None else 100
+            elif name == names.INPUT_IDS or (np.issubdtype(dtype, np.integer) and _gather_rows(model, name)):
+                vocab = embeddings.shape[0] if embeddings is not None else (_gather_rows(model, name) or 100)
                 feed[name] = rng.integers(0, vocab, shape).astype(dtype)
             elif name == names.INPUTS_EMBEDS and embeddings is not None:
                 ids = rng.integers(0, embeddings.shape[0], shape[:-1])

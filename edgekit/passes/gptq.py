@@ -39,13 +39,16 @@ def gptq_quantize(
     bits: int = 4,
     symmetric: bool = True,
     damp: float = 0.01,
+    shrink: float = 0.0,
     clip_grid: int = 0,
     scale_search: bool = True,
     signed_scales: bool = False,
     name: str = "weight",
 ) -> QuantizedWeight:
-    """GPTQ of an (N, K) weight against the (K, K) Hessian `h` of its input; `damp` times the mean diagonal is
-    added to H (the usual 1%: calibration sets smaller than K leave H singular)."""
+    """GPTQ of an (N, K) weight against the (K, K) Hessian `h` of its input. `shrink` adds that fraction of each
+    channel's own diagonal (H -> H + shrink diag(H): towards RTN weighted by the channels' energy, unchanged by a
+    per-channel scaling such as AWQ's), and `damp` times the mean diagonal is added to all (the usual 1%:
+    calibration sets smaller than K leave H singular)."""
     n, k = w_nk.shape
     check_block(k, block, name)
     qmax = 2**bits - 1
@@ -56,6 +59,7 @@ def gptq_quantize(
     dead = np.diag(hd) <= 0
     hd[dead, dead] = 1.0
     w[:, dead] = 0.0
+    hd[np.diag_indices(k)] *= 1.0 + shrink
     hd[np.diag_indices(k)] += damp * float(np.mean(np.diag(hd)))
     u = _upper_inverse_cholesky(hd)
 

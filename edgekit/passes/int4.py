@@ -39,6 +39,14 @@ from .patterns import WeightMatMul, add_initializer, matches_any, remove_if_unus
 
 AWQ_MAX_TOKENS = 512  # tokens the alpha search multiplies through (the Hessians use up to HESSIAN_MAX_TOKENS)
 HESSIAN_MAX_TOKENS = 8192
+# awq-gptq drops an input's AWQ scale only when GPTQ's held-out error with it is this much higher: the held-out
+# quarter of the calibration tokens is small, and on the default model every ratio fell within 0.94-1.10
+AWQ_CHECK_MARGIN = 1.15
+# GPTQ fits H = X^T X from the calibration tokens; with few tokens per input channel it fits the calibration set's
+# own directions and rounds worse on new inputs. Shrinking H towards its diagonal by K / tokens times this (each
+# channel by its own energy, so outlier channels do not swamp the rest as a mean-diagonal damping would) moves
+# GPTQ towards RTN with the activation-weighted scale search as the estimate gets noisier.
+SHRINK_PER_CHANNEL_PER_TOKEN = 0.5
 METHODS = ("rtn", "hqq", "awq", "gptq", "awq-gptq")
 DATA_METHODS = ("awq", "gptq", "awq-gptq")  # the ones that read calibration activations
 GRAPHS = {"decoder": DECODER, "vision": VISION_ENCODER}  # the `graphs` parameter's names for the files
@@ -72,13 +80,26 @@ class Int4Config(PassConfig):
         "calibration data also max/7 and max/7.5, chosen by output error (false: max/7 only, edgekit <= 0.9)",
     )
     refine: int = param(0, min=0, max=20, help="least-squares scale re-estimation steps after rounding (rtn/awq)")
+    awq_check: bool = param(
+        True,
+        help="awq-gptq: drop AWQ's scale for an input where GPTQ's held-out calibration error is clearly higher",
+    )
     damp: float = param(0.01, min=0.0, max=10.0, help="gptq: damping, as a fraction of the Hessian's mean diagonal")
+    shrink: float | None = param(
+        None,
+        min=0.0,
+        max=100.0,
+        help="gptq: add this fraction of each channel's own Hessian diagonal; unset: "
+        f"{SHRINK_PER_CHANNEL_PER_TOKEN} x K / calibration tokens (more when the calibration set is small)",
+    )
     accuracy_level: int = param(0, choices=(0, 1, 2, 3, 4), help="MatMulNBits accuracy_level (cpu only)")
     mixed: int = param(0, min=0, max=1000, help="keep the N most sensitive MatMuls at keep_bits")
     keep: list[str] = param([], help="module-name patterns always kept at keep_bits (e.g. lm_head)")
     keep_bits: int = param(8, choices=(8, 32), help="precision of kept MatMuls (8 or 32 = float)")
     exclude: list[str] = param([], help="module-name patterns left untouched")
-    calib: int = param(8, min=1, max=4096, help="calibration samples when none are given")
+    calib: int = param(
+        64, min=1, max=4096, help="calibration samples generated when none are given (GPTQ wants tokens >> K)"
+    )
     seq: int = param(32, min=1, max=4096, help="tokens per generated calibration sample")
     awq_grid: int = param(10, min=1, max=100, help="alpha grid points in [0, 1] for awq")
     graphs: list[str] = param(
@@ -124,6 +145,17 @@ class Int4Pass(GraphPass):
         for m in mms:  # refuse before touching anything
             check_block(m.k, self.block_for(m.k), m.weight.name)
 
+    def min_opset(self) -> int | None:
+        """The default-domain opset the result needs: blocked DequantizeLinear (orin/x1, other_bits) is opset 21;
+        MatMulNBits is a com.microsoft op and needs none."""
+        return 21 if self.config.target in ("orin", "x1") or self.config.other_bits else None
+
+    def shrink_for(self, k: int, tokens: int) -> float:
+        """GPTQ's shrinkage towards the diagonal for an input of K channels seen on `tokens` calibration tokens."""
+        if self.config.shrink is not None:
+            return self.config.shrink
+        return SHRINK_PER_CHANNEL_PER_TOKEN * k / max(tokens, 1)
+
     @property
     def symmetric(self) -> bool:
         """`symmetric` as set, or the target's default (asymmetric for cpu, symmetric for orin/x1)."""
@@ -153,11 +185,13 @@ class Int4Pass(GraphPass):
             }
 
         scales = self._awq_scales(mms, acts, ctx.seed) if cfg.method in ("awq", "awq-gptq") else {}
-        awq_dropped = []
-        if cfg.method == "awq-gptq":
+        awq_dropped, awq_check = [], {}
+        if cfg.method == "awq-gptq" and cfg.awq_check:
             for act_name in list(scales):
                 members = [m for m in mms if m.activation.name == act_name]
-                if not self._scaling_helps_gptq(members, acts[act_name], scales[act_name], ctx.seed):
+                ratio = self._scaled_gptq_error_ratio(members, acts[act_name], scales[act_name], ctx.seed)
+                awq_check[members[0].name] = round(ratio, 4)
+                if ratio >= AWQ_CHECK_MARGIN:
                     awq_dropped.append(act_name)
                     del scales[act_name]
         # Weights are read per MatMul when quantized and released after (see `_release`), never all at once:
@@ -189,6 +223,7 @@ class Int4Pass(GraphPass):
                     h,
                     block,
                     damp=cfg.damp,
+                    shrink=self.shrink_for(m.k, acts[act].shape[0]),
                     clip_grid=clip,
                     scale_search=cfg.scale_search,
                     signed_scales=signed,
@@ -249,6 +284,7 @@ class Int4Pass(GraphPass):
             "sensitivity_top": {n: round(sensitivity[n], 6) for n in ranked[: max(cfg.mixed, 5)]},
             "awq_groups": len(scales),
             "awq_dropped_for_gptq": len(awq_dropped),
+            "awq_check_error_ratio": awq_check,
             "awq_folded_into_norm": folded,
             "calibration_tokens": {k: int(v.shape[0]) for k, v in acts.items()} if acts else {},
         }
@@ -287,16 +323,16 @@ class Int4Pass(GraphPass):
                 out[act_name] = best.astype(np.float32)
         return out
 
-    def _scaling_helps_gptq(self, members: list[WeightMatMul], x: np.ndarray, s: np.ndarray, seed: int) -> bool:
-        """Whether GPTQ of this input's MatMuls has a lower output error with AWQ's scale than without, fitted on
-        three quarters of the calibration tokens and measured on the rest. Why: the scale is chosen on RTN's
+    def _scaled_gptq_error_ratio(self, members: list[WeightMatMul], x: np.ndarray, s: np.ndarray, seed: int) -> float:
+        """Output error of GPTQ of this input's MatMuls with AWQ's scale over that without, fitted on three
+        quarters of the calibration tokens and measured on the rest. Why: the scale is chosen on RTN's
         error, and GPTQ, which already compensates along the input channels, sometimes does better without."""
         cfg = self.config
         order = np.random.default_rng(seed).permutation(x.shape[0])
         cut = max(1, (3 * x.shape[0]) // 4)
         fit, val = x[order[:cut]], x[order[cut:]]
         if val.shape[0] == 0:
-            return True
+            return 0.0
         h = hessian(fit)
         err = {False: 0.0, True: 0.0}
         for m in members:
@@ -309,6 +345,7 @@ class Int4Pass(GraphPass):
                     self.block_for(m.k),
                     symmetric=self.symmetric,
                     damp=cfg.damp,
+                    shrink=self.shrink_for(m.k, fit.shape[0]),
                     clip_grid=cfg.clip or 10,
                     scale_search=cfg.scale_search,
                     signed_scales=cfg.target == "cpu",
@@ -316,7 +353,7 @@ class Int4Pass(GraphPass):
                 )
                 wq = qw.dequantize() / s[None, :] if scaled else qw.dequantize()
                 err[scaled] += float(((val @ wq.T - y) ** 2).sum())
-        return err[True] < err[False]
+        return err[True] / max(err[False], 1e-30)
 
     def _sensitivity(self, mms, acts, quantize, scales) -> dict[str, float]:
         """Relative output error of each MatMul quantized alone (on its own calibration activations)."""

@@ -26,6 +26,18 @@ _PASSES: dict[str, str | type[GraphPass]] = {
 }
 
 
+# Passes that only make sense on edgekit's own graphs, with why: refused up front on a user's ONNX file.
+ROLE_BOUND: dict[str, str] = {
+    "lora": "it merges a PEFT adapter by the module names edgekit's exporter gives the decoder's weights",
+    "heads": "it scores and prunes attention heads by the decoder's q_proj/o_proj layout and calibration",
+}
+
+
+def role_bound(name: str) -> str | None:
+    """Why pass `name` needs edgekit's graph roles (decoder, vision encoder, embeddings), or None."""
+    return ROLE_BOUND.get(name)
+
+
 def register_pass(cls: type[GraphPass], name: str | None = None) -> type[GraphPass]:
     """Register (or replace) a pass class under `name` (default `cls.name`); usable as a decorator."""
     _PASSES[name or cls.name] = cls
