@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,12 @@ DEFAULT_SOCKET = Path("/run/edgekit/edgekitd.sock")
 
 @dataclass(frozen=True)
 class Variant:
-    """A named bundle the daemon can serve."""
+    """A named bundle the daemon can serve, with the run settings it loads with (`RuntimeOptions.settings`: for
+    x1, the DSS target): one bundle may be two variants, dense and sparse, and the policy picks between them."""
 
     name: str
     bundle: Path
+    settings: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -179,11 +181,19 @@ def _variants(table: Any, path: Path) -> tuple[Variant, ...]:
     for i, item in enumerate(table):
         if (
             not isinstance(item, dict)
-            or set(item) - {"name", "bundle"}
+            or set(item) - {"name", "bundle", "settings"}
             or not all(isinstance(item.get(k), str) and item.get(k) for k in ("name", "bundle"))
         ):
-            raise ConfigError(f"variants[{i}] needs exactly a string name and a string bundle", path)
-        out.append(Variant(item["name"], _resolve(Path(item["bundle"]), path)))
+            raise ConfigError(
+                f"variants[{i}] needs a string name and a string bundle (and optionally a settings table)", path
+            )
+        settings = item.get("settings", {})
+        if not isinstance(settings, dict) or not all(isinstance(v, (str, int, float, bool)) for v in settings.values()):
+            raise ConfigError(
+                f"variants[{i}].settings must be a table of scalars, e.g. settings = {{ sparsity_target = 0.38 }}",
+                path,
+            )
+        out.append(Variant(item["name"], _resolve(Path(item["bundle"]), path), dict(settings)))
     return tuple(out)
 
 

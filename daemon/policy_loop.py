@@ -37,9 +37,14 @@ class PolicyNotConfiguredError(EdgekitError):
     http_status = 404
 
 
-# The knobs a point may set that edgekitd applies per report (others, like the X1's DSS target, are fixed when a
-# variant loads, so their points are left out of the policy's choice, and the log says so).
+# The knobs a point may set that edgekitd applies per report. The others (the X1's DSS target, threads) are fixed
+# when a variant loads: a point with them belongs to the variant configured with the same `settings` (one bundle
+# may be listed twice, dense and sparse), and is left out of the choice otherwise, which the log says.
 APPLIED_KNOBS = {"variant", "max_new_tokens"}
+
+
+def load_time_knobs(point: Point) -> dict:
+    return {k: v for k, v in point.settings.items() if k not in APPLIED_KNOBS}
 
 
 def match_profile(cfg: DaemonConfig, registry: VariantRegistry) -> list[Point]:
@@ -53,17 +58,20 @@ def match_profile(cfg: DaemonConfig, registry: VariantRegistry) -> list[Point]:
     for name, spec in registry.specs.items():
         digest = load_bundle(spec.bundle).digest
         ours = [p for p in profile.points if p.bundle_digest == digest]
-        mine = [p for p in ours if set(p.settings) <= APPLIED_KNOBS]
+        mine = [p for p in ours if load_time_knobs(p) == dict(spec.settings)]
         if len(mine) < len(ours):
             log.info(
-                "policy: %d point(s) of variant %s set knobs applied only at load time; not chosen",
+                "policy: %d point(s) of variant %s were measured with other load-time settings than its %s; "
+                "not chosen for it",
                 len(ours) - len(mine),
                 name,
+                dict(spec.settings) or "none",
             )
         if not mine:
+            settings = f" with settings {dict(spec.settings)}" if spec.settings else ""
             raise ConfigError(
-                f"no point for variant {name!r} (bundle {spec.bundle}, sha256 {digest[:12]}...): the profile was "
-                "measured on other bundles; run `edgekit pareto` on the configured ones",
+                f"no point for variant {name!r}{settings} (bundle {spec.bundle}, sha256 {digest[:12]}...): the "
+                "profile was measured on other bundles or settings; run `edgekit pareto` on the configured ones",
                 cfg.policy_profile,
             )
         points += [replace(p, settings={**p.settings, "variant": name}) for p in mine]

@@ -189,7 +189,7 @@ class VariantRegistry:
 
         self._say(f"loading variant {spec.name}")
         t0 = time.perf_counter()
-        runtime = RuntimeOptions(threads=self.threads, state_dir=self.state_dir)
+        runtime = RuntimeOptions(threads=self.threads, state_dir=self.state_dir, settings=dict(spec.settings))
         reporter = Reporter.from_bundle(spec.bundle, runtime=runtime, meter=self.meter)
         load_ms = (time.perf_counter() - t0) * 1e3
         self._say(f"warming variant {spec.name}")
@@ -217,6 +217,7 @@ class VariantRegistry:
                     "active": name == self.active,
                     "loaded": name in self.loaded,
                     "loading": self._is_loading(name),
+                    "settings": dict(spec.settings),
                 }
                 if name in self.loaded:
                     r = self.loaded[name].reporter

@@ -97,7 +97,7 @@ def test_the_policy_follows_the_battery_and_answers_its_api(setup):
         state = _wait_point(d, "big")
         assert state["mode"] == "performance" and state["variant"] == "big"
         assert {p["id"] for p in state["front"]} == {"big", "small", "short"}
-        assert "1 point(s) of variant small set knobs applied only at load time" in d.log.read_text()
+        assert "1 point(s) of variant small were measured with other load-time settings" in d.log.read_text()
 
         _battery(sysfs, 15, "Discharging", ac=False)  # unplugged and low: saver at the next tick
         t0 = time.monotonic()
@@ -145,3 +145,29 @@ def test_a_profile_of_other_bundles_is_refused_at_start_naming_the_file(setup, t
     with pytest.raises(RuntimeError) as err:
         d.start(wait_ready=30)
     assert "pareto.json" in str(err.value) and "no point for variant 'small'" in str(err.value)
+
+
+def test_one_bundle_listed_dense_and_sparse_gets_each_its_own_points(setup, tmp_path):
+    from edgekit.daemon.config import load_config
+    from edgekit.daemon.policy_loop import match_profile
+    from edgekit.daemon.variants import VariantRegistry
+    from edgekit.errors import ConfigError
+
+    root, bundles, _ = setup
+
+    def config(*variants: tuple[str, str]) -> Path:
+        path = tmp_path / "edgekitd.toml"
+        tables = [f'[[variants]]\nname = "{n}"\nbundle = "{bundles["small"]}"\n{extra}' for n, extra in variants]
+        path.write_text("\n".join(tables) + f'\n[policy]\nprofile = "{root / "pareto.json"}"\n')
+        return path
+
+    cfg = load_config(config(("small", ""), ("small-dss", "settings = { sparsity_target = 0.5 }")))
+    by_variant: dict[str, set] = {}
+    for p in match_profile(cfg, VariantRegistry(cfg)):
+        by_variant.setdefault(p.settings["variant"], set()).add(p.id)
+    assert by_variant == {"small": {"small", "short"}, "small-dss": {"dss"}}  # the DSS point is the sparse one's
+    cfg = load_config(config(("small", ""), ("small-dss", "settings = { sparsity_target = 0.38 }")))
+    with pytest.raises(ConfigError, match=r"no point for variant 'small-dss' with settings \{'sparsity_target': 0.38"):
+        match_profile(cfg, VariantRegistry(cfg))
+    with pytest.raises(ConfigError, match=r"variants\[1\].settings must be a table of scalars"):
+        load_config(config(("small", ""), ("bad", "settings = { dss = [1] }")))

@@ -111,3 +111,27 @@ def test_idle_variant_unloads_after_keep_alive_and_loads_again_on_demand(daemon)
     assert _variants(daemon)["a"]["loaded"]
     assert re.search(r'edgekitd_variant_loaded\{variant="a"\} 1\.0', daemon.client.get("/metrics").body.decode())
     _wait(lambda: not _variants(daemon)["a"]["loaded"], 10 * KEEP_ALIVE_S + 5, "a unloaded again")
+
+
+def test_a_variants_settings_reach_its_target_at_load(tmp_path):
+    from edgekit.build import build
+    from edgekit.daemon.config import DaemonConfig, Variant
+    from edgekit.daemon.variants import VariantRegistry
+    from edgekit.errors import ConfigError
+
+    x1 = build("x1", tmp_path / "x1", parity=False).bundle
+    cpu = build("cpu", tmp_path / "cpu", model_dir=write_tiny_model(tmp_path / "m"), parity=False).bundle
+    cfg = DaemonConfig(
+        state_dir=tmp_path / "state",
+        variants=(
+            Variant("int4", x1),
+            Variant("int4-dss25", x1, {"sparsity_target": 0.25}),
+            Variant("cpu-dss", cpu, {"sparsity_target": 0.5}),
+        ),
+    )
+    registry = VariantRegistry(cfg)
+    assert registry.activate("int4").reporter.backend.settings["sparsity_target"] == 0.38  # the bundle's own
+    assert registry.activate("int4-dss25").reporter.backend.settings["sparsity_target"] == 0.25
+    assert {v["name"]: v["settings"] for v in registry.describe()}["int4-dss25"] == {"sparsity_target": 0.25}
+    with pytest.raises(ConfigError, match="sparsity_target"):  # the cpu target knows no DSS: refused, by name
+        registry.activate("cpu-dss")
