@@ -14,6 +14,7 @@ Models, none of them written for this bench's methods:
 - `llava-qwen2`: item 1's Hugging Face VLM import (`edgekit.hf.convert_hf`) of a random-init LLaVA (CLIP tower,
   Qwen2 language model) built by transformers from a config (tests/hf_vlm_factory.py, size "small"; needs torch
   and transformers, skipped without them); its decoder graph, fed the converted embedding table's rows;
+- `llava-qwen2-hfinit`: the same LLaVA config with transformers' default initialisation (std 0.02);
 - `mlp-heavy-tailed`: a 3-layer ReLU MLP written with onnx.helper, nodes left unnamed as many exporters leave
   them, Student-t (3 degrees of freedom) weights and 4 input channels 30x larger. edgekit quantizes the unnamed
   graph as it is (the `valid` column: ONNX Runtime loads the result); ORT's quantizer is given a named copy.
@@ -274,7 +275,12 @@ def default_model(model_dir: Path | None) -> tuple[str, Path]:
     return "radreport-tiny (trained weights)", out
 
 
-def llava_qwen2() -> tuple[str, Path]:
+def llava_qwen2(hf_init: bool = False) -> tuple[str, Path]:
+    """The test factory's LLaVA (weights drawn with std 0.2, ten times transformers' default, so that parity
+    tests see large activations), or with `hf_init` the same config re-initialised as transformers does by
+    default (initializer_range 0.02), the factory's tokenizer and processor files beside it."""
+    import shutil
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the random-init model factory
     from hf_vlm_factory import make_llava
 
@@ -282,15 +288,33 @@ def llava_qwen2() -> tuple[str, Path]:
 
     root = Path(tempfile.mkdtemp())
     make_llava(root / "hf", "small", tower="clip", text="qwen2", seed=0)
+    label = "llava-qwen2 (factory init std 0.2)"
+    if hf_init:
+        import torch
+        import transformers as tf
+
+        cfg = tf.AutoConfig.from_pretrained(root / "hf")
+        cfg.text_config.initializer_range = 0.02
+        torch.manual_seed(0)
+        tf.LlavaForConditionalGeneration(cfg).eval().save_pretrained(root / "hf2")
+        for f in (root / "hf").iterdir():
+            if not f.name.endswith(".safetensors") and f.name not in ("config.json", "model.safetensors.index.json"):
+                shutil.copy2(f, root / "hf2" / f.name)
+        root, label = root / "x", "llava-qwen2 (transformers' default init)"
+        root.mkdir()
+        shutil.move(str(root.parent / "hf2"), root / "hf")
     convert_hf(root / "hf", root / "onnx")
-    return "llava-qwen2 (random-init, small, via edgekit.hf)", root / "onnx"
+    return label, root / "onnx"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", type=Path, help="folder with decoder_model_merged.onnx (+ embed_tokens.onnx)")
     ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--models", default="radreport-tiny,llama-outliers,qwen2-outliers,llava-qwen2,mlp-heavy-tailed")
+    ap.add_argument(
+        "--models",
+        default="radreport-tiny,llama-outliers,qwen2-outliers,llava-qwen2,llava-qwen2-hfinit,mlp-heavy-tailed",
+    )
     ap.add_argument("--json", type=Path, default=Path("bench/int4_vs_ort.json"))
     args = ap.parse_args()
     logging.disable(logging.WARNING)  # ORT's quantizer logs every node at INFO
@@ -299,9 +323,12 @@ def main() -> None:
     rows: list[dict] = []
     for name in wanted:
         print(f"{name}:", flush=True)
-        if name in ("radreport-tiny", "llava-qwen2"):
+        if name in ("radreport-tiny", "llava-qwen2", "llava-qwen2-hfinit"):
             try:
-                label, folder = default_model(args.model_dir) if name == "radreport-tiny" else llava_qwen2()
+                if name == "radreport-tiny":
+                    label, folder = default_model(args.model_dir)
+                else:
+                    label, folder = llava_qwen2(hf_init=name.endswith("hfinit"))
             except ImportError as exc:
                 print(f"  skipped: {exc}")
                 continue

@@ -21,7 +21,7 @@ app = typer.Typer(help="Apply optimisation passes (quantisation, fusion) to ONNX
         "edgekit optimize out/radreport-tiny-cpu -o out/int8 --recipe int8 --json",
         "edgekit optimize out/radreport-tiny-cpu -o out/fp16 --recipe models/radreport_tiny/recipes/fp16.toml",
         "edgekit optimize out/radreport-tiny-cpu/decoder_model_merged.onnx -o out/decoder-int4.onnx "
-        "--pass int4:block=32 --dim seq=64",
+        "--pass int4:block=32,method=rtn --dim seq=64",
         note="SOURCE is a folder of ONNX graphs (from edgekit convert), a bundle, any ONNX file, or a folder of "
         "ONNX files. On a file edgekit did not write, unnamed nodes are named, external data is kept (OUT.data), "
         "the opset is raised where a pass needs it, and each pass is checked against the model before it on "

@@ -57,8 +57,8 @@ class Int4Config(PassConfig):
     block: int = param(32, choices=(16, 32, 64, 128), help="block size along K")
     symmetric: bool | None = param(
         None,
-        help="symmetric (no zero points; required for orin/x1) or asymmetric; unset: asymmetric for cpu "
-        "(MatMulNBits zero points, as ORT's quantizer defaults to), symmetric for orin/x1",
+        help="symmetric (no zero points; required for orin/x1) or asymmetric; unset: symmetric for orin/x1, and "
+        "for cpu per MatMul by held-out calibration error with gptq/awq-gptq (asymmetric with the others)",
     )
     method: str = param(
         "awq-gptq",
@@ -200,6 +200,9 @@ class Int4Pass(GraphPass):
         clip = cfg.clip or (10 if cfg.method in DATA_METHODS else 0)
         signed = cfg.target == "cpu"  # MatMulNBits takes negative scales; TensorRT's DequantizeLinear does not
         hessians: dict[str, np.ndarray] = {}
+        # cpu with `symmetric` unset and a GPTQ method: each MatMul takes the symmetry with the lower held-out error
+        choose_symmetry = cfg.symmetric is None and cfg.target == "cpu" and cfg.method in ("gptq", "awq-gptq")
+        chosen: dict[str, bool] = {}
 
         def act_hessian(name: str) -> np.ndarray:
             if name not in hessians:
@@ -218,6 +221,11 @@ class Int4Pass(GraphPass):
                 if s is not None:  # the Hessian of x / s
                     h = h / np.outer(s, s)
             if cfg.method in ("gptq", "awq-gptq"):
+                if choose_symmetry and act in acts:
+                    if m.name not in chosen:
+                        x = acts[act] if s is None else acts[act] / s[None, :]
+                        chosen[m.name] = self._symmetric_fits_better(w, x, block, bits, ctx.seed)
+                    common["symmetric"] = chosen[m.name]
                 return gptq_quantize(
                     w,
                     h,
@@ -287,6 +295,9 @@ class Int4Pass(GraphPass):
             "awq_check_error_ratio": awq_check,
             "awq_folded_into_norm": folded,
             "calibration_tokens": {k: int(v.shape[0]) for k, v in acts.items()} if acts else {},
+            "symmetric_chosen": {"symmetric": sum(chosen.values()), "asymmetric": len(chosen) - sum(chosen.values())}
+            if chosen
+            else {},
         }
         return changes
 
@@ -354,6 +365,35 @@ class Int4Pass(GraphPass):
                 wq = qw.dequantize() / s[None, :] if scaled else qw.dequantize()
                 err[scaled] += float(((val @ wq.T - y) ** 2).sum())
         return err[True] / max(err[False], 1e-30)
+
+    def _symmetric_fits_better(self, w: np.ndarray, x: np.ndarray, block: int, bits: int, seed: int) -> bool:
+        """Whether symmetric GPTQ of `w` (N, K) has no higher output error than asymmetric, fitted on three
+        quarters of the calibration tokens `x` and measured on the rest. Why per MatMul: a zero point pays where a
+        block's weights are skewed, and costs a step where they are not; the bench's models disagree on which."""
+        cfg = self.config
+        order = np.random.default_rng(seed + 1).permutation(x.shape[0])
+        cut = max(1, (3 * x.shape[0]) // 4)
+        fit, val = x[order[:cut]], x[order[cut:]]
+        if val.shape[0] == 0:
+            return False
+        h = hessian(fit)
+        y = val @ w.T
+        err = {}
+        for symmetric in (True, False):
+            qw = gptq_quantize(
+                w,
+                h,
+                block,
+                bits=bits,
+                symmetric=symmetric,
+                damp=cfg.damp,
+                shrink=self.shrink_for(w.shape[1], fit.shape[0]),
+                clip_grid=cfg.clip or 10,
+                scale_search=cfg.scale_search,
+                signed_scales=True,
+            )
+            err[symmetric] = float(((val @ qw.dequantize().T - y) ** 2).sum())
+        return err[True] <= err[False]
 
     def _sensitivity(self, mms, acts, quantize, scales) -> dict[str, float]:
         """Relative output error of each MatMul quantized alone (on its own calibration activations)."""
