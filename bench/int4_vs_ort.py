@@ -367,7 +367,7 @@ def main() -> None:
         d = next((r for r in rows if r["model"] == model and r["method"].startswith("edgekit default")), None)
         if d and "rel_l2" in d:
             summary[model] = {"default": d["rel_l2"], "ort_best": d["ort_best"], "ratio": d["ratio_vs_ort_best"]}
-    print(f"\nedgekit default ({DEFAULT_METHOD}; asymmetric on cpu) vs ORT's best, target <= 0.8:")
+    print(f"\nedgekit default ({DEFAULT_METHOD}; symmetry per MatMul on cpu) vs ORT's best, target <= 0.8:")
     for model, s in summary.items():
         verdict = "ok" if s["ratio"] <= 0.8 else "MISSED"
         print(f"  {model:<40} {s['default']:.4f}  {s['ratio']:.3f} x {s['ort_best']}  {verdict}")

@@ -9,12 +9,12 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edgekit.onnx_model import NodeNames, name_nodes
 from edgekit.passes import PassContext, make_pass
 from edgekit.passes.check import compare_outputs, run_all, session
 from edgekit.passes.gptq import gptq_quantize, hessian
 from edgekit.passes.hqq import hqq_quantize
 from edgekit.passes.int4_encode import quantize_blocks
-from edgekit.passes.naming import NodeNames, name_nodes
 
 K, HIDDEN, N_OUT = 128, 256, 64
 OUTLIERS = [3, 40, 90, 101]

@@ -27,6 +27,7 @@ import onnx_ir as ir
 
 from edgekit.errors import ConfigError
 from edgekit.names import DECODER, VISION_ENCODER
+from edgekit.onnx_model import NodeNames
 
 from .base import GraphPass, PassChanges, PassContext
 from .calibration import capture_values, embedding_table, sample_feeds, vision_feeds
@@ -34,7 +35,6 @@ from .config import PassConfig, param
 from .gptq import block_hessians, gptq_quantize, hessian
 from .hqq import hqq_quantize
 from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
-from .naming import NodeNames
 from .patterns import WeightMatMul, add_initializer, matches_any, remove_if_unused, require_weight_matmuls
 
 AWQ_MAX_TOKENS = 512  # tokens the alpha search multiplies through (the Hessians use up to HESSIAN_MAX_TOKENS)

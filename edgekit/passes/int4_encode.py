@@ -20,8 +20,8 @@ import numpy as np
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
+from edgekit.onnx_model import NodeNames
 
-from .naming import NodeNames
 from .patterns import add_initializer
 
 MS_DOMAIN = "com.microsoft"
