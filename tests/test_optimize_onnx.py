@@ -116,6 +116,18 @@ def test_feeds_follow_the_declared_inputs_and_dims_can_be_set():
     (fixed,) = sample_feeds(model, 1, dims={"sequence_length": 7, "batch_size": 2})
     assert fixed["input_ids"].shape == (2, 7)
     assert dim_value("past_sequence_length + 1", {"past_seq": 3}) == 4
+    decoder = helper.make_graph(
+        [helper.make_node("Identity", ["m"], ["o"])],
+        "d",
+        [
+            helper.make_tensor_value_info("e", TensorProto.FLOAT, ["batch", "seq", 4]),
+            helper.make_tensor_value_info("m", TensorProto.INT64, ["batch", "total_seq"]),
+        ],
+        [helper.make_tensor_value_info("o", TensorProto.INT64, None)],
+    )
+    for feed in sample_feeds(ir.from_proto(helper.make_model(decoder)), 2, dims={"seq": 9}):
+        past = feed["m"].shape[1] - 9  # total_seq follows an overridden seq
+        assert feed["e"].shape == (1, 9, 4) and past in (0, 4)
     assert dim_value("height", {}) == 1
 
 

@@ -105,10 +105,12 @@ def sample_feeds(
     names by `dim_value`, and `dims` (name -> size) overrides any of them. Token ids are drawn below the row
     count of the table they index when a `Gather` shows it."""
     rng = np.random.default_rng(seed)
+    dims = dict(dims or {})
+    seq = int(dims.get("seq", seq))  # an override of seq or past_seq carries into total_seq
     feeds = []
     for i in range(n):
-        p = past if past or i % 2 == 0 else 4
-        known = {**_DIM_DEFAULTS, "seq": seq, "past_seq": p, "total_seq": p + seq, **(dims or {})}
+        p = int(dims["past_seq"]) if "past_seq" in dims else (past if past or i % 2 == 0 else 4)
+        known = {**_DIM_DEFAULTS, "seq": seq, "past_seq": p, "total_seq": p + seq, **dims}
         feed: dict[str, np.ndarray] = {}
         for value in model.graph.inputs:
             shape = [d if isinstance(d, int) else dim_value(str(d), known) for d in (value.shape or [])]
