@@ -9,7 +9,8 @@ from edgekit.targets.x1.machine import Machine
 
 
 def tiny_int4_dir(root: Path) -> Path:
-    """The daemon's tiny model, exported and INT4-quantised as the x1 build does (block 16)."""
+    """The daemon's tiny model, exported and INT4-quantised (RTN, block 16): the program the emulator's recorded
+    totals were taken on, whatever the int4 pass's default method is now."""
     from edgekit.daemon.testing import write_tiny_model
     from edgekit.export import export_default
     from edgekit.passes.pipeline import run_pipeline
@@ -17,7 +18,7 @@ def tiny_int4_dir(root: Path) -> Path:
 
     model = write_tiny_model(root / "model")
     export_default(model, root / "onnx")
-    run_pipeline(root / "onnx", root / "int4", [make_pass("int4:block=16,target=x1")], overwrite=True)
+    run_pipeline(root / "onnx", root / "int4", [make_pass("int4:block=16,target=x1,method=rtn,symmetric=true")], overwrite=True)
     return root / "int4"
 
 

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
@@ -137,16 +136,21 @@ def capture_values(
     model: ir.Model, value_names: Sequence[str], feeds: Sequence[dict[str, np.ndarray]]
 ) -> dict[str, np.ndarray]:
     """The values named `value_names` (e.g. each weight MatMul's activation input) on every feed, flattened to
-    (tokens, features) and concatenated across feeds. The model is not modified."""
-    proto = ir.to_proto(model)
-    existing = {o.name for o in proto.graph.output}
-    for name in value_names:
-        if name not in existing:
-            proto.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every named value
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    (tokens, features) and concatenated across feeds. The values are made graph outputs only for the session
+    (`check.session`, which goes through files for a model too big to serialize or with external weights) and
+    the model is left as it was."""
+    from .check import session
+
+    produced = {v.name: v for node in model.graph for v in node.outputs}
+    produced.update({v.name: v for v in model.graph.inputs})
+    existing = {o.name for o in model.graph.outputs}
+    added = [produced[n] for n in dict.fromkeys(value_names) if n not in existing]
+    model.graph.outputs.extend(added)
+    try:
+        sess = session(model, optimize=False)  # keep every named value
+    finally:
+        for v in added:
+            model.graph.outputs.remove(v)
     wanted = {i.name for i in sess.get_inputs()}
     chunks: dict[str, list[np.ndarray]] = {n: [] for n in value_names}
     for feed in feeds:
