@@ -26,10 +26,10 @@ from edgekit.errors import ConfigError
 from edgekit.export.save import EXTERNAL_DATA_THRESHOLD_BYTES, save_model
 from edgekit.onnx_model import has_external_data, load_onnx, name_nodes, upgrade_opset
 
-from .base import GraphPass, OutputError, PassContext, PassFailedError, PassReport
+from .base import GraphPass, OutputError, PassContext, PassReport
 from .calibration import sample_feeds
 from .check import check_models, snapshot
-from .pipeline import PipelineResult
+from .pipeline import PipelineResult, run_checked
 from .registry import role_bound
 
 CALIBRATION_SAMPLES = 16  # generated calibration feeds per file (seq 32 each), seeded apart from the check's
@@ -165,20 +165,11 @@ def _run(src: Path, dst: Path, passes, calibration, dims, check, check_samples, 
             on_pass(p, graph, "start")
         # the model just before this pass (after any opset upgrade): the check measures the pass alone
         before = snapshot(model, scratch, f"before-{i}.onnx") if check else None
-        report = p(model, ctx).report
+        report = run_checked(p, model, ctx, graph, before, check_feeds)
         if renamed and i == 0:
             report.notes["nodes_named"] = renamed
         if model.graph.opset_imports.get("") != opset_before:
             report.notes["opset_upgraded"] = f"{opset_before} -> {model.graph.opset_imports.get('')}"
-        if check:
-            report.check = check_models(before, model, check_feeds)
-            report.check_samples = len(check_feeds)
-            worst = report.worst()
-            if p.max_rel_error is not None and worst is not None and worst.rel_l2 > p.max_rel_error:
-                raise PassFailedError(
-                    f"{p.name} on {graph}: output {worst.name} relative error {worst.rel_l2:.3g} exceeds "
-                    f"{p.max_rel_error}"
-                )
         reports.append(report)
         if on_pass:
             on_pass(p, graph, "done")

@@ -67,6 +67,21 @@ def resolve_source(path: str | Path) -> Path:
     raise ConfigError(f"no ONNX graphs ({', '.join(ALL_GRAPHS)}) in this folder", path)
 
 
+def run_checked(p: GraphPass, model: ir.Model, ctx: PassContext, graph: str, before, feeds) -> PassReport:
+    """Run one pass. With `before` (the model just before it: a snapshot, or the source file), its numerical check
+    measures the pass alone on `feeds`, and an error past the pass's `max_rel_error` stops the run."""
+    report = p(model, ctx).report
+    if before is not None:
+        report.check = check_models(before, model, feeds)
+        report.check_samples = len(feeds)
+        worst = report.worst()
+        if p.max_rel_error is not None and worst is not None and worst.rel_l2 > p.max_rel_error:
+            raise PassFailedError(
+                f"{p.name} on {graph}: output {worst.name} relative error {worst.rel_l2:.3g} exceeds {p.max_rel_error}"
+            )
+    return report
+
+
 def run_pipeline(
     source: str | Path,
     out: str | Path,
@@ -137,18 +152,9 @@ def run_pipeline(
                 before = None
                 if checking:  # the unchanged source file is the "before" of a big graph's first pass
                     before = original if i == 0 else snapshot(model, scratch, f"before-{i}-{graph}")
-                report = p(model, ctx).report
+                report = run_checked(p, model, ctx, graph, before, feeds)
                 if skip_reason:
                     report.notes["check_skipped"] = skip_reason
-                if checking:
-                    report.check = check_models(before, model, feeds)
-                    report.check_samples = len(feeds)
-                    worst = report.worst()
-                    if p.max_rel_error is not None and worst is not None and worst.rel_l2 > p.max_rel_error:
-                        raise PassFailedError(
-                            f"{p.name} on {graph}: output {worst.name} relative error "
-                            f"{worst.rel_l2:.3g} exceeds {p.max_rel_error}"
-                        )
                 reports.append(report)
                 if on_pass:
                     on_pass(p, graph, "done")
