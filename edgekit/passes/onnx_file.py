@@ -29,7 +29,7 @@ from edgekit.onnx_model import has_external_data, load_onnx, name_nodes, upgrade
 from .base import GraphPass, OutputError, PassContext, PassReport
 from .calibration import sample_feeds
 from .check import check_models, snapshot
-from .pipeline import PipelineResult, run_checked
+from .pipeline import PipelineResult, check_output, copy_other_files, publish_dir, run_checked, staging_dir
 from .registry import role_bound
 
 CALIBRATION_SAMPLES = 16  # generated calibration feeds per file (seq 32 each), seeded apart from the check's
@@ -66,15 +66,9 @@ def optimize_onnx_file(
         raise ConfigError("no passes given: `passes` is empty (give pass specs or a recipe's passes)")
     src, out = Path(source), Path(out)
     refuse_role_bound(passes, src)
-    if out.resolve() == src.resolve():
-        raise ConfigError("output must differ from the input (the input is never modified)", out)
-    if out.exists() and not overwrite:
-        raise ConfigError("output already exists (overwrite=True replaces it)", out)
+    check_output(src, out, overwrite)
     start = time.perf_counter()
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = staging_dir(out)
     try:
         reports, end_to_end = _run(src, tmp / out.name, passes, calibration, dims, check, check_samples, seed, on_pass)
         stale = out.with_name(out.name + ".data")
@@ -109,34 +103,19 @@ def optimize_onnx_folder(
     if not graphs:
         raise ConfigError("no .onnx files in this folder", src)
     refuse_role_bound(passes, src)
-    if out.resolve() == src.resolve():
-        raise ConfigError("output must differ from the input (the input is never modified)", out)
-    if out.exists() and not overwrite:
-        raise ConfigError("output already exists (overwrite=True replaces it)", out)
+    check_output(src, out, overwrite)
     start = time.perf_counter()
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = staging_dir(out)
     reports: list[PassReport] = []
     end_to_end: dict[str, list[OutputError]] = {}
     try:
-        data_files = {g.name + ".data" for g in graphs}
-        for item in src.iterdir():
-            if item.suffix == ".onnx" or item.name in data_files or item.name.startswith("."):
-                continue
-            if item.is_file():
-                shutil.copy2(item, tmp / item.name)
-            elif item.is_dir():
-                shutil.copytree(item, tmp / item.name)
+        copy_other_files(src, tmp, {g.name for g in graphs} | {g.name + ".data" for g in graphs})
         for graph in graphs:
             r, e = _run(graph, tmp / graph.name, passes, None, dims, check, check_samples, seed, on_pass)
             reports += r
             if e is not None:
                 end_to_end[graph.name] = e
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -104,23 +104,19 @@ def run_pipeline(
     if not passes:
         raise ConfigError("no passes given: `passes` is empty (give pass specs or a recipe's passes)")
     src, out = resolve_source(source), Path(out)
-    if out.resolve() == src.resolve():
-        raise ConfigError("output must differ from the input (the input is never modified)", out)
-    if out.exists() and not overwrite:
-        raise ConfigError("output already exists (overwrite=True replaces it)", out)
+    check_output(src, out, overwrite)
     graphs = [g for g in ALL_GRAPHS if (src / g).is_file()]
     if not any(p.applies_to(g) for p in passes for g in graphs):
         raise ConfigError(f"none of the passes applies to the graphs in {src.name} ({', '.join(graphs)})", src)
 
     start = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = staging_dir(out)
     reports: list[PassReport] = []
     end_to_end: dict[str, list[OutputError]] = {}
     try:
-        _copy_other_files(src, tmp)
+        # tokenizer, configs and the like travel with the graphs; a bundle's manifest does not (its checksums
+        # describe the old graphs: `edgekit build` writes a new one)
+        copy_other_files(src, tmp, set(ALL_GRAPHS) | {g + ".data" for g in ALL_GRAPHS} | {MANIFEST_NAME})
         embeddings = embedding_table(src)
         for graph in graphs:
             mine = [p for p in passes if p.applies_to(graph)]
@@ -162,9 +158,7 @@ def run_pipeline(
                 end_to_end[graph] = check_models(original, model, feeds)
             shutil.rmtree(scratch, ignore_errors=True)
             save_model(model, tmp / graph)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -178,10 +172,31 @@ def _copy_graph(src: Path, dst: Path) -> None:
         shutil.copy2(data, dst.with_name(dst.name + ".data"))
 
 
-def _copy_other_files(src: Path, dst: Path) -> None:
-    """Tokenizer, configs and the like travel with the graphs; a bundle's manifest does not (its checksums
-    describe the old graphs: `edgekit build` writes a new one)."""
-    skip = set(ALL_GRAPHS) | {g + ".data" for g in ALL_GRAPHS} | {MANIFEST_NAME}
+def check_output(src: Path, out: Path, overwrite: bool) -> None:
+    """The output of a pass run: never the input, and an existing one only when asked to replace it."""
+    if out.resolve() == src.resolve():
+        raise ConfigError("output must differ from the input (the input is never modified)", out)
+    if out.exists() and not overwrite:
+        raise ConfigError("output already exists (overwrite=True replaces it)", out)
+
+
+def staging_dir(out: Path) -> Path:
+    """An empty hidden folder beside `out` to write into; `publish_dir` (or a rename per file) makes it `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def publish_dir(tmp: Path, out: Path) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+def copy_other_files(src: Path, dst: Path, skip: set[str]) -> None:
+    """Every file and folder of `src` but those named in `skip` and hidden ones, copied into `dst`."""
     for item in src.iterdir():
         if item.name in skip or item.name.startswith("."):
             continue
