@@ -28,6 +28,7 @@ from edgekit.errors import EdgekitError
 from edgekit.ingest.phi import hash_uid
 
 from .instances import InstanceUids
+from .uploads import fsync_dir
 
 log = logging.getLogger("edgekitd")
 
@@ -38,14 +39,6 @@ RETRY_S = 1.0  # a hand-over the service refused (still loading): tried again th
 def key(uid: str) -> str:
     """A file name for a UID: stable, fixed length, not the UID."""
     return hashlib.sha256(uid.encode("utf-8")).hexdigest()[:32]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class StudyInbox:
@@ -78,10 +71,10 @@ class StudyInbox:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
-            _fsync_dir(series_dir)
+            fsync_dir(series_dir)
             if fresh:
-                _fsync_dir(series_dir.parent)
-                _fsync_dir(self.root)
+                fsync_dir(series_dir.parent)
+                fsync_dir(self.root)
             self._due[skey] = time.monotonic() + self.quiet_s()
             self.received += 1
             self._lock.notify_all()
@@ -150,7 +143,7 @@ class StudyInbox:
             return None
         dest = self.root / TAKEN / f"{skey}.{uuid.uuid4().hex[:8]}"
         os.replace(src, dest)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return dest
 
     def _hand_over(self, skey: str, folder: Path) -> None:

@@ -101,12 +101,13 @@ async def save_uploads(files: Sequence[UploadFile], dest: Path, max_bytes: int, 
             p.rename(series / p.name)
         study = SavedStudy(series, "dicom", names)
     if durable:
-        _fsync_dir(dest)
+        fsync_dir(dest)
     study.digest = digest.hexdigest()
     return study
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a file just renamed or created in it) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
