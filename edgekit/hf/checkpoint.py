@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 
-from edgekit.errors import EdgekitError
+from edgekit.errors import ConfigError, EdgekitError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -173,6 +173,15 @@ class SafetensorsCheckpoint(Mapping[str, np.ndarray]):
             name=name,
             cache=False,
         )
+
+
+def find_prefix(names: Collection[str], prefixes: Collection[str], tensor: str, where: Path) -> str:
+    """The first of `prefixes` under which the checkpoint has `tensor` (a VLM nests a part's weights under one of
+    a few module paths, by transformers version); refused in one line naming what was looked for, and where."""
+    found = next((p for p in prefixes if p + tensor in names), None)
+    if found is None:
+        raise ConfigError(f"no {tensor} in the checkpoint (looked under {', '.join(repr(p) for p in prefixes)})", where)
+    return found
 
 
 def weights_digest(model_dir: str | Path) -> str:

@@ -23,6 +23,7 @@ from edgekit.errors import ConfigError
 from edgekit.export.blocks import layer_norm, linear
 from edgekit.export.irbuilder import GraphBuilder
 
+from .checkpoint import find_prefix
 from .vision_tower import VisionTowerSpec, tower_spec
 
 TOWER_PREFIXES = ("model.vision_model.", "vision_model.")
@@ -45,14 +46,7 @@ def scale_factor(cfg: dict[str, Any], tower: VisionTowerSpec, where: Path) -> in
 
 
 def connector_prefix(names: Collection[str], where: Path) -> str:
-    found = next((p for p in CONNECTOR_PREFIXES if f"{p}modality_projection.proj.weight" in names), None)
-    if found is None:
-        raise ConfigError(
-            "no connector.modality_projection.proj.weight in the checkpoint "
-            f"(looked under {', '.join(CONNECTOR_PREFIXES)})",
-            where,
-        )
-    return found
+    return find_prefix(names, CONNECTOR_PREFIXES, "modality_projection.proj.weight", where)
 
 
 def position_ids(tower: VisionTowerSpec) -> np.ndarray:

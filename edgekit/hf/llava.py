@@ -18,6 +18,7 @@ from edgekit.errors import ConfigError
 from edgekit.export.blocks import gelu, linear
 from edgekit.export.irbuilder import GraphBuilder, scope_of
 
+from .checkpoint import find_prefix
 from .vision_tower import VisionTowerSpec, tower_spec
 
 TOWERS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
@@ -67,14 +68,7 @@ def select_strategy(cfg: dict[str, Any], where: Path) -> bool:
 
 
 def projector_prefix(names: Collection[str], where: Path) -> str:
-    found = next((p for p in PROJECTOR_PREFIXES if f"{p}linear_1.weight" in names), None)
-    if found is None:
-        raise ConfigError(
-            "no multi_modal_projector.linear_1.weight in the checkpoint "
-            f"(looked under {', '.join(PROJECTOR_PREFIXES)})",
-            where,
-        )
-    return found
+    return find_prefix(names, PROJECTOR_PREFIXES, "linear_1.weight", where)
 
 
 def projector_act(cfg: dict[str, Any], where: Path) -> str:

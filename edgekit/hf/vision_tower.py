@@ -23,31 +23,17 @@ from edgekit.errors import ConfigError
 from edgekit.export.blocks import gelu, layer_norm, linear
 from edgekit.export.irbuilder import GraphBuilder, scope_of
 
+from .checkpoint import find_prefix
+
 F32 = ir.DataType.FLOAT
 GELU = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "quick_gelu": "quick"}
 
 # role -> name template ({p}: model prefix, {i}: layer index)
-NAMES = {
+NAMES: dict[str, dict[str, str | None]] = {
     "siglip": {
         "patch": "{p}embeddings.patch_embedding",
         "pos": "{p}embeddings.position_embedding.weight",
         "cls": None,
-        "ln1": "{p}encoder.layers.{i}.layer_norm1",
-        "q": "{p}encoder.layers.{i}.self_attn.q_proj",
-        "k": "{p}encoder.layers.{i}.self_attn.k_proj",
-        "v": "{p}encoder.layers.{i}.self_attn.v_proj",
-        "o": "{p}encoder.layers.{i}.self_attn.out_proj",
-        "ln2": "{p}encoder.layers.{i}.layer_norm2",
-        "fc1": "{p}encoder.layers.{i}.mlp.fc1",
-        "fc2": "{p}encoder.layers.{i}.mlp.fc2",
-        "final": "{p}post_layernorm",
-        "layer": "{p}encoder.layers.{i}",
-    },
-    "clip": {  # CLIP's vision tower (LLaVA's): a class token, a bias-free patch conv and a pre-LayerNorm
-        "patch": "{p}embeddings.patch_embedding",
-        "pos": "{p}embeddings.position_embedding.weight",
-        "cls": "{p}embeddings.class_embedding",
-        "pre": "{p}pre_layrnorm",  # sic: transformers' spelling
         "ln1": "{p}encoder.layers.{i}.layer_norm1",
         "q": "{p}encoder.layers.{i}.self_attn.q_proj",
         "k": "{p}encoder.layers.{i}.self_attn.k_proj",
@@ -74,6 +60,12 @@ NAMES = {
         "final": "{p}layernorm",
         "layer": "{p}encoder.layer.{i}",
     },
+}
+# CLIP's vision tower (LLaVA's): SigLIP's layout plus a class token and a pre-LayerNorm (a bias-free patch conv)
+NAMES["clip"] = {
+    **NAMES["siglip"],
+    "cls": "{p}embeddings.class_embedding",
+    "pre": "{p}pre_layrnorm",  # sic: transformers' spelling
 }
 PREFIXES = {"siglip": ("", "vision_model.", "model.vision_model."), "vit": ("", "vit.")}
 
@@ -123,13 +115,7 @@ def tower_spec(
     """A tower's spec from its (vision) config; `prefixes` are where its weights may sit in the checkpoint
     (a VLM nests them: `vision_tower.`, `model.vision_model.`)."""
     probe = NAMES[family]["ln1"]  # layer 0's first norm: a VLM may drop the tower's unused final norm
-    prefix = next((p for p in prefixes if probe.format(p=p, i=0) + ".weight" in names), None)
-    if prefix is None:
-        raise ConfigError(
-            f"no {family} vision tower weights found (looked for {probe.format(p='', i=0)}.weight "
-            f"under prefixes {', '.join(repr(p) for p in prefixes)})",
-            where,
-        )
+    prefix = find_prefix(names, prefixes, probe.format(p="", i=0) + ".weight", where)
     act = cfg.get("hidden_act", {"siglip": "gelu_pytorch_tanh", "clip": "quick_gelu"}.get(family, "gelu"))
     if act not in GELU:
         raise ConfigError(f"hidden_act {act!r} is not supported (edgekit builds {', '.join(GELU)})", where)
