@@ -3,6 +3,7 @@ its recovery after a restart, and delivery retries with backoff against a real H
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -163,3 +164,12 @@ def test_a_failing_webhook_is_retried_with_backoff_then_delivered_and_a_dead_one
     assert (states["gone"].state, states["gone"].attempts) == ("dead", 3)
     assert [j.id for j in store.list(delivery="dead")] == [job.id]
     assert 'edgekitd_deliveries_state{state="dead"} 1.0' in metrics.render().decode()
+
+
+@pytest.mark.skipif(os.environ.get("EDGEKIT_REQUIRE_PACS") != "1", reason="EDGEKIT_REQUIRE_PACS=1 not set")
+def test_ci_has_the_real_pacs_and_dicom_tools():
+    """CI sets EDGEKIT_REQUIRE_PACS=1 where it can install them: a failed apt step would otherwise only show as the
+    Orthanc and DCMTK tests skipping."""
+    from edgekit.daemon.testing_pacs import missing
+
+    assert missing("Orthanc", "dicomweb-plugin", "storescu", "echoscu") is None
