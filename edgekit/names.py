@@ -28,6 +28,7 @@ WEIGHT_FILES = {
 }
 HEAD_IMPORTANCE = "head_importance"  # role of the heads pass's per-head scores (x1 DSS reads them)
 HEAD_IMPORTANCE_FILE = "head_importance.json"
+HEAD_GATES_FILE = "head_gates.json"  # learned gates beside a LoRA adapter (edgekit finetune); the lora pass folds them
 
 # graph inputs and outputs ---------------------------------------------------------------------------------------
 PIXEL_VALUES = "pixel_values"

@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, str] = {
     "data": "Generate and inspect synthetic studies and datasets.",
     "convert": "Convert a trained model to ONNX graphs.",
     "optimize": "Apply optimisation passes (quantisation, fusion) to ONNX graphs.",
+    "finetune": "Fine-tune a Hugging Face model with LoRA and learned head gates (train extra).",
     "build": "Build a deployable bundle for a target.",
     "run": "Generate a report for a study with a bundle.",
     "eval": "Evaluate a bundle's reports against references.",

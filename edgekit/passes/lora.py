@@ -9,10 +9,14 @@ of their updates (what PEFT's `add_weighted_adapter(combination_type="cat")` mer
 Layout: edgekit graphs keep `nn.Linear` weights (out, in) behind `Transpose -> MatMul`; a graph that feeds the
 weight to MatMul directly holds it (in, out) (GPT-2 `Conv1D`, PEFT's `fan_in_fan_out=True`) and gets the
 transposed update. The layout is read from the graph, so it cannot disagree with what the model computes.
+
+An adapter written by `edgekit finetune` also holds learned head gates (`head_gates.json`): they are folded into
+`o_proj` after the merge (`edgekit.passes.head_gates`) and become the bundle's head importance for the X1's DSS.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -23,10 +27,11 @@ import onnx
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
-from edgekit.names import DECODER, VISION_ENCODER
+from edgekit.names import DECODER, HEAD_IMPORTANCE, HEAD_IMPORTANCE_FILE, VISION_ENCODER
 
 from .base import ALL_GRAPHS, GraphPass, PassChanges, PassContext
 from .config import PassConfig, param
+from .head_gates import HeadGateFile, fold_gates, importance_doc, plan_gate_fold, read_head_gates
 from .patterns import find_weight_matmuls
 from .peft_adapter import AdapterError, PeftAdapter, read_peft_adapter
 
@@ -113,6 +118,32 @@ def load_adapters(config: LoraConfig) -> list[tuple[PeftAdapter, float]]:
     return [(read_peft_adapter(p), float(w)) for p, w in zip(config.adapters, weights)]
 
 
+def load_gates(adapters: list[tuple[PeftAdapter, float]]) -> HeadGateFile | None:
+    """The head gates of the one gated adapter, if any. Gates scale a head, they do not add: two gated adapters,
+    or a gated one merged at a weight other than 1, have no meaning the training gave them, so they are refused."""
+    gated = [(read_head_gates(a.path), w) for a, w in adapters]
+    gated = [(g, w) for g, w in gated if g is not None]
+    if len(gated) > 1:
+        raise AdapterError(f"{len(gated)} adapters carry head gates; at most one can be merged")
+    if gated and gated[0][1] != 1.0:
+        raise AdapterError(
+            f"an adapter with head gates merges at weight 1.0 only (got {gated[0][1]})", gated[0][0].path
+        )
+    return gated[0][0] if gated else None
+
+
+def all_slots(model: ir.Model, ctx: PassContext) -> dict[str, WeightSlot]:
+    """Weight slots of this graph, then of its siblings on disk (modules may live in another graph)."""
+    slots = weight_slots(model, ctx.graph)
+    if ctx.model_dir is not None:
+        for g in ALL_GRAPHS:
+            p = Path(ctx.model_dir) / g
+            if g != ctx.graph and p.is_file():
+                for k, v in weight_slots(onnx.load(str(p), load_external_data=False), g).items():
+                    slots.setdefault(k, v)
+    return slots
+
+
 class LoraMergePass(GraphPass):
     """Merge PEFT LoRA adapters into the decoder (and vision encoder) weights."""
 
@@ -120,15 +151,13 @@ class LoraMergePass(GraphPass):
     Config = LoraConfig
     graphs = (DECODER, VISION_ENCODER)
 
-    def _plan(self, model: ir.Model, ctx: PassContext, adapters: list[tuple[PeftAdapter, float]]) -> list:
-        slots = weight_slots(model, ctx.graph)
-        if ctx.model_dir is not None:  # modules may live in a sibling graph; only those in none are errors
-            for g in ALL_GRAPHS:
-                p = Path(ctx.model_dir) / g
-                if g != ctx.graph and p.is_file():
-                    for k, v in weight_slots(onnx.load(str(p), load_external_data=False), g).items():
-                        slots.setdefault(k, v)
-        return plan_merge(adapters, slots, self.config.module_prefix).get(ctx.graph, [])
+    def _plan(self, model: ir.Model, ctx: PassContext, adapters: list[tuple[PeftAdapter, float]]):
+        """(LoRA updates, gate folds) for this graph; modules found in no graph of the model are errors."""
+        slots = all_slots(model, ctx)
+        merge = plan_merge(adapters, slots, self.config.module_prefix).get(ctx.graph, [])
+        gates = load_gates(adapters)
+        folds = plan_gate_fold(gates, slots, self.config.module_prefix) if gates is not None else []
+        return merge, [(slot, scale) for slot, scale in folds if slot.graph == ctx.graph], gates
 
     def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         # refuses a misfitting adapter before the transform touches anything
@@ -136,10 +165,17 @@ class LoraMergePass(GraphPass):
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         adapters = load_adapters(self.config)
-        rel = apply_plan(model, self._plan(model, ctx, adapters))
+        merge, folds, gates = self._plan(model, ctx, adapters)
+        rel = apply_plan(model, merge)
+        folded = fold_gates(model, folds)
+        gate_notes = {}
+        if folded:  # the graph holding the decoder's o_proj: the gates are its head importance
+            gate_notes = {"head_gates": {"file": str(gates.path), "closed": gates.closed}}
+            gate_notes[HEAD_IMPORTANCE] = importance_doc(gates)
         return PassChanges(
-            initializers_touched=sorted(rel),
+            initializers_touched=sorted({*rel, *folded}),
             notes={
+                **gate_notes,
                 "adapters": [
                     {
                         "path": a.path.name,
@@ -168,7 +204,8 @@ def merge_lora(
 
     All-or-nothing: adapters are read and every module mapped before anything is written, and the output is
     assembled in a temporary sibling directory that is renamed into place only once complete. Returns
-    graph -> initializer -> relative update norm.
+    graph -> initializer -> relative update norm. An adapter's head gates are folded, and written beside the
+    graphs as `head_importance.json`.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     graphs = [g for g in ALL_GRAPHS if (model_dir / g).is_file()]
@@ -179,12 +216,16 @@ def merge_lora(
     config = LoraConfig(adapters=[str(a) for a in adapters], weights=list(weights or []), module_prefix=module_prefix)
     config.validate("lora")
     loaded = load_adapters(config)
+    gates = load_gates(loaded)
     models = {g: ir.load(model_dir / g) for g in graphs}
     slots: dict[str, WeightSlot] = {}
     for g, m in models.items():
         for k, v in weight_slots(m, g).items():
             slots.setdefault(k, v)
     plan = plan_merge(loaded, slots, module_prefix)  # raises before anything is written
+    folds: dict[str, list] = {}
+    for slot, scale in plan_gate_fold(gates, slots, module_prefix) if gates is not None else []:
+        folds.setdefault(slot.graph, []).append((slot, scale))
 
     from edgekit.export.save import save_model
 
@@ -193,13 +234,16 @@ def merge_lora(
     try:
         result = {}
         for g in graphs:
-            if g in plan:
-                result[g] = apply_plan(models[g], plan[g])
+            if g in plan or g in folds:
+                result[g] = apply_plan(models[g], plan.get(g, []))
+                fold_gates(models[g], folds.get(g, []))
                 save_model(models[g], tmp / g)
             else:
                 for f in (g, g + ".data"):
                     if (model_dir / f).is_file():
                         shutil.copy2(model_dir / f, tmp / f)
+        if gates is not None:
+            (tmp / HEAD_IMPORTANCE_FILE).write_text(json.dumps(importance_doc(gates), indent=1) + "\n")
         tmp.rename(out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

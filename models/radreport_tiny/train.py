@@ -383,9 +383,11 @@ def evaluate_generation(
 
 def code_digest() -> str:
     import edgekit.export.model_config
+    import edgekit.finetune.gates
 
     h = hashlib.sha256()
-    for path in [Path(edgekit.export.model_config.__file__), *(HERE / name for name in CODE_FILES)]:
+    core = [Path(edgekit.export.model_config.__file__), Path(edgekit.finetune.gates.__file__)]
+    for path in [*core, *(HERE / name for name in CODE_FILES)]:
         h.update(path.read_bytes())
     return h.hexdigest()
 

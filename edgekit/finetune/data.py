@@ -1,0 +1,131 @@
+"""Fine-tuning data: JSON Lines in the two layouts Hugging Face's trainers (TRL) read, tokenized once.
+
+    {"text": "FINDINGS: ..."}                                   language modelling: every token is learned
+    {"prompt": "Cough.", "completion": "FINDINGS: ..."}          only the completion is learned
+    {"image": "cr_0001.png", "prompt": "...", "completion": "..."}   a VLM: the image span, then the prompt
+
+`image` is a path relative to the JSONL file (anything Pillow reads), converted to grey and resized to the
+vision tower's size, as edgekit serves images. Every bad line is reported with its line number before any
+training starts; examples longer than `max_length` are cut at the end, and counted so the result says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.errors import ConfigError
+
+IGNORE = -100  # label of a token that is not learned (transformers' convention)
+
+
+@dataclass(frozen=True)
+class Example:
+    input_ids: list[int]
+    labels: list[int]
+    image: Path | None = None
+
+
+@dataclass
+class Dataset:
+    path: Path
+    examples: list[Example]
+    truncated: int = 0  # examples cut to max_length
+    layout: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+
+@dataclass(frozen=True)
+class Tokenization:
+    """How text becomes ids for one model: its tokenizer, end token, and (VLMs) the image span's ids."""
+
+    tokenizer: object  # tokenizers.Tokenizer
+    eos_id: int | None
+    image_span: tuple[int, ...] = ()
+
+    def encode(self, text: str, *, first: bool) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=first).ids)
+
+
+def _record(line: str, where: str, vlm: bool) -> dict:
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: expected an object, got {type(rec).__name__}")
+    has_text, has_pair = "text" in rec, "prompt" in rec or "completion" in rec
+    if has_text == has_pair:
+        raise ValueError(f"{where}: needs either 'text' or 'prompt' + 'completion'")
+    for key in ("text",) if has_text else ("prompt", "completion"):
+        if not isinstance(rec.get(key), str) or (key != "prompt" and not rec[key].strip()):
+            raise ValueError(f"{where}: '{key}' must be a non-empty string")
+    if "image" in rec:
+        if not vlm:
+            raise ValueError(f"{where}: 'image' given, but the model has no vision tower")
+        if not isinstance(rec["image"], str) or has_text:
+            raise ValueError(f"{where}: 'image' must be a path string, with 'prompt' + 'completion'")
+    return rec
+
+
+def read_dataset(path: str | Path, tok: Tokenization, max_length: int, *, vlm: bool = False) -> Dataset:
+    """Read and tokenize a JSONL file; raises one `ConfigError` listing every bad line (up to 10)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read fine-tuning data ({type(exc).__name__})", path) from None
+    examples, problems, truncated, kinds = [], [], 0, set()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = _record(line, f"line {n}", vlm)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        image = None
+        if "image" in rec:
+            image = (path.parent / rec["image"]).resolve()
+            if not image.is_file():
+                problems.append(f"line {n}: image {rec['image']!r} not found")
+                continue
+        if "text" in rec:
+            ids = tok.encode(rec["text"], first=True) + ([tok.eos_id] if tok.eos_id is not None else [])
+            labels = list(ids)
+        else:
+            head = [*(tok.image_span if image else ()), *tok.encode(rec["prompt"], first=True)]
+            tail = tok.encode(rec["completion"], first=False) + ([tok.eos_id] if tok.eos_id is not None else [])
+            ids, labels = head + tail, [IGNORE] * len(head) + tail
+        if len(ids) > max_length:
+            truncated += 1
+            ids, labels = ids[:max_length], labels[:max_length]
+        if all(label == IGNORE for label in labels[1:]):
+            problems.append(f"line {n}: nothing left to learn within max_length {max_length}")
+            continue
+        examples.append(Example(ids, labels, image))
+        kinds.add("text" if "text" in rec else "image+prompt+completion" if image else "prompt+completion")
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise ConfigError(f"{len(problems)} bad line(s) in fine-tuning data: {shown}", path)
+    if not examples:
+        raise ConfigError("no examples in fine-tuning data", path)
+    return Dataset(path, examples, truncated, ", ".join(sorted(kinds)))
+
+
+def load_grey(path: Path, size: int) -> np.ndarray:
+    """An image file as (size, size) grey in [0, 1], resized with the BOX filter edgekit serves images with."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            grey = im.convert("L").resize((size, size), Image.Resampling.BOX)
+    except (OSError, UnidentifiedImageError) as exc:
+        raise ConfigError(f"cannot read image ({type(exc).__name__})", path) from None
+    return np.asarray(grey, np.float32) / 255.0

@@ -1,0 +1,270 @@
+"""LoRA fine-tuning of a Hugging Face decoder or VLM, with learned head gates: `edgekit finetune`.
+
+Why both in one step: the X1's dynamic head skipping (DSS) is cheap only on a model that has learned to do
+without some heads. The gates (`edgekit.finetune.gates`) are learned with a LoRA adapter that gives the model the
+capacity to move the closed heads' work elsewhere; the base weights stay frozen, as in any PEFT fine-tune.
+
+What it writes is a PEFT adapter directory (`adapter_config.json`, `adapter_model.safetensors`) that PEFT itself
+loads, plus `head_gates.json` (the gates in the `head_importance.json` schema) and `finetune.json` (recipe,
+losses, held-out figures before and after). The `lora` pass merges the adapter and folds the gates without
+torch; the bundle it builds ships the gates as the head importance DSS reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgekit import names
+from edgekit.errors import ConfigError
+
+from .data import IGNORE, Dataset, Tokenization, load_grey, read_dataset
+
+METHOD = "learned sigmoid head gates with a LoRA adapter (L1 penalty, the lowest closed to 0 during training)"
+
+
+@dataclass
+class FinetuneOptions:
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 2e-3  # LoRA matrices
+    gate_lr: float = 0.05  # gate logits: they start at 2.0 (g = 0.88) and must cross the others within the run
+    r: int = 16
+    alpha: float = 32.0
+    target_modules: str = ""  # PEFT regex; empty: every q/k/v/o and gate/up/down projection of the decoder
+    gate_rate: float = 0.375  # fraction of decoder heads closed (0: a plain LoRA fine-tune)
+    gate_weight: float = 0.05  # weight of the L1 penalty on the open gates
+    gate_start: float = 0.4  # heads are closed between these fractions of training
+    gate_end: float = 0.6
+    max_length: int = 256
+    seed: int = 0
+    threads: int = 0  # torch intra-op threads (0: torch's default)
+
+    def validate(self) -> None:
+        checks = {
+            "steps": self.steps >= 1,
+            "batch_size": self.batch_size >= 1,
+            "lr": self.lr > 0,
+            "gate_lr": self.gate_lr > 0,
+            "r": self.r >= 1,
+            "gate_rate": 0.0 <= self.gate_rate < 1.0,
+            "gate_weight": self.gate_weight >= 0,
+            "gate_start": 0.0 <= self.gate_start <= self.gate_end <= 1.0,
+            "max_length": self.max_length >= 2,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise ConfigError(
+                f"fine-tuning option(s) out of range: {', '.join(f'{k}={getattr(self, k)}' for k in bad)}"
+            )
+
+
+def _load(model_dir: Path):
+    """The model (float32, train mode off), its kind, its tokenization and (VLMs) its spec."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    from edgekit.hf import read_hf_config
+    from edgekit.hf.config import model_kind
+
+    cfg = read_hf_config(model_dir)
+    kind = model_kind(cfg, model_dir)
+    if kind == "vision":
+        raise ConfigError("a vision tower alone has no decoder heads to fine-tune", model_dir / "config.json")
+    tok_path = model_dir / "tokenizer.json"
+    if not tok_path.is_file():
+        raise ConfigError("fine-tuning needs the model's tokenizer.json", model_dir)
+    tokenizer = Tokenizer.from_file(str(tok_path))
+    spec = None
+    if kind == "vlm":
+        from edgekit.hf import SafetensorsCheckpoint
+        from edgekit.hf.vlm import vlm_spec
+
+        spec = vlm_spec(cfg, model_dir, SafetensorsCheckpoint(model_dir).entries)
+        auto = transformers.AutoModelForImageTextToText
+    else:
+        auto = transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = _eos_id(model_dir, tokenizer, model.config)
+    return model, kind, Tokenization(tokenizer, eos, tuple(spec.span_ids) if spec else ()), spec
+
+
+def _eos_id(model_dir: Path, tokenizer, config) -> int | None:
+    """The end token: tokenizer_config's `eos_token`, else the (text) config's `eos_token_id`."""
+    tc = model_dir / "tokenizer_config.json"
+    if tc.is_file():
+        eos = json.loads(tc.read_text()).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if isinstance(eos, str) and tokenizer.token_to_id(eos) is not None:
+            return int(tokenizer.token_to_id(eos))
+    for c in (config, getattr(config, "text_config", None)):
+        e = getattr(c, "eos_token_id", None) if c is not None else None
+        if isinstance(e, list):
+            e = e[0] if e else None
+        if isinstance(e, int):
+            return e
+    return None
+
+
+def _collate(examples, spec, pad_id: int):
+    import torch
+
+    from edgekit.hf.parity import hf_pixel_values
+
+    n = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), n), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), n), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(examples), n), dtype=torch.long)
+    for i, e in enumerate(examples):
+        ids[i, : len(e.input_ids)] = torch.tensor(e.input_ids)
+        labels[i, : len(e.labels)] = torch.tensor(e.labels)
+        mask[i, : len(e.input_ids)] = 1
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    images = [hf_pixel_values(spec, load_grey(e.image, spec.image_size)) for e in examples if e.image]
+    if images:
+        batch["pixel_values"] = torch.from_numpy(np.concatenate(images, axis=0))
+    return batch
+
+
+def evaluate(model, data: Dataset, spec, pad_id: int, batch_size: int) -> dict:
+    """Mean loss and next-token accuracy over the learned tokens of `data` (teacher forcing)."""
+    import torch
+
+    total_loss, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for s in range(0, len(data), batch_size):
+            batch = _collate(data.examples[s : s + batch_size], spec, pad_id)
+            labels = batch.pop("labels")
+            logits = model(**batch).logits[:, :-1].float()
+            target = labels[:, 1:]
+            keep = target != IGNORE
+            loss = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum")
+            total_loss += float(loss)
+            correct += int((logits.argmax(-1)[keep] == target[keep]).sum())
+            count += int(keep.sum())
+    return {"loss": round(total_loss / count, 5), "token_accuracy": round(correct / count, 5), "tokens": count}
+
+
+def finetune(
+    model_dir: str | Path,
+    data: str | Path,
+    out: str | Path,
+    opts: FinetuneOptions | None = None,
+    *,
+    eval_data: str | Path | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> dict:
+    """Fine-tune `model_dir` on `data` (JSONL); write the adapter, gates and result to `out`; return the result."""
+    import peft
+    import torch
+
+    from .gates import HeadGates, closed_target
+    from .hf_gates import find_decoder_attention, gates_applied
+
+    opts = opts or FinetuneOptions()
+    opts.validate()
+    model_dir, out = Path(model_dir), Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError("output directory is not empty; refusing to overwrite", out)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    model, kind, tok, spec = _load(model_dir)
+    train = read_dataset(data, tok, opts.max_length, vlm=kind == "vlm")
+    held = read_dataset(eval_data, tok, opts.max_length, vlm=kind == "vlm") if eval_data else None
+    pad_id = tok.eos_id if tok.eos_id is not None else 0
+    attention = find_decoder_attention(model)
+    before = evaluate(model, held, spec, pad_id, opts.batch_size) if held else None
+
+    torch.manual_seed(opts.seed)
+    targets = opts.target_modules or (
+        re.escape(attention.prefix) + r"layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
+    )
+    lcfg = peft.LoraConfig(r=opts.r, lora_alpha=opts.alpha, target_modules=targets, lora_dropout=0.0)
+    pm = peft.get_peft_model(model, lcfg)  # in place: `model`'s modules are now PEFT's wrappers
+    gates = HeadGates(len(attention.modules), attention.heads) if opts.gate_rate > 0 else None
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": opts.lr}]
+    if gates is not None:
+        groups.append({"params": [gates.logits], "lr": opts.gate_lr})
+    optim = torch.optim.AdamW(groups, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 1.0 - s / opts.steps)
+    order = torch.Generator().manual_seed(opts.seed)
+    queue: list[int] = []
+    losses, closed_at = [], {}
+    heads_total = len(attention.modules) * attention.heads
+    t0 = time.perf_counter()
+    model.train()
+    for step in range(opts.steps):
+        while len(queue) < opts.batch_size:
+            queue += torch.randperm(len(train), generator=order).tolist()
+        idx, queue = queue[: opts.batch_size], queue[opts.batch_size :]
+        batch = _collate([train.examples[i] for i in idx], spec, pad_id)
+        if gates is not None:
+            with gates_applied(model, attention, gates):
+                lm = model(**batch).loss
+            loss = lm + opts.gate_weight * gates.penalty()
+        else:
+            lm = loss = model(**batch).loss
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+        sched.step()
+        if gates is not None:
+            want = closed_target(step, opts.steps, heads_total, opts.gate_rate, opts.gate_start, opts.gate_end)
+            for li, h in gates.close_to(want):
+                closed_at[f"{li}.{h}"] = step
+        losses.append(float(lm.detach()))
+        if progress:
+            progress(step + 1, opts.steps, losses[-1])
+    model.eval()
+    seconds = time.perf_counter() - t0
+
+    out.mkdir(parents=True, exist_ok=True)
+    pm.save_pretrained(str(out))
+    after = None
+    if held:
+        if gates is not None:
+            with gates_applied(model, attention, gates):
+                after = evaluate(model, held, spec, pad_id, opts.batch_size)
+        else:
+            after = evaluate(model, held, spec, pad_id, opts.batch_size)
+    result = {
+        "base": str(model_dir),
+        "kind": kind,
+        "data": {"path": str(train.path), "examples": len(train), "layout": train.layout, "truncated": train.truncated},
+        "eval_data": (
+            {"path": str(held.path), "examples": len(held), "truncated": held.truncated} if held is not None else None
+        ),
+        "options": asdict(opts),
+        "trainable_parameters": int(sum(p.numel() for g in groups for p in g["params"])),
+        "steps": opts.steps,
+        "first_loss": round(losses[0], 5),
+        "last_loss": round(float(np.mean(losses[-5:])), 5),
+        "train_seconds": round(seconds, 1),
+        "before": before,
+        "after": after,
+        "torch": torch.__version__,
+        "peft": peft.__version__,
+    }
+    if gates is not None:
+        doc = {
+            "version": 1,
+            "method": METHOD,
+            "source": f"edgekit finetune of {model_dir.name}, {opts.steps} steps on {train.path.name}",
+            "layers": gates.layer_entries(list(attention.modules), attention.head_dim),
+        }
+        (out / names.HEAD_GATES_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+        closed = int(gates.closed.sum())
+        result["gates"] = {"closed": closed, "total": heads_total, "closed_ratio": round(closed / heads_total, 4)}
+        result["gates"]["closed_at_step"] = closed_at
+    (out / "finetune.json").write_text(json.dumps(result, indent=2) + "\n")
+    if not math.isfinite(losses[-1]):
+        raise ConfigError("training diverged (loss is not finite); lower --lr", out / "finetune.json")
+    return result
