@@ -47,7 +47,9 @@ class Ingestor:
         """A reload: new limits apply to the next upload (the pool keeps its size)."""
         self.cfg = cfg
 
-    def limits(self) -> IngestLimits:
+    def limits(self, video_max_frames: int | None = None) -> IngestLimits:
+        """The config's limits; `video_max_frames` (the served point's frame skipping) lowers the config's, never
+        raises it."""
         from edgekit.ingest import IngestLimits
 
         c = self.cfg
@@ -56,22 +58,26 @@ class Ingestor:
             max_frames=c.max_frames,
             max_pixels=c.max_pixels,
             max_bytes=max(c.max_upload_bytes, 1) * 8,
-            video_max_frames=c.video_max_frames,
+            video_max_frames=min(c.video_max_frames, video_max_frames or c.video_max_frames),
         )
 
-    def load(self, path: Path) -> Study:
+    def load(self, path: Path, video_max_frames: int | None = None) -> Study:
         """Blocking: the one ingest call (a recovered job's worker calls it directly)."""
         from edgekit.ingest import load_study
 
-        return load_study(path, limits=self.limits())
+        return load_study(path, limits=self.limits(video_max_frames))
 
-    async def take(self, files: Sequence[UploadFile], dest: Path, *, keep_evidence: bool) -> Intake:
+    async def take(
+        self, files: Sequence[UploadFile], dest: Path, *, keep_evidence: bool, video_max_frames: int | None = None
+    ) -> Intake:
         """Save the upload under `dest` and ingest it; `keep_evidence` also reads the headers an SR needs and
-        makes the files durable (a job's input must outlive a power cut)."""
+        makes the files durable (a job's input must outlive a power cut). `video_max_frames`: frames sampled per
+        video clip when the policy skips frames (None: the config's)."""
         saved = await save_uploads(files, dest, self.cfg.max_upload_bytes, durable=keep_evidence)
         loop = asyncio.get_running_loop()
         try:
-            study = await loop.run_in_executor(self._pool, functools.partial(self.load, saved.path))
+            load = functools.partial(self.load, saved.path, video_max_frames)
+            study = await loop.run_in_executor(self._pool, load)
             evidence = await loop.run_in_executor(self._pool, collect_evidence, saved.path) if keep_evidence else None
         except EdgekitError as err:
             saved.name_for_client(err)

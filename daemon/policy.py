@@ -10,6 +10,8 @@ point, measured power over the budget or a queue the latency SLO cannot absorb a
 than the current one), pick the cheapest point (`saver`), the best (`performance`) or the cheapest within
 `balanced_f1_slack` of the best (`balanced`) that meets every constraint. When none does, the best-quality point
 within the power budget is served and the broken constraints are reported: service is never refused for this.
+Quality is a point's lower F1 of its DICOM studies and its video clips (`Point.lowest_f1`), so a point that skips
+video frames is never "as good" because its DICOM figure did not move.
 
 Anti-flapping, as production autoscalers do it: a crossed limit steps down within the tick; a step up waits until
 its condition has held for `window_s` (the Kubernetes HPA's 300 s stabilisation window) and its gain clears
@@ -32,7 +34,7 @@ MODES = ("performance", "balanced", "saver", "fixed")  # what a user sets; signa
 class Constraints:
     power_budget_w: float | None = None  # average power while a report runs
     energy_budget_j: float | None = None  # per report
-    quality_floor_f1: float | None = None  # finding F1 on the profiled split
+    quality_floor_f1: float | None = None  # finding F1 on the profiled split (its DICOM studies and video clips)
     latency_slo_ms: float | None = None  # p95 per report
 
     def broken_by(self, p: Point) -> list[str]:
@@ -41,7 +43,7 @@ class Constraints:
             out.append("power_budget_w")
         if self.energy_budget_j is not None and p.energy_j > self.energy_budget_j:
             out.append("energy_budget_j")
-        if self.quality_floor_f1 is not None and p.f1 < self.quality_floor_f1:
+        if self.quality_floor_f1 is not None and p.lowest_f1 < self.quality_floor_f1:
             out.append("quality_floor_f1")
         if self.latency_slo_ms is not None and p.latency_p95_ms > self.latency_slo_ms:
             out.append("latency_slo_ms")
@@ -135,19 +137,19 @@ def choose(points: Sequence[Point], settings: PolicySettings, signals: Signals, 
     fits = [p for p in points if not c.broken_by(p)]
     if fits:
         if mode == "performance":
-            best = max(fits, key=lambda p: (p.f1, -p.energy_j))
+            best = max(fits, key=lambda p: (p.lowest_f1, -p.energy_j))
         elif mode == "saver":
-            best = min(fits, key=lambda p: (p.energy_j, -p.f1))
+            best = min(fits, key=lambda p: (p.energy_j, -p.lowest_f1))
         elif mode == "fast":
             best = min(fits, key=lambda p: (p.latency_p95_ms, p.energy_j))
         else:
-            top = max(p.f1 for p in fits)
-            near = (p for p in fits if p.f1 >= top - settings.balanced_f1_slack)
-            best = min(near, key=lambda p: (p.energy_j, -p.f1))
+            top = max(p.lowest_f1 for p in fits)
+            near = (p for p in fits if p.lowest_f1 >= top - settings.balanced_f1_slack)
+            best = min(near, key=lambda p: (p.energy_j, -p.lowest_f1))
         return Choice(best, reason, mode)
     within_power = [p for p in points if "power_budget_w" not in c.broken_by(p)]
     if within_power:
-        pick = max(within_power, key=lambda p: (p.f1, -p.energy_j))
+        pick = max(within_power, key=lambda p: (p.lowest_f1, -p.energy_j))
     else:
         pick = min(points, key=lambda p: p.power_w)
     return Choice(pick, reason, mode, tuple(c.broken_by(pick)))
@@ -160,14 +162,14 @@ def find(points: Sequence[Point], name: str) -> Point:
             return p
     named = [p for p in points if p.settings.get("variant") == name]
     if named:
-        return max(named, key=lambda p: (p.f1, -p.energy_j))
+        return max(named, key=lambda p: (p.lowest_f1, -p.energy_j))
     raise ConfigError(f"no profiled point or variant named {name!r} (points: {', '.join(p.id for p in points)})")
 
 
 def gain(current: Point, new: Point, mode: str) -> float:
     """How much better `new` is than `current` by what `mode` optimises, as a fraction: the cut in F1 error
     (performance), in energy (saver), in p95 latency (fast), the larger of error and energy (balanced)."""
-    error = ((1.0 - current.f1) - (1.0 - new.f1)) / max(1.0 - current.f1, 1e-6)
+    error = ((1.0 - current.lowest_f1) - (1.0 - new.lowest_f1)) / max(1.0 - current.lowest_f1, 1e-6)
     energy = (current.energy_j - new.energy_j) / max(current.energy_j, 1e-12)
     latency = (current.latency_p95_ms - new.latency_p95_ms) / max(current.latency_p95_ms, 1e-12)
     return {"performance": error, "saver": energy, "fast": latency}.get(mode, max(error, energy))

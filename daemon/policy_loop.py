@@ -40,7 +40,7 @@ class PolicyNotConfiguredError(EdgekitError):
 # The knobs a point may set that edgekitd applies per report. The others (the X1's DSS target, threads) are fixed
 # when a variant loads: a point with them belongs to the variant configured with the same `settings` (one bundle
 # may be listed twice, dense and sparse), and is left out of the choice otherwise, which the log says.
-APPLIED_KNOBS = {"variant", "max_new_tokens"}
+APPLIED_KNOBS = {"variant", "max_new_tokens", "video_max_frames"}
 
 
 def load_time_knobs(point: Point) -> dict:
@@ -194,7 +194,7 @@ class PolicyLoop:
         if quality is not None:
             if quality != "max":
                 raise ConfigError(f'quality must be "max", got {quality!r}')
-            return max(self.points, key=lambda p: (p.f1, -p.energy_j)).settings["variant"]
+            return max(self.points, key=lambda p: (p.lowest_f1, -p.energy_j)).settings["variant"]
         return variant
 
     def describe(self) -> dict[str, Any]:
@@ -222,6 +222,7 @@ class PolicyLoop:
                     "id": p.id,
                     "variant": p.settings["variant"],
                     "f1": p.f1,
+                    "video_f1": p.video_f1,
                     "energy_j": p.energy_j,
                     "energy_source": p.energy_source,
                     "latency_p95_ms": p.latency_p95_ms,
@@ -240,6 +241,15 @@ class PolicyLoop:
         if options.max_new_tokens is not None and options.max_new_tokens <= cap:
             return options
         return replace(options, max_new_tokens=cap)
+
+    def video_max_frames(self, variant: str) -> int | None:
+        """The served point's frame skipping for a video ingested for `variant` now: frames sampled per clip, or
+        None (the config's `[limits] video_max_frames`). Decided when the upload is ingested, as the cap is."""
+        point = self.point
+        if point is None or point.settings["variant"] != variant:
+            return None
+        frames = point.settings.get("video_max_frames")
+        return int(frames) if frames is not None else None
 
     def find(self, name: str) -> Point:
         return find(self.points, name)

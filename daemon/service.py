@@ -297,6 +297,10 @@ class Daemon:
         self._check_prompt(variant, form)
         return queue, variant
 
+    def _frames(self, variant: str) -> int | None:
+        """Frames per video clip under the served point's frame skipping (None: the config's limit)."""
+        return self.policy.video_max_frames(variant) if self.policy is not None else None
+
     def _check_prompt(self, variant: str, form: ReportForm, modality: str | None = None) -> None:
         """`prompt_too_long` (422) before the report is queued or the job stored, when the variant is loaded (else
         the report itself says so, and its job fails with the same code). Before ingest the modality is unknown:
@@ -316,7 +320,9 @@ class Daemon:
         queue.reserve()
         tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
         try:
-            intake = await self.ingestor.take(form.files, tmp / "in", keep_evidence=keep_evidence)
+            intake = await self.ingestor.take(
+                form.files, tmp / "in", keep_evidence=keep_evidence, video_max_frames=self._frames(variant)
+            )
             self._check_prompt(variant, form, intake.study.modality)
         except BaseException:
             queue.release()
@@ -346,7 +352,9 @@ class Daemon:
         queue.reserve()
         submitted = False
         try:
-            intake = await self.ingestor.take(form.files, job_dir / "input", keep_evidence=True)
+            intake = await self.ingestor.take(
+                form.files, job_dir / "input", keep_evidence=True, video_max_frames=self._frames(variant)
+            )
             self._check_prompt(variant, form, intake.study.modality)
             job = self._new_job(job_id, form, idempotency_key, intake)
             self.store.save_evidence(job_id, intake.evidence or [])

@@ -6,6 +6,7 @@ with random weights; the daemon builds it into a bundle the same way it builds t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -33,9 +34,12 @@ TINY = dict(
 )
 
 
-def write_tiny_model(out: Path, *, seed: int = 0, max_new_tokens: int = 24, full_size: bool = False) -> Path:
+def write_tiny_model(
+    out: Path, *, seed: int = 0, max_new_tokens: int = 24, full_size: bool = False, num_frames: int | None = None
+) -> Path:
     """A model directory `edgekit.build.build` accepts: random weights, a real tokenizer, the three configs.
-    `full_size`: radreport-tiny's real architecture (for timing), else a much smaller one (for fast tests)."""
+    `full_size`: radreport-tiny's real architecture (for timing), else a much smaller one (for fast tests);
+    `num_frames`: the frames per study the model takes (frame-skipping tests want more than the tiny one's 2)."""
     from safetensors.numpy import save_file
 
     from edgekit.export import random_weights
@@ -49,6 +53,8 @@ def write_tiny_model(out: Path, *, seed: int = 0, max_new_tokens: int = 24, full
     texts = [r for i in range(12) for r in generate_study(i, "train").references]
     tok = train_tokenizer(texts + ["CT: Follow-up.", "DX: Cough."], vocab_size=256)
     cfg = ModelConfig(vocab_size=tok.get_vocab_size(), **({} if full_size else TINY))
+    if num_frames is not None:
+        cfg = dataclasses.replace(cfg, num_frames=num_frames)
     save_file(random_weights(cfg, seed), str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     tok.save(str(out / "tokenizer.json"))

@@ -22,7 +22,7 @@ from edgekit.findings import parse_report
 from edgekit.generate import GenerationOptions, OnToken, generate, request_options, take_cost
 from edgekit.ingest import IngestLimits, Study, load_study
 from edgekit.plugins import load_backend
-from edgekit.preprocess import PreprocessConfig, preprocess_frames
+from edgekit.preprocess import PreprocessConfig, preprocess_frames, sample_indices
 from edgekit.prompt import prompt_ids
 from edgekit.target import RuntimeOptions
 
@@ -46,6 +46,7 @@ class Report:
     cost: dict = field(default_factory=dict)  # what the target measured or emulated (x1: cycles, energy), + source
     energy_j: float | None = None  # this report's energy, from the target (x1: emulated) or the reporter's meter
     energy_source: str | None = None  # measured:<sensor> | emulated:x1 | estimated:<model>; None: nothing measured
+    frames: dict = field(default_factory=dict)  # {"used", "of", "model_frames"}: which of the input's frames it saw
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -180,8 +181,31 @@ class Reporter:
     def prompt_ids(self, modality: str, prompt: str) -> np.ndarray:
         return np.asarray([prompt_ids(self.tokenizer, self.generation_config, modality, prompt)], dtype=np.int64)
 
+    def model_frames(self, study: Study) -> int:
+        """Frames the vision encoder sees: the model's own count, or fewer for a video sampled with a lower
+        `video_max_frames` (frame skipping, as the daemon's policy or `edgekit pareto --video-max-frames` asks).
+        The encoder pools across frames (mean and standard deviation), so it takes any count, and fewer cost
+        less; a study with fewer frames than the count has them repeated, as in training."""
+        count = self.preprocess_config.num_frames
+        cap = study.meta.get("video_max_frames") if study.source == "video" else None
+        return min(count, int(cap)) if cap else count
+
     def pixel_values(self, study: Study) -> np.ndarray:
-        return preprocess_frames(study.frames, self.preprocess_config)[None]
+        cfg = self.preprocess_config
+        count = self.model_frames(study)
+        return preprocess_frames(study.frames, cfg if count == cfg.num_frames else replace(cfg, num_frames=count))[None]
+
+    def frames_used(self, study: Study, warnings: list[str]) -> dict:
+        """Which of the input's frames the model saw, so no frame is dropped silently; frame skipping also warns."""
+        count = self.model_frames(study)
+        total = int(study.meta.get("source_frames") or study.num_frames)
+        used = len(set(sample_indices(study.num_frames, count).tolist()))
+        if count < self.preprocess_config.num_frames and used < total:
+            warnings.append(
+                f"frame skipping: the model saw {used} of the video's {total} frames (video_max_frames = "
+                f"{study.meta['video_max_frames']}; without skipping it takes {self.preprocess_config.num_frames})"
+            )
+        return {"used": used, "of": total, "model_frames": count}
 
     def report(
         self,
@@ -202,6 +226,7 @@ class Reporter:
         warnings = list(study.warnings)
         opts = self.context.fit(ids.shape[1], opts, warnings)
         pixels = self.pixel_values(study)
+        frames = self.frames_used(study, warnings)
         t2 = time.perf_counter()
         window = self.meter.window() if self.meter is not None else contextlib.nullcontext()
         try:
@@ -238,4 +263,5 @@ class Reporter:
             cost=cost,
             energy_j=energy_j,
             energy_source=energy_source,
+            frames=frames,
         )

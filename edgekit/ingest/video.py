@@ -1,6 +1,8 @@
 """Video files (cine loops exported as MP4 and the like) -> a `Study` of evenly spaced frames.
 
-Only the frames that will be kept are converted, so a long clip costs a decode pass but not its memory.
+Only the frames that will be kept are converted, so a long clip costs a decode pass but not its memory. The study
+records the `video_max_frames` it was sampled with: below the model's own frame count that is frame skipping, and
+the reporter then feeds the vision encoder that many frames instead of repeating them (fewer frames, less work).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def load_video(path: Path, limits: IngestLimits) -> Study:
             "columns": int(frames.shape[2]),
             "number_of_frames": int(frames.shape[0]),
             "source_frames": int(n),
+            "video_max_frames": int(keep),
             "fps": round(fps, 3) if fps else None,
             "codec": codec,
             "transfer_syntax": None,

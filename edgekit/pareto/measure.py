@@ -74,7 +74,8 @@ def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) ->
         energy_j, energy_source = float("nan"), "none: no meter on this machine"
     else:
         energy_j, energy_source = float(np.mean(energy)), energy_source[0]
-    overall = result["overall"]
+    overall, video = result["overall"], result.get("video") or {}
+    video_f1 = video.get("finding_f1")
     return Point(
         id=config.id,
         bundle=str(config.bundle),
@@ -89,11 +90,14 @@ def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) ->
         energy_j=energy_j,
         energy_source=energy_source,
         peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        count=overall["n"],  # DICOM studies scored (cine clips' MP4 copies are timed and billed, not scored)
+        count=overall["n"],  # DICOM studies scored (cine clips' MP4 copies are timed, billed and scored apart)
         load_ms=load_ms,
         recipe=bundle.manifest.provenance.get("recipe"),
         latency_source=latency_source[0],
         failed=len(result["records"]) - len(ok),
+        video_f1=video_f1["value"] if video_f1 else None,
+        video_f1_ci=tuple(video_f1["ci95"]) if video_f1 else None,
+        video_count=video.get("n", 0),
     ).to_dict()
 
 

@@ -3,6 +3,10 @@
 A point is one configuration (a bundle, by its digest, plus the run-time knobs that change its cost) with what it
 measured on an eval split: latency, energy per report with the energy's source, peak memory and finding F1 with
 its 95% interval. The front is the points no other point beats on all of energy, F1 and latency.
+
+`f1` scores the split's DICOM studies. Where the split has video clips (cine loops as MP4), their F1 is kept
+apart (`video_f1`): a knob that changes only video (frame skipping) must show its cost in quality there, so two
+points that both have it are compared on it too, and the daemon's quality floor holds for it as well.
 """
 
 from __future__ import annotations
@@ -40,16 +44,25 @@ class Point:
     recipe: str | None = None
     latency_source: str = "measured:wall-clock"  # or the target's own clock (emulated:x1, estimated:orin-...)
     failed: int = 0  # studies whose report failed (not in the figures)
+    video_f1: float | None = None  # finding F1 on the split's video clips (None: none measured)
+    video_f1_ci: tuple[float, float] | None = None
+    video_count: int = 0  # video clips scored
 
     @property
     def power_w(self) -> float:
         """Average power while a report runs (energy over median latency)."""
         return self.energy_j / (self.latency_p50_ms / 1e3) if self.latency_p50_ms > 0 else math.inf
 
+    @property
+    def lowest_f1(self) -> float:
+        """The lower of the DICOM and the video F1: what a quality floor must hold for."""
+        return self.f1 if self.video_f1 is None else min(self.f1, self.video_f1)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["settings"] = dict(self.settings)
         out["f1_ci"] = list(self.f1_ci)
+        out["video_f1_ci"] = list(self.video_f1_ci) if self.video_f1_ci is not None else None
         return out
 
     @classmethod
@@ -60,6 +73,7 @@ class Point:
                     **data,
                     "settings": dict(data.get("settings") or {}),
                     "f1_ci": tuple(data["f1_ci"]),
+                    "video_f1_ci": tuple(data["video_f1_ci"]) if data.get("video_f1_ci") is not None else None,
                 }
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -67,9 +81,13 @@ class Point:
 
 
 def dominates(a: Point, b: Point) -> bool:
-    """`a` is no worse than `b` on energy, F1 and p95 latency, and better on at least one."""
+    """`a` is no worse than `b` on energy, F1 and p95 latency (and video F1 when both have it), and better on at
+    least one."""
     no_worse = a.energy_j <= b.energy_j and a.f1 >= b.f1 and a.latency_p95_ms <= b.latency_p95_ms
     better = a.energy_j < b.energy_j or a.f1 > b.f1 or a.latency_p95_ms < b.latency_p95_ms
+    if a.video_f1 is not None and b.video_f1 is not None:
+        no_worse = no_worse and a.video_f1 >= b.video_f1
+        better = better or a.video_f1 > b.video_f1
     return no_worse and better
 
 
