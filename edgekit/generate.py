@@ -1,7 +1,9 @@
 """Autoregressive generation over any backend (cpu/ORT, the x1 emulator, the torch reference).
 
 The loop is the same everywhere, so targets differ only in the math of their three calls: image features are put
-in front of the prompt's embeddings, one prefill call fills the KV cache, then one decode call per new token.
+among the prompt's embeddings at the prompt's image slot (`edgekit.prompt.PromptLayout`: in front for
+radreport-tiny, where the chat template's image token stands for an imported VLM), one prefill call fills the KV
+cache, then one decode call per new token.
 Greedy at temperature 0; otherwise temperature + top-p (nucleus) sampling from a seeded numpy Generator, so a
 seed reproduces a report on every target.
 """
@@ -136,6 +138,29 @@ def _as_batch(prompt_ids, pixel_values) -> tuple[np.ndarray, np.ndarray | None]:
     return ids, pv
 
 
+def place_image(
+    text: np.ndarray, text_mask: np.ndarray, image: np.ndarray | None, image_slot: int | Sequence[int] = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The prefill's (inputs_embeds, attention_mask): each row's image features inserted before its text token
+    `image_slot` (one index for all rows, or one per row: a left-padded row counts its padding), the mask 1 on
+    them. The one place a prefill is assembled; parity checks call it too."""
+    if image is None:
+        return text, text_mask
+    batch, seq = text_mask.shape
+    slots = np.broadcast_to(np.asarray(image_slot, np.int64), (batch,))
+    if slots.min() < 0 or slots.max() > seq:
+        raise EdgekitError(f"image_slot {image_slot} is outside the prompt's {seq} tokens")
+    ones = np.ones((batch, image.shape[1]), np.int64)
+    if (slots == slots[0]).all():
+        s = int(slots[0])
+        x = np.concatenate([p for p in (text[:, :s], image, text[:, s:]) if p.shape[1]], axis=1)
+        mask = np.concatenate([p for p in (text_mask[:, :s], ones, text_mask[:, s:]) if p.shape[1]], axis=1)
+        return x, mask
+    x = np.stack([np.concatenate([t[:s], im, t[s:]]) for t, im, s in zip(text, image, slots)])
+    mask = np.stack([np.concatenate([m[:s], o, m[s:]]) for m, o, s in zip(text_mask, ones, slots)])
+    return x, mask
+
+
 def generate_batch(
     backend: Backend,
     pixel_values,
@@ -143,11 +168,13 @@ def generate_batch(
     options: GenerationOptions,
     prompt_attention_mask: np.ndarray | None = None,
     on_token: OnToken | None = None,
+    image_slot: int | Sequence[int] = 0,
 ) -> list[GenerationResult]:
     """Generate for a batch (`pixel_values` None: text only). Prompts of different lengths are left-padded, with
-    `prompt_attention_mask` 0 on the padding; positions count only kept tokens, as in training. All rows share one
-    timing. `on_token` (one-row batches only) sees each kept token as soon as it is chosen, so a server can stream
-    the report."""
+    `prompt_attention_mask` 0 on the padding; positions count only kept tokens, as in training. The image goes
+    before each row's token `image_slot` (`PromptLayout.image_slot`; 0: in front). All rows share one timing.
+    `on_token` (one-row batches only) sees each kept token as soon as it is chosen, so a server can stream the
+    report."""
     options.validate()
     ids, pv = _as_batch(prompt_ids, pixel_values)
     batch = ids.shape[0]
@@ -160,12 +187,10 @@ def generate_batch(
     image = backend.encode_images(pv) if pv is not None else None
     t1 = time.perf_counter()
     text = backend.embed(ids)
-    x = text if image is None else np.concatenate([image, text], axis=1)
     text_mask = np.ones_like(ids) if prompt_attention_mask is None else np.asarray(prompt_attention_mask, np.int64)
     if text_mask.shape != ids.shape:
         raise EdgekitError(f"prompt_attention_mask shape {text_mask.shape} != prompt_ids shape {ids.shape}")
-    image_tokens = 0 if image is None else image.shape[1]
-    mask = np.concatenate([np.ones((batch, image_tokens), np.int64), text_mask], axis=1)
+    x, mask = place_image(text, text_mask, image, image_slot)
     positions = np.maximum(mask.cumsum(-1) - 1, 0)
     logits, past = backend.decode(x, mask, positions, None)
     token = next_tokens(logits[:, -1], options, rng)
@@ -207,11 +232,17 @@ def generate_batch(
 
 
 def generate(
-    backend: Backend, pixel_values, prompt_ids, options: GenerationOptions, on_token: OnToken | None = None
+    backend: Backend,
+    pixel_values,
+    prompt_ids,
+    options: GenerationOptions,
+    on_token: OnToken | None = None,
+    image_slot: int = 0,
 ) -> GenerationResult:
-    """Generate one report: `pixel_values` (1, frames, 1, H, W) or None, `prompt_ids` (1, seq) or (seq,).
-    `on_token(token_id, index)` is called for every token that ends up in `token_ids`, in order."""
+    """Generate one report: `pixel_values` (1, frames, 1, H, W) or None, `prompt_ids` (1, seq) or (seq,), the
+    image before token `image_slot`. `on_token(token_id, index)` is called for every token that ends up in
+    `token_ids`, in order."""
     ids = np.asarray(prompt_ids)
     if ids.ndim == 2 and ids.shape[0] != 1:
         raise EdgekitError(f"generate takes one prompt, got a batch of {ids.shape[0]}: use generate_batch")
-    return generate_batch(backend, pixel_values, prompt_ids, options, on_token=on_token)[0]
+    return generate_batch(backend, pixel_values, prompt_ids, options, on_token=on_token, image_slot=image_slot)[0]

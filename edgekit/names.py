@@ -29,6 +29,9 @@ WEIGHT_FILES = {
 HEAD_IMPORTANCE = "head_importance"  # role of the heads pass's per-head scores (x1 DSS reads them)
 HEAD_IMPORTANCE_FILE = "head_importance.json"
 HEAD_GATES_FILE = "head_gates.json"  # learned gates beside a LoRA adapter (edgekit finetune); the lora pass folds them
+# model_config.json key: decoder positions one image takes (an imported VLM's span, wrapper tokens included); read
+# through edgekit.prompt.image_tokens by the reporter's context budget and the targets' shape limits
+IMAGE_TOKENS = "image_tokens"
 
 # graph inputs and outputs ---------------------------------------------------------------------------------------
 PIXEL_VALUES = "pixel_values"

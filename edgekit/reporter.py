@@ -17,13 +17,12 @@ import numpy as np
 
 from edgekit.bundle import Bundle, load_bundle
 from edgekit.errors import EdgekitError
-from edgekit.export.model_config import ModelConfig
 from edgekit.findings import parse_report
 from edgekit.generate import GenerationOptions, OnToken, generate, request_options, take_cost
 from edgekit.ingest import IngestLimits, Study, load_study
 from edgekit.plugins import load_backend
 from edgekit.preprocess import PreprocessConfig, preprocess_frames, sample_indices
-from edgekit.prompt import prompt_ids
+from edgekit.prompt import PromptLayout, context_positions, image_tokens, prompt_layout
 from edgekit.target import RuntimeOptions
 
 _SECTION = re.compile(r"\b(FINDINGS|IMPRESSION)\s*:\s*", re.IGNORECASE)
@@ -89,11 +88,8 @@ class ContextBudget:
 
     @classmethod
     def of(cls, model_config: dict) -> ContextBudget:
-        positions = model_config.get("max_positions", model_config.get("max_position_embeddings"))
-        image_tokens = 0
-        if "image_size" in model_config:  # edgekit's own VLM config knows its image token count
-            image_tokens = ModelConfig.from_dict(model_config).num_image_tokens
-        return cls(int(positions) if positions else None, image_tokens)
+        """From the bundle's config.json, through the one reader of both facts (`edgekit.prompt`)."""
+        return cls(context_positions(model_config), image_tokens(model_config))
 
     def fit(self, prompt_tokens: int, options: GenerationOptions, warnings: list[str]) -> GenerationOptions:
         """Refuse a prompt with no room left for a report; lower max_new_tokens to what fits (and say so)."""
@@ -178,8 +174,12 @@ class Reporter:
             self.generation_config, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
         )
 
+    def prompt(self, modality: str, prompt: str) -> PromptLayout:
+        """The prompt's text tokens and where the image goes among them (the bundle's template says)."""
+        return prompt_layout(self.tokenizer, self.generation_config, modality, prompt)
+
     def prompt_ids(self, modality: str, prompt: str) -> np.ndarray:
-        return np.asarray([prompt_ids(self.tokenizer, self.generation_config, modality, prompt)], dtype=np.int64)
+        return np.asarray([self.prompt(modality, prompt).ids], dtype=np.int64)
 
     def model_frames(self, study: Study) -> int:
         """Frames the vision encoder sees: the model's own count, or fewer for a video sampled with a lower
@@ -219,7 +219,8 @@ class Reporter:
         if not isinstance(study, Study):
             study = load_study(study, limits=self.limits)
         t1 = time.perf_counter()
-        ids = self.prompt_ids(study.modality, prompt)
+        layout = self.prompt(study.modality, prompt)
+        ids = np.asarray([layout.ids], dtype=np.int64)
         opts = options or self.default_options
         if not opts.stop_token_ids:  # a copy: the caller's options stay as they were
             opts = replace(opts, stop_token_ids=[self.generation_config["eos_token_id"]])
@@ -231,7 +232,7 @@ class Reporter:
         window = self.meter.window() if self.meter is not None else contextlib.nullcontext()
         try:
             with window:
-                result = generate(self.backend, pixels, ids, opts, on_token=on_token)
+                result = generate(self.backend, pixels, ids, opts, on_token=on_token, image_slot=layout.image_slot)
         finally:  # a failed report must not bill the next one
             cost = take_cost(self.backend)
         t3 = time.perf_counter()

@@ -158,13 +158,53 @@ def hf_pixels(vlm: TinyVlm, gray: np.ndarray):
     return x[None] if vlm.family != "llava" else x  # Idefics3 takes (batch, images, C, H, W)
 
 
-def hf_reference(vlm: TinyVlm, span_ids: list[int], gray: np.ndarray, text_ids: list[int], new_tokens: int):
-    """transformers' prefill logits (every position) and greedy `generate()` tokens for span + text."""
+def hf_reference(
+    vlm: TinyVlm, span_ids: list[int], gray: np.ndarray, text_ids: list[int], new_tokens: int, slot: int = 0
+):
+    """transformers' prefill logits (every position) and greedy `generate()` tokens for the text with the span
+    before its token `slot` (0: span + text)."""
     import torch
 
-    ids = torch.tensor([[*span_ids, *text_ids]])
+    ids = torch.tensor([[*text_ids[:slot], *span_ids, *text_ids[slot:]]])
     pv = hf_pixels(vlm, gray)
     with torch.no_grad():
         logits = vlm.model(input_ids=ids, pixel_values=pv).logits[0].numpy()
         out = vlm.model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=new_tokens, do_sample=False)
     return logits, out[0, ids.shape[1] :].tolist()
+
+
+def hf_processor(vlm: TinyVlm):
+    """transformers' own processor for the directory, built from its files (nothing downloaded): it renders the
+    chat template and expands the image token where the template puts it, as a user's pipeline would."""
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(vlm.path)
+    image = tf.AutoImageProcessor.from_pretrained(vlm.path)
+    cfg = vlm.model.config
+    if vlm.family == "llava":
+        clip = cfg.vision_config.model_type == "clip_vision_model"
+        return tf.LlavaProcessor(
+            image_processor=image,
+            tokenizer=tok,
+            patch_size=cfg.vision_config.patch_size,
+            vision_feature_select_strategy=cfg.vision_feature_select_strategy,
+            num_additional_image_tokens=1 if clip else 0,  # CLIP's class token
+            chat_template=tok.chat_template,
+        )
+    seq = (cfg.vision_config.image_size // cfg.vision_config.patch_size) ** 2 // cfg.scale_factor**2
+    cls = tf.Idefics3Processor if vlm.family == "idefics3" else tf.SmolVLMProcessor
+    extra = {} if vlm.family == "idefics3" else {"video_processor": None}
+    return cls(image_processor=image, tokenizer=tok, image_seq_len=seq, chat_template=tok.chat_template, **extra)
+
+
+def processor_inputs(vlm: TinyVlm, image: np.ndarray, prompt: str) -> dict:
+    """What the processor gives for one user turn (the image, then `prompt`) with the generation prompt, for a
+    grey 8-bit image already at the tower's size (no resize or crop: edgekit's preprocessing is not compared here;
+    edgekit's graph sees `image / 255`): `input_ids` with the image span expanded, and `pixel_values`."""
+    proc = hf_processor(vlm)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    text = proc.apply_chat_template(messages, add_generation_prompt=True)
+    rgb = np.repeat(np.asarray(image, np.uint8)[:, :, None], 3, axis=-1)
+    kw = {"do_center_crop": False} if vlm.family == "llava" else {"do_image_splitting": False}
+    out = proc(text=text, images=[rgb], do_resize=False, return_tensors="pt", **kw)
+    return {"input_ids": out["input_ids"], "pixel_values": out["pixel_values"]}

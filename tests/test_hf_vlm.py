@@ -18,11 +18,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
 
-from hf_vlm_factory import hf_reference, make_idefics3, make_llava  # noqa: E402
+from hf_vlm_factory import hf_reference, make_idefics3, make_llava, processor_inputs  # noqa: E402
 
 from edgekit.cli import app as app_module  # noqa: E402
 from edgekit.errors import ConfigError, EdgekitError  # noqa: E402
-from edgekit.generate import GenerationOptions, generate  # noqa: E402
+from edgekit.generate import GenerationOptions, generate, place_image  # noqa: E402
 from edgekit.hf import convert_hf  # noqa: E402
 from edgekit.ingest import Study  # noqa: E402
 from edgekit.ort import CpuBackend  # noqa: E402
@@ -103,7 +103,8 @@ def test_build_and_serve_llava_bundle(tmp_path, llava_dir, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert (out / "tokenizer.json").read_bytes() == (llava_dir.path / "tokenizer.json").read_bytes()
     gen = json.loads((out / "generation_config.json").read_text())
-    assert gen["prompt_template"] == "USER: \n{prompt} " and gen["bos_token_id"] == 1 and gen["sep_token_id"] == 4
+    assert gen["prompt_template"] == "USER: <image>\n{prompt} " and gen["image_token"] == "<image>"
+    assert gen["bos_token_id"] == 1 and gen["sep_token_id"] == 4
     pre = json.loads((out / "preprocessor_config.json").read_text())
     assert pre["image_size"] == 28 and pre["num_frames"] == 1
     assert pre["normalization"]["image_mean"] == pytest.approx(list(llava_dir.mean))
@@ -112,11 +113,12 @@ def test_build_and_serve_llava_bundle(tmp_path, llava_dir, capsys):
     reporter = Reporter.from_bundle(out, threads=1)
     study, prompt = _study(28), "w3 w4 w5"
     report = reporter.report(study, prompt, reporter.options(max_new_tokens=6))
-    ids = reporter.prompt_ids(study.modality, prompt)[0].tolist()
-    assert ids[0] == 1 and ids[-1] == 4  # <s> USER: ... ASSISTANT:
+    layout = reporter.prompt(study.modality, prompt)
+    ids = layout.ids
+    assert ids[0] == 1 and ids[-1] == 4 and layout.image_slot == 2  # <s> USER: [image] ... ASSISTANT:
     span = convert_hf(llava_dir.path, tmp_path / "onnx").spec.span_ids
     gray = reporter.pixel_values(study)[0, 0, 0]
-    _, theirs = hf_reference(llava_dir, span, gray, ids, len(report.text.split()) or 1)
+    _, theirs = hf_reference(llava_dir, span, gray, ids, len(report.text.split()) or 1, layout.image_slot)
     assert report.text == reporter.tokenizer.decode(theirs, skip_special_tokens=True).strip()
     assert report.stop_reason in ("max_new_tokens", "stop_token")
 
@@ -131,7 +133,83 @@ def test_build_x1_smolvlm_bundle_runs(tmp_path):
     assert reporter.backend.heads == 4  # DSS sees the decoder's heads under model.text_model.layers
     assert report.energy_source and report.energy_source.startswith("emulated")
     gen = json.loads((out / "generation_config.json").read_text())
-    assert gen["prompt_template"] == "User:{prompt}<end_of_utterance>\n" and gen["image_span"] == 7
+    assert gen["prompt_template"] == "User:<image>{prompt}<end_of_utterance>\n"
+    assert json.loads((out / "config.json").read_text())["image_tokens"] == 7  # <fake><global> 4 x <image> <fake>
+
+
+# the image in the template's place ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: make_llava(p, tower="clip", text="llama", seed=5),
+        lambda p: make_llava(p, tower="siglip", text="qwen2", seed=6, vision_feature_select_strategy="full"),
+        lambda p: make_idefics3(p, family="idefics3", seed=7),
+        lambda p: make_idefics3(p, family="smolvlm", seed=8),
+    ],
+    ids=["llava-clip-llama", "llava-siglip-qwen2", "idefics3", "smolvlm"],
+)
+def test_templated_prompt_matches_transformers_processor(tmp_path, make):
+    """A bundle's prompt as the model's own processor builds it: transformers' processor renders the chat
+    template and expands the image token where the template puts it (after `USER: `, after `User:`); edgekit's
+    prompt, with the image at its slot, gives the same token sequence, and the ONNX prefill's logits (ONNX
+    Runtime) match transformers' forward on the processor's `input_ids` and `pixel_values`."""
+    vlm = make(tmp_path / "hf")
+    if vlm.family == "smolvlm":  # its processor is built with a video processor, which needs torchvision
+        pytest.importorskip("num2words", reason="transformers' SmolVLMProcessor needs num2words")
+        pytest.importorskip("torchvision", reason="transformers' SmolVLMProcessor needs torchvision")
+    from edgekit.build import build
+
+    out = build("cpu", tmp_path / "bundle", model_dir=vlm.path, parity=False).bundle
+    reporter = Reporter.from_bundle(out, threads=1)
+    spec = convert_hf(vlm.path, tmp_path / "onnx").spec
+    prompt = "w3 w4 w5 w6"
+    layout = reporter.prompt("", prompt)
+    image = np.random.default_rng(3).integers(0, 256, (spec.image_size, spec.image_size)).astype(np.uint8)
+    theirs = processor_inputs(vlm, image, prompt)
+    gray = image.astype(np.float32) / 255
+    slot = layout.image_slot
+    assert slot == 2  # after <s> USER: / <|im_start|> User:, not in front of <bos>
+    ours = [*layout.ids[:slot], *spec.span_ids, *layout.ids[slot:]]
+    assert theirs["input_ids"][0].tolist() == ours
+    with torch.no_grad():
+        ref = vlm.model(**theirs).logits[0].numpy()
+    backend = reporter.backend
+    text, image = np.asarray([layout.ids], np.int64), backend.encode_images(gray[None, None, None])
+    positions = np.arange(len(ours))[None]
+    logits, _ = backend.decode(*place_image(backend.embed(text), np.ones_like(text), image, slot), positions, None)
+    scale = np.abs(ref).max()
+    assert scale > 0.5 and np.abs(logits[0] - ref).max() / scale <= TOL
+    # the old layout (the image in front of <bos>) is not what the model sees: the slot is what makes it match
+    front, _ = backend.decode(*place_image(backend.embed(text), np.ones_like(text), image, 0), positions, None)
+    assert np.abs(front[0, -1] - ref[-1]).max() / scale > 100 * TOL
+
+
+def test_image_tokens_are_one_fact_for_the_context_budget_and_orin_limits(tmp_path, llava_dir):
+    """An imported VLM's config.json says how many positions its image span takes (`image_tokens`) beside its
+    whole context; the reporter's budget and the orin target's TensorRT limits read both through
+    `edgekit.prompt`, so the prefill profile spans image + prompt up to the model's real context."""
+    from edgekit.hf import read_hf_config
+    from edgekit.hf.serving import write_serving_files
+    from edgekit.reporter import ContextBudget, PromptTooLongError
+    from edgekit.targets.orin.profiles import Limits
+
+    spec = convert_hf(llava_dir.path, tmp_path / "onnx").spec
+    cfg = read_hf_config(llava_dir.path)
+    files = write_serving_files(spec, llava_dir.path, cfg, tmp_path / "serving")
+    model, gen, pre = (
+        json.loads(files[r].read_text()) for r in ("model_config", "generation_config", "preprocessor_config")
+    )
+    context = cfg["text_config"]["max_position_embeddings"]
+    assert spec.span_length == 16 and model["image_tokens"] == 16 and model["max_positions"] == context
+    budget = ContextBudget.of(model)
+    assert (budget.positions, budget.image_tokens) == (context, 16)
+    limits = Limits.of(model, gen, pre)
+    assert (limits.max_positions, limits.image_tokens) == (context, 16)
+    assert limits.opt_prompt == 16 + 16  # the image span + a typical prompt text
+    opts = GenerationOptions(max_new_tokens=8)
+    assert budget.fit(context - 16 - 1, opts, []).max_new_tokens == 1  # one position left for the report
+    with pytest.raises(PromptTooLongError, match="16 image tokens"):
+        budget.fit(context - 16, opts, [])
 
 
 # refusals ------------------------------------------------------------------------------------------------------

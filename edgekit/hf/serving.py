@@ -6,8 +6,8 @@ Why derive a template instead of running the model's Jinja chat template at serv
 every prompt in one place (`edgekit.prompt`: `<bos> + template(prompt) + <sep>`), with no Jinja and no
 transformers on the device. So the chat template is rendered once here, at build time, for one user turn with an
 image, and cut into that shape; the cut is checked by tokenizing both ways, and a template that does not fit is
-refused rather than served differently. The image span itself goes in front of the text (the runtime's order;
-the processor puts it where `<image>` stands in the template).
+refused rather than served differently. The template keeps the model's image token where the chat template puts
+it (`image_token`), and the runtime puts the image span there, as the model's processor does.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from edgekit import names
 from edgekit.errors import ConfigError
-from edgekit.prompt import prompt_ids
+from edgekit.prompt import IMAGE_TOKEN, prompt_layout
 
 from .vlm import VlmSpec
 
@@ -72,8 +72,8 @@ def render_turn(template: str, tokenizer_config: dict[str, Any]) -> str:
     return env.from_string(template).render(messages=messages, add_generation_prompt=True, **special)
 
 
-def _turn_text(spec: VlmSpec, model_dir: Path, tokenizer) -> str:
-    """The rendered user turn with the image placeholder taken out (its span is placed in front)."""
+def _turn_text(spec: VlmSpec, model_dir: Path, tokenizer) -> tuple[str, str]:
+    """The rendered user turn, and the image token's text, which stands in it once (where the span goes)."""
     cfg_path = model_dir / "tokenizer_config.json"
     tok_cfg = _json(cfg_path) if cfg_path.is_file() else {}
     template = chat_template(model_dir)
@@ -87,17 +87,24 @@ def _turn_text(spec: VlmSpec, model_dir: Path, tokenizer) -> str:
             raise
         except Exception as exc:  # a template error is the model's file, named
             raise ConfigError(f"the chat template does not render ({type(exc).__name__}: {exc})", model_dir) from None
+    image = tokenizer.id_to_token(spec.image_token_id)
+    if image is None:
+        raise ConfigError(f"image_token_id {spec.image_token_id} is not in tokenizer.json", model_dir)
     if text is None:
-        text = FALLBACK_TEMPLATES[spec.family].replace("{prompt}", SENTINEL)
-    image = tokenizer.id_to_token(spec.image_token_id) or "<image>"
+        text = FALLBACK_TEMPLATES[spec.family].replace("{prompt}", SENTINEL).replace("<image>", image)
     if SENTINEL not in text:
         raise ConfigError("the chat template drops the user's text for an image turn", model_dir)
-    return text.replace(image, "")
+    if text.count(image) != 1:
+        raise ConfigError(
+            f"the chat template writes the image token {image!r} {text.count(image)} times for one image", model_dir
+        )
+    return text, image
 
 
 def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, Any]:
-    """edgekit's generation config for an imported VLM: `bos + template + sep` cut from the rendered chat turn."""
-    text = _turn_text(spec, model_dir, tokenizer)
+    """edgekit's generation config for an imported VLM: `bos + template + sep` cut from the rendered chat turn,
+    the image token left in the template where the turn has it."""
+    text, image = _turn_text(spec, model_dir, tokenizer)
     where = model_dir / "tokenizer.json"
     full = text.replace(SENTINEL, DEFAULT_PROMPT)
     enc = tokenizer.encode(full, add_special_tokens=True)
@@ -108,6 +115,9 @@ def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, An
     lo, hi = text.index(SENTINEL), text.index(SENTINEL) + len(DEFAULT_PROMPT)
     if not start <= lo < hi <= end:
         raise ConfigError("the chat template puts the user's text in its first or last token", where)
+    at = full.index(image)
+    if not (start <= at and at + len(image) <= end):
+        raise ConfigError("the chat template puts the image in its first or last token", where)
     escape = lambda t: t.replace("{", "{{").replace("}", "}}")  # noqa: E731
     template = escape(full[start:lo]) + "{prompt}" + escape(full[hi:end])
     gen_path = model_dir / names.WEIGHT_FILES["generation_config"]
@@ -124,21 +134,26 @@ def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, An
         raise ConfigError("no eos_token_id (generation_config.json) or eos_token (tokenizer_config.json)", model_dir)
     config = {
         "prompt_template": template,
-        "prompt_format": "<bos> + encode(prompt_template) + <sep>, after the image span; cut from the model's "
-        "chat template for one user turn with an image",
+        "prompt_format": "<bos> + encode(prompt_template) + <sep>, the image span where image_token stands; cut "
+        "from the model's chat template for one user turn with an image",
+        IMAGE_TOKEN: image,
         "bos_token_id": int(ids[0]),
         "sep_token_id": int(ids[-1]),
         "eos_token_id": int(eos),
         "pad_token_id": int(hf_gen.get("pad_token_id") or 0),
         "default_prompt": DEFAULT_PROMPT,
         "max_new_tokens": int(hf_gen.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
-        "image_span": spec.span_length,
     }
-    for prompt in (DEFAULT_PROMPT, "a b c"):  # the cut must tokenize as the whole turn does
+    image_id = tokenizer.token_to_id(image)
+    for prompt in (DEFAULT_PROMPT, "a b c"):  # the cut must tokenize as the whole turn does, the image in place
         whole = tokenizer.encode(text.replace(SENTINEL, prompt), add_special_tokens=True).ids
-        if prompt_ids(tokenizer, config, "", prompt) != whole:
+        slot = whole.index(image_id) if whole.count(image_id) == 1 else -1
+        layout = prompt_layout(tokenizer, config, "", prompt)
+        if slot < 0 or (layout.ids, layout.image_slot) != (whole[:slot] + whole[slot + 1 :], slot):
             raise ConfigError(
-                "the chat template cannot be served as <bos> + template + <sep>: the cut tokenizes differently", where
+                "the chat template cannot be served as <bos> + template + <sep> with the image in its place: "
+                "the cut tokenizes differently",
+                where,
             )
     return config
 
@@ -165,13 +180,15 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
 
 
 def model_config(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The model's config.json, plus `max_positions` (the decoder's positions left after the image span: the
-    reporter's context budget reads it) and the language model's `vocab_size` at the top level."""
+    """The model's config.json, plus `max_positions` (the language model's whole context) and `image_tokens`
+    (the positions the image span takes), which the reporter's context budget and the targets' shape limits read
+    (`edgekit.prompt`), and the language model's `vocab_size` at the top level."""
     text = cfg.get("text_config") or {}
     positions = text.get("max_position_embeddings")
     out = dict(cfg)
     if positions:
-        out["max_positions"] = int(positions) - spec.span_length
+        out["max_positions"] = int(positions)
+    out[names.IMAGE_TOKENS] = spec.span_length
     out.setdefault("vocab_size", spec.decoder.vocab_size)  # top level, where edgekit's readers look
     out["edgekit_vlm"] = spec.to_dict()
     return out

@@ -36,12 +36,12 @@ class Limits:
 
     @classmethod
     def of(cls, model_config: dict, generation_config: dict, preprocess: dict, max_batch: int = DEFAULT_MAX_BATCH):
-        from edgekit.export.model_config import ModelConfig
+        from edgekit import prompt as layout
 
-        positions = int(model_config.get("max_positions", model_config.get("max_position_embeddings", 0)) or 0)
+        positions = layout.context_positions(model_config) or 0
         if positions < 2:
             raise ConfigError("the model config names no max_positions: TensorRT profiles need a maximum length")
-        image_tokens = ModelConfig.from_dict(model_config).num_image_tokens if "image_size" in model_config else 0
+        image_tokens = layout.image_tokens(model_config)  # an imported VLM's whole span, or edgekit's own count
         prompt = min(positions - 1, image_tokens + TYPICAL_PROMPT_TEXT)
         report = int(generation_config.get("max_new_tokens", 64))
         return cls(
