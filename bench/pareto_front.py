@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from edgekit.build import build
+from edgekit.build import build, default_model_dir
 from edgekit.eval.runner import default_test_split
 from edgekit.pareto import read_profile
 from edgekit.pareto.plot import plot_profile
@@ -45,8 +45,26 @@ X1_VARIANTS = {
 ORIN_MODES = ["agx-orin-64:MAXN", "agx-orin-64:30W", "orin-nano-8:15W"]
 
 
+def fresh_bundle(target: str, path: Path, recipe: str | None) -> Path:
+    """`path`, built for `target` with `recipe` unless it holds a bundle of the current default weights (a cache
+    from before a retrain would otherwise be measured as if it were the current model)."""
+    from edgekit.bundle import load_bundle, sha256_file
+    from edgekit.errors import BundleError
+
+    weights = default_model_dir() / "model.safetensors"
+    if (path / "manifest.json").is_file():
+        try:
+            if load_bundle(path).manifest.provenance.get("source_weights_sha256") == sha256_file(weights):
+                return path
+        except BundleError:
+            pass
+        print(f"{path}: built from other weights; rebuilding")
+    build(target, path, parity=False, recipe=recipe)
+    return path
+
+
 def bundles(cache: Path) -> dict[str, list[Path]]:
-    """The variants' bundles by target, built once into `cache` (rebuilt when missing)."""
+    """The variants' bundles by target, built once into `cache` (rebuilt when missing or of other weights)."""
     wanted = {
         "cpu": [(f"cpu-{k}", v) for k, v in CPU_VARIANTS.items()],
         "x1": [(f"x1-{k}", v) for k, v in X1_VARIANTS.items()],
@@ -55,10 +73,7 @@ def bundles(cache: Path) -> dict[str, list[Path]]:
     out: dict[str, list[Path]] = {}
     for target, items in wanted.items():
         for name, recipe in items:
-            path = cache / f"radreport-tiny-{name}"
-            if not (path / "manifest.json").is_file():
-                build(target, path, parity=False, recipe=recipe)
-            out.setdefault(target, []).append(path)
+            out.setdefault(target, []).append(fresh_bundle(target, cache / f"radreport-tiny-{name}", recipe))
     return out
 
 
