@@ -8,7 +8,9 @@ folder holding what the examples assume:
   importlib.resources;
 - `out/radreport-tiny-cpu`, `out/radreport-tiny-x1`: the default model's bundles (what `edgekit build`'s first two
   examples write);
-- `data/test`: 8 studies of the synthetic test split (what `edgekit data synth -o data/test` writes).
+- `data/test`: 8 studies of the synthetic test split (what `edgekit data synth -o data/test` writes);
+- `hf/tiny-llama`, `hf/train.jsonl`, `hf/eval.jsonl`: a random-init Hugging Face LLaMA and a small task in JSON
+  Lines (tests/finetune_factory.py), for `edgekit finetune`; made only where the train extra is installed.
 
 Examples of `build` start without `out/`, and those of `data` without `data/`: they are the ones that make them.
 `a && b` runs both; `edgekit ... | jq FILTER` runs the edgekit part and checks its stdout is JSON (and, when jq is
@@ -18,6 +20,7 @@ installed, that jq accepts it).
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import json
 import shlex
 import shutil
@@ -98,6 +101,12 @@ def world(tmp_path_factory) -> Path:
     build("cpu", root / "out" / "radreport-tiny-cpu", parity=False)
     build("x1", root / "out" / "radreport-tiny-x1", parity=False)
     write_split(root / "data" / "test", "test", 8)
+    if importlib.util.find_spec("peft") is not None:
+        from finetune_factory import make_llama, reverse_task, write_jsonl
+
+        make_llama(root / "hf" / "tiny-llama")
+        write_jsonl(root / "hf" / "train.jsonl", reverse_task(32, seed=1))
+        write_jsonl(root / "hf" / "eval.jsonl", reverse_task(8, seed=2))
     return root
 
 
@@ -131,6 +140,8 @@ def test_every_subcommand_module_imports_and_is_listed():
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
 def test_help_examples_run(command, world, tmp_path, capsys, monkeypatch):
+    if command[0] == "finetune" and not (world / "hf").is_dir():
+        pytest.skip("edgekit finetune needs the train extra (torch, transformers, peft)")
     examples = _examples(_help(command, capsys, monkeypatch))
     assert examples, f"edgekit {' '.join(command)} --help shows no example"
     for i, example in enumerate(examples):

@@ -182,3 +182,22 @@ def test_bad_data_is_listed_by_line_and_nothing_is_written(tuned, tmp_path, caps
     assert not (tmp_path / "o").exists()
     rc = app_module.main(["finetune", str(root / "base"), "--data", str(bad), "-o", str(tmp_path / "o"), "--json"])
     assert rc == 2 and json.loads(capsys.readouterr().out)["error"]["code"]
+
+
+def test_optimize_cli_writes_the_gates_beside_the_merged_graphs(tuned, tmp_path):
+    from edgekit.hf import convert_hf
+
+    root, _ = tuned
+    convert_hf(root / "base", tmp_path / "onnx")
+    argv = [
+        "optimize",
+        str(tmp_path / "onnx"),
+        "-o",
+        str(tmp_path / "m"),
+        "--pass",
+        f"lora:adapters={root / 'adapter'}",
+    ]
+    assert app_module.main(argv) == 0
+    shipped = json.loads((tmp_path / "m" / names.HEAD_IMPORTANCE_FILE).read_text())
+    gates = json.loads((root / "adapter" / names.HEAD_GATES_FILE).read_text())
+    assert shipped["layers"] == gates["layers"]

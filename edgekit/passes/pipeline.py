@@ -8,6 +8,7 @@ Each pass on each graph gets its own numerical check against the model just befo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -158,6 +159,9 @@ def run_pipeline(
                 end_to_end[graph] = check_models(original, model, feeds)
             shutil.rmtree(scratch, ignore_errors=True)
             save_model(model, tmp / graph)
+        scores = [r.notes[names.HEAD_IMPORTANCE] for r in reports if names.HEAD_IMPORTANCE in r.notes]
+        if scores:  # measured scores or learned gates travel with the graphs: what the X1's DSS ranks heads by
+            (tmp / names.HEAD_IMPORTANCE_FILE).write_text(json.dumps(scores[-1], indent=1) + "\n")
         publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
