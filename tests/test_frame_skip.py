@@ -118,3 +118,18 @@ def test_a_point_that_skips_frames_pays_in_video_f1_on_the_front_and_the_policy(
     assert choose([full, skip], floor, signals, None).point.id == "full"
     back = Point.from_dict(skip.to_dict(), "test")
     assert back == skip and back.video_f1_ci == (0.97, 0.97)
+
+
+def test_a_pareto_point_scores_the_split_s_video_clips_apart(bundles, tmp_path):
+    from edgekit.bundle import load_bundle
+    from edgekit.models.synth import write_split
+    from edgekit.pareto.configs import expand
+    from edgekit.pareto.measure import measure
+
+    split = write_split(tmp_path / "test", "test", 4).parent
+    clips = sum(1 for line in (split / "studies.jsonl").read_text().splitlines() if '"video_path"' in line)
+    assert clips >= 1  # the synthetic split's cardiac cine loops carry an MP4 copy
+    (config,) = expand([load_bundle(bundles["x1"])], {"video_max_frames": [4]})
+    point = Point.from_dict(measure(config, split, limit=4), "test")
+    assert point.settings["video_max_frames"] == 4 and point.video_count == clips and point.count == 4
+    assert point.video_f1 is not None and point.video_f1_ci is not None and point.energy_source == "emulated:x1"
