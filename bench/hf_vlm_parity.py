@@ -1,9 +1,11 @@
 """Hugging Face VLM import parity: edgekit's graphs (ONNX Runtime CPU) against transformers on random-init models
 built from configs (nothing downloaded), per family at two sizes, plus the memory of one 2B-class import.
 
-Per family and size: 100 cases of a random grey image (the tower's size) and a random 8-token prompt; greedy
-tokens from transformers' `generate()` (12 new tokens) against edgekit's `generate()` on the converted graphs,
-and the prefill logits (max |error| / max |logit|). Export time and peak RSS are of `convert_hf` alone, in a
+Per family and size: 100 cases of a random grey image (the tower's size) and the model's chat template around
+8 random tokens, the image where the template's image token stands (as a bundle serves it, and as transformers'
+processor lays it out); greedy tokens from transformers' `generate()` (12 new tokens) against edgekit's
+`generate()` on the converted graphs, and the prefill logits (max |error| / max |logit|), measured by the build's
+own `edgekit.hf.parity`. Export time and peak RSS are of `convert_hf` alone, in a
 child process (VmHWM of that process; the peak after its imports beside it). The 2B-class run (`--big`)
 builds a LLaVA of ~2.0B parameters (a CLIP-L/14-336-sized tower + a 2048-wide, 24-layer LLaMA) in float16, saves
 it sharded, and converts it in a child process: its peak RSS is the figure that says tensors are streamed (the
@@ -25,11 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the random-init model factory
 
-from hf_vlm_factory import hf_reference, make_idefics3, make_llava  # noqa: E402
+from hf_vlm_factory import make_idefics3, make_llava  # noqa: E402
 
 SIZES = ("tiny", "medium")  # the factory's sizes: ~0.13M and ~17M parameters
 CONFIGS = {
@@ -57,28 +57,20 @@ def convert_in_child(hf: Path, out: Path) -> dict:
 
 
 def parity(vlm, onnx_dir: Path, cases: int, new_tokens: int) -> dict:
-    from edgekit.generate import GenerationOptions, generate
+    """The build's own parity measurement (`edgekit.hf.parity`), at `cases` cases: the prompt as a bundle serves
+    it (the model's chat template around 8 random tokens, the image where the template's image token stands)."""
     from edgekit.hf import convert_hf
-    from edgekit.ort import CpuBackend
+    from edgekit.hf.parity import measure_hf_parity
 
     spec = convert_hf(vlm.path, onnx_dir.with_name("spec-check")).spec
-    backend = CpuBackend.from_dir(onnx_dir, intra_op_threads=1)
-    rng = np.random.default_rng(0)
-    vocab = [i for i in range(spec.decoder.vocab_size) if i not in set(spec.span_ids) and i > 7]
-    same, worst = 0, 0.0
-    for _ in range(cases):
-        gray = rng.uniform(0, 1, (spec.image_size, spec.image_size)).astype(np.float32)
-        text = [int(t) for t in rng.choice(vocab, 8)]
-        ref_logits, theirs = hf_reference(vlm, spec.span_ids, gray, text, new_tokens)
-        pixels = gray[None, None, None]
-        x = np.concatenate([backend.encode_images(pixels), backend.embed(np.asarray([text]))], axis=1)
-        n = x.shape[1]
-        logits, _ = backend.decode(x, np.ones((1, n), np.int64), np.arange(n)[None], None)
-        worst = max(worst, float(np.abs(logits[0] - ref_logits).max() / np.abs(ref_logits).max()))
-        ours = generate(backend, pixels, np.asarray([text]), GenerationOptions(max_new_tokens=new_tokens)).token_ids
-        same += ours == theirs
+    got = measure_hf_parity(onnx_dir, vlm.path, spec, samples=cases, new_tokens=new_tokens)
     params = sum(p.numel() for p in vlm.model.parameters())
-    return {"cases": cases, "greedy_identical": same / cases, "max_rel_logit_error": worst, "params": params}
+    return {
+        "cases": cases,
+        "greedy_identical": got["greedy_identical"],
+        "max_rel_logit_error": got["max_rel_logit_error"],
+        "params": params,
+    }
 
 
 def big_run(root: Path) -> dict:
