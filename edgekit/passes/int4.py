@@ -184,12 +184,26 @@ class Int4Pass(GraphPass):
                 k: _subsample(v, ctx.seed, HESSIAN_MAX_TOKENS) for k, v in capture_values(model, names, feeds).items()
             }
 
-        scales = self._awq_scales(mms, acts, ctx.seed) if cfg.method in ("awq", "awq-gptq") else {}
+        # cpu with `symmetric` unset and a GPTQ method: each MatMul takes the symmetry with the lower held-out
+        # error, chosen first, so that AWQ's scale search and its check below fit the grid each MatMul will get
+        # (before, both ran asymmetric and a MatMul then quantized symmetric kept a scale fitted for the other grid)
+        choose_symmetry = cfg.symmetric is None and cfg.target == "cpu" and cfg.method in ("gptq", "awq-gptq")
+        chosen: dict[str, bool] = {}
+        if choose_symmetry:
+            for m in mms:
+                if m.activation.name in acts:
+                    w, x = m.kn().T, acts[m.activation.name]
+                    chosen[m.name] = self._symmetric_fits_better(w, x, self.block_for(m.k), 4, ctx.seed)
+
+        def symmetric_of(m: WeightMatMul) -> bool:
+            return chosen.get(m.name, self.symmetric)
+
+        scales = self._awq_scales(mms, acts, ctx.seed, symmetric_of) if cfg.method in ("awq", "awq-gptq") else {}
         awq_dropped, awq_check = [], {}
         if cfg.method == "awq-gptq" and cfg.awq_check:
             for act_name in list(scales):
                 members = [m for m in mms if m.activation.name == act_name]
-                ratio = self._scaled_gptq_error_ratio(members, acts[act_name], scales[act_name], ctx.seed)
+                ratio = self._scaled_gptq_error_ratio(members, acts[act_name], scales[act_name], ctx.seed, symmetric_of)
                 awq_check[members[0].name] = round(ratio, 4)
                 if ratio >= AWQ_CHECK_MARGIN:
                     awq_dropped.append(act_name)
@@ -200,9 +214,6 @@ class Int4Pass(GraphPass):
         clip = cfg.clip or (10 if cfg.method in DATA_METHODS else 0)
         signed = cfg.target == "cpu"  # MatMulNBits takes negative scales; TensorRT's DequantizeLinear does not
         hessians: dict[str, np.ndarray] = {}
-        # cpu with `symmetric` unset and a GPTQ method: each MatMul takes the symmetry with the lower held-out error
-        choose_symmetry = cfg.symmetric is None and cfg.target == "cpu" and cfg.method in ("gptq", "awq-gptq")
-        chosen: dict[str, bool] = {}
 
         def act_hessian(name: str) -> np.ndarray:
             if name not in hessians:
@@ -214,18 +225,13 @@ class Int4Pass(GraphPass):
             s = scales.get(act)
             w = m.kn().T if s is None else m.kn().T * s[None, :]  # (N, K)
             block = self.block_for(m.k)
-            common = {"bits": bits, "symmetric": self.symmetric, "name": m.weight.name}
+            common = {"bits": bits, "symmetric": symmetric_of(m), "name": m.weight.name}
             h = None
             if act in acts and cfg.method in DATA_METHODS:
                 h = act_hessian(act)
                 if s is not None:  # the Hessian of x / s
                     h = h / np.outer(s, s)
             if cfg.method in ("gptq", "awq-gptq"):
-                if choose_symmetry and act in acts:
-                    if m.name not in chosen:
-                        x = acts[act] if s is None else acts[act] / s[None, :]
-                        chosen[m.name] = self._symmetric_fits_better(w, x, block, bits, ctx.seed)
-                    common["symmetric"] = chosen[m.name]
                 return gptq_quantize(
                     w,
                     h,
@@ -302,8 +308,11 @@ class Int4Pass(GraphPass):
         return changes
 
     # ---------------------------------------------------------------------------------------------------------
-    def _awq_scales(self, mms: list[WeightMatMul], acts: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
-        """Per activation (shared by a group of MatMuls): s = mean|x|^alpha, alpha chosen on output error."""
+    def _awq_scales(
+        self, mms: list[WeightMatMul], acts: dict[str, np.ndarray], seed: int, symmetric_of
+    ) -> dict[str, np.ndarray]:
+        """Per activation (shared by a group of MatMuls): s = mean|x|^alpha, alpha chosen on output error, each
+        MatMul on the grid it will be quantized on (`symmetric_of`)."""
         cfg = self.config
         groups: dict[str, list[WeightMatMul]] = defaultdict(list)
         for m in mms:
@@ -322,7 +331,7 @@ class Int4Pass(GraphPass):
                     qw = quantize_blocks(
                         m.kn().T * s[None, :],
                         self.block_for(m.k),
-                        symmetric=self.symmetric,
+                        symmetric=symmetric_of(m),
                         scale_search=False,  # a proxy: the final quantizer searches
                         signed_scales=cfg.target == "cpu",
                         name=m.weight.name,
@@ -334,7 +343,9 @@ class Int4Pass(GraphPass):
                 out[act_name] = best.astype(np.float32)
         return out
 
-    def _scaled_gptq_error_ratio(self, members: list[WeightMatMul], x: np.ndarray, s: np.ndarray, seed: int) -> float:
+    def _scaled_gptq_error_ratio(
+        self, members: list[WeightMatMul], x: np.ndarray, s: np.ndarray, seed: int, symmetric_of
+    ) -> float:
         """Output error of GPTQ of this input's MatMuls with AWQ's scale over that without, fitted on three
         quarters of the calibration tokens and measured on the rest. Why: the scale is chosen on RTN's
         error, and GPTQ, which already compensates along the input channels, sometimes does better without."""
@@ -354,7 +365,7 @@ class Int4Pass(GraphPass):
                     w * s[None, :] if scaled else w,
                     h / np.outer(s, s) if scaled else h,
                     self.block_for(m.k),
-                    symmetric=self.symmetric,
+                    symmetric=symmetric_of(m),
                     damp=cfg.damp,
                     shrink=self.shrink_for(m.k, fit.shape[0]),
                     clip_grid=cfg.clip or 10,
