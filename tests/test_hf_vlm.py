@@ -116,6 +116,8 @@ def test_build_and_serve_llava_bundle(tmp_path, llava_dir, capsys):
     layout = reporter.prompt(study.modality, prompt)
     ids = layout.ids
     assert ids[0] == 1 and ids[-1] == 4 and layout.image_slot == 2  # <s> USER: [image] ... ASSISTANT:
+    typed = reporter.prompt(study.modality, "<image> w3")  # the user's own image token stays text
+    assert typed.image_slot == 2 and typed.ids.count(llava_dir.image_token_id) == 1
     span = convert_hf(llava_dir.path, tmp_path / "onnx").spec.span_ids
     gray = reporter.pixel_values(study)[0, 0, 0]
     _, theirs = hf_reference(llava_dir, span, gray, ids, len(report.text.split()) or 1, layout.image_slot)
@@ -279,6 +281,18 @@ def test_template_that_cannot_be_served_is_refused(tmp_path, llava_dir, capsys):
     with pytest.raises(ConfigError, match="no images here"):
         from edgekit.build import build
 
+        build("cpu", tmp_path / "b", model_dir=hf, parity=False)
+    assert not (tmp_path / "b").exists()
+
+
+def test_template_without_its_image_token_is_refused(tmp_path, llava_dir):
+    """A chat template that drops the image for an image turn has no place for the span: refused, not guessed."""
+    hf = tmp_path / "hf"
+    shutil.copytree(llava_dir.path, hf)
+    (hf / "chat_template.jinja").write_text("USER: {{ messages[0]['content'][1]['text'] }} ASSISTANT:")
+    from edgekit.build import build
+
+    with pytest.raises(ConfigError, match="writes the image token '<image>' 0 times"):
         build("cpu", tmp_path / "b", model_dir=hf, parity=False)
     assert not (tmp_path / "b").exists()
 
