@@ -201,3 +201,12 @@ def test_optimize_cli_writes_the_gates_beside_the_merged_graphs(tuned, tmp_path)
     shipped = json.loads((tmp_path / "m" / names.HEAD_IMPORTANCE_FILE).read_text())
     gates = json.loads((root / "adapter" / names.HEAD_GATES_FILE).read_text())
     assert shipped["layers"] == gates["layers"]
+
+
+def test_the_same_seed_gives_the_same_adapter_and_gates(tuned, tmp_path):
+    root, _ = tuned
+    opts = FinetuneOptions(steps=6, batch_size=4, gate_rate=0.25, threads=1, seed=5)
+    for run in ("a", "b"):
+        finetune(root / "base", root / "train.jsonl", tmp_path / run, opts)
+    for name in ("adapter_model.safetensors", names.HEAD_GATES_FILE):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
