@@ -149,6 +149,14 @@ def test_x1_bundle_of_a_gated_smolvlm_skips_the_closed_heads(tmp_path):
     rows = [{"prompt": f"w{i} w{i + 1}", "completion": f"w{i + 2} w{i + 3} w{i + 4}"} for i in range(24)]
     rows += [{"image": "img.png", **r} for r in rows[:8]]
     write_jsonl(tmp_path / "train.jsonl", rows)
+    # an image record is laid out as the bundle will serve it: the span at the template's slot, after 'User:'
+    from edgekit.finetune.data import read_dataset
+    from edgekit.finetune.trainer import load_model
+
+    _model, _kind, tok, spec = load_model(vlm.path)
+    ex = read_dataset(tmp_path / "train.jsonl", tok, 256, vlm=True).examples[24]
+    user = ex.input_ids.index(3)  # "User:"
+    assert ex.input_ids[user + 1 : user + 1 + len(spec.span_ids)] == list(spec.span_ids)
     result = finetune(vlm.path, tmp_path / "train.jsonl", tmp_path / "ad", OPTS)
     assert result["data"]["layout"] == "image+prompt+completion, prompt+completion"
     assert result["gates"]["closed"] == 4

@@ -2,16 +2,19 @@
 
     {"text": "FINDINGS: ..."}                                   language modelling: every token is learned
     {"prompt": "Cough.", "completion": "FINDINGS: ..."}          only the completion is learned
-    {"image": "cr_0001.png", "prompt": "...", "completion": "..."}   a VLM: the image span, then the prompt
+    {"image": "cr_0001.png", "prompt": "...", "completion": "..."}   a VLM: the prompt as edgekit serves it
 
 `image` is a path relative to the JSONL file (anything Pillow reads), converted to grey and resized to the
-vision tower's size, as edgekit serves images. Every bad line is reported with its line number before any
-training starts; examples longer than `max_length` are cut at the end, and counted so the result says so.
+vision tower's size, as edgekit serves images. Its prompt goes through the bundle's template with the image span
+at the template's slot (`edgekit.prompt.prompt_layout`): the model learns on the layout it will be served with.
+Every bad line is reported with its line number before any training starts; examples longer than `max_length`
+are cut at the end, and counted so the result says so.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,11 +46,21 @@ class Dataset:
 
 @dataclass(frozen=True)
 class Tokenization:
-    """How text becomes ids for one model: its tokenizer, end token, and (VLMs) the image span's ids."""
+    """How text becomes ids for one model: its tokenizer, end token, and (VLMs) the image span's ids and the
+    generation config a bundle of it serves with (its prompt template and image slot)."""
 
     tokenizer: object  # tokenizers.Tokenizer
     eos_id: int | None
     image_span: tuple[int, ...] = ()
+    generation_config: Mapping | None = None
+
+    def image_prompt(self, modality: str, prompt: str) -> list[int]:
+        """The served prefill's ids: the template's text with the image span at its slot."""
+        from edgekit.prompt import prompt_layout
+
+        layout = prompt_layout(self.tokenizer, self.generation_config or {}, modality, prompt)
+        s = layout.image_slot
+        return [*layout.ids[:s], *self.image_span, *layout.ids[s:]]
 
     def encode(self, text: str, *, first: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=first).ids)
@@ -100,7 +113,10 @@ def read_dataset(path: str | Path, tok: Tokenization, max_length: int, *, vlm: b
             ids = tok.encode(rec["text"], first=True) + ([tok.eos_id] if tok.eos_id is not None else [])
             labels = list(ids)
         else:
-            head = [*(tok.image_span if image else ()), *tok.encode(rec["prompt"], first=True)]
+            if image:
+                head = tok.image_prompt(str(rec.get("modality", "")), rec["prompt"])
+            else:
+                head = tok.encode(rec["prompt"], first=True)
             tail = tok.encode(rec["completion"], first=False) + ([tok.eos_id] if tok.eos_id is not None else [])
             ids, labels = head + tail, [IGNORE] * len(head) + tail
         if len(ids) > max_length:

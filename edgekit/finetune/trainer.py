@@ -66,7 +66,7 @@ class FinetuneOptions:
             )
 
 
-def _load(model_dir: Path):
+def load_model(model_dir: Path):
     """The model (float32, train mode off), its kind, its tokenization and (VLMs) its spec."""
     import torch
     import transformers
@@ -94,7 +94,16 @@ def _load(model_dir: Path):
         auto = transformers.AutoModelForCausalLM
     model = auto.from_pretrained(model_dir, dtype=torch.float32).eval()
     eos = _eos_id(model_dir, tokenizer, model.config)
-    return model, kind, Tokenization(tokenizer, eos, tuple(spec.span_ids) if spec else ()), spec
+    if spec is None:
+        return model, kind, Tokenization(tokenizer, eos), None
+    from edgekit.hf.serving import generation_config
+
+    return (
+        model,
+        kind,
+        Tokenization(tokenizer, eos, tuple(spec.span_ids), generation_config(spec, model_dir, tokenizer)),
+        spec,
+    )
 
 
 def _eos_id(model_dir: Path, tokenizer, config) -> int | None:
@@ -176,7 +185,7 @@ def finetune(
         raise ConfigError("output directory is not empty; refusing to overwrite", out)
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    model, kind, tok, spec = _load(model_dir)
+    model, kind, tok, spec = load_model(model_dir)
     train = read_dataset(data, tok, opts.max_length, vlm=kind == "vlm")
     held = read_dataset(eval_data, tok, opts.max_length, vlm=kind == "vlm") if eval_data else None
     pad_id = tok.eos_id if tok.eos_id is not None else 0
