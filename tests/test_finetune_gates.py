@@ -7,6 +7,7 @@ SmolVLM skips the closed heads under the seed's DSS setting.
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import shutil
 
@@ -147,7 +148,8 @@ def test_x1_bundle_of_a_gated_smolvlm_skips_the_closed_heads(tmp_path):
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 255, (40, 40), dtype=np.uint8)).save(tmp_path / "img.png")
     rows = [{"prompt": f"w{i} w{i + 1}", "completion": f"w{i + 2} w{i + 3} w{i + 4}"} for i in range(24)]
-    rows += [{"image": "img.png", **r} for r in rows[:8]]
+    shutil.copytree(importlib.resources.files("edgekit.models") / "samples" / "ct_chest", tmp_path / "ct")
+    rows += [{"image": "img.png", **r} for r in rows[:8]] + [{"image": "ct", **r} for r in rows[8:12]]
     write_jsonl(tmp_path / "train.jsonl", rows)
     # an image record is laid out as the bundle will serve it: the span at the template's slot, after 'User:'
     from edgekit.finetune.data import read_dataset
@@ -157,6 +159,14 @@ def test_x1_bundle_of_a_gated_smolvlm_skips_the_closed_heads(tmp_path):
     ex = read_dataset(tmp_path / "train.jsonl", tok, 256, vlm=True).examples[24]
     user = ex.input_ids.index(3)  # "User:"
     assert ex.input_ids[user + 1 : user + 1 + len(spec.span_ids)] == list(spec.span_ids)
+    # a DICOM series is read through edgekit's ingest, as the daemon reads it: the middle slice, display values
+    from edgekit.finetune.data import load_grey
+    from edgekit.ingest import load_study
+
+    ct = load_grey(tmp_path / "ct", spec.image_size)
+    assert ct.shape == (spec.image_size, spec.image_size) and 0.0 <= ct.min() < ct.max() <= 1.0
+    frames = load_study(tmp_path / "ct").frames
+    assert abs(float(ct.mean()) - float(frames[len(frames) // 2].mean())) < 0.05
     result = finetune(vlm.path, tmp_path / "train.jsonl", tmp_path / "ad", OPTS)
     assert result["data"]["layout"] == "image+prompt+completion, prompt+completion"
     assert result["gates"]["closed"] == 4

@@ -4,9 +4,10 @@
     {"prompt": "Cough.", "completion": "FINDINGS: ..."}          only the completion is learned
     {"image": "cr_0001.png", "prompt": "...", "completion": "..."}   a VLM: the prompt as edgekit serves it
 
-`image` is a path relative to the JSONL file (anything Pillow reads), converted to grey and resized to the
-vision tower's size, as edgekit serves images. Its prompt goes through the bundle's template with the image span
-at the template's slot (`edgekit.prompt.prompt_layout`): the model learns on the layout it will be served with.
+`image` is a path relative to the JSONL file: a DICOM file, series folder or zip (read by edgekit's ingest), or
+anything Pillow reads; made grey and resized to the vision tower's size, as edgekit serves images. Its prompt
+goes through the bundle's template with the image span at the template's slot (`edgekit.prompt.prompt_layout`):
+the model learns on the layout it will be served with.
 Every bad line is reported with its line number before any training starts; examples longer than `max_length`
 are cut at the end, and counted so the result says so.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.errors import ConfigError
+from edgekit.preprocess import PreprocessConfig
 
 IGNORE = -100  # label of a token that is not learned (transformers' convention)
 
@@ -106,7 +108,7 @@ def read_dataset(path: str | Path, tok: Tokenization, max_length: int, *, vlm: b
         image = None
         if "image" in rec:
             image = (path.parent / rec["image"]).resolve()
-            if not image.is_file():
+            if not image.exists():
                 problems.append(f"line {n}: image {rec['image']!r} not found")
                 continue
         if "text" in rec:
@@ -136,12 +138,25 @@ def read_dataset(path: str | Path, tok: Tokenization, max_length: int, *, vlm: b
 
 
 def load_grey(path: Path, size: int) -> np.ndarray:
-    """An image file as (size, size) grey in [0, 1], resized with the BOX filter edgekit serves images with."""
+    """An image as (size, size) grey in [0, 1], as edgekit serves it to an imported VLM: a DICOM file, series
+    folder or zip through edgekit's ingest (display values, the middle frame), anything else through Pillow;
+    resized with the BOX filter."""
+    from edgekit.preprocess import preprocess_frames
+
+    frames = _pixels(path)
+    cfg = PreprocessConfig(image_size=size, num_frames=1, mean=0.0, std=1.0)
+    return preprocess_frames(frames, cfg)[0, 0]
+
+
+def _pixels(path: Path) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
-    try:
-        with Image.open(path) as im:
-            grey = im.convert("L").resize((size, size), Image.Resampling.BOX)
-    except (OSError, UnidentifiedImageError) as exc:
-        raise ConfigError(f"cannot read image ({type(exc).__name__})", path) from None
-    return np.asarray(grey, np.float32) / 255.0
+    if path.is_file() and path.suffix.lower() not in (".dcm", ".zip", ""):
+        try:
+            with Image.open(path) as im:
+                return np.asarray(im.convert("L"), np.float32) / 255.0
+        except (OSError, UnidentifiedImageError) as exc:
+            raise ConfigError(f"cannot read image ({type(exc).__name__})", path) from None
+    from edgekit.ingest import load_study
+
+    return load_study(path).frames  # DICOM: its own errors name the file and the reason
