@@ -181,8 +181,8 @@ def finetune(
     opts = opts or FinetuneOptions()
     opts.validate()
     model_dir, out = Path(model_dir), Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError("output directory is not empty; refusing to overwrite", out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError("output exists and is not an empty folder; refusing to overwrite", out)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     model, kind, tok, spec = load_model(model_dir)
