@@ -63,7 +63,7 @@ def fresh_bundle(target: str, path: Path, recipe: str | None) -> Path:
     return path
 
 
-def bundles(cache: Path) -> dict[str, list[Path]]:
+def bundles(cache: Path, x1_only: bool = False) -> dict[str, list[Path]]:
     """The variants' bundles by target, built once into `cache` (rebuilt when missing or of other weights)."""
     wanted = {
         "cpu": [(f"cpu-{k}", v) for k, v in CPU_VARIANTS.items()],
@@ -72,14 +72,26 @@ def bundles(cache: Path) -> dict[str, list[Path]]:
     }
     out: dict[str, list[Path]] = {}
     for target, items in wanted.items():
+        if x1_only and target != "x1":
+            continue
         for name, recipe in items:
             out.setdefault(target, []).append(fresh_bundle(target, cache / f"radreport-tiny-{name}", recipe))
     return out
 
 
-def profile_x1(paths: list[Path], out: Path, data: Path, limit: int, sparsity: list[float], fresh: bool):
-    """Every x1 variant at its own DSS setting, and the INT4 one at each DSS target (one energy source: the X1
-    cost model), through `edgekit pareto`'s library, which lets grids differ per bundle."""
+def profile_x1(
+    paths: list[Path],
+    out: Path,
+    data: Path,
+    limit: int,
+    sparsity: list[float],
+    fresh: bool,
+    frames: list[int] = (),
+    caps: list[int] = (),
+):
+    """Every x1 variant at its own DSS setting, and the INT4 one at each DSS target and report-length cap, INT4
+    and INT4-heads38 at each video frame count (frame skipping); one energy source, the X1 cost model. Through
+    `edgekit pareto`'s library, which lets grids differ per bundle."""
     from edgekit.bundle import load_bundle
     from edgekit.pareto.configs import expand
     from edgekit.pareto.run import run_pareto
@@ -87,6 +99,9 @@ def profile_x1(paths: list[Path], out: Path, data: Path, limit: int, sparsity: l
     loaded = [load_bundle(p) for p in paths]
     int4 = next(b for b in loaded if Path(b.source).name.endswith("x1-int4"))
     configs = expand(loaded, {}) + expand([int4], {"sparsity_target": sparsity})
+    heads = [b for b in loaded if Path(b.source).name.endswith("x1-int4-heads38")]
+    configs += expand([int4, *heads], {"video_max_frames": list(frames)}) if frames else []
+    configs += expand([int4], {"max_new_tokens": list(caps)}) if caps else []
     run_pareto(configs, out, data, split={"name": "test", "count": limit}, limit=limit, resume=not fresh)
 
 
@@ -94,6 +109,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=120)
     ap.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.5])
+    ap.add_argument("--frames", type=int, nargs="*", default=[4], help="video_max_frames of INT4 points (skipping)")
+    ap.add_argument("--caps", type=int, nargs="*", default=[], help="max_new_tokens of INT4 points")
+    ap.add_argument("--x1-only", action="store_true", help="skip the cpu and orin fronts")
     ap.add_argument("--cache", type=Path, default=Path("out/pareto-bundles"))
     ap.add_argument("--out", type=Path, default=Path("out/pareto"))
     ap.add_argument("--orin", nargs="+", default=ORIN_MODES, help="DEVICE:MODE of the Orin estimate points")
@@ -101,52 +119,84 @@ def main() -> int:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    paths = bundles(args.cache)
+    paths = bundles(args.cache, x1_only=args.x1_only)
     data = default_test_split()
-    common = ["--data", str(data), "--limit", str(args.limit), "--json"] + (["--force"] if args.fresh else [])
-    pareto = [sys.executable, "-m", "edgekit.cli.app", "pareto"]
-    profile_x1(paths["x1"], args.out, data, args.limit, args.sparsity, args.fresh)
-    cpu_out = args.out.with_name(args.out.name + "-cpu")
-    subprocess.run(
-        [*pareto, *map(str, paths["cpu"]), "-o", str(cpu_out), *common], check=True, stdout=subprocess.DEVNULL
-    )
-    orin_out = args.out.with_name(args.out.name + "-orin")
-    cmd = [
-        *pareto,
-        *map(str, paths["orin"]),
-        "-o",
-        str(orin_out),
-        *common,
-        *(f"--orin-estimate={m}" for m in args.orin),
-    ]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-
+    profile_x1(paths["x1"], args.out, data, args.limit, args.sparsity, args.fresh, args.frames, args.caps)
     x1_profile = read_profile(args.out / "pareto.json")
     plot_profile(x1_profile, args.out / "pareto")
     front, rows, split = show(x1_profile, "radreport-tiny on the X1 (emulated)")
-    distinct = {(round(p.energy_j, 9), round(p.f1, 6), round(p.latency_p95_ms, 3)) for p in x1_profile.front}
-    cpu_front, cpu_rows, _ = show(read_profile(cpu_out / "pareto.json"), "radreport-tiny on this machine's CPU")
-    orin_profile = read_profile(orin_out / "pareto.json")
-    first = next(p for p in orin_profile.points if p.settings.get("orin_estimate") == canonical_estimate(args.orin[0]))
-    orin_front, orin_rows, _ = show(orin_profile, "radreport-tiny on Orin (estimated)", reference=first)
+    distinct = distinct_front(x1_profile)
     result = {
         "split": split,
         "points": rows,
         "front": sorted(front),
         "distinct_front_points": len(distinct),
-        "cpu": {"points": cpu_rows, "front": sorted(cpu_front), "plot": str(cpu_out / "pareto.png")},
-        "orin": {"points": orin_rows, "front": sorted(orin_front), "plot": str(orin_out / "pareto.png")},
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "wall_s": None,
         "plot": [str(args.out / "pareto.png"), str(args.out / "pareto.svg")],
         "note": "ratios only between points whose energy has the same source; the Orin points are estimates "
-        "(edgekit's Orin cost model, not measured on a device) and have a front of their own",
+        "(edgekit's Orin cost model, not measured on a device) and have a front of their own; F1 is the DICOM "
+        "studies', video F1 the clips' (compared on the front where both points have it)",
     }
+    if not args.x1_only:
+        result.update(other_fronts(paths, args, data))
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
     out = Path("out/pareto_front.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}; plots {args.out / 'pareto.png'}, {orin_out / 'pareto.png'}; {len(front)} non-dominated points")
-    print(f"x1 front: {len(distinct)} distinct points (points equal on energy, F1 and latency count once)")
+    print(f"wrote {out}; plot {args.out / 'pareto.png'}; {len(front)} non-dominated x1 points")
+    print(f"x1 front: {len(distinct)} distinct points (points equal on energy, F1, video F1 and latency count once)")
+    if "cpu" in result:
+        print(f"cpu front: {result['cpu']['distinct_front_points']} distinct points")
     return 0 if len(distinct) >= 4 else 1
+
+
+def distinct_front(profile) -> set[tuple]:
+    return {
+        (round(p.energy_j, 9), round(p.f1, 6), None if p.video_f1 is None else round(p.video_f1, 6),
+         round(p.latency_p95_ms, 3))
+        for p in profile.front
+    }  # fmt: skip
+
+
+def other_fronts(paths: dict[str, list[Path]], args, data: Path) -> dict:
+    """The cpu front (its variants through the `edgekit pareto` CLI, then FP32's frame and cap points through
+    the library into the same profile) and the Orin estimate's."""
+    from edgekit.bundle import load_bundle
+    from edgekit.pareto.configs import expand
+    from edgekit.pareto.energy import describe_meter
+    from edgekit.pareto.run import run_pareto
+
+    common = ["--data", str(data), "--limit", str(args.limit), "--json"] + (["--force"] if args.fresh else [])
+    pareto = [sys.executable, "-m", "edgekit.cli.app", "pareto"]
+    cpu_out = args.out.with_name(args.out.name + "-cpu")
+    subprocess.run(
+        [*pareto, *map(str, paths["cpu"]), "-o", str(cpu_out), *common], check=True, stdout=subprocess.DEVNULL
+    )
+    loaded = [load_bundle(p) for p in paths["cpu"]]
+    fp32 = next(b for b in loaded if Path(b.source).name.endswith("cpu-fp32"))
+    configs = expand(loaded, {})
+    configs += expand([fp32], {"video_max_frames": list(args.frames)}) if args.frames else []
+    configs += expand([fp32], {"max_new_tokens": list(args.caps)}) if args.caps else []
+    meter = describe_meter(None)  # what the CLI chose for the variants' points: this machine's best
+    cpu_profile = run_pareto(configs, cpu_out, data, split={"name": "test", "count": args.limit}, limit=args.limit,
+                             meter=meter["name"], meters=[meter])  # fmt: skip
+    plot_profile(cpu_profile, cpu_out / "pareto")
+    orin_out = args.out.with_name(args.out.name + "-orin")
+    cmd = [*pareto, *map(str, paths["orin"]), "-o", str(orin_out), *common]
+    subprocess.run([*cmd, *(f"--orin-estimate={m}" for m in args.orin)], check=True, stdout=subprocess.DEVNULL)
+    cpu_front, cpu_rows, _ = show(cpu_profile, "radreport-tiny on this machine's CPU")
+    orin_profile = read_profile(orin_out / "pareto.json")
+    first = next(p for p in orin_profile.points if p.settings.get("orin_estimate") == canonical_estimate(args.orin[0]))
+    orin_front, orin_rows, _ = show(orin_profile, "radreport-tiny on Orin (estimated)", reference=first)
+    return {
+        "cpu": {
+            "points": cpu_rows,
+            "front": sorted(cpu_front),
+            "distinct_front_points": len(distinct_front(cpu_profile)),
+            "plot": str(cpu_out / "pareto.png"),
+        },
+        "orin": {"points": orin_rows, "front": sorted(orin_front), "plot": str(orin_out / "pareto.png")},
+    }
 
 
 def show(profile, title: str, reference=None) -> tuple[set[str], list[dict], dict]:
@@ -156,7 +206,7 @@ def show(profile, title: str, reference=None) -> tuple[set[str], list[dict], dic
     best = reference or max(profile.points, key=lambda p: p.f1)
     table = Table(title=f"{title}: {len(front)} of {len(profile.points)} points non-dominated")
     vs = "vs best F1 J" if reference is None else f"vs {best.settings.get('orin_estimate', best.id)} J"
-    for col in ("point", "front", "F1 [95% CI]", "p95 ms", "latency src", "J/report", "energy src", vs):
+    for col in ("point", "front", "F1 [95% CI]", "video F1", "p95 ms", "latency src", "J/report", "energy src", vs):
         table.add_column(col)
     rows = []
     for p in sorted(profile.points, key=lambda p: p.energy_j):
@@ -165,10 +215,11 @@ def show(profile, title: str, reference=None) -> tuple[set[str], list[dict], dic
         ratio = p.energy_j / best.energy_j if orin or p.energy_source == best.energy_source else None
         rows.append({**p.to_dict(), "front": p.id in front, "energy_vs_reference": ratio, "reference": best.id})
         table.add_row(
-            p.id, "*" if p.id in front else "", f"{p.f1:.3f} [{lo:.3f}, {hi:.3f}]", f"{p.latency_p95_ms:.0f}",
-            p.latency_source, f"{p.energy_j:.3g}", p.energy_source, f"{ratio:.2f}x" if ratio else "-",
+            p.id, "*" if p.id in front else "", f"{p.f1:.3f} [{lo:.3f}, {hi:.3f}]",
+            "-" if p.video_f1 is None else f"{p.video_f1:.3f}", f"{p.latency_p95_ms:.3g}",
+            p.latency_source, f"{p.energy_j:.4g}", p.energy_source, f"{ratio:.3f}x" if ratio else "-",
         )  # fmt: skip
-    Console().print(table)
+    Console(width=200).print(table)
     return front, rows, profile.split
 
 

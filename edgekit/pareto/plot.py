@@ -38,14 +38,17 @@ def plot_profile(profile: Profile, out_stem: Path) -> list[Path]:
             color="black",
             linewidth=0.8,
             alpha=0.6,
-            label="Pareto front (energy, F1, latency)",
+            label="Pareto front (energy, F1, "
+            + ("video F1, " if any(p.video_f1 is not None for p in points) else "")
+            + "latency)",
             zorder=2,
         )
         for p in points:
             lo, hi = p.f1_ci
             ax.plot([p.energy_j, p.energy_j], [lo, hi], color="grey", linewidth=0.6, zorder=1)
             if p.id in front:
-                ax.annotate(p.id, (p.energy_j, p.f1), textcoords="offset points", xytext=(5, 4), fontsize=7)
+                video = f" (video F1 {p.video_f1:.3f})" if p.video_f1 is not None and p.video_f1 < p.f1 else ""
+                ax.annotate(p.id + video, (p.energy_j, p.f1), textcoords="offset points", xytext=(5, 4), fontsize=7)
         if (
             min(p.energy_j for p in points) > 0
             and max(p.energy_j for p in points) / min(p.energy_j for p in points) > 20
