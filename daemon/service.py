@@ -297,9 +297,16 @@ class Daemon:
         self._check_prompt(variant, form)
         return queue, variant
 
-    def _frames(self, variant: str) -> int | None:
-        """Frames per video clip under the served point's frame skipping (None: the config's limit)."""
-        return self.policy.video_max_frames(variant) if self.policy is not None else None
+    def _frames(self, variant: str, form: ReportForm) -> int | None:
+        """Frames per video clip under the served point's frame skipping (None: the config's limit). A request for
+        `quality: "max"` asked for the best point, whose frames are all of them."""
+        if self.policy is None or form.quality == "max":
+            return None
+        return self.policy.video_max_frames(variant)
+
+    def _capped(self, options: RequestOptions, variant: str, form: ReportForm) -> RequestOptions:
+        """The served point's report-length cap, except for `quality: "max"` (the best point has none)."""
+        return options if self.policy is None or form.quality == "max" else self.policy.cap(options, variant)
 
     def _check_prompt(self, variant: str, form: ReportForm, modality: str | None = None) -> None:
         """`prompt_too_long` (422) before the report is queued or the job stored, when the variant is loaded (else
@@ -321,7 +328,7 @@ class Daemon:
         tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
         try:
             intake = await self.ingestor.take(
-                form.files, tmp / "in", keep_evidence=keep_evidence, video_max_frames=self._frames(variant)
+                form.files, tmp / "in", keep_evidence=keep_evidence, video_max_frames=self._frames(variant, form)
             )
             self._check_prompt(variant, form, intake.study.modality)
         except BaseException:
@@ -332,7 +339,7 @@ class Daemon:
         work = Work(
             study_path=intake.saved.path,
             prompt=form.prompt,
-            options=self.policy.cap(form.options, variant) if self.policy is not None else form.options,
+            options=self._capped(form.options, variant, form),
             variant=variant,
             study=intake.study,
             stream=TokenStream() if stream else None,
@@ -353,7 +360,7 @@ class Daemon:
         submitted = False
         try:
             intake = await self.ingestor.take(
-                form.files, job_dir / "input", keep_evidence=True, video_max_frames=self._frames(variant)
+                form.files, job_dir / "input", keep_evidence=True, video_max_frames=self._frames(variant, form)
             )
             self._check_prompt(variant, form, intake.study.modality)
             job = self._new_job(job_id, form, idempotency_key, intake)
@@ -365,8 +372,7 @@ class Daemon:
                 return Submitted(stored, created=False)
             work = self._work_for(job, variant)
             work.study = intake.study
-            if self.policy is not None:
-                work.options = self.policy.cap(work.options, variant)
+            work.options = self._capped(work.options, variant, form)
             queue.submit(work, reserved=True)
             submitted = True
             log.info("job %s accepted study=%s", job_id, intake.study.uid_hash)

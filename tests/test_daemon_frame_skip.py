@@ -1,6 +1,7 @@
 """edgekitd skips video frames while the served point says so: a profile with the same variant at full frames and
 at `video_max_frames = 4`, a real MPEG-4 clip (PyAV) sent to /v1/reports and /v1/jobs, and the report JSON saying
-how many of the clip's frames the model saw. Pinning the full-frame point gives the clip its frames back."""
+how many of the clip's frames the model saw. `quality: "max"` and pinning the full-frame point give the clip its
+frames back."""
 
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ def test_the_served_point_skips_video_frames_and_the_report_says_how_many(tmp_pa
         assert r.status == 200, body
         assert body["frames"] == {"used": 4, "of": 40, "model_frames": 4}
         assert any("frame skipping: the model saw 4 of the video's 40 frames" in w for w in body["warnings"])
+
+        best = d.client.report(clip, quality="max").json()  # the best point: every frame the model takes
+        assert best["frames"]["model_frames"] == FRAMES and best["variant"] == "v"
 
         job = d.client.post_study("/v1/jobs", study_files(clip))
         assert job.status == 202, job.json()
