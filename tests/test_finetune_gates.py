@@ -228,3 +228,16 @@ def test_the_same_seed_gives_the_same_adapter_and_gates(tuned, tmp_path):
         finetune(root / "base", root / "train.jsonl", tmp_path / run, opts)
     for name in ("adapter_model.safetensors", names.HEAD_GATES_FILE):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("case", ["embedded", "no-data"])
+def test_wrong_model_or_missing_data_is_one_line_before_any_loading(tuned, tmp_path, capsys, case):
+    from edgekit.build import default_model_dir
+
+    root, _ = tuned
+    model, data = (default_model_dir(), root / "train.jsonl") if case == "embedded" else (root / "base", tmp_path / "x")
+    capsys.readouterr()
+    assert app_module.main(["finetune", str(model), "--data", str(data), "-o", str(tmp_path / "o")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    want = "not a Hugging Face model directory" if case == "embedded" else "fine-tuning data not found"
+    assert len(err) == 1 and want in err[0] and not (tmp_path / "o").exists()

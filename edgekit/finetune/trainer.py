@@ -72,9 +72,15 @@ def load_model(model_dir: Path):
     import transformers
     from tokenizers import Tokenizer
 
-    from edgekit.hf import read_hf_config
+    from edgekit.hf import is_hf_model_dir, read_hf_config
     from edgekit.hf.config import model_kind
 
+    if not is_hf_model_dir(model_dir):
+        raise ConfigError(
+            "not a Hugging Face model directory (config.json has no model_type); the embedded radreport-tiny learns "
+            "its head gates in its own recipe (python -m edgekit.models.radreport_tiny.train)",
+            model_dir,
+        )
     cfg = read_hf_config(model_dir)
     kind = model_kind(cfg, model_dir)
     if kind == "vision":
@@ -183,6 +189,9 @@ def finetune(
     model_dir, out = Path(model_dir), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError("output exists and is not an empty folder; refusing to overwrite", out)
+    for path in (data, eval_data):  # before the model loads, which can take minutes
+        if path is not None and not Path(path).is_file():
+            raise ConfigError("fine-tuning data not found", path)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     model, kind, tok, spec = load_model(model_dir)
