@@ -353,3 +353,25 @@ def test_external_weights_ship_beside_their_graphs(tmp_path, llava_dir, monkeypa
     a, b = (Reporter.from_bundle(p, threads=1) for p in (plain, ext))
     texts = [r.report(study, "w9", r.options(max_new_tokens=5)).text for r in (a, b)]
     assert texts[0] == texts[1] and texts[0]
+
+
+def test_calibration_feeds_of_an_imported_vlm_are_laid_out_as_served(tmp_path, llava_dir):
+    """`optimize --calib` records the decoder's prefill as the reporter feeds it: the VLM's own preprocessing
+    and the image span at the template's slot, not in front of `<bos>`."""
+    from edgekit.build import build
+    from edgekit.passes.calibration import record_decoder_feeds
+    from edgekit.plugins import get_model_family
+
+    out = tmp_path / "bundle"
+    build("cpu", out, model_dir=llava_dir.path, parity=False)
+    (feed,) = record_decoder_feeds(out, 1)
+    reporter = Reporter.from_bundle(out, threads=1)
+    (calib,) = get_model_family().calibration_studies(1)
+    study = Study(calib.frames, modality=calib.modality, uid_hash="uid:calib", source="dicom")
+    layout = reporter.prompt(study.modality, "")
+    backend = reporter.backend
+    image = backend.encode_images(reporter.pixel_values(study))
+    text = backend.embed(np.asarray([layout.ids], np.int64))
+    want, _ = place_image(text, np.ones(text.shape[:2], np.int64), image, layout.image_slot)
+    assert layout.image_slot == 2
+    np.testing.assert_allclose(feed["inputs_embeds"], want, rtol=0, atol=1e-6)

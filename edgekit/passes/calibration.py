@@ -170,24 +170,28 @@ def record_decoder_feeds(
     family: str = DEFAULT_MODEL,
 ) -> list[dict[str, np.ndarray]]:
     """Real prefill feeds for the decoder: the model family's calibration studies of `split` through the graphs'
-    vision encoder and embeddings (ONNX Runtime), arranged as the reporter does: image tokens, then
-    `prompt_ids` (`<bos> {modality}: {prompt} <sep>`, the template and ids of `generation_config.json`)."""
+    vision encoder and embeddings (ONNX Runtime), arranged as the reporter does: the prompt of
+    `generation_config.json` (`edgekit.prompt.prompt_layout`) with the image span at its slot
+    (`edgekit.generate.place_image`), the pixels preprocessed by the `preprocessor_config.json` beside the graphs
+    (an imported VLM's own size and frame count), else the family's."""
+    from edgekit.generate import place_image
     from edgekit.ort import CpuBackend
     from edgekit.preprocess import PreprocessConfig, preprocess_frames
-    from edgekit.prompt import prompt_ids
+    from edgekit.prompt import prompt_layout
 
     model_dir = Path(model_dir)
     fam = get_model_family(family)
     backend = CpuBackend.from_dir(model_dir, intra_op_threads=1)
     tokenizer = _tokenizer(_beside_or_family(model_dir, names.WEIGHT_FILES["tokenizer"], fam))
     generation = _json(_beside_or_family(model_dir, names.WEIGHT_FILES["generation_config"], fam))
-    cfg = PreprocessConfig()
+    cfg = PreprocessConfig.load(_beside_or_family(model_dir, names.WEIGHT_FILES["preprocessor_config"], fam))
     feeds = []
     for study in fam.calibration_studies(n, split=split, start=start):
         image = backend.encode_images(preprocess_frames(study.frames, cfg)[None])
-        ids = prompt_ids(tokenizer, generation, study.modality, prompt)
-        embeds = backend.embed(np.asarray([ids], np.int64))
-        x = np.concatenate([image, embeds], axis=1).astype(np.float32)
+        layout = prompt_layout(tokenizer, generation, study.modality, prompt)
+        embeds = backend.embed(np.asarray([layout.ids], np.int64))
+        x, _mask = place_image(embeds, np.ones(embeds.shape[:2], np.int64), image, layout.image_slot)
+        x = x.astype(np.float32)
         seq = x.shape[1]
         feed = {
             names.INPUTS_EMBEDS: x,
