@@ -375,3 +375,27 @@ def test_calibration_feeds_of_an_imported_vlm_are_laid_out_as_served(tmp_path, l
     want, _ = place_image(text, np.ones(text.shape[:2], np.int64), image, layout.image_slot)
     assert layout.image_slot == 2
     np.testing.assert_allclose(feed["inputs_embeds"], want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llava", "smolvlm"])
+def test_orin_estimate_reads_an_imported_vlms_shape_from_its_own_config(tmp_path, llava_dir, family):
+    """`edgekit x1/orin estimate BUNDLE` sizes an imported VLM by its text and vision configs, not by edgekit's
+    own model config's defaults."""
+    from edgekit.build import build
+    from edgekit.targets.orin.estimate import read_bundle
+
+    vlm = llava_dir if family == "llava" else make_idefics3(tmp_path / "hf", family="smolvlm", seed=3)
+    out = tmp_path / "bundle"
+    build("cpu", out, model_dir=vlm.path, parity=False)
+    shape = read_bundle(out)[0]
+    text, vision = vlm.model.config.text_config, vlm.model.config.vision_config
+    assert (shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.vocab) == (
+        text.hidden_size,
+        text.num_hidden_layers,
+        text.num_attention_heads,
+        text.num_key_value_heads,
+        text.vocab_size,
+    )
+    assert shape.vision.hidden == vision.hidden_size and shape.vision.image_size == vision.image_size
+    # llava: a 4 x 4 patch grid, every patch a token; smolvlm: 4 x 4 pixel-shuffled by 2 into 2 x 2
+    assert shape.vision.image_tokens == (16 if family == "llava" else 4)

@@ -325,6 +325,40 @@ class ModelShape:
         dims = (c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.intermediate, c.vocab_size)
         return cls(name, *dims, False, vision)
 
+    @classmethod
+    def from_hf_config(cls, cfg: dict, name: str = "hf") -> ModelShape:
+        """An imported VLM's config.json (a bundle's `model_config`): the language model from `text_config`, the
+        tower from `vision_config` at the depth edgekit built (`edgekit_vlm.tower_layers`), Idefics3's pixel
+        shuffle as the pooling (its connector takes the shuffled width)."""
+        from edgekit.hf.config import decoder_shape_fields
+
+        text = decoder_shape_fields(cfg.get("text_config") or cfg, "config.json text_config")
+        v = cfg.get("vision_config") or {}
+        built = cfg.get("edgekit_vlm") or {}
+        vision = None
+        if v:
+            sf = int(cfg.get("scale_factor") or 1) if built.get("family") == "idefics3" else 1
+            hidden = int(v["hidden_size"])
+            vision = VisionShape(
+                image_size=int(v["image_size"]),
+                patch_size=int(v["patch_size"]),
+                hidden=hidden,
+                layers=int(built.get("tower_layers") or v["num_hidden_layers"]),
+                mlp=int(v["intermediate_size"]),
+                channels=int(v.get("num_channels", 3)),
+                pool_stride=sf,
+                connector_in=hidden * sf * sf,
+            )
+        dims = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+        return cls(
+            name,
+            *(int(text[k]) for k in dims),
+            int(text["intermediate_size"]),
+            int(text["vocab_size"]),
+            text["tie_word_embeddings"],
+            vision,
+        )
+
 
 # SigLIP-B/16 at 256 px: 256 image tokens, ~86M parameters (the usual vision tower of a ~1B VLM)
 SIGLIP_B16_256 = VisionShape(image_size=256, patch_size=16, hidden=768, layers=12, mlp=3072)
@@ -484,7 +518,7 @@ def read_bundle(path: str | Path):
     from edgekit import names
     from edgekit.bundle import load_bundle
     from edgekit.bundle.manifest import read_manifest
-    from edgekit.errors import BundleError
+    from edgekit.errors import BundleError, EdgekitError
     from edgekit.export.model_config import ModelConfig
     from edgekit.prompt import prompt_ids
 
@@ -498,11 +532,16 @@ def read_bundle(path: str | Path):
     if "model_config" not in comps:
         raise BundleError("the manifest lists no model_config (config.json)", root / "manifest.json")
     try:
-        config = ModelConfig.load(root / comps["model_config"].path)
+        raw = json.loads((root / comps["model_config"].path).read_text())
+        if "model_type" in raw:  # an imported Hugging Face VLM
+            shape = ModelShape.from_hf_config(raw, name=manifest.name)
+        else:
+            shape = ModelShape.from_model_config(
+                ModelConfig.load(root / comps["model_config"].path), name=manifest.name
+            )
         gen = json.loads((root / comps["generation_config"].path).read_text()) if "generation_config" in comps else {}
-    except (OSError, ValueError, TypeError) as err:
+    except (OSError, ValueError, TypeError, KeyError, EdgekitError) as err:
         raise BundleError(f"cannot read the model's config: {err}", root) from None
-    shape = ModelShape.from_model_config(config, name=manifest.name)
     precision, notes = precision_from_manifest(manifest)
     prompt_tokens = 16
     if "tokenizer" in comps and gen.get("bos_token_id") is not None:
