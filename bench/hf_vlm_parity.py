@@ -1,7 +1,7 @@
 """Hugging Face VLM import parity: edgekit's graphs (ONNX Runtime CPU) against transformers on random-init models
 built from configs (nothing downloaded), per family at two sizes, plus the memory of one 2B-class import.
 
-Per family and size: 100 cases of a random grey image (the tower's size) and the model's chat template around
+Per family and size: 100 cases of a random grey image (the vision graph's size) and the model's chat template around
 8 random tokens, the image where the template's image token stands (as a bundle serves it, and as transformers'
 processor lays it out); greedy tokens from transformers' `generate()` (12 new tokens) against edgekit's
 `generate()` on the converted graphs, and the prefill logits (max |error| / max |logit|), measured by the build's
@@ -11,8 +11,9 @@ builds a LLaVA of ~2.0B parameters (a CLIP-L/14-336-sized tower + a 2048-wide, 2
 it sharded, and converts it in a child process: its peak RSS is the figure that says tensors are streamed (the
 float32 graphs alone are ~8 GB).
 
-    python bench/hf_vlm_parity.py                  # 4 configurations x 2 sizes x 100 cases
+    python bench/hf_vlm_parity.py                  # 6 configurations x 2 sizes x 100 cases
     python bench/hf_vlm_parity.py --cases 10 --big # and the 2B-class memory run
+    python bench/hf_vlm_parity.py --only split     # the configurations whose name holds "split"
 Writes out/bench/hf_vlm_parity.json and prints the table.
 """
 
@@ -37,6 +38,9 @@ CONFIGS = {
     "llava (SigLIP + Qwen2)": lambda p, size: make_llava(p, size, tower="siglip", text="qwen2"),
     "idefics3": lambda p, size: make_idefics3(p, size, family="idefics3"),
     "smolvlm": lambda p, size: make_idefics3(p, size, family="smolvlm"),
+    # the processor's image splitting: the frame cut into 2 x 2 tiles + the global image (5 tower inputs)
+    "idefics3 split 2x2": lambda p, size: make_idefics3(p, size, family="idefics3", tiles=2),
+    "smolvlm split 2x2": lambda p, size: make_idefics3(p, size, family="smolvlm", tiles=2),
 }
 CHILD = r"""
 import json, re, sys, time
@@ -115,6 +119,7 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=12)
     ap.add_argument("--big", action="store_true", help="also the 2B-class memory run (~4 GB + ~8 GB of disk)")
+    ap.add_argument("--only", default="", help="run only the configurations whose name contains this")
     ap.add_argument("--out", type=Path, default=Path("out/bench/hf_vlm_parity.json"))
     args = ap.parse_args()
     import torch
@@ -122,7 +127,7 @@ def main() -> None:
     torch.set_num_threads(1)  # both sides on one thread: a fair pair, and no oversubscription of a shared box
     rows = []
     with tempfile.TemporaryDirectory(prefix="hf-vlm-parity-") as tmp:
-        for name, make in CONFIGS.items():
+        for name, make in ((n, m) for n, m in CONFIGS.items() if args.only in n):
             for size in SIZES:
                 root = Path(tmp) / f"{name.split()[0]}-{size}-{len(rows)}"
                 vlm = make(root / "hf", size)

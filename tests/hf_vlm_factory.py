@@ -39,22 +39,34 @@ class TinyVlm:
     image_token_id: int
     mean: tuple
     std: tuple
+    tiles: int = 0  # idefics3 image splitting: tiles per side (0: not split)
 
 
-def _tokenizer(path: Path, vocab_size: int, specials: dict[str, int], template: str, bos: str, eos: str) -> None:
-    """A word-level tokenizer of `vocab_size` ids: words w0, w1, ... and the special tokens at their ids."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+def _tokenizer(
+    path: Path, vocab_size: int, specials: dict[str, int], template: str, bos: str, eos: str, newlines: bool = False
+) -> None:
+    """A word-level tokenizer of `vocab_size` ids: words w0, w1, ... and the special tokens at their ids.
+    `newlines`: "\n" and "\n\n" are tokens of their own (as in BPE vocabularies, where "\n\n" merges), not
+    whitespace dropped between words."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab, word = {}, 0
     taken = set(specials.values())
+    plain = ["\n\n", "\n"] if newlines else []
     for i in range(vocab_size):
-        if i not in taken:
+        if i in taken:
+            continue
+        if plain:
+            vocab[plain.pop()] = i
+        else:
             vocab[f"w{word}"] = i
             word += 1
     vocab.update(specials)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if newlines:  # keep the newline runs, drop the other whitespace
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\n\n|\n|\S+"), behavior="removed", invert=True)
     tok.add_special_tokens(list(specials))
     if bos == "<s>":  # LLaMA-style: the tokenizer adds <s> itself
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", specials["<s>"])])
@@ -109,7 +121,10 @@ def make_llava(path: Path, size: str = "tiny", *, tower: str = "clip", text: str
     return TinyVlm("llava", path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std))
 
 
-def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", seed: int = 0):
+def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", seed: int = 0, tiles: int = 0):
+    """`tiles` > 0: the processor splits (`do_image_splitting`), `size.longest_edge` = tiles x the tower's image
+    size, so a square image becomes tiles x tiles tiles plus the global image; the tokenizer holds the
+    `<row_r_col_c>` markers and newline tokens."""
     import torch
     import transformers as tf
 
@@ -141,10 +156,14 @@ def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", s
         "<global-img>": 6,
         "<image>": image_token,
     }
-    _tokenizer(path, vocab, specials, IDEFICS3_TEMPLATE, "<|im_start|>", "<end_of_utterance>")
-    proc = tf.Idefics3ImageProcessor(do_image_splitting=False, max_image_size={"longest_edge": img})
+    for r in range(tiles):
+        for c in range(tiles):
+            specials[f"<row_{r + 1}_col_{c + 1}>"] = 7 + r * tiles + c
+    _tokenizer(path, vocab, specials, IDEFICS3_TEMPLATE, "<|im_start|>", "<end_of_utterance>", newlines=tiles > 0)
+    kw = {"size": {"longest_edge": tiles * img}} if tiles else {}
+    proc = tf.Idefics3ImageProcessor(do_image_splitting=tiles > 0, max_image_size={"longest_edge": img}, **kw)
     proc.save_pretrained(path)
-    return TinyVlm(family, path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std))
+    return TinyVlm(family, path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std), tiles)
 
 
 def hf_pixels(vlm: TinyVlm, gray: np.ndarray):
@@ -152,6 +171,14 @@ def hf_pixels(vlm: TinyVlm, gray: np.ndarray):
     the frame as RGB, normalised per channel (the resize is edgekit's preprocessing, not compared here)."""
     import torch
 
+    if vlm.tiles:  # the tiles row by row, then the global image: the frame averaged over r x r blocks
+        r, m = vlm.tiles, gray.shape[0] // vlm.tiles
+        tiles = [gray[i * m : (i + 1) * m, j * m : (j + 1) * m] for i in range(r) for j in range(r)]
+        images = np.stack([*tiles, gray.reshape(m, r, m, r).mean(axis=(1, 3), dtype=np.float32)])
+        x = (np.repeat(images[:, None], 3, axis=1) - np.asarray(vlm.mean, np.float32)[:, None, None]) / np.asarray(
+            vlm.std, np.float32
+        )[:, None, None]
+        return torch.tensor(x[None].astype(np.float32))
     rgb = np.repeat(gray[None], 3, axis=0)
     x = (rgb - np.asarray(vlm.mean, np.float32)[:, None, None]) / np.asarray(vlm.std, np.float32)[:, None, None]
     x = torch.tensor(x[None].astype(np.float32))
@@ -197,7 +224,7 @@ def hf_processor(vlm: TinyVlm):
     return cls(image_processor=image, tokenizer=tok, image_seq_len=seq, chat_template=tok.chat_template, **extra)
 
 
-def processor_inputs(vlm: TinyVlm, image: np.ndarray, prompt: str) -> dict:
+def processor_inputs(vlm: TinyVlm, image: np.ndarray, prompt: str, **images_kwargs) -> dict:
     """What the processor gives for one user turn (the image, then `prompt`) with the generation prompt, for a
     grey 8-bit image already at the tower's size (no resize or crop: edgekit's preprocessing is not compared here;
     edgekit's graph sees `image / 255`): `input_ids` with the image span expanded, and `pixel_values`."""
@@ -205,6 +232,6 @@ def processor_inputs(vlm: TinyVlm, image: np.ndarray, prompt: str) -> dict:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
     text = proc.apply_chat_template(messages, add_generation_prompt=True)
     rgb = np.repeat(np.asarray(image, np.uint8)[:, :, None], 3, axis=-1)
-    kw = {"do_center_crop": False} if vlm.family == "llava" else {"do_image_splitting": False}
-    out = proc(text=text, images=[rgb], do_resize=False, return_tensors="pt", **kw)
+    kw = {"do_center_crop": False} if vlm.family == "llava" else {"do_image_splitting": vlm.tiles > 0}
+    out = proc(text=text, images=[rgb], do_resize=False, return_tensors="pt", **kw, **images_kwargs)
     return {"input_ids": out["input_ids"], "pixel_values": out["pixel_values"]}

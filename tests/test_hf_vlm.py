@@ -1,7 +1,7 @@
 """Whole Hugging Face VLMs (llava with CLIP/SigLIP towers and LLaMA/Qwen2/Mistral language models; idefics3 and
-smolvlm in the processor's no-split mode): random-init models built from tiny configs with transformers (nothing
-downloaded), converted by edgekit, and compared with transformers' forward and `generate()` for the same image
-and tokens; then built into bundles and served by the reporter unchanged; then the refusals.
+smolvlm in the processor's no-split and splitting modes): random-init models built from tiny configs with
+transformers (nothing downloaded), converted by edgekit, and compared with transformers' forward and `generate()` for
+the same image and tokens; then built into bundles and served by the reporter unchanged; then the refusals.
 
 The 100-case parity at two sizes per family is bench/hf_vlm_parity.py; here two cases per configuration."""
 
@@ -137,6 +137,111 @@ def test_build_x1_smolvlm_bundle_runs(tmp_path):
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["prompt_template"] == "User:<image>{prompt}<end_of_utterance>\n"
     assert json.loads((out / "config.json").read_text())["image_tokens"] == 7  # <fake><global> 4 x <image> <fake>
+
+
+# idefics3 / smolvlm image splitting -------------------------------------------------------------------------
+def _block_image(m: int, r: int, seed: int) -> np.ndarray:
+    """A random 8-bit grey image of r x r blocks of equal pixels: every integer-factor downscale filter that
+    averages (Pillow's BOX, the vision graph's block mean) gives its exact block values, so the processor's
+    pixel_values are reproducible to the bit; tiles and global image still see distinct random content."""
+    blocks = np.random.default_rng(seed).integers(0, 256, (m, m)).astype(np.uint8)
+    return np.kron(blocks, np.ones((r, r), np.uint8))
+
+
+def test_idefics3_split_matches_the_processor_and_serves(tmp_path, capsys):
+    """Splitting on (`do_image_splitting: true`, size.longest_edge = 2 x the tower's 28): edgekit's span is
+    `Idefics3Processor`'s 2 x 2 tiles with their row/col markers and newlines (the tokenizer merges "\n\n"),
+    then the global image; transformers' model fed the processor's own `input_ids` and `pixel_values` gives the
+    prefill logits and greedy tokens of the ONNX graphs; the cpu bundle is served by the Reporter."""
+    from transformers.image_utils import PILImageResampling
+
+    vlm = make_idefics3(tmp_path / "hf", family="idefics3", seed=11, tiles=2)
+    out = tmp_path / "bundle"
+    assert app_module.main(["build", str(vlm.path), "--target", "cpu", "-o", str(out), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert figures["parity"]["measured"] and figures["parity"]["greedy_identical"] == 1.0
+    assert figures["parity"]["max_rel_logit_error"] <= TOL
+    spec = convert_hf(vlm.path, tmp_path / "onnx").spec
+    img = vlm.image_token_id
+    tile = [img] * 4
+    assert (spec.tiles, spec.image_size, spec.num_image_tokens) == (2, 56, 20)
+    assert spec.span_ids == [5, 7, *tile, 5, 8, *tile, 11, 5, 9, *tile, 5, 10, *tile, 12, 5, 6, *tile, 5]
+    pre = json.loads((out / "preprocessor_config.json").read_text())
+    assert pre["image_size"] == 56 and pre["image_splitting"]["rows"] == 2
+    assert json.loads((out / "config.json").read_text())["image_tokens"] == 33 == spec.span_length
+
+    reporter = Reporter.from_bundle(out, threads=1)
+    prompt = "w3 w4 w5"
+    layout = reporter.prompt("", prompt)
+    slot = layout.image_slot
+    image = _block_image(28, 2, seed=4)
+    theirs = processor_inputs(vlm, image, prompt, resample=PILImageResampling.BOX)
+    assert theirs["input_ids"][0].tolist() == [*layout.ids[:slot], *spec.span_ids, *layout.ids[slot:]]
+    gray = image.astype(np.float32) / 255
+    pixels = gray[None, None, None]
+    backend = reporter.backend
+    text = np.asarray([layout.ids], np.int64)
+    x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), slot)
+    logits, _ = backend.decode(x, mask, np.arange(x.shape[1])[None], None)
+    with torch.no_grad():
+        ref = vlm.model(**theirs).logits[0].numpy()
+        greedy = vlm.model.generate(**theirs, max_new_tokens=6, do_sample=False)[0, x.shape[1] :].tolist()
+    scale = np.abs(ref).max()
+    assert scale > 0.5 and np.abs(logits[0] - ref).max() / scale <= TOL
+    ours = generate(backend, pixels, text, GenerationOptions(max_new_tokens=6), image_slot=slot).token_ids
+    assert ours == greedy
+    # the processor's default resample (LANCZOS) changes the global image only: the tiles are exact crops
+    lanczos = processor_inputs(vlm, image, prompt)["pixel_values"]
+    assert torch.equal(lanczos[0, :4], theirs["pixel_values"][0, :4])
+    assert not torch.allclose(lanczos[0, 4], theirs["pixel_values"][0, 4], atol=1e-2)
+
+    study = _study(56, seed=2)  # 112 px frames, BOX-resized to 56 by edgekit's preprocessing
+    report = reporter.report(study, prompt, reporter.options(max_new_tokens=6))
+    served = reporter.pixel_values(study)[0, 0, 0]
+    _, tokens = hf_reference(vlm, spec.span_ids, served, layout.ids, len(report.text.split()) or 1, slot)
+    assert report.text == reporter.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+
+def test_smolvlm_split_parity_and_x1_bundle(tmp_path):
+    """SmolVLM split 2 x 2: the graphs against transformers' model on the same tiles and global image, and the
+    x1 build of it served by the Reporter."""
+    vlm = make_idefics3(tmp_path / "hf", family="smolvlm", seed=12, tiles=2)
+    spec = convert_hf(vlm.path, tmp_path / "onnx").spec
+    assert spec.tiles == 2 and spec.span_length == 33
+    _parity(vlm, tmp_path / "onnx", spec)
+    out = tmp_path / "x1"
+    assert app_module.main(["build", str(vlm.path), "--target", "x1", "-o", str(out), "--no-parity"]) == 0
+    reporter = Reporter.from_bundle(out, threads=1)
+    report = reporter.report(_study(56, seed=1), "w7", reporter.options(max_new_tokens=4))
+    assert report.target == "x1" and report.timings["new_tokens"] >= 1
+    assert json.loads((out / "config.json").read_text())["image_tokens"] == 33
+
+
+@pytest.mark.parametrize("longest,tile", [(56, 28), (57, 28), (20, 28), (29, 28), (100, 28), (127, 42), (4097, 512)])
+def test_split_tiling_follows_the_processor(longest, tile):
+    """The tile count edgekit derives for a square frame is the one transformers' image processor cuts (its
+    rounding of odd sizes, multiples of the tile and the 4096 cap included)."""
+    from edgekit.hf.idefics3 import square_resize
+
+    proc_cls = getattr(transformers, "Idefics3ImageProcessorPil", transformers.Idefics3ImageProcessor)
+    proc = proc_cls(do_image_splitting=True, size={"longest_edge": longest}, max_image_size={"longest_edge": tile})
+    got = proc(images=[[np.zeros((10, 10, 3), np.uint8)]], return_row_col_info=True, return_tensors="np")
+    h, w = square_resize(longest, tile)
+    assert h == w
+    tiles = h // tile if h > tile else 0
+    assert (got["rows"][0][0], got["cols"][0][0]) == (tiles, tiles)
+    assert got["pixel_values"].shape[1] == (tiles * tiles + 1 if tiles else 1)
+
+
+def test_split_with_tiles_the_tower_does_not_take_is_refused(tmp_path):
+    vlm = make_idefics3(tmp_path / "hf", family="idefics3", tiles=2)
+    pre_path = vlm.path / "preprocessor_config.json"
+    pre = json.loads(pre_path.read_text())
+    pre["max_image_size"] = {"longest_edge": 32}
+    pre_path.write_text(json.dumps(pre))
+    with pytest.raises(ConfigError, match="max_image_size.longest_edge 32 is not the vision tower's image_size 28"):
+        convert_hf(vlm.path, tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()
 
 
 # the image in the template's place ----------------------------------------------------------------------------

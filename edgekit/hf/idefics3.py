@@ -2,16 +2,22 @@
 and the image span its processor writes around the features.
 
 Written from transformers' `Idefics3Connector` (pixel_shuffle by `scale_factor`, then a bias-free
-`modality_projection.proj`) and `Idefics3Processor`. edgekit imports the processor's **no-split** mode: one
-image, resized to the tower's `image_size` square, with the span
-`<fake_token_around_image><global-img><image>*N<fake_token_around_image>` (N = patches / scale_factor^2). The
-splitting mode (up to 4x4 tiles of `max_image_size` plus the global image, each tile with its own
-`<row_r_col_c>` marker) is not built: it needs a tile count that depends on the image's aspect ratio, which a
-fixed-shape graph fed one display frame does not have.
+`modality_projection.proj`) and `Idefics3Processor`, in both of the processor's modes:
+- **no split** (`do_image_splitting: false`): one image, resized to the tower's `image_size` square, with the span
+  `<fake_token_around_image><global-img><image>*N<fake_token_around_image>` (N = patches / scale_factor^2);
+- **splitting**: the image resized so its longest edge is `size.longest_edge` (rounded up to a multiple of
+  `max_image_size.longest_edge`), cut into rows x cols tiles of `max_image_size`, plus the whole image downscaled
+  to one tile (the global image); each tile's features behind `<fake_token_around_image><row_r_col_c>`, a newline
+  after each row, then the global image's span. The tile count depends only on the image's aspect ratio, and
+  edgekit feeds every model one square frame, so for a given processor config it is fixed: the vision graph
+  takes the whole L x L frame, cuts the tiles itself (exact crops, as the processor's `unfold`) and makes the
+  global image by averaging r x r blocks (Pillow's BOX at an integer factor; transformers' processor uses its
+  `resample`, LANCZOS by default: the one difference, documented in docs/hf-import.md).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,10 @@ CONNECTOR_PREFIXES = ("model.connector.", "connector.")
 LM_PREFIXES = (("model.text_model.", "lm_head"), ("text_model.", "lm_head"))
 FAKE_TOKEN = "<fake_token_around_image>"
 GLOBAL_TOKEN = "<global-img>"
+IMAGE_TOKEN = "<image>"  # the processor writes this text for each feature position (Idefics3Processor.image_token)
+# Idefics3ImageProcessor's class defaults, used where preprocessor_config.json does not say
+DEFAULT_SIZE, DEFAULT_MAX_IMAGE_SIZE = 4 * 364, 364
+PROCESSOR_MAX_SIDE = 4096  # transformers' MAX_IMAGE_SIZE: the resized image's cap
 
 
 def tower_of(cfg: dict[str, Any], names: Collection[str], where: Path) -> VisionTowerSpec:
@@ -79,3 +89,87 @@ def pixel_shuffle_project(b: GraphBuilder, x: ir.Value, spec) -> ir.Value:
     x = b.op(scope, "Transpose", [x], {"perm": [0, 2, 1, 3]})
     x = b.op(scope, "Reshape", [x, b.const([-1, side * side // (s * s), d * s * s])])
     return linear(b, x, f"{spec.connector_prefix}modality_projection.proj", bias=False)
+
+
+def _int_edge(pre: dict[str, Any], key: str, default: int, where: Path) -> int:
+    value = pre.get(key) or {"longest_edge": default}
+    edge = value.get("longest_edge") if isinstance(value, dict) else None
+    if isinstance(edge, bool) or not isinstance(edge, int) or edge < 1:
+        raise ConfigError(f"{key}: expected {{'longest_edge': <int>}} for image splitting, got {value!r}", where)
+    return edge
+
+
+def square_resize(longest: int, tile: int) -> tuple[int, int]:
+    """(height, width) the processor resizes a square image to before cutting it into tiles: transformers'
+    `_resize_output_size_rescale_to_max_len` (short side rounded up to even), the 4096 cap, then
+    `resize_for_vision_encoder` (each side rounded up to a multiple of the tile), with its integer arithmetic."""
+    h = w = longest
+    if h % 2:
+        h += 1
+    aspect = w / h
+    if w >= h and w > PROCESSOR_MAX_SIDE:
+        w, h = PROCESSOR_MAX_SIDE, int(PROCESSOR_MAX_SIDE / aspect)
+    elif h > w and h > PROCESSOR_MAX_SIDE:
+        h, w = PROCESSOR_MAX_SIDE, int(PROCESSOR_MAX_SIDE * aspect)
+    h, w = max(h, 1), max(w, 1)
+    aspect = w / h
+    if w >= h:
+        w = math.ceil(w / tile) * tile
+        h = math.ceil(int(w / aspect) / tile) * tile
+    else:
+        h = math.ceil(h / tile) * tile
+        w = math.ceil(int(h * aspect) / tile) * tile
+    return h, w
+
+
+def split_tiles(pre: dict[str, Any] | None, tower: VisionTowerSpec, where: Path) -> int:
+    """Tiles per side the processor cuts a square frame into (0: not split, the no-split span).
+
+    `pre` is the directory's preprocessor_config.json (None: absent, so there is no processor to follow and the
+    image is not split). The processor splits unless it says `do_image_splitting: false` (its class default is
+    to split)."""
+    if pre is None or not pre.get("do_image_splitting", True):
+        return 0
+    tile = _int_edge(pre, "max_image_size", DEFAULT_MAX_IMAGE_SIZE, where)
+    longest = _int_edge(pre, "size", DEFAULT_SIZE, where)
+    if pre.get("do_resize") is False:
+        raise ConfigError("do_resize: false with image splitting: the tile count would follow each image's size", where)
+    if tile != tower.image_size:
+        raise ConfigError(
+            f"max_image_size.longest_edge {tile} is not the vision tower's image_size {tower.image_size}: "
+            "each tile is one tower input",
+            where,
+        )
+    h, w = square_resize(longest, tile)
+    if h != w:
+        raise ConfigError(
+            f"size.longest_edge {longest} makes the processor resize a square image to {h}x{w}; edgekit's "
+            "frames are square and it builds square tilings only",
+            where,
+        )
+    return h // tile if h > tile else 0
+
+
+def split_span_text(tiles: int, seq_len: int) -> str:
+    """The processor's text for one split image (`Idefics3Processor.replace_image_token` /
+    SmolVLM's `_prompt_split_image`), tokenized with the model's own tokenizer into the span's ids."""
+    text = ""
+    for r in range(tiles):
+        for c in range(tiles):
+            text += f"{FAKE_TOKEN}<row_{r + 1}_col_{c + 1}>" + IMAGE_TOKEN * seq_len
+        text += "\n"
+    return text + f"\n{FAKE_TOKEN}{GLOBAL_TOKEN}" + IMAGE_TOKEN * seq_len + FAKE_TOKEN
+
+
+def split_frame(b: GraphBuilder, x: ir.Value, spec) -> ir.Value:
+    """(B, 1, L, L) display frame -> (B * (r*r + 1), 1, M, M): the processor's tiles, row by row (its
+    `unfold`), then the global image: the frame averaged over r x r blocks (Pillow's BOX at the integer factor r;
+    transformers' processor downscales with its `resample`, LANCZOS by default)."""
+    scope = "/image_processor/split"
+    r, m = spec.tiles, spec.tower.image_size
+    t = b.op(scope, "Reshape", [x, b.const([-1, r, m, r, m])])
+    t = b.op(scope, "Transpose", [t], {"perm": [0, 1, 3, 2, 4]})
+    t = b.op(scope, "Reshape", [t, b.const([-1, r * r, m, m])])
+    g = b.op(scope, "AveragePool", [x], {"kernel_shape": [r, r], "strides": [r, r]})
+    y = b.op(scope, "Concat", [t, g], {"axis": 1})
+    return b.op(scope, "Reshape", [y, b.const([-1, 1, m, m])])

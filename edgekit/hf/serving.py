@@ -163,7 +163,7 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
     the graph normalises) and, for the record, the model's own image processor settings."""
     path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
     hf = _json(path) if path.is_file() else {}
-    return {
+    out = {
         "image_size": spec.image_size,
         "num_frames": 1,
         "mean": 0.0,
@@ -177,6 +177,15 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
         "resample": "box (edgekit.preprocess: Pillow BOX in mode F to image_size x image_size, no crop)",
         "hf_image_processor": hf,
     }
+    if spec.tiles:  # the graph cuts the frame as the processor does
+        out["image_splitting"] = {
+            "rows": spec.tiles,
+            "cols": spec.tiles,
+            "tile_size": spec.tower.image_size,
+            "global_image": f"the frame averaged over {spec.tiles}x{spec.tiles} blocks in {names.VISION_ENCODER} "
+            "(BOX at an integer factor; the processor's own resample is in hf_image_processor)",
+        }
+    return out
 
 
 def model_config(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, Any]:

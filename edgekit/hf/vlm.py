@@ -59,6 +59,8 @@ class VlmSpec:
     connector_bias: bool = True
     connector_act: str = "none"
     scale_factor: int = 1  # idefics3: pixel shuffle
+    tiles: int = 0  # idefics3 image splitting: tiles per side of the square frame (0: not split)
+    split_span: tuple[int, ...] = ()  # idefics3 image splitting: the whole span's ids, from the model's tokenizer
     span_before: tuple[int, ...] = ()  # token ids the processor writes before the image tokens
     span_after: tuple[int, ...] = ()
     # (checkpoint prefix, module prefix): the graph names weights as transformers' modules are named (what PEFT
@@ -85,19 +87,34 @@ class VlmSpec:
 
     @property
     def image_size(self) -> int:
-        return self.tower.image_size
+        """The side of the square frame the vision graph takes (split: the tiles' whole image)."""
+        return self.tower.image_size * self.tiles if self.tiles else self.tower.image_size
+
+    @property
+    def num_images(self) -> int:
+        """Tower inputs per frame: the tiles and the global image when split, else 1."""
+        return self.tiles * self.tiles + 1 if self.tiles else 1
 
     @property
     def num_image_tokens(self) -> int:
         """How many `image_token_id` tokens the processor writes for one image."""
         if self.family == "llava":
             return self.tower.num_tokens - (1 if self.drop_first else 0)
-        return self.tower.num_patches // (self.scale_factor**2)
+        return self.num_images * self.tower.num_patches // (self.scale_factor**2)
 
     @property
     def span_ids(self) -> list[int]:
         """The image span as token ids, what transformers' processor puts in `input_ids` for one image."""
+        if self.split_span:
+            return list(self.split_span)
         return [*self.span_before, *[self.image_token_id] * self.num_image_tokens, *self.span_after]
+
+    @property
+    def wrapper_ids(self) -> list[int]:
+        """The span's tokens that are not image features, in order: their embedding rows live in the vision graph."""
+        if self.split_span:
+            return [t for t in self.split_span if t != self.image_token_id]
+        return [*self.span_before, *self.span_after]
 
     @property
     def span_length(self) -> int:
@@ -114,6 +131,7 @@ class VlmSpec:
             "tower": self.tower.family,
             "tower_layers": self.tower_layers,
             "decoder_layers": self.decoder.layers,
+            **({"image_splitting": {"rows": self.tiles, "cols": self.tiles}} if self.tiles else {}),
         }
 
 
@@ -173,6 +191,48 @@ def _mean_std(model_dir: Path, tower: VisionTowerSpec) -> tuple[tuple[float, ...
     return mean, std
 
 
+def _preprocessor(model_dir: Path) -> dict[str, Any] | None:
+    path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+    if not path.is_file():
+        return None
+    try:
+        pre = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError("not valid JSON", path) from None
+    if not isinstance(pre, dict):
+        raise ConfigError("not a JSON object", path)
+    return pre
+
+
+def _split_span(model_dir: Path, tiles: int, seq_len: int, image_token: int) -> tuple[int, ...]:
+    """The split image's span as the processor's tokenizer gives it: the processor writes the span's text into
+    the prompt and tokenizes it whole; the span opens and closes with a special token, so it tokenizes alone as
+    it does in place (newlines included, however the tokenizer merges them)."""
+    from tokenizers import Tokenizer
+
+    path = model_dir / names.WEIGHT_FILES["tokenizer"]
+    if not path.is_file():
+        raise ConfigError("image splitting needs tokenizer.json: the split span is the tokenizer's", model_dir)
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises its own exception type for a foreign file
+        raise ConfigError(f"not a tokenizers tokenizer.json ({type(exc).__name__})", path) from None
+    ids = tuple(tokenizer.encode(idefics3.split_span_text(tiles, seq_len), add_special_tokens=False).ids)
+    runs, run = [], 0
+    for t in (*ids, None):
+        if t == image_token:
+            run += 1
+        elif run:
+            runs, run = [*runs, run], 0
+    if runs != [seq_len] * (tiles * tiles + 1):
+        raise ConfigError(
+            f"the tokenizer does not give image_token_id {image_token} for each of the processor's "
+            f"{tiles * tiles + 1} x {seq_len} {idefics3.IMAGE_TOKEN} tokens",
+            path,
+        )
+    return ids
+
+
 def _special_id(model_dir: Path, token: str) -> int | None:
     """A special token's id from tokenizer.json's added tokens (None when the tokenizer does not have it)."""
     path = model_dir / names.WEIGHT_FILES["tokenizer"]
@@ -215,15 +275,21 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
         if not np.array_equal(idefics3.position_ids(tower), np.arange(tower.num_patches)):
             raise ConfigError("the vision tower's patch position ids are not the identity for a full image", where)
         fake, glob = (_special_id(model_dir, t) for t in (idefics3.FAKE_TOKEN, idefics3.GLOBAL_TOKEN))
+        sf = idefics3.scale_factor(cfg, tower, where)
+        pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+        tiles = idefics3.split_tiles(_preprocessor(model_dir), tower, pre_path)
+        split = _split_span(model_dir, tiles, tower.num_patches // sf**2, image_token) if tiles else ()
         common = dict(
             family="idefics3",
             tower=tower,
             tower_layers=tower.layers,
             connector_prefix=idefics3.connector_prefix(names_, where),
             decoder=_decoder(text, model_dir, names_, idefics3.LM_PREFIXES),
-            scale_factor=idefics3.scale_factor(cfg, tower, where),
+            scale_factor=sf,
             span_before=tuple(t for t in (fake, glob) if t is not None),
             span_after=(fake,) if fake is not None else (),
+            tiles=tiles,
+            split_span=split,
         )
     mean, std = _mean_std(model_dir, tower)
     spec = VlmSpec(
@@ -292,7 +358,7 @@ SPAN_ROWS = "image_span_embeddings"  # initializer name of the span's token embe
 
 def span_rows(spec: VlmSpec, ckpt: SafetensorsCheckpoint) -> dict[str, np.ndarray]:
     """The embedding rows of the span's wrapper tokens, read from the checkpoint (a few rows, not the table)."""
-    ids = [*spec.span_before, *spec.span_after]
+    ids = spec.wrapper_ids
     if not ids:
         return {}
     return {SPAN_ROWS: ckpt.read_rows(spec.to_checkpoint(f"{spec.decoder.embed_tokens}.weight"), ids)}
@@ -305,6 +371,9 @@ def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Mod
     pixels = b.input(names.PIXEL_VALUES, F32, ["batch", 1, 1, s, s])
     scope = "/image_processor"
     x = b.op(scope, "Reshape", [pixels, b.const([-1, 1, s, s])])
+    if spec.tiles:  # the processor's tiles and global image, each one tower input
+        x = idefics3.split_frame(b, x, spec)
+        s = spec.tower.image_size
     if c > 1:  # a grey display frame as the RGB image the tower was trained on
         x = b.op(scope, "Concat", [x] * c, {"axis": 1})
     shape = (1, c, 1, 1)
@@ -316,7 +385,9 @@ def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Mod
         y = llava.select_and_project(b, states, spec)
     else:
         y = idefics3.pixel_shuffle_project(b, idefics3.tower_output(b, states, spec), spec)
-    if spec.span_before or spec.span_after:
+    if spec.split_span:
+        y = _split_span_features(b, y, pixels, spec)
+    elif spec.span_before or spec.span_after:
         rows = b.weight(SPAN_ROWS)  # (before + after, hidden)
         batch = b.op("/image_span", "Shape", [pixels], {"start": 0, "end": 1})
         nb = len(spec.span_before)
@@ -332,3 +403,28 @@ def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Mod
         y = b.op("/image_span", "Concat", [p for p in (parts[0], y, parts[1]) if p is not None], {"axis": 1})
     b.output(y, names.IMAGE_FEATURES, F32, ["batch", spec.span_length, spec.decoder.hidden])
     return b.model()
+
+
+def _split_span_features(b: GraphBuilder, y: ir.Value, pixels: ir.Value, spec: VlmSpec) -> ir.Value:
+    """(batch * images, N, hidden) tower features -> the split span (batch, span, hidden): the runs of the span's
+    wrapper tokens (their rows, in span order, in SPAN_ROWS) between the images' features, tiles then global."""
+    scope, hidden = "/image_span", spec.decoder.hidden
+    per = spec.num_image_tokens // spec.num_images
+    y = b.op(scope, "Reshape", [y, b.const([-1, spec.num_image_tokens, hidden])])
+    rows = b.weight(SPAN_ROWS)
+    batch = b.op(scope, "Shape", [pixels], {"start": 0, "end": 1})
+    parts, row, image, i, ids = [], 0, 0, 0, spec.split_span
+    while i < len(ids):
+        j = i
+        while j < len(ids) and (ids[j] == spec.image_token_id) == (ids[i] == spec.image_token_id):
+            j += 1
+        if ids[i] == spec.image_token_id:  # one image's features (the tokenizer check made each run `per` long)
+            parts.append(b.op(scope, "Slice", [y, b.const([image * per]), b.const([(image + 1) * per]), b.const([1])]))
+            image += 1
+        else:
+            part = b.op(scope, "Slice", [rows, b.const([row]), b.const([row + j - i]), b.const([0])])
+            shape = b.op(scope, "Concat", [batch, b.const([j - i, hidden])], {"axis": 0})
+            parts.append(b.op(scope, "Expand", [b.op(scope, "Unsqueeze", [part, b.const([0])]), shape]))
+            row += j - i
+        i = j
+    return b.op(scope, "Concat", parts, {"axis": 1})
