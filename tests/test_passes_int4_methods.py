@@ -9,12 +9,13 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edgekit.errors import ConfigError
 from edgekit.onnx_model import NodeNames, name_nodes
 from edgekit.passes import PassContext, make_pass
 from edgekit.passes.check import compare_outputs, run_all, session
 from edgekit.passes.gptq import gptq_quantize, hessian
 from edgekit.passes.hqq import hqq_quantize
-from edgekit.passes.int4_encode import quantize_blocks
+from edgekit.passes.int4_encode import dequantize_matmulnbits, quantize_blocks
 
 K, HIDDEN, N_OUT = 128, 256, 64
 OUTLIERS = [3, 40, 90, 101]
@@ -276,3 +277,73 @@ def test_methods_report_what_they_did():
     assert chosen["symmetric"] + chosen["asymmetric"] == 3
     with_zero_points = [n for n in model.graph if n.op_type == "MatMulNBits" and len(n.inputs) == 4]
     assert len(with_zero_points) == chosen["asymmetric"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# float zero points (cpu): MatMulNBits takes them, and GPTQ's block scales and offsets are refitted jointly
+# ----------------------------------------------------------------------------------------------------------------
+def test_float_zero_points_run_in_ort_as_numpy_dequantizes_them():
+    """The cpu GPTQ methods write float zero points for asymmetric MatMuls; ONNX Runtime computes exactly what
+    the quantizer's own dequantization says (a packing or type mistake would not)."""
+    w = (np.random.default_rng(3).standard_t(3, (K, HIDDEN)) / np.sqrt(K)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "fc0.weight"], ["y"])],
+        "one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", HIDDEN])],
+        [numpy_helper.from_array(w, "fc0.weight")],
+    )
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
+    make_pass("int4:block=32,method=gptq,symmetric=false")(
+        model, PassContext(graph="mlp.onnx", calibration={"mlp.onnx": CALIB})
+    )
+    (node,) = [n for n in model.graph if n.op_type == "MatMulNBits"]
+    b, scales, zp = (v.const_value.numpy() for v in node.inputs[1:])
+    assert zp.dtype == np.float32 and zp.shape == scales.shape == (HIDDEN, K // 32)  # not packed nibbles
+    assert not np.allclose(zp, np.rint(zp))  # really off the integer grid
+    deq = dequantize_matmulnbits(b, scales, zp, k=K, bits=4, block=32)
+    assert np.abs(deq - w).max() < np.abs(w).max() / 4
+    x = EVALS[0]["x"]
+    (y,) = session(ir.to_proto(model).SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(y, x @ deq, rtol=1e-4, atol=1e-3 * np.abs(x @ deq).max())
+
+
+def test_float_zeros_and_refit_lower_gptq_output_error():
+    """On held-out activations, GPTQ with float zero points and the joint refit has a lower output error than
+    with integer zero points, and the refit alone never raises a row's calibration error."""
+    rng = np.random.default_rng(7)
+    mix = rng.standard_normal((128, 128)) / np.sqrt(128)
+    x = rng.standard_normal((4096, 128)) @ (np.eye(128) + 0.5 * mix)
+    fit, val = x[:3072], x[3072:]
+    w = (rng.standard_normal((96, 128)) * 0.1 + 0.02).astype(np.float32)
+    h = hessian(fit)
+
+    def err(qw):
+        return float(((val @ (qw.dequantize() - w).T) ** 2).sum())
+
+    integer = gptq_quantize(w, h, 32, symmetric=False, clip_grid=10)
+    floating = gptq_quantize(w, h, 32, symmetric=False, clip_grid=10, float_zeros=True)
+    assert integer.zero_points.dtype == np.uint8 and floating.zero_points.dtype == np.float32
+    assert err(floating) < 0.95 * err(integer)
+    from edgekit.passes.gptq import refit_scales_offsets
+
+    q = floating.q
+    s0, z0 = np.abs(rng.standard_normal(floating.scales.shape)).astype(np.float32) * 0.03, floating.zero_points
+    s1, z1 = refit_scales_offsets(w.astype(np.float64), h, q, s0, z0, 32)
+
+    def rows(s, z):
+        d = ((q.reshape(96, 4, 32) - z[..., None]) * s[..., None]).reshape(96, 128) - w
+        return ((d @ h) * d).sum(-1)
+
+    assert (rows(s1, z1) <= rows(s0, z0) + 1e-9).all() and rows(s1, z1).sum() < 0.5 * rows(s0, z0).sum()
+
+
+@pytest.mark.parametrize("target", ["x1", "orin"])
+def test_dequantizelinear_targets_keep_integer_symmetric_int4(target):
+    """Float zero points are MatMulNBits' alone: x1/orin refuse them and their default stays symmetric."""
+    with pytest.raises(ConfigError, match="float_zeros"):
+        make_pass(f"int4:target={target},float_zeros=true")
+    p = make_pass(f"int4:target={target}")
+    assert not p.float_zeros and p.symmetric
+    with pytest.raises(ConfigError, match="hqq"):
+        make_pass("int4:method=hqq,float_zeros=true")

@@ -7,6 +7,10 @@ Each block's scale is chosen when the sweep reaches the block, from the weights 
 block's share of the output error (`quantize_blocks` with the block's Gram matrix), so the integers and scales
 land in the same MatMulNBits / blocked-DequantizeLinear layout as every other method. Columns are visited in
 order (no act-order): the blocks must stay contiguous along K for those encodings.
+
+With float zero points (`float_zeros`, asymmetric, MatMulNBits only) the sweep is followed by a refit: the codes
+fixed, each row's block scales and offsets are solved jointly by least squares on the whole output error
+(W - Q) H (W - Q)^T, cross-block terms included, which the block-by-block choice during the sweep cannot see.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def gptq_quantize(
     clip_grid: int = 0,
     scale_search: bool = True,
     signed_scales: bool = False,
+    float_zeros: bool = False,
     name: str = "weight",
 ) -> QuantizedWeight:
     """GPTQ of an (N, K) weight against the (K, K) Hessian `h` of its input. `shrink` adds that fraction of each
@@ -54,6 +59,7 @@ def gptq_quantize(
     qmax = 2**bits - 1
     w = np.asarray(w_nk, np.float64).copy()
     h = np.asarray(h, np.float64)
+    float_zeros = float_zeros and not symmetric
     hb = block_hessians(h, block)
     hd = h.copy()
     dead = np.diag(hd) <= 0
@@ -86,6 +92,7 @@ def gptq_quantize(
                     clip_grid=clip_grid,
                     scale_search=scale_search,
                     signed_scales=signed_scales,
+                    float_zeros=float_zeros,
                     name=name,
                 )
                 scales[:, g], zeros[:, g] = qw.scales[:, 0], qw.zeros()[:, 0]
@@ -96,9 +103,64 @@ def gptq_quantize(
             e1[:, j] = err
             codes[:, col] = q
         w[:, i2:] -= e1 @ u[i1:i2, i2:]
+    if float_zeros:
+        target = np.asarray(w_nk, np.float64).copy()
+        target[:, dead] = 0.0
+        scales, zeros = refit_scales_offsets(target, h, codes, scales, zeros, block)
+        return QuantizedWeight(q=codes, scales=scales, zero_points=zeros, bits=bits, block=block)
     return QuantizedWeight(
         q=codes, scales=scales, zero_points=None if symmetric else zeros.astype(np.uint8), bits=bits, block=block
     )
+
+
+def refit_scales_offsets(
+    w: np.ndarray, h: np.ndarray, codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, block: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the block scales s_g and offsets b_g minimising (Q - W) H (Q - W)^T for Q = s_g c + b_g on block
+    g (codes c fixed); returned as (scales, float zero points = -b/s), float32 (N, K/B). A row keeps its old
+    parameters where the solve does not lower that error (an ill-conditioned H)."""
+    n, k = w.shape
+    g = k // block
+    hr = h.reshape(g, block, g, block)
+    hbb = hr.sum((1, 3))  # offsets x offsets, the same for every row
+    wh = w @ h
+    old = (codes.reshape(n, g, block) - zeros[..., None]) * scales[..., None]
+    out_s, out_z = scales.astype(np.float64).copy(), zeros.astype(np.float64).copy()
+    rows = max(1, (1 << 24) // (g * k))  # (rows, G, G, B) float64 intermediates of about 128 MB
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        c = codes[r0:r1].reshape(r1 - r0, g, block).astype(np.float64)
+        t = np.einsum("rgi,gihj->rghj", c, hr)  # (c_g H)_(h, j)
+        m = np.empty((r1 - r0, 2 * g, 2 * g))
+        m[:, :g, :g] = np.einsum("rghj,rhj->rgh", t, c)
+        m[:, :g, g:] = t.sum(-1)
+        m[:, g:, :g] = m[:, :g, g:].swapaxes(1, 2)
+        m[:, g:, g:] = hbb
+        whr = wh[r0:r1].reshape(r1 - r0, g, block)
+        rhs = np.concatenate([(c * whr).sum(-1), whr.sum(-1)], axis=1)
+        m[:, np.arange(2 * g), np.arange(2 * g)] += (
+            1e-9 * np.abs(m[:, np.arange(2 * g), np.arange(2 * g)]).max(-1)[:, None]
+        )
+        try:
+            theta = np.linalg.solve(m, rhs[..., None])[..., 0]
+        except np.linalg.LinAlgError:
+            continue
+        s_new, b_new = theta[:, :g], theta[:, g:]
+        ok = np.all(np.isfinite(theta), axis=1) & np.all(np.abs(s_new) > 1e-12, axis=1)
+        s_safe = np.where(np.abs(s_new) > 1e-12, s_new, 1.0)
+        new = c * s_safe[..., None] + b_new[..., None]
+
+        wr = w[r0:r1].reshape(new.shape)
+        ok &= _row_error(new - wr, h) < _row_error(old[r0:r1] - wr, h)
+        out_s[r0:r1] = np.where(ok[:, None], s_new, out_s[r0:r1])
+        out_z[r0:r1] = np.where(ok[:, None], -b_new / s_safe, out_z[r0:r1])
+    return out_s.astype(np.float32), out_z.astype(np.float32)
+
+
+def _row_error(d: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Each row's output error d H d^T for a dequantization error d (N, G, B)."""
+    d = d.reshape(d.shape[0], -1)
+    return ((d @ h) * d).sum(-1)
 
 
 def _upper_inverse_cholesky(h: np.ndarray) -> np.ndarray:

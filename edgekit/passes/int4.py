@@ -68,6 +68,11 @@ class Int4Config(PassConfig):
         "activations); awq-gptq (default): GPTQ, with AWQ's scaling for each input where it lowers the "
         "error on held-out calibration tokens",
     )
+    float_zeros: bool | None = param(
+        None,
+        help="asymmetric MatMuls: float zero points (MatMulNBits takes them, as ORT's HQQ writes them), with "
+        "GPTQ's block scales and offsets refitted by least squares; unset: on for cpu with gptq/awq-gptq",
+    )
     target: str = param(
         "cpu", choices=("cpu", "orin", "x1"), help="encoding: cpu=MatMulNBits, orin/x1=blocked DequantizeLinear INT4"
     )
@@ -124,6 +129,10 @@ class Int4Config(PassConfig):
             )
         if not self.graphs:
             raise ConfigError(f"{where}.graphs: name at least one of {', '.join(GRAPHS)}")
+        if self.target in ("orin", "x1") and self.float_zeros:
+            raise ConfigError(f"{where}.float_zeros: target {self.target} takes no zero points (symmetric INT4 only)")
+        if self.method == "hqq" and self.float_zeros:
+            raise ConfigError(f"{where}.float_zeros: method hqq keeps integer zero points; use gptq, awq or rtn")
 
 
 class Int4Pass(GraphPass):
@@ -162,6 +171,13 @@ class Int4Pass(GraphPass):
         if self.config.symmetric is not None:
             return self.config.symmetric
         return self.config.target != "cpu"
+
+    @property
+    def float_zeros(self) -> bool:
+        """`float_zeros` as set, or on for cpu with the GPTQ methods (the DequantizeLinear encodings take none)."""
+        if self.config.float_zeros is not None:
+            return self.config.float_zeros
+        return self.config.target == "cpu" and self.config.method in ("gptq", "awq-gptq")
 
     def block_for(self, k: int) -> int:
         """`block`, or with `fit_block` the largest allowed block <= it that divides K (checked by the caller)."""
@@ -226,6 +242,7 @@ class Int4Pass(GraphPass):
             w = m.kn().T if s is None else m.kn().T * s[None, :]  # (N, K)
             block = self.block_for(m.k)
             common = {"bits": bits, "symmetric": symmetric_of(m), "name": m.weight.name}
+            fz = {} if cfg.method == "hqq" else {"float_zeros": self.float_zeros and bits == 4}
             h = None
             if act in acts and cfg.method in DATA_METHODS:
                 h = act_hessian(act)
@@ -242,6 +259,7 @@ class Int4Pass(GraphPass):
                     scale_search=cfg.scale_search,
                     signed_scales=signed,
                     **common,
+                    **fz,
                 )
             if cfg.method == "hqq":
                 return hqq_quantize(w, block, signed_scales=signed, **common)
@@ -254,6 +272,7 @@ class Int4Pass(GraphPass):
                 signed_scales=signed,
                 refine=cfg.refine,
                 **common,
+                **fz,
             )
 
         sensitivity = self._sensitivity(mms, acts, quantize, scales) if cfg.mixed > 0 else {}
@@ -371,6 +390,7 @@ class Int4Pass(GraphPass):
                     clip_grid=cfg.clip or 10,
                     scale_search=cfg.scale_search,
                     signed_scales=cfg.target == "cpu",
+                    float_zeros=self.float_zeros,
                     name=m.weight.name,
                 )
                 wq = qw.dequantize() / s[None, :] if scaled else qw.dequantize()
@@ -402,6 +422,7 @@ class Int4Pass(GraphPass):
                 clip_grid=cfg.clip or 10,
                 scale_search=cfg.scale_search,
                 signed_scales=True,
+                float_zeros=self.float_zeros,
             )
             err[symmetric] = float(((val @ qw.dequantize().T - y) ** 2).sum())
         return err[True] <= err[False]

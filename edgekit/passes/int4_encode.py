@@ -3,7 +3,8 @@
 One quantizer, three encodings, so `cpu`, `orin` and `x1` variants of a model carry the same integers:
 - `cpu`  — ONNX Runtime `com.microsoft.MatMulNBits`: B uint8 (N, K/block, block*bits/8), element k of a block in
   byte k//2, low nibble first (the layout ORT's own `MatMulNBitsQuantizer` writes); scales (N, K/block); zero points
-  uint8 (N, ceil(K/block * bits/8)), packed the same way, or absent for symmetric (ORT then implies 2^(bits-1)).
+  uint8 (N, ceil(K/block * bits/8)), packed the same way, or absent for symmetric (ORT then implies 2^(bits-1)), or
+  float (N, K/block) in the scales' type (float zero points, as ORT's HQQ writes them; MatMulNBits takes both).
 - `orin` — `DequantizeLinear` (opset 21) of an INT4 (K, N) weight with `axis=0, block_size=B`, scale (K/B, N), no
   zero point (TensorRT 10 takes only symmetric blocked INT4), feeding the original MatMul. ORT runs it too.
 - `x1`   — the same blocked DequantizeLinear as `orin`; the x1 compiler reads the integers and scales from it and
@@ -33,13 +34,17 @@ class QuantizedWeight:
 
     q: np.ndarray  # uint8 (N, K)
     scales: np.ndarray  # float32 (N, K/block)
-    zero_points: np.ndarray | None  # uint8 (N, K/block); None = symmetric, implied 2^(bits-1)
+    zero_points: np.ndarray | None  # uint8 (N, K/block), or float32 (float zero points); None = symmetric
     bits: int
     block: int
 
     @property
     def symmetric(self) -> bool:
         return self.zero_points is None
+
+    @property
+    def float_zeros(self) -> bool:
+        return self.zero_points is not None and self.zero_points.dtype != np.uint8
 
     def zeros(self) -> np.ndarray:
         if self.zero_points is not None:
@@ -90,6 +95,7 @@ def quantize_blocks(
     signed_scales: bool = False,
     hessian: np.ndarray | None = None,
     refine: int = 0,
+    float_zeros: bool = False,
 ) -> QuantizedWeight:
     """Quantize an (N, K) weight in blocks of `block` along K.
 
@@ -107,6 +113,9 @@ def quantize_blocks(
       candidates (with the clip ratios), chosen on that error.
     - `refine` > 0 re-estimates each block's scale by least squares for its codes (weighted as above) and
       re-rounds, that many times, keeping a block's new scale only where its error falls (scale estimation).
+    - `float_zeros` (asymmetric): the zero point is not rounded to the grid, so the block's [min, max] (clipped)
+      maps exactly onto codes 0..2^bits-1 (MatMulNBits takes float zero points; the DequantizeLinear encodings
+      take none). An integer zero point must also keep 0 inside the range, which widens one-sided blocks.
     """
     n, k = w_nk.shape
     check_block(k, block, name)
@@ -140,10 +149,14 @@ def quantize_blocks(
                 candidates.append((amax * ratio / (half - 0.5), zero))
     else:
         for ratio in ratios:
-            lo = np.minimum(wb.min(-1), 0) * ratio
-            hi = np.maximum(wb.max(-1), 0) * ratio
+            lo = (wb.min(-1) if float_zeros else np.minimum(wb.min(-1), 0)) * ratio
+            hi = (wb.max(-1) if float_zeros else np.maximum(wb.max(-1), 0)) * ratio
             scale = (hi - lo) / qmax
-            candidates.append((scale, np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), 0, qmax)))
+            if float_zeros:  # a constant block: any scale > 0 with its value on a code
+                scale = np.where(scale > 0, scale, np.maximum(np.abs(lo), 1e-12))
+                candidates.append((scale, -lo / scale))
+            else:
+                candidates.append((scale, np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), 0, qmax)))
 
     scale, zero = candidates[0]
     q, err = attempt(scale, zero)
@@ -165,7 +178,7 @@ def quantize_blocks(
     return QuantizedWeight(
         q=q.reshape(n, k).astype(np.uint8),
         scales=scale.astype(np.float32),
-        zero_points=None if symmetric else zero.astype(np.uint8),
+        zero_points=None if symmetric else zero.astype(np.float32 if float_zeros else np.uint8),
         bits=bits,
         block=block,
     )
@@ -208,7 +221,9 @@ def matmulnbits_tensors(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np
     blocks = qw.q.reshape(n, kb, qw.block)
     b = pack_nibbles(blocks) if qw.bits == 4 else blocks.copy()
     zp = None
-    if qw.zero_points is not None:
+    if qw.float_zeros:
+        zp = qw.zero_points.astype(qw.scales.dtype)
+    elif qw.zero_points is not None:
         zp = pack_nibbles(qw.zero_points) if qw.bits == 4 else qw.zero_points.copy()
     return b, qw.scales.copy(), zp
 
@@ -219,11 +234,12 @@ def dequantize_matmulnbits(
     """Reference dequantization of MatMulNBits inputs to the (K, N) weight MatMul would use (for tests)."""
     n, kb = scales.shape
     codes = unpack_nibbles(b, block) if bits == 4 else b
-    zeros = (
-        np.full((n, kb), 2 ** (bits - 1), np.float32)
-        if zp is None
-        else (unpack_nibbles(zp, kb) if bits == 4 else zp).astype(np.float32)
-    )
+    if zp is None:
+        zeros = np.full((n, kb), 2 ** (bits - 1), np.float32)
+    elif zp.dtype != np.uint8:  # float zero points
+        zeros = zp.reshape(n, kb).astype(np.float32)
+    else:
+        zeros = (unpack_nibbles(zp, kb) if bits == 4 else zp).astype(np.float32)
     w = (codes.astype(np.float32) - zeros[..., None]) * scales[..., None]
     return w.reshape(n, kb * block)[:, :k].T
 
