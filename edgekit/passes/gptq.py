@@ -11,6 +11,9 @@ order (no act-order): the blocks must stay contiguous along K for those encoding
 With float zero points (`float_zeros`, asymmetric, MatMulNBits only) the sweep is followed by a refit: the codes
 fixed, each row's block scales and offsets are solved jointly by least squares on the whole output error
 (W - Q) H (W - Q)^T, cross-block terms included, which the block-by-block choice during the sweep cannot see.
+`code_sweeps` then revisits every code once per sweep, moving it one step where that lowers the row's output
+error (GPTQ rounds each column once, against the columns still to come; this also sees the ones before), and
+refits again: a local search towards the nearest grid point in the output metric.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def gptq_quantize(
     scale_search: bool = True,
     signed_scales: bool = False,
     float_zeros: bool = False,
+    code_sweeps: int = 0,
     name: str = "weight",
 ) -> QuantizedWeight:
     """GPTQ of an (N, K) weight against the (K, K) Hessian `h` of its input. `shrink` adds that fraction of each
@@ -103,11 +107,16 @@ def gptq_quantize(
             e1[:, j] = err
             codes[:, col] = q
         w[:, i2:] -= e1 @ u[i1:i2, i2:]
+    target = np.asarray(w_nk, np.float64).copy()
+    target[:, dead] = 0.0
     if float_zeros:
-        target = np.asarray(w_nk, np.float64).copy()
-        target[:, dead] = 0.0
         scales, zeros = refit_scales_offsets(target, h, codes, scales, zeros, block)
+        if code_sweeps:
+            codes = search_codes(target, hd, codes, scales, zeros, block, qmax, code_sweeps)
+            scales, zeros = refit_scales_offsets(target, h, codes, scales, zeros, block)
         return QuantizedWeight(q=codes, scales=scales, zero_points=zeros, bits=bits, block=block)
+    if code_sweeps:
+        codes = search_codes(target, hd, codes, scales, zeros, block, qmax, code_sweeps)
     return QuantizedWeight(
         q=codes, scales=scales, zero_points=None if symmetric else zeros.astype(np.uint8), bits=bits, block=block
     )
@@ -155,6 +164,40 @@ def refit_scales_offsets(
         out_s[r0:r1] = np.where(ok[:, None], s_new, out_s[r0:r1])
         out_z[r0:r1] = np.where(ok[:, None], -b_new / s_safe, out_z[r0:r1])
     return out_s.astype(np.float32), out_z.astype(np.float32)
+
+
+def search_codes(
+    w: np.ndarray,
+    h: np.ndarray,
+    codes: np.ndarray,
+    scales: np.ndarray,
+    zeros: np.ndarray,
+    block: int,
+    qmax: int,
+    sweeps: int,
+) -> np.ndarray:
+    """Coordinate descent on the codes (N, K) for fixed scales and zero points: each column in turn, every row's
+    code moves by -1 or +1 (within 0..qmax) where that lowers its output error d H d^T, d = dequantized - w."""
+    q = codes.astype(np.int16).copy()
+    s = np.repeat(np.asarray(scales, np.float64), block, axis=1)
+    z = np.repeat(np.asarray(zeros, np.float64), block, axis=1)
+    d = (q - z) * s - np.asarray(w, np.float64)
+    for _ in range(sweeps):
+        moved = 0
+        for j in range(q.shape[1]):
+            g = d @ h[:, j]
+            best_gain, best_step = np.zeros(q.shape[0]), np.zeros(q.shape[0], np.int16)
+            for step in (-1, 1):
+                delta = step * s[:, j]
+                gain = 2 * delta * g + delta * delta * h[j, j]
+                better = (gain < best_gain) & (q[:, j] + step >= 0) & (q[:, j] + step <= qmax)
+                best_gain, best_step = np.where(better, gain, best_gain), np.where(better, step, best_step)
+            q[:, j] += best_step
+            d[:, j] += best_step * s[:, j]
+            moved += int(np.count_nonzero(best_step))
+        if not moved:
+            break
+    return q.astype(np.uint8)
 
 
 def _row_error(d: np.ndarray, h: np.ndarray) -> np.ndarray:
