@@ -62,7 +62,8 @@ class Ingestor:
         )
 
     def load(self, path: Path, video_max_frames: int | None = None) -> Study:
-        """Blocking: the one ingest call (a recovered job's worker calls it directly)."""
+        """Blocking: the one ingest call (a recovered job's worker calls it directly, with the config's limits: the
+        point that served when the job was accepted is not stored with it)."""
         from edgekit.ingest import load_study
 
         return load_study(path, limits=self.limits(video_max_frames))

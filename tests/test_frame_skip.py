@@ -133,3 +133,11 @@ def test_a_pareto_point_scores_the_split_s_video_clips_apart(bundles, tmp_path):
     point = Point.from_dict(measure(config, split, limit=4), "test")
     assert point.settings["video_max_frames"] == 4 and point.video_count == clips and point.count == 4
     assert point.video_f1 is not None and point.video_f1_ci is not None and point.energy_source == "emulated:x1"
+
+
+def test_a_point_without_energy_never_beats_one_with_it_and_unmetered_points_still_have_a_front():
+    metered = _point("metered", 2.0, 0.98)
+    unmetered = _point("unmetered", float("nan"), 0.98)
+    assert [p.id for p in non_dominated([metered, unmetered])] == ["metered"]
+    better = _point("better", float("nan"), 0.99)
+    assert [p.id for p in non_dominated([unmetered, better])] == ["better"]  # F1 and latency still decide

@@ -80,11 +80,18 @@ class Point:
             raise ConfigError(f"profile point {data.get('id', '?')!r} is malformed ({exc})", where) from None
 
 
+def _energy(p: Point) -> float:
+    """Unknown energy (no meter: NaN) as the worst: it never beats a known figure, and NaN compares false both
+    ways, which would put every unmetered point on the front."""
+    return math.inf if math.isnan(p.energy_j) else p.energy_j
+
+
 def dominates(a: Point, b: Point) -> bool:
     """`a` is no worse than `b` on energy, F1 and p95 latency (and video F1 when both have it), and better on at
     least one."""
-    no_worse = a.energy_j <= b.energy_j and a.f1 >= b.f1 and a.latency_p95_ms <= b.latency_p95_ms
-    better = a.energy_j < b.energy_j or a.f1 > b.f1 or a.latency_p95_ms < b.latency_p95_ms
+    ea, eb = _energy(a), _energy(b)
+    no_worse = ea <= eb and a.f1 >= b.f1 and a.latency_p95_ms <= b.latency_p95_ms
+    better = ea < eb or a.f1 > b.f1 or a.latency_p95_ms < b.latency_p95_ms
     if a.video_f1 is not None and b.video_f1 is not None:
         no_worse = no_worse and a.video_f1 >= b.video_f1
         better = better or a.video_f1 > b.video_f1
@@ -95,7 +102,7 @@ def non_dominated(points: Iterable[Point]) -> list[Point]:
     """The Pareto front over energy x F1 x latency, cheapest first."""
     points = list(points)
     front = [p for p in points if not any(dominates(q, p) for q in points if q is not p)]
-    return sorted(front, key=lambda p: (p.energy_j, -p.f1))
+    return sorted(front, key=lambda p: (_energy(p), -p.f1))
 
 
 @dataclass
