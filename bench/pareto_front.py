@@ -1,18 +1,21 @@
 """The default model's energy-quality front: `edgekit pareto` over its x1, cpu and orin variants, in one run.
 
 x1 (the main front: one energy source, the X1 cost model, `emulated:x1`): FP16, INT8, INT4, INT4 + 2:4 sparsity,
-INT4 with 38% of heads pruned, and INT4 at several DSS sparsity targets. cpu (a front of its own: energy is this
-machine's best meter, here the CPU-time estimate): FP32, INT8, INT4 RTN, INT4 AWQ. Each is measured on the same
-studies of the test split (one child process per point). Fronts are never mixed across energy sources, and
-points equal on energy, F1 and latency count once ("distinct").
+INT4 with 38% of heads pruned, INT4 at several DSS sparsity targets and report-length caps (`--caps`), and INT4 and
+heads38 with video frame skipping (`--frames`: video_max_frames below the model's 8). cpu (a front of its own:
+energy is this machine's best meter, here the CPU-time estimate): FP32, INT8, INT4 RTN, INT4 AWQ, and FP32 at the
+same caps and frames. Each is measured on the same studies of the test split (one child process per point), F1 on
+its DICOM studies and video F1 on its cine clips. Fronts are never mixed across energy sources, and points equal
+on energy, F1, video F1 and latency count once ("distinct"). A cached bundle built from other weights is rebuilt.
 
 The orin bundle (FP16 graphs, as TensorRT would take them) has no device here: its graphs run in ONNX Runtime and
 each report is billed by the Orin cost model at a few devices and power modes (`--orin-estimate`, labelled
 `estimated:orin-<model>-<mode>`). Those points are another device's, so they get a front of their own
 (`<out>-orin/`), never mixed with this machine's.
 
-    python bench/pareto_front.py                 # 60 studies of the test split
-    python bench/pareto_front.py --limit 300 --sparsity 0.0 0.25 0.38 0.5
+    python bench/pareto_front.py                 # 120 studies of the test split
+    python bench/pareto_front.py --limit 240 --sparsity 0.0 0.5 --frames 4 --caps 16 24 32   # README's row
+    python bench/pareto_front.py --x1-only --limit 60 --sparsity 0.0 0.25 0.38 0.5
     python bench/pareto_front.py --orin agx-orin-64:MAXN orin-nano-8:7W
 """
 
