@@ -33,19 +33,13 @@ from edgekit.eval.bootstrap import bootstrap_ci
 from edgekit.eval.finding_metrics import prf
 from edgekit.eval.runner import default_test_split, evaluate, load_split
 from edgekit.ingest import load_study
+from edgekit.ingest.entropy import display_entropy_bits as entropy_bits
 from edgekit.reporter import Reporter
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pareto_front import fresh_bundle  # noqa: E402
 
 SEED_THRESHOLD_BITS = 4.2
-
-
-def entropy_bits(frames: np.ndarray) -> float:
-    """Shannon entropy of the display values (256 bins over [0, 1]): microseconds on the host, before any model."""
-    hist = np.histogram(frames, bins=256, range=(0.0, 1.0))[0].astype(np.float64)
-    p = hist[hist > 0] / hist.sum()
-    return float(-(p * np.log2(p)).sum())
 
 
 def per_study(bundle: Path, data: Path, limit: int) -> dict[str, dict]:

@@ -35,6 +35,16 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class PrecisionGate:
+    """[precision_gate], off unless configured: a study whose display entropy is below `entropy_below` bits is
+    reported by `variant` (the higher-precision one) instead of the variant serving now. The seed's rule; on the
+    default model it gains nothing (bench/precision_gate.py), which is why it is off by default."""
+
+    variant: str
+    entropy_below: float = 4.2
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     state_dir: Path = DEFAULT_STATE_DIR
     socket: Path = DEFAULT_SOCKET
@@ -67,6 +77,7 @@ class DaemonConfig:
     policy_profile: Path | None = None  # the `edgekit pareto` profile of the configured variants (pareto.json)
     policy_tick_s: float = 1.0
     signals_root: Path = Path("/")  # where /sys, /etc are read from (a fixture tree in tests)
+    precision_gate: PrecisionGate | None = None
     # [dicom], [dimse], [delivery], [[destinations]]: DICOM networking (dicom_config.py)
     dicom: DicomSettings = DicomSettings()
     source: Path | None = None  # the file this was read from (None: defaults only)
@@ -159,6 +170,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
         if section == "policy":
             out.update(_policy(table, path))
             continue
+        if section == "precision_gate":
+            out["precision_gate"] = _precision_gate(table, path)
+            continue
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] must be a table", path)
         for key, value in table.items():
@@ -230,6 +244,20 @@ def _policy(table: Any, path: Path) -> dict[str, Any]:
     return out
 
 
+def _precision_gate(table: Any, path: Path) -> PrecisionGate:
+    if not isinstance(table, dict):
+        raise ConfigError("[precision_gate] must be a table", path)
+    unknown = sorted(set(table) - {"variant", "entropy_below"})
+    if unknown:
+        raise ConfigError(f"unknown key precision_gate.{unknown[0]} (known: entropy_below, variant)", path)
+    variant, below = table.get("variant"), table.get("entropy_below", 4.2)
+    if not isinstance(variant, str) or not variant:
+        raise ConfigError("precision_gate.variant must name the higher-precision variant", path)
+    if isinstance(below, bool) or not isinstance(below, (int, float)) or not 0 < below <= 8:
+        raise ConfigError(f"precision_gate.entropy_below must be in (0, 8] bits, got {below!r}", path)
+    return PrecisionGate(variant, float(below))
+
+
 def _resolve(value: Path, config_path: Path) -> Path:
     """Relative paths in a config file are relative to the file, as a reader of the file would expect."""
     return value if value.is_absolute() else (config_path.parent / value).resolve()
@@ -275,6 +303,8 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
         raise ConfigError("variant names must be unique", path)
     if cfg.active_variant is not None and cfg.variants and cfg.active_variant not in names:
         raise ConfigError(f"models.active names an unknown variant {cfg.active_variant!r}", path)
+    if cfg.precision_gate is not None and cfg.precision_gate.variant not in names:
+        raise ConfigError(f"precision_gate.variant names an unknown variant {cfg.precision_gate.variant!r}", path)
 
 
 def check_files(cfg: DaemonConfig) -> None:

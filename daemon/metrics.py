@@ -47,6 +47,9 @@ class Metrics:
         self.energy = Counter(
             "edgekit_energy_joules", "Energy of the reports served, by variant", ["variant", "source"], registry=r
         )
+        self.precision_gate = Counter(
+            "edgekit_precision_gate", "Studies the precision gate judged, by route", ["route"], registry=r
+        )
         self.active_variant = Gauge(
             "edgekit_active_variant", "1 for the variant new work goes to", ["variant"], registry=r
         )

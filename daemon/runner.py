@@ -78,6 +78,8 @@ class ReportRunner:
         report = reporter.report(study, work.prompt, opts, on_token=on_token)
         new_tokens = report.timings.get("new_tokens", 0)
         out = {**report.to_dict(), "variant": variant}
+        if work.routing:
+            out["routing"] = work.routing
         out["timings"]["queue_ms"] = (t0 - work.accepted) * 1e3
         self.metrics.reports.labels(variant, "ok").inc()
         self.metrics.tokens.labels(variant).inc(new_tokens)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import EdgekitError
+from edgekit.ingest.entropy import display_entropy_bits
 
 from .config import DaemonConfig, load_config
 from .delivery import DeliveryWorker
@@ -304,6 +305,21 @@ class Daemon:
             return None
         return self.policy.video_max_frames(variant)
 
+    def _precision_gate(self, variant: str, study, *, asked: bool = False) -> tuple[str, dict[str, Any] | None]:
+        """The input-adaptive precision gate (`[precision_gate]`, off unless configured): a low-entropy study goes
+        to the higher-precision variant. A request that `asked` for its variant or quality is left as asked."""
+        gate = self.cfg.precision_gate
+        if gate is None or asked:
+            return variant, None
+        bits = display_entropy_bits(study.frames)
+        routed = bits < gate.entropy_below and variant != gate.variant
+        self.metrics.precision_gate.labels("higher_precision" if routed else "as_served").inc()
+        chosen = self.registry.check(gate.variant) if routed else variant
+        if routed:
+            log.info("precision gate: study=%s entropy=%.2f bits -> %s", study.uid_hash, bits, chosen)
+        info = {"entropy_bits": round(bits, 4), "entropy_below": gate.entropy_below, "routed": routed}
+        return chosen, {"precision_gate": {**info, "variant": chosen}}
+
     def _capped(self, options: RequestOptions, variant: str, form: ReportForm) -> RequestOptions:
         """The served point's report-length cap, except for `quality: "max"` (the best point has none)."""
         return options if self.policy is None or form.quality == "max" else self.policy.cap(options, variant)
@@ -330,6 +346,9 @@ class Daemon:
             intake = await self.ingestor.take(
                 form.files, tmp / "in", keep_evidence=keep_evidence, video_max_frames=self._frames(variant, form)
             )
+            variant, routing = self._precision_gate(
+                variant, intake.study, asked=form.variant is not None or form.quality is not None
+            )
             self._check_prompt(variant, form, intake.study.modality)
         except BaseException:
             queue.release()
@@ -343,6 +362,7 @@ class Daemon:
             variant=variant,
             study=intake.study,
             stream=TokenStream() if stream else None,
+            routing=routing,
         )
         queue.submit(work, reserved=True)
         return Accepted(work, intake.evidence)
@@ -362,6 +382,9 @@ class Daemon:
             intake = await self.ingestor.take(
                 form.files, job_dir / "input", keep_evidence=True, video_max_frames=self._frames(variant, form)
             )
+            variant, routing = self._precision_gate(
+                variant, intake.study, asked=form.variant is not None or form.quality is not None
+            )
             self._check_prompt(variant, form, intake.study.modality)
             job = self._new_job(job_id, form, idempotency_key, intake)
             self.store.save_evidence(job_id, intake.evidence or [])
@@ -372,6 +395,7 @@ class Daemon:
                 return Submitted(stored, created=False)
             work = self._work_for(job, variant)
             work.study = intake.study
+            work.routing = routing
             work.options = self._capped(work.options, variant, form)
             queue.submit(work, reserved=True)
             submitted = True
@@ -476,8 +500,10 @@ class Daemon:
             log.info("received study job %s failed at ingest: %s", job_id, error.code)
             self.delivery.wake()
             return
+        variant, routing = self._precision_gate(variant, study)
         work = self._work_for(job, variant)
         work.study = study
+        work.routing = routing
         if self.policy is not None:
             work.options = self.policy.cap(work.options, variant)
         work.future.add_done_callback(lambda _f: self.delivery.wake())

@@ -33,5 +33,6 @@ class Work:
     study: Study | None = None
     cleanup: Path | None = None  # removed after the work ends (a durable job's input files)
     stream: TokenStream | None = None  # fed with text deltas as the report is generated
+    routing: dict[str, Any] | None = None  # why the work went to its variant, when a gate chose (report JSON)
     future: cf.Future[dict[str, Any]] = field(default_factory=cf.Future)
     accepted: float = field(default_factory=time.perf_counter)

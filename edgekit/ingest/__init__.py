@@ -16,6 +16,7 @@ _EXPORTS = {
     "hash_uid": "edgekit.ingest.phi",
     "phi_guard": "edgekit.ingest.phi",
     "to_display": "edgekit.ingest.pixels",
+    "display_entropy_bits": "edgekit.ingest.entropy",
 }
 
 __all__ = sorted(_EXPORTS)
