@@ -1,4 +1,4 @@
-"""Input-adaptive precision, measured before it is built: would a cheap input statistic that sends a study to the
+"""Input-adaptive precision (edgekitd's `[precision_gate]`): does a cheap input statistic that sends a study to the
 higher-precision variant help the default model on the X1?
 
 The seed's rule: a study whose input entropy is below 4.2 bits takes the higher-precision path. Here each study of
@@ -11,7 +11,7 @@ is replayed on those reports (greedy decoding is deterministic, so a study route
   thresholds sending 10%, 25% and 50% of studies to FP16.
 
 Finding F1 with a 95% bootstrap interval on the same studies; energy per report from the X1 cost model
-(`emulated:x1`). If the oracle gains nothing, no gate can, and the gate stays unbuilt (off).
+(`emulated:x1`). If the oracle gains nothing, no gate can, and the daemon's gate stays off by default.
 
     python bench/precision_gate.py               # all 240 studies of the test split
     python bench/precision_gate.py --limit 60
