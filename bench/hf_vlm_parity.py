@@ -14,6 +14,7 @@ float32 graphs alone are ~8 GB).
     python bench/hf_vlm_parity.py                  # 6 configurations x 2 sizes x 100 cases
     python bench/hf_vlm_parity.py --cases 10 --big # and the 2B-class memory run
     python bench/hf_vlm_parity.py --only split     # the configurations whose name holds "split"
+    python bench/hf_vlm_parity.py --only none --geometry  # SmolVLM-256M's 4x4 split geometry, 4 cases
 Writes out/bench/hf_vlm_parity.json and prints the table.
 """
 
@@ -30,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the random-init model factory
 
-from hf_vlm_factory import make_idefics3, make_llava  # noqa: E402
+from hf_vlm_factory import make_idefics3, make_llava, make_smolvlm_geometry  # noqa: E402
 
 SIZES = ("tiny", "medium")  # the factory's sizes: ~0.13M and ~17M parameters
 CONFIGS = {
@@ -114,11 +115,25 @@ def big_run(root: Path) -> dict:
     return {"params": params, "make_seconds": made, **stats, "onnx_bytes": on_disk, "checkpoint": "float16 shards"}
 
 
+def geometry_run(root: Path, cases: int, new_tokens: int) -> dict:
+    """SmolVLM-256M's split geometry (2048 px frame, 4 x 4 tiles of 512 + the global image, 17 x 64 image
+    tokens, real widths and vocab), one layer per side: the span and its parity at full size."""
+    vlm = make_smolvlm_geometry(root / "hf")
+    stats = convert_in_child(root / "hf", root / "onnx")
+    return {
+        "family": "smolvlm split 4x4 (256M geometry, 1+1 layers)",
+        "size": "2048 px",
+        **stats,
+        **parity(vlm, root / "onnx", cases, new_tokens),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=12)
     ap.add_argument("--big", action="store_true", help="also the 2B-class memory run (~4 GB + ~8 GB of disk)")
+    ap.add_argument("--geometry", action="store_true", help="also SmolVLM-256M's 4x4 split at full size")
     ap.add_argument("--only", default="", help="run only the configurations whose name contains this")
     ap.add_argument("--out", type=Path, default=Path("out/bench/hf_vlm_parity.json"))
     args = ap.parse_args()
@@ -136,6 +151,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"  {name} {size}: done", file=sys.stderr)
                 shutil.rmtree(root, ignore_errors=True)
+        if args.geometry:
+            rows.append(geometry_run(Path(tmp) / "geometry", min(args.cases, 4), args.new_tokens))
         big = big_run(Path(tmp) / "big") if args.big else None
     import transformers
 

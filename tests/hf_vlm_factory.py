@@ -166,6 +166,35 @@ def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", s
     return TinyVlm(family, path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std), tiles)
 
 
+def make_smolvlm_geometry(path: Path, *, layers: int = 1, seed: int = 0) -> TinyVlm:
+    """SmolVLM-256M's geometry and widths (SigLIP 768 wide at 512 px, patch 16, scale_factor 4; a 576-wide
+    LLaMA, vocab 49280; its processor's size 2048 and 512 px tiles: 4 x 4 tiles + the global image, 17 x 64
+    image tokens), `layers` deep on both sides, random init: the bench's check of the split span at full size."""
+    import torch
+    import transformers as tf
+
+    vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=layers, num_attention_heads=12)
+    vision.update(image_size=512, patch_size=16)
+    textkw = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=layers)
+    textkw.update(num_attention_heads=9, num_key_value_heads=3, vocab_size=49280, initializer_range=_init_range(576))
+    image_token = 49190
+    cfg = tf.SmolVLMConfig(vision_config=vision, text_config=textkw, image_token_id=image_token, scale_factor=4)
+    torch.manual_seed(seed)
+    model = tf.SmolVLMForConditionalGeneration(cfg).eval()
+    _widen(model.model.vision_model, seed)
+    _widen(model.model.connector, seed + 1, 0.05)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    specials = {"<unk>": 0, "<|im_start|>": 1, "<end_of_utterance>": 2, "User:": 3, "Assistant:": 4}
+    specials.update({"<fake_token_around_image>": 49189, "<global-img>": 49152, "<image>": image_token})
+    specials.update({f"<row_{r + 1}_col_{c + 1}>": 49153 + 6 * r + c for r in range(6) for c in range(6)})
+    _tokenizer(path, 49280, specials, IDEFICS3_TEMPLATE, "<|im_start|>", "<end_of_utterance>", newlines=True)
+    kw = dict(size={"longest_edge": 2048}, max_image_size={"longest_edge": 512})
+    proc = tf.Idefics3ImageProcessor(do_image_splitting=True, **kw)
+    proc.save_pretrained(path)
+    return TinyVlm("smolvlm", path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std), 4)
+
+
 def hf_pixels(vlm: TinyVlm, gray: np.ndarray):
     """What transformers' image processor gives for a grey display frame in [0, 1] already at the tower's size:
     the frame as RGB, normalised per channel (the resize is edgekit's preprocessing, not compared here)."""
