@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,17 @@ class Client:
 
     def report(self, study: str | Path, prompt: str = "", **fields) -> Reply:
         return self.post_study("/v1/reports", study_files(study), {"prompt": prompt, **fields})
+
+    def wait_job(self, job_id: str, timeout: float = 60.0) -> dict:
+        """`GET /v1/jobs/{id}` until the job has succeeded or failed; its JSON."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get(f"/v1/jobs/{job_id}").json()
+            if job["state"] in ("succeeded", "failed"):
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout} s")
+            time.sleep(0.05)
 
     def put_json(self, url: str, data) -> Reply:
         return self.request("PUT", url, body=json.dumps(data).encode(), headers={"Content-Type": "application/json"})

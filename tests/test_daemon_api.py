@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 import zipfile
 from pathlib import Path
 
@@ -171,16 +170,6 @@ def test_bad_idempotency_key_is_refused(daemon):
     assert (reply.status, reply.error_code) == (400, "invalid_idempotency_key")
 
 
-def _wait_job(client, job_id, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["state"] in ("succeeded", "failed"):
-            return job
-        time.sleep(0.05)
-    raise TimeoutError(job_id)
-
-
 def test_job_with_idempotency_key_runs_once_and_gives_report_stream_and_sr(daemon):
     import pydicom
 
@@ -196,7 +185,7 @@ def test_job_with_idempotency_key_runs_once_and_gives_report_stream_and_sr(daemo
     events = [json.loads(x) for x in stream.body.decode().splitlines()]
     assert stream.headers["content-type"].startswith("application/x-ndjson")
     assert events[-1]["state"] == "succeeded" and events[-1]["report"]["text"] is not None
-    job = _wait_job(daemon.client, job_id)
+    job = daemon.client.wait_job(job_id)
     assert job["attempts"] == 1 and job["report"]["modality"] == "CT" and "prompt" not in job
     sr = daemon.client.get(f"/v1/jobs/{job_id}/sr")
     assert sr.status == 200
@@ -208,7 +197,7 @@ def test_job_with_idempotency_key_runs_once_and_gives_report_stream_and_sr(daemo
 
 def test_sr_of_a_video_job_is_409(daemon):
     reply = daemon.client.post_study("/v1/jobs", study_files(SAMPLES / "us_cardiac" / "cine.mp4"))
-    job = _wait_job(daemon.client, reply.json()["id"])
+    job = daemon.client.wait_job(reply.json()["id"])
     assert job["state"] == "succeeded"
     sr = daemon.client.get(f"/v1/jobs/{job['id']}/sr")
     assert (sr.status, sr.error_code) == (409, "sr_unavailable")
@@ -278,7 +267,7 @@ def test_ingest_warnings_travel_with_the_report_in_json_job_stream_and_sr(daemon
     streamed = daemon.client.post_study("/v1/reports?stream=ndjson", files, fields)
     final = json.loads(streamed.body.decode().splitlines()[-1])
     assert final["event"] == "report" and final["report"]["warnings"] == body["warnings"]
-    job = _wait_job(daemon.client, daemon.client.post_study("/v1/jobs", files, fields).json()["id"])
+    job = daemon.client.wait_job(daemon.client.post_study("/v1/jobs", files, fields).json()["id"])
     assert job["state"] == "succeeded" and job["report"]["warnings"] == body["warnings"]
     assert skipped[0] in _sr_note(daemon.client.get(f"/v1/jobs/{job['id']}/sr").body)
     clean = _ok_report(daemon.client.report(SAMPLES / "ct_chest", "Follow-up."))
@@ -307,6 +296,6 @@ def test_a_prompt_too_long_is_refused_before_the_upload_is_read(daemon):
 def test_ingest_time_is_measured_not_a_stub(daemon):
     sync = _ok_report(daemon.client.report(SAMPLES / "ct_chest", "Follow-up."))
     job = daemon.client.post_study("/v1/jobs", study_files(SAMPLES / "ct_chest"), {"prompt": "Follow-up."})
-    done = _wait_job(daemon.client, job.json()["id"])
+    done = daemon.client.wait_job(job.json()["id"])
     for timings in (sync["timings"], done["report"]["timings"]):
         assert timings["ingest_ms"] > 0.5  # 14 slices read and decoded; a stub around the call measured ~0.001

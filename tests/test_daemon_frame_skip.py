@@ -5,8 +5,6 @@ frames back."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 pytest.importorskip("fastapi")
@@ -30,16 +28,6 @@ def _point(name: str, bundle, energy_j: float, video_f1: float, **settings) -> P
         energy_j=energy_j, energy_source="estimated:test-profile", peak_rss_mib=100.0, count=60,
         video_f1=video_f1, video_f1_ci=(video_f1 - 0.02, video_f1), video_count=15,
     )  # fmt: skip
-
-
-def _wait_job(client, job_id: str, timeout: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["state"] in ("succeeded", "failed"):
-            return job
-        time.sleep(0.05)
-    raise TimeoutError(job_id)
 
 
 def test_the_served_point_skips_video_frames_and_the_report_says_how_many(tmp_path):
@@ -77,7 +65,7 @@ def test_the_served_point_skips_video_frames_and_the_report_says_how_many(tmp_pa
 
         job = d.client.post_study("/v1/jobs", study_files(clip))
         assert job.status == 202, job.json()
-        done = _wait_job(d.client, job.json()["id"])
+        done = d.client.wait_job(job.json()["id"])
         assert done["state"] == "succeeded" and done["report"]["frames"]["model_frames"] == 4
 
         r = d.client.put_json("/v1/policy", {"mode": "fixed", "fixed": "full"})
