@@ -233,14 +233,26 @@ def test_split_tiling_follows_the_processor(longest, tile):
     assert got["pixel_values"].shape[1] == (tiles * tiles + 1 if tiles else 1)
 
 
-def test_split_with_tiles_the_tower_does_not_take_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (
+            {"max_image_size": {"longest_edge": 32}},
+            "max_image_size.longest_edge 32 is not the vision tower's image_size 28",
+        ),
+        ({"do_resize": False}, "do_resize: false with image splitting"),
+        ({"size": {"height": 56, "width": 56}}, "size: expected {'longest_edge': <int>}"),
+    ],
+    ids=["tile-not-tower", "no-resize", "size-not-longest-edge"],
+)
+def test_split_the_graph_cannot_fix_is_refused_in_one_line(tmp_path, capsys, edit, needle):
     vlm = make_idefics3(tmp_path / "hf", family="idefics3", tiles=2)
     pre_path = vlm.path / "preprocessor_config.json"
-    pre = json.loads(pre_path.read_text())
-    pre["max_image_size"] = {"longest_edge": 32}
-    pre_path.write_text(json.dumps(pre))
-    with pytest.raises(ConfigError, match="max_image_size.longest_edge 32 is not the vision tower's image_size 28"):
-        convert_hf(vlm.path, tmp_path / "onnx")
+    pre_path.write_text(json.dumps({**json.loads(pre_path.read_text()), **edit}))
+    capsys.readouterr()
+    assert app_module.main(["convert", str(vlm.path), "-o", str(tmp_path / "onnx")]) == 2
+    err = _one_line(capsys)
+    assert needle in err and "preprocessor_config.json" in err
     assert not (tmp_path / "onnx").exists()
 
 
