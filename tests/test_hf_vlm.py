@@ -219,18 +219,19 @@ def test_smolvlm_split_parity_and_x1_bundle(tmp_path):
 
 @pytest.mark.parametrize("longest,tile", [(56, 28), (57, 28), (20, 28), (29, 28), (100, 28), (127, 42), (4097, 512)])
 def test_split_tiling_follows_the_processor(longest, tile):
-    """The tile count edgekit derives for a square frame is the one transformers' image processor cuts (its
-    rounding of odd sizes, multiples of the tile and the 4096 cap included)."""
+    """The tile count edgekit derives for a square frame is the one transformers' image processors (Idefics3's,
+    SmolVLM's) cut (their rounding of odd sizes, multiples of the tile and the 4096 cap included)."""
     from edgekit.hf.idefics3 import square_resize
 
-    proc_cls = getattr(transformers, "Idefics3ImageProcessorPil", transformers.Idefics3ImageProcessor)
-    proc = proc_cls(do_image_splitting=True, size={"longest_edge": longest}, max_image_size={"longest_edge": tile})
-    got = proc(images=[[np.zeros((10, 10, 3), np.uint8)]], return_row_col_info=True, return_tensors="np")
     h, w = square_resize(longest, tile)
     assert h == w
     tiles = h // tile if h > tile else 0
-    assert (got["rows"][0][0], got["cols"][0][0]) == (tiles, tiles)
-    assert got["pixel_values"].shape[1] == (tiles * tiles + 1 if tiles else 1)
+    for family in ("Idefics3", "SmolVLM"):  # SmolVLM's processor has its own copy of the arithmetic
+        cls = getattr(transformers, f"{family}ImageProcessorPil", getattr(transformers, f"{family}ImageProcessor"))
+        proc = cls(do_image_splitting=True, size={"longest_edge": longest}, max_image_size={"longest_edge": tile})
+        got = proc(images=[[np.zeros((10, 10, 3), np.uint8)]], return_row_col_info=True, return_tensors="np")
+        assert (got["rows"][0][0], got["cols"][0][0]) == (tiles, tiles), family
+        assert got["pixel_values"].shape[1] == (tiles * tiles + 1 if tiles else 1)
 
 
 @pytest.mark.parametrize(
