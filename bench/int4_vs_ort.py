@@ -21,8 +21,15 @@ Models, none of them written for this bench's methods:
 Calibration: 64 feeds of 32 tokens (random token ids through the model's own embedding table) for every method
 that uses data. Error = relative L2 error of the output (logits) against FP32 on 8 held-out feeds;
 `ratio` = that error over ORT's best on the same model (the lowest of all its rows); the default must be <= 0.8.
+edgekit's GPTQ methods write float zero points for asymmetric MatMuls on cpu, as ORT's HQQ does.
+
+`--headroom` prints, instead, why a model misses: per weight MatMul on a held-out quarter of the calibration
+tokens, the squared output error of float-zero RTN and of edgekit's GPTQ (float zero points, refit) over ORT's
+HQQ, the Hessian's GM/AM of eigenvalues (GPTQ's gain over rounding on one grid), the weight-error ratio, and the
+end-to-end error with HQQ's weight error scaled by 0.9..0.6 (what a quantizer that far below HQQ everywhere gets).
 
     python bench/int4_vs_ort.py [--model-dir DIR] [--block 32] [--models a,b] [--json bench/int4_vs_ort.json]
+    python bench/int4_vs_ort.py --headroom --models llava-qwen2,llava-qwen2-hfinit
 """
 
 from __future__ import annotations
@@ -264,6 +271,67 @@ def measure(label: str, proto: onnx.ModelProto, calib, evals, output: str, block
     return rows
 
 
+def headroom(label: str, proto: onnx.ModelProto, calib, evals, output: str, block: int) -> dict:
+    """Per-layer errors against ORT's HQQ and the end-to-end error of HQQ's weight error scaled (see --headroom)."""
+    from edgekit.passes.calibration import capture_values
+    from edgekit.passes.gptq import gptq_quantize, hessian
+    from edgekit.passes.int4_encode import dequantize_matmulnbits, quantize_blocks
+    from edgekit.passes.patterns import add_initializer, require_weight_matmuls
+
+    hqq_model = onnx.load_from_string(ort_int4(proto, block, "hqq", False, calib))
+    inits = {i.name: numpy_helper.to_array(i) for i in hqq_model.graph.initializer}
+    hqq = {}  # MatMul output name -> HQQ's dequantized (N, K)
+    for node in hqq_model.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            n, k = attrs["N"], attrs["K"]
+            b, sc, zp = (inits[name] for name in node.input[1:4])
+            b, sc = b.reshape(n, k // block, -1), sc.reshape(n, k // block)
+            zp = zp.reshape(n, k // block) if zp.dtype != np.uint8 else zp.reshape(n, -1)
+            hqq[node.output[0]] = dequantize_matmulnbits(b, sc, zp, k=k, bits=4, block=block).T.astype(np.float64)
+    model = ir.from_proto(proto)
+    mms = require_weight_matmuls(model, "int4", DECODER)
+    acts = capture_values(model, sorted({m.activation.name for m in mms}), calib)
+    sums = {"rtn float zeros": 0.0, "gptq float zeros + refit": 0.0, "hqq": 0.0}
+    dw = {"gptq": 0.0, "hqq": 0.0}
+    gm_am = []
+    for m in mms:
+        x = acts[m.activation.name].astype(np.float64)
+        order = np.random.default_rng(0).permutation(len(x))
+        fit, val = x[order[: 3 * len(x) // 4]], x[order[3 * len(x) // 4 :]]
+        w = m.kn().T.astype(np.float64)
+        h = hessian(fit)
+        y = val @ w.T
+        w_hqq = hqq[m.node.outputs[0].name]
+        w_rtn = quantize_blocks(w.astype(np.float32), block, symmetric=False, clip_grid=10, float_zeros=True)
+        w_gptq = gptq_quantize(w, h, block, symmetric=False, clip_grid=10, signed_scales=True, float_zeros=True)
+        for key, wq in (("hqq", w_hqq), ("rtn float zeros", w_rtn.dequantize()), ("gptq float zeros + refit", None)):
+            wq = w_gptq.dequantize() if wq is None else wq
+            sums[key] += float(((val @ wq.T - y) ** 2).sum() / (y**2).sum())
+        dw["gptq"] += float(((w_gptq.dequantize() - w) ** 2).sum())
+        dw["hqq"] += float(((w_hqq - w) ** 2).sum())
+        hd = h + 0.01 * np.mean(np.diag(h)) * np.eye(len(h))
+        gm_am.append(float(np.exp(np.mean(np.log(np.linalg.eigvalsh(hd)))) / np.mean(np.diag(hd))))
+    ref = run_all(session(proto.SerializeToString()), evals)
+    scaled = {}
+    for a in (1.0, 0.9, 0.8, 0.7, 0.6):
+        mm = ir.from_proto(proto)
+        for m in require_weight_matmuls(mm, "int4", DECODER):
+            w = m.kn().T.astype(np.float64)
+            wq = w + a * (hqq[m.node.outputs[0].name] - w)
+            m.node.replace_input_with(1, add_initializer(mm.graph, np.ascontiguousarray(wq.T, np.float32), m.name))
+        scaled[a] = compare_outputs(ref, run_all(session(ir.to_proto(mm).SerializeToString()), evals), [output])[0]
+    out = {
+        "model": label,
+        "per_layer_sq_error_over_hqq": {k: round(v / sums["hqq"], 3) for k, v in sums.items()},
+        "weight_error_gptq_over_hqq": round(dw["gptq"] / dw["hqq"], 3),
+        "hessian_gm_over_am": {"median": round(float(np.median(gm_am)), 3), "min": round(min(gm_am), 3)},
+        "e2e_with_hqq_error_scaled": {a: round(e.rel_l2 / scaled[1.0].rel_l2, 3) for a, e in scaled.items()},
+    }
+    print(f"  {json.dumps(out)}", flush=True)
+    return out
+
+
 def default_model(model_dir: Path | None) -> tuple[str, Path]:
     if model_dir is not None:
         return f"radreport-tiny (graphs in {model_dir})", model_dir
@@ -316,7 +384,9 @@ def main() -> None:
         default="radreport-tiny,llama-outliers,qwen2-outliers,llava-qwen2,llava-qwen2-hfinit,mlp-heavy-tailed",
     )
     ap.add_argument("--json", type=Path, default=Path("bench/int4_vs_ort.json"))
+    ap.add_argument("--headroom", action="store_true", help="per-layer analysis against ORT's HQQ (see above)")
     args = ap.parse_args()
+    measure_fn = headroom if args.headroom else measure
     logging.disable(logging.WARNING)  # ORT's quantizer logs every node at INFO
 
     wanted = args.models.split(",")
@@ -341,13 +411,20 @@ def main() -> None:
         elif name == "mlp-heavy-tailed":
             proto = heavy_tailed_mlp()
             label, output = name, proto.graph.output[0].name
-            rows += measure(label, proto, mlp_feeds(CALIB_SAMPLES, 1), mlp_feeds(8, 2), output, args.block)
+            if not args.headroom:  # the MLP's graph is not a decoder: the headroom analysis reads decoder MatMuls
+                rows += measure(label, proto, mlp_feeds(CALIB_SAMPLES, 1), mlp_feeds(8, 2), output, args.block)
             continue
         else:
             raise SystemExit(f"unknown model {name!r}")
         calib = sample_feeds(fp32, CALIB_SAMPLES, seq=32, seed=1, embeddings=emb)
         evals = sample_feeds(fp32, 8, seq=32, seed=2, embeddings=emb)
-        rows += measure(label, proto, calib, evals, output, args.block)
+        found = measure_fn(label, proto, calib, evals, output, args.block)
+        rows += found if isinstance(found, list) else [found]
+    if args.headroom:
+        path = args.json.with_name(args.json.stem + "_headroom.json")
+        path.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "models": rows}, indent=2))
+        print(f"wrote {path}")
+        return
 
     print(
         f"\nINT4 block={args.block}: output relative L2 error vs FP32 on held-out feeds (lower is better); "
