@@ -209,6 +209,60 @@ def score(gen, cases) -> dict:
     }
 
 
+def x1_cost(root: Path, rate: float, steps: int, seed: int, tokens: int) -> list[dict]:
+    """Emulated X1 time and energy per decode token of a user's SmolVLM (random init, small size from
+    tests/hf_vlm_factory.py), fine-tuned with and without gates, each built for x1 through the `lora` pass: DSS off
+    against DSS at the seed's setting. The emulator's cost depends on what is computed, not on what the weights
+    know, so a random-init model measures the cost; its reports mean nothing and are not scored."""
+    import importlib.resources
+
+    from hf_vlm_factory import make_idefics3
+
+    from edgekit.build import build
+    from edgekit.generate import GenerationOptions
+    from edgekit.targets.x1.engine import SparseConfig, X1Engine
+
+    vlm = make_idefics3(root / "vlm", "small", family="smolvlm", seed=seed)
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(200)]
+    rows = [
+        {"prompt": " ".join(rng.choice(words, 4)), "completion": " ".join(rng.choice(words, 8))} for _ in range(256)
+    ]
+    write_jsonl(root / "vlm.jsonl", rows)
+    study = importlib.resources.files("edgekit.models") / "samples" / "ct_chest"
+    options = GenerationOptions(max_new_tokens=tokens, stop_token_ids=[])
+    out = []
+    for name, r in (("LoRA", 0.0), ("LoRA + gates", rate)):
+        opts = FinetuneOptions(steps=steps, batch_size=16, gate_rate=r, seed=seed, threads=2)
+        res = finetune(vlm.path, root / "vlm.jsonl", root / f"vlm-{name}", opts)
+        recipe = root / f"{name}.toml"
+        recipe.write_text(f'name = "lora"\n[[pass]]\nname = "lora"\nadapters = ["{root / f"vlm-{name}"}"]\n')
+        bundle = build("x1", root / f"x1-{name}", model_dir=vlm.path, parity=False, recipe=recipe).bundle
+        base = None
+        for label, cfg in (
+            ("off", SparseConfig(enable_sparsity=False)),
+            ("0.38 / 0.015", SparseConfig(sparsity_target=0.38, sensitivity_threshold=0.015)),
+        ):
+            rep = X1Engine(bundle, cfg).report(str(study), "w1 w2", options)
+            c = rep.cost
+            row = {
+                "model": f"SmolVLM small, {name}",
+                "closed": res.get("gates", {}).get("closed", 0),
+                "heads": res.get("gates", {}).get("total"),
+                "dss": label,
+                "skip_rate": round(c["skip_rate"], 4),
+                "tokens": rep.timings["new_tokens"],
+                "emulated_ms_per_token": round(c["emulated_ms_per_token"], 5),
+                "mj_per_token": round(c["mj_per_token"], 5),
+                "energy_source": c["figure_source"],
+            }
+            base = base or row
+            row["mj_per_token_ratio_vs_off"] = round(row["mj_per_token"] / base["mj_per_token"], 4)
+            row["ms_per_token_ratio_vs_off"] = round(row["emulated_ms_per_token"] / base["emulated_ms_per_token"], 4)
+            out.append(row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pretrain-steps", type=int, default=800)
@@ -216,6 +270,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n", type=int, default=200, help="held-out prompts")
     ap.add_argument("--rate", type=float, default=0.375)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--x1-tokens", type=int, default=32, help="decode tokens per emulated X1 report (0: skip the X1 part)"
+    )
     ap.add_argument("--json", type=Path, default=Path("out/hf_head_gates.json"))
     a = ap.parse_args(argv)
     torch.set_num_threads(2)
@@ -291,6 +348,7 @@ def main(argv: list[str] | None = None) -> dict:
                         **score(pr.generate, cases),
                     }
                 )
+        x1 = x1_cost(root, a.rate, 60, a.seed, a.x1_tokens) if a.x1_tokens else []
     result = {
         "bench": "hf_head_gates",
         "task": f"reverse {LENGTH} words (tests/finetune_factory.py), held-out prompts, greedy",
@@ -302,6 +360,9 @@ def main(argv: list[str] | None = None) -> dict:
             for k, v in fine.items()
         },
         "rows": table,
+        "x1": x1,
+        "x1_source": "edgekit x1 emulator (emulated:x1), default machine, the bundled ct_chest sample, "
+        "one report per row at a fixed decode length; a random-init SmolVLM: cost only, its text is not scored",
         "quality_source": f"exact match of the greedy completion, {a.n} held-out prompts, Wilson 95% interval; "
         "dss off: ONNX Runtime on the merged graphs; dss rows: torch on the same merged weights with the X1 policy",
         "seconds": round(time.perf_counter() - t_start, 1),
@@ -316,6 +377,17 @@ def main(argv: list[str] | None = None) -> dict:
             f"{r['model']:34} {r['closed']:>6} {r['dss']:>34} {skip:>8} "
             f"{r['exact_match']:>8.3f} [{ci[0]:.3f}, {ci[1]:.3f}] {r['token_accuracy']:>8.3f}"
         )
+    if x1:
+        print(
+            f"\n{'x1, emulated':30} {'closed':>9} {'DSS':>14} {'skipped':>8} {'ms/token':>9} {'mJ/token':>9} "
+            f"{'vs off':>7}"
+        )
+        for r in x1:
+            closed = f"{r['closed']}/{r['heads']}" if r["heads"] else "0"
+            print(
+                f"{r['model']:30} {closed:>9} {r['dss']:>14} {r['skip_rate']:>8.3f} "
+                f"{r['emulated_ms_per_token']:>9.4f} {r['mj_per_token']:>9.4f} {r['mj_per_token_ratio_vs_off']:>7.3f}"
+            )
     print(f"\nwrote {a.json} ({result['seconds']} s)")
     return result
 
