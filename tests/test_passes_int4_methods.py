@@ -298,9 +298,10 @@ def test_float_zero_points_run_in_ort_as_numpy_dequantizes_them():
         [numpy_helper.from_array(w, "fc0.weight")],
     )
     model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
-    make_pass("int4:block=32,method=gptq,symmetric=false")(
+    report = make_pass("int4:block=32,method=gptq,symmetric=false")(
         model, PassContext(graph="mlp.onnx", calibration={"mlp.onnx": CALIB})
-    )
+    ).report
+    assert report.notes["float_zero_points"] == 1
     (node,) = [n for n in model.graph if n.op_type == "MatMulNBits"]
     b, scales, zp = (v.const_value.numpy() for v in node.inputs[1:])
     assert zp.dtype == np.float32 and zp.shape == scales.shape == (HIDDEN, K // 32)  # not packed nibbles

@@ -294,6 +294,7 @@ class Int4Pass(GraphPass):
         encoder = ENCODERS[cfg.target]
         opts = {"accuracy_level": cfg.accuracy_level if cfg.target == "cpu" else 0, "node_names": node_names}
         counts = defaultdict(int)
+        float_zero_points = 0  # MatMulNBits with float zero points: 32 bits per block instead of 4
         for m in mms:
             transpose = m.transpose
             if m.name in kept and cfg.keep_bits == 32:
@@ -304,7 +305,9 @@ class Int4Pass(GraphPass):
                 counts["fp32"] += 1
             else:
                 bits = cfg.keep_bits if m.name in kept else 4
-                changes.nodes_added += encoder(model, m.node, quantize(m, bits), m.name, opts)
+                qw = quantize(m, bits)
+                float_zero_points += qw.float_zeros
+                changes.nodes_added += encoder(model, m.node, qw, m.name, opts)
                 if cfg.target == "cpu":
                     changes.nodes_removed += 1  # the MatMul itself became MatMulNBits
                 counts[f"int{bits}"] += 1
@@ -322,6 +325,7 @@ class Int4Pass(GraphPass):
             ],
             "method": cfg.method,
             "matmuls": dict(counts),
+            "float_zero_points": float_zero_points,
             "kept": sorted(kept),
             "sensitivity_top": {n: round(sensitivity[n], 6) for n in ranked[: max(cfg.mixed, 5)]},
             "awq_groups": len(scales),
