@@ -228,9 +228,20 @@ class VisionShape:
     frames: int = 1
     pool_stride: int = 1  # spatial pooling of the patch grid before the connector
     connector_in: int = 0  # input width of the connector; 0: the encoder's width
+    tiles: int = 1  # tower inputs per frame, each its own image tokens (Idefics3's split: rows x cols + global)
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "patch_size", "hidden", "layers", "mlp", "channels", "frames", "pool_stride"):
+        for name in (
+            "image_size",
+            "patch_size",
+            "hidden",
+            "layers",
+            "mlp",
+            "channels",
+            "frames",
+            "pool_stride",
+            "tiles",
+        ):
             _positive_int(f"vision.{name}", getattr(self, name))
 
     @property
@@ -239,7 +250,7 @@ class VisionShape:
 
     @property
     def image_tokens(self) -> int:
-        return (self.image_size // self.patch_size // self.pool_stride) ** 2
+        return self.tiles * (self.image_size // self.patch_size // self.pool_stride) ** 2
 
     def encoder_params(self) -> int:
         d, m = self.hidden, self.mlp
@@ -251,8 +262,8 @@ class VisionShape:
     def flops(self, out_hidden: int) -> float:
         """All frames through the encoder (GEMMs and attention), then the connector on the pooled tokens."""
         t, d = self.patches, self.hidden
-        per_frame = 2 * t * self.encoder_params() + self.layers * 4 * t * t * d
-        return self.frames * per_frame + 2 * self.image_tokens * self.connector_params(out_hidden)
+        per_input = 2 * t * self.encoder_params() + self.layers * 4 * t * t * d
+        return self.frames * self.tiles * per_input + 2 * self.image_tokens * self.connector_params(out_hidden)
 
 
 @dataclass(frozen=True)
@@ -329,7 +340,8 @@ class ModelShape:
     def from_hf_config(cls, cfg: dict, name: str = "hf") -> ModelShape:
         """An imported VLM's config.json (a bundle's `model_config`): the language model from `text_config`, the
         tower from `vision_config` at the depth edgekit built (`edgekit_vlm.tower_layers`), Idefics3's pixel
-        shuffle as the pooling (its connector takes the shuffled width)."""
+        shuffle as the pooling (its connector takes the shuffled width) and its image splitting as tiles (rows x
+        cols + the global image, each through the tower)."""
         from edgekit.hf.config import decoder_shape_fields
 
         text = decoder_shape_fields(cfg.get("text_config") or cfg, "config.json text_config")
@@ -348,6 +360,7 @@ class ModelShape:
                 channels=int(v.get("num_channels", 3)),
                 pool_stride=sf,
                 connector_in=hidden * sf * sf,
+                tiles=(split["rows"] * split["cols"] + 1) if (split := built.get("image_splitting")) else 1,
             )
         dims = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
         return cls(
