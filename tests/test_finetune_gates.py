@@ -241,3 +241,18 @@ def test_wrong_model_or_missing_data_is_one_line_before_any_loading(tuned, tmp_p
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     want = "not a Hugging Face model directory" if case == "embedded" else "fine-tuning data not found"
     assert len(err) == 1 and want in err[0] and not (tmp_path / "o").exists()
+
+
+def test_image_records_of_a_split_smolvlm_feed_its_tiles(tmp_path):
+    """With Idefics3's image splitting the span holds every tile's tokens; the pixel values must be the tiles and
+    the global image in the processor's order, or transformers refuses the batch."""
+    from PIL import Image
+
+    vlm = make_idefics3(tmp_path / "hf", family="smolvlm", seed=3, tiles=2)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40), dtype=np.uint8)).save(tmp_path / "img.png")
+    rows = [{"image": "img.png", "prompt": f"w{i}", "completion": f"w{i + 1} w{i + 2}"} for i in range(16)]
+    write_jsonl(tmp_path / "t.jsonl", rows)
+    opts = FinetuneOptions(steps=4, batch_size=4, gate_rate=0.25, threads=1)
+    result = finetune(vlm.path, tmp_path / "t.jsonl", tmp_path / "ad", opts)
+    assert result["data"]["layout"] == "image+prompt+completion" and result["gates"]["closed"] == 2
+    assert np.isfinite(result["last_loss"])
