@@ -39,7 +39,7 @@ class TinyVlm:
     image_token_id: int
     mean: tuple
     std: tuple
-    tiles: int = 0  # idefics3 image splitting: tiles per side (0: not split)
+    tiles: int = 0  # idefics3 image splitting / llava_next's square anyres grid: tiles per side (0: not split)
 
 
 def _tokenizer(
@@ -121,6 +121,43 @@ def make_llava(path: Path, size: str = "tiny", *, tower: str = "clip", text: str
     return TinyVlm("llava", path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std))
 
 
+def make_llava_next(
+    path: Path, size: str = "tiny", *, tower: str = "clip", text: str = "llama", seed: int = 0, tiles: int = 2, **over
+):
+    """LLaVA-NeXT with pinpoints [[M, 2M], [2M, M], [tiles*M, tiles*M]] (M the tower's image size): a square
+    frame of tiles*M px is cut into tiles x tiles crops + the base image. A SigLIP tower (no class token) needs
+    `vision_feature_select_strategy='full'` for its crops to be whole patch grids."""
+    import torch
+    import transformers as tf
+
+    vh, vl, img, patch, th, tl, vocab = SIZES[size]
+    vision = dict(hidden_size=vh, intermediate_size=2 * vh, num_hidden_layers=vl, num_attention_heads=4)
+    vision.update(image_size=img, patch_size=patch)
+    vcfg = tf.CLIPVisionConfig(**vision) if tower == "clip" else tf.SiglipVisionConfig(**vision)
+    tcls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[text]
+    textkw = dict(hidden_size=th, intermediate_size=2 * th, num_hidden_layers=tl, num_attention_heads=4)
+    textkw.update(num_key_value_heads=2, vocab_size=vocab, initializer_range=_init_range(th))
+    if text == "mistral":
+        textkw["sliding_window"] = None
+    image_token = vocab - 1
+    points = [[img, 2 * img], [2 * img, img], [tiles * img, tiles * img]]
+    cfg = tf.LlavaNextConfig(
+        vision_config=vcfg, text_config=tcls(**textkw), image_token_id=image_token, image_grid_pinpoints=points, **over
+    )
+    torch.manual_seed(seed)
+    model = tf.LlavaNextForConditionalGeneration(cfg).eval()
+    _widen(model.model.vision_tower, seed)
+    _widen(model.model.multi_modal_projector, seed + 1, 0.05)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    specials = {"<unk>": 0, "<s>": 1, "</s>": 2, "USER:": 3, "ASSISTANT:": 4, "<image>": image_token}
+    _tokenizer(path, vocab, specials, LLAVA_TEMPLATE, "<s>", "</s>")
+    cls = getattr(tf, "LlavaNextImageProcessorPil", tf.LlavaNextImageProcessor)
+    proc = cls(size={"shortest_edge": img}, crop_size={"height": img, "width": img}, image_grid_pinpoints=points)
+    proc.save_pretrained(path)
+    return TinyVlm("llava_next", path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std), tiles)
+
+
 def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", seed: int = 0, tiles: int = 0):
     """`tiles` > 0: the processor splits (`do_image_splitting`), `size.longest_edge` = tiles x the tower's image
     size, so a square image becomes tiles x tiles tiles plus the global image; the tokenizer holds the
@@ -200,6 +237,12 @@ def hf_pixels(vlm: TinyVlm, gray: np.ndarray):
     the frame as RGB, normalised per channel (the resize is edgekit's preprocessing, not compared here)."""
     import torch
 
+    if vlm.family == "llava_next":  # the base image (the frame averaged over r x r blocks), then the crops
+        r, m = vlm.tiles, gray.shape[0] // vlm.tiles
+        crops = [gray[i * m : (i + 1) * m, j * m : (j + 1) * m] for i in range(r) for j in range(r)]
+        images = np.stack([gray.reshape(m, r, m, r).mean(axis=(1, 3), dtype=np.float32), *crops])
+        mean, std = (np.asarray(v, np.float32)[:, None, None] for v in (vlm.mean, vlm.std))
+        return torch.tensor(((np.repeat(images[:, None], 3, axis=1) - mean) / std)[None].astype(np.float32))
     if vlm.tiles:  # the tiles row by row, then the global image: the frame averaged over r x r blocks
         r, m = vlm.tiles, gray.shape[0] // vlm.tiles
         tiles = [gray[i * m : (i + 1) * m, j * m : (j + 1) * m] for i in range(r) for j in range(r)]
@@ -222,10 +265,12 @@ def hf_reference(
     import torch
 
     ids = torch.tensor([[*text_ids[:slot], *span_ids, *text_ids[slot:]]])
-    pv = hf_pixels(vlm, gray)
+    images = {"pixel_values": hf_pixels(vlm, gray)}
+    if vlm.family == "llava_next":
+        images["image_sizes"] = torch.tensor([list(gray.shape)])
     with torch.no_grad():
-        logits = vlm.model(input_ids=ids, pixel_values=pv).logits[0].numpy()
-        out = vlm.model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=new_tokens, do_sample=False)
+        logits = vlm.model(input_ids=ids, **images).logits[0].numpy()
+        out = vlm.model.generate(input_ids=ids, **images, max_new_tokens=new_tokens, do_sample=False)
     return logits, out[0, ids.shape[1] :].tolist()
 
 
@@ -237,6 +282,15 @@ def hf_processor(vlm: TinyVlm):
     tok = tf.AutoTokenizer.from_pretrained(vlm.path)
     image = tf.AutoImageProcessor.from_pretrained(vlm.path)
     cfg = vlm.model.config
+    if vlm.family == "llava_next":
+        return tf.LlavaNextProcessor(
+            image_processor=image,
+            tokenizer=tok,
+            patch_size=cfg.vision_config.patch_size,
+            vision_feature_select_strategy=cfg.vision_feature_select_strategy,
+            num_additional_image_tokens=1 if cfg.vision_config.model_type == "clip_vision_model" else 0,
+            chat_template=tok.chat_template,
+        )
     if vlm.family == "llava":
         clip = cfg.vision_config.model_type == "clip_vision_model"
         return tf.LlavaProcessor(
@@ -261,6 +315,8 @@ def processor_inputs(vlm: TinyVlm, image: np.ndarray, prompt: str, **images_kwar
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
     text = proc.apply_chat_template(messages, add_generation_prompt=True)
     rgb = np.repeat(np.asarray(image, np.uint8)[:, :, None], 3, axis=-1)
-    kw = {"do_center_crop": False} if vlm.family == "llava" else {"do_image_splitting": vlm.tiles > 0}
+    kw = {"do_center_crop": False} if vlm.family.startswith("llava") else {"do_image_splitting": vlm.tiles > 0}
     out = proc(text=text, images=[rgb], do_resize=False, return_tensors="pt", **kw, **images_kwargs)
+    if vlm.family == "llava_next":  # the image's size picks the anyres grid; the crops are not resized
+        return {k: out[k] for k in ("input_ids", "pixel_values", "image_sizes")}
     return {"input_ids": out["input_ids"], "pixel_values": out["pixel_values"]}

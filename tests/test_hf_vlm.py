@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
 
-from hf_vlm_factory import hf_reference, make_idefics3, make_llava, processor_inputs  # noqa: E402
+from hf_vlm_factory import hf_reference, make_idefics3, make_llava, make_llava_next, processor_inputs  # noqa: E402
 
 from edgekit.cli import app as app_module  # noqa: E402
 from edgekit.errors import ConfigError, EdgekitError  # noqa: E402
@@ -257,6 +257,120 @@ def test_split_the_graph_cannot_fix_is_refused_in_one_line(tmp_path, capsys, edi
     assert not (tmp_path / "onnx").exists()
 
 
+# llava_next: anyres fixed for the square frame ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "tower,text,over,tiles,tokens",
+    [
+        ("clip", "llama", {}, 2, 16 + 8 * 9),  # base 4x4, the 2x2 grid's 8x8 map + a newline per row
+        ("siglip", "qwen2", {"vision_feature_select_strategy": "full"}, 3, 16 + 12 * 13),
+        ("clip", "mistral", {"vision_feature_layer": [-3, -1]}, 1, 16 + 4 * 5),  # the tower's own size
+    ],
+    ids=["clip-llama-2x2", "siglip-qwen2-full-3x3", "clip-mistral-multilayer-1x1"],
+)
+def test_llava_next_parity(tmp_path, tower, text, over, tiles, tokens):
+    vlm = make_llava_next(tmp_path / "hf", tower=tower, text=text, tiles=tiles, **over)
+    spec = convert_hf(tmp_path / "hf", tmp_path / "onnx").spec
+    assert (spec.family, spec.tiles, spec.image_size) == ("llava_next", tiles, 28 * tiles)
+    assert spec.num_image_tokens == tokens and spec.span_ids == [vlm.image_token_id] * tokens
+    _parity(vlm, tmp_path / "onnx", spec)
+    names = {i.name for i in onnx.load(str(tmp_path / "onnx" / "vision_encoder.onnx")).graph.initializer}
+    assert {"model.image_newline", "model.multi_modal_projector.linear_1.weight"} <= names
+
+
+def test_llava_next_matches_the_processor_and_serves(tmp_path, capsys):
+    """A 56 px frame on pinpoints [[28, 56], [56, 28], [56, 56]]: `LlavaNextProcessor` picks 56 x 56, cuts 2 x 2
+    crops and puts the base image in front; its `input_ids` are edgekit's prompt with the span (88 image tokens)
+    at the slot, and transformers' model fed the processor's own `input_ids`, `pixel_values` and `image_sizes`
+    gives the ONNX graphs' prefill logits and greedy tokens; the cpu bundle is served by the Reporter."""
+    from transformers.image_utils import PILImageResampling
+
+    vlm = make_llava_next(tmp_path / "hf", seed=13, tiles=2)
+    out = tmp_path / "bundle"
+    assert app_module.main(["build", str(vlm.path), "--target", "cpu", "-o", str(out), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert figures["parity"]["measured"] and figures["parity"]["greedy_identical"] == 1.0
+    assert figures["parity"]["max_rel_logit_error"] <= TOL
+    spec = convert_hf(vlm.path, tmp_path / "onnx").spec
+    pre = json.loads((out / "preprocessor_config.json").read_text())
+    assert pre["image_size"] == 56 and pre["anyres"]["rows"] == 2 and pre["anyres"]["grid_pinpoint"] == [56, 56]
+    assert json.loads((out / "config.json").read_text())["image_tokens"] == 88 == spec.span_length
+
+    reporter = Reporter.from_bundle(out, threads=1)
+    prompt = "w3 w4 w5"
+    layout = reporter.prompt("", prompt)
+    slot = layout.image_slot
+    assert slot == 2
+    image = _block_image(28, 2, seed=5)
+    theirs = processor_inputs(vlm, image, prompt, resample=PILImageResampling.BOX)
+    assert theirs["input_ids"][0].tolist() == [*layout.ids[:slot], *spec.span_ids, *layout.ids[slot:]]
+    assert theirs["image_sizes"].tolist() == [[56, 56]] and tuple(theirs["pixel_values"].shape) == (1, 5, 3, 28, 28)
+    gray = image.astype(np.float32) / 255
+    pixels = gray[None, None, None]
+    backend = reporter.backend
+    text = np.asarray([layout.ids], np.int64)
+    x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), slot)
+    logits, _ = backend.decode(x, mask, np.arange(x.shape[1])[None], None)
+    with torch.no_grad():
+        ref = vlm.model(**theirs).logits[0].numpy()
+        greedy = vlm.model.generate(**theirs, max_new_tokens=6, do_sample=False)[0, x.shape[1] :].tolist()
+    scale = np.abs(ref).max()
+    assert scale > 0.5 and np.abs(logits[0] - ref).max() / scale <= TOL
+    ours = generate(backend, pixels, text, GenerationOptions(max_new_tokens=6), image_slot=slot).token_ids
+    assert ours == greedy
+    # the processor's default resample (BICUBIC) changes the base image only: the crops are exact
+    bicubic = processor_inputs(vlm, image, prompt)["pixel_values"]
+    assert torch.equal(bicubic[0, 1:], theirs["pixel_values"][0, 1:])
+    assert not torch.allclose(bicubic[0, 0], theirs["pixel_values"][0, 0], atol=1e-2)
+
+    study = _study(56, seed=3)  # 112 px frames, BOX-resized to 56 by edgekit's preprocessing
+    report = reporter.report(study, prompt, reporter.options(max_new_tokens=6))
+    served = reporter.pixel_values(study)[0, 0, 0]
+    _, tokens = hf_reference(vlm, spec.span_ids, served, layout.ids, len(report.text.split()) or 1, slot)
+    assert report.text == reporter.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+
+@pytest.mark.parametrize("side", [20, 28, 41, 56, 57, 84, 100, 336, 672, 700])
+def test_llava_next_grid_arithmetic_follows_transformers(side):
+    """edgekit's copies of `select_best_resolution` and of the processor's unpadded feature count agree with
+    transformers' for square images on llava-v1.6's pinpoints and the tiny test ones."""
+    from transformers.image_processing_utils import select_best_resolution as theirs
+
+    from edgekit.hf.llava_next import DEFAULT_PINPOINTS, select_best_resolution, unpadded_features
+
+    for points in (DEFAULT_PINPOINTS, ((28, 56), (56, 28), (56, 56))):
+        best = select_best_resolution((side, side), points)
+        assert best == tuple(theirs([side, side], [list(p) for p in points]))
+        tile = points[0][0]
+        proc = transformers.LlavaNextProcessor.__new__(transformers.LlavaNextProcessor)
+        ph = pw = tile // 14 if tile == 336 else tile // 7
+        rows, cols = unpadded_features((side, side), (ph * best[0] // tile, pw * best[1] // tile))
+        unpadded, newlines = proc._get_unpadded_features(side, side, ph, pw, best[0] // tile, best[1] // tile)
+        assert (rows * cols, rows) == (unpadded, newlines)
+
+
+@pytest.mark.parametrize(
+    "where,edit,needle",
+    [
+        ("both", {"image_grid_pinpoints": [[28, 56], [56, 28]]}, "hold no square multiple of the tower's 28 px"),
+        ("config", {"vision_feature_select_strategy": "full"}, "leaves 17 tokens per crop, not the tower's 4x4"),
+        ("pre", {"crop_size": {"height": 32, "width": 32}}, "crop size 32 is not the vision tower's image_size 28"),
+        ("pre", {"image_grid_pinpoints": [[28, 28]]}, "differ from config.json's"),
+    ],
+    ids=["no-square-pinpoint", "clip-full", "crop-not-tower", "pinpoints-differ"],
+)
+def test_llava_next_the_graph_cannot_fix_is_refused_in_one_line(tmp_path, capsys, where, edit, needle):
+    vlm = make_llava_next(tmp_path / "hf")
+    files = {"pre": ["preprocessor_config.json"], "config": ["config.json"]}
+    for name in files.get(where, files["pre"] + files["config"]):  # both: the processor's and the model's
+        path = vlm.path / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    capsys.readouterr()
+    assert app_module.main(["convert", str(vlm.path), "-o", str(tmp_path / "onnx")]) == 2
+    err = _one_line(capsys)
+    assert needle in err and path.name in err
+    assert not (tmp_path / "onnx").exists()
+
+
 # the image in the template's place ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "make",
@@ -340,7 +454,7 @@ def _one_line(capsys) -> str:
     return errors[0]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava_next", "paligemma"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "paligemma"])
 def test_unsupported_vlm_family_lists_the_supported_ones(tmp_path, capsys, family):
     hf = tmp_path / family
     hf.mkdir()

@@ -24,10 +24,17 @@ NOT_MEASURED = {
 def hf_pixel_values(spec: VlmSpec, gray: np.ndarray) -> np.ndarray:
     """(S, S) in [0, 1] -> transformers' pixel_values for one image (llava: (1, C, S, S); idefics3: (1, 1, C, S, S);
     idefics3 split into r x r tiles: (1, r*r + 1, C, M, M), the tiles row by row, then the global image as the
-    vision graph makes it, the frame averaged over r x r blocks)."""
+    vision graph makes it, the frame averaged over r x r blocks; llava_next: (1, 1 + r*r, C, M, M), that base image
+    first, then the crops)."""
     c = spec.tower.channels
     mean = np.asarray(spec.image_mean, np.float32)[:, None, None]
     std = np.asarray(spec.image_std, np.float32)[:, None, None]
+    if spec.family == "llava_next":
+        r, m = spec.tiles, spec.tower.image_size
+        tiles = gray.reshape(r, m, r, m).transpose(0, 2, 1, 3).reshape(r * r, m, m)
+        base = gray.reshape(m, r, m, r).mean(axis=(1, 3), dtype=np.float32)
+        images = np.concatenate([base[None], tiles]).astype(np.float32)
+        return ((np.repeat(images[:, None], c, axis=1) - mean) / std)[None].astype(np.float32)
     if spec.tiles:
         r, m = spec.tiles, spec.tower.image_size
         tiles = gray.reshape(r, m, r, m).transpose(0, 2, 1, 3).reshape(r * r, m, m)
@@ -36,6 +43,16 @@ def hf_pixel_values(spec: VlmSpec, gray: np.ndarray) -> np.ndarray:
         return ((np.repeat(images[:, None], c, axis=1) - mean) / std)[None].astype(np.float32)
     x = ((np.repeat(gray[None], c, axis=0) - mean) / std)[None].astype(np.float32)
     return x if spec.family == "llava" else x[None]
+
+
+def hf_image_inputs(spec: VlmSpec, gray: np.ndarray) -> dict:
+    """The image keyword arguments transformers' model takes for one frame (llava_next also its `image_sizes`)."""
+    import torch
+
+    out = {"pixel_values": torch.tensor(hf_pixel_values(spec, gray))}
+    if spec.family == "llava_next":
+        out["image_sizes"] = torch.tensor([list(gray.shape)])
+    return out
 
 
 def compare(
@@ -48,12 +65,12 @@ def compare(
     from edgekit.generate import GenerationOptions, generate, place_image
 
     ids = torch.tensor([[*text_ids[:slot], *spec.span_ids, *text_ids[slot:]]])
-    pv = torch.tensor(hf_pixel_values(spec, gray))
+    images = hf_image_inputs(spec, gray)
     with torch.no_grad():
-        ref = model(input_ids=ids, pixel_values=pv).logits[0].float().numpy()
-        theirs = model.generate(
-            input_ids=ids, pixel_values=pv, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None
-        )[0, ids.shape[1] :].tolist()
+        ref = model(input_ids=ids, **images).logits[0].float().numpy()
+        theirs = model.generate(input_ids=ids, **images, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)[
+            0, ids.shape[1] :
+        ].tolist()
     pixels = gray[None, None, None].astype(np.float32)
     text = np.asarray([text_ids], np.int64)
     x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), slot)

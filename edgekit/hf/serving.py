@@ -31,6 +31,7 @@ FALLBACK_TEMPLATES = {
     "llava": "USER: <image>\n{prompt} ASSISTANT:",
     "idefics3": "<|im_start|>User:<image>{prompt}<end_of_utterance>\nAssistant:",
 }
+FALLBACK_TEMPLATES["llava_next"] = FALLBACK_TEMPLATES["llava"]
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -177,7 +178,16 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
         "resample": "box (edgekit.preprocess: Pillow BOX in mode F to image_size x image_size, no crop)",
         "hf_image_processor": hf,
     }
-    if spec.tiles:  # the graph cuts the frame as the processor does
+    if spec.family == "llava_next":  # the graph cuts the frame as the processor's anyres does
+        out["anyres"] = {
+            "grid_pinpoint": [spec.image_size, spec.image_size],
+            "rows": spec.tiles,
+            "cols": spec.tiles,
+            "crop_size": spec.tower.image_size,
+            "base_image": f"the frame averaged over {spec.tiles}x{spec.tiles} blocks in {names.VISION_ENCODER} "
+            "(BOX at an integer factor; the processor's own resample is in hf_image_processor)",
+        }
+    elif spec.tiles:  # the graph cuts the frame as the processor does
         out["image_splitting"] = {
             "rows": spec.tiles,
             "cols": spec.tiles,

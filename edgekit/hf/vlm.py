@@ -27,7 +27,7 @@ from edgekit.errors import ConfigError
 from edgekit.export.irbuilder import GraphBuilder
 from edgekit.export.specs import DecoderSpec
 
-from . import idefics3, llava
+from . import idefics3, llava, llava_next
 from .checkpoint import SafetensorsCheckpoint
 from .config import VLM_TYPES, decoder_spec
 from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states
@@ -44,7 +44,7 @@ HALF = (0.5, 0.5, 0.5)
 class VlmSpec:
     """What the three graphs of one VLM need: the tower, how its output becomes image tokens, the decoder."""
 
-    family: str  # "llava" | "idefics3" (smolvlm is idefics3's architecture)
+    family: str  # "llava" | "llava_next" | "idefics3" (smolvlm is idefics3's architecture)
     model_type: str
     tower: VisionTowerSpec
     tower_layers: int  # layers built (up to the deepest one read)
@@ -59,13 +59,14 @@ class VlmSpec:
     connector_bias: bool = True
     connector_act: str = "none"
     scale_factor: int = 1  # idefics3: pixel shuffle
-    tiles: int = 0  # idefics3 image splitting: tiles per side of the square frame (0: not split)
+    tiles: int = 0  # idefics3 image splitting / llava_next anyres: tiles per side of the square frame (0: not split)
     split_span: tuple[int, ...] = ()  # idefics3 image splitting: the whole span's ids, from the model's tokenizer
     span_before: tuple[int, ...] = ()  # token ids the processor writes before the image tokens
     span_after: tuple[int, ...] = ()
     # (checkpoint prefix, module prefix): the graph names weights as transformers' modules are named (what PEFT
     # adapters and quantization reports say), where the checkpoint on disk uses another layout (LLaVA's legacy one)
     renames: tuple[tuple[str, str], ...] = ()
+    newline: str = ""  # llava_next: the checkpoint's image_newline tensor
 
     def to_checkpoint(self, name: str) -> str:
         """A graph (module) weight name -> the checkpoint's name for it."""
@@ -100,6 +101,8 @@ class VlmSpec:
         """How many `image_token_id` tokens the processor writes for one image."""
         if self.family == "llava":
             return self.tower.num_tokens - (1 if self.drop_first else 0)
+        if self.family == "llava_next":
+            return llava_next.num_image_tokens(self)
         return self.num_images * self.tower.num_patches // (self.scale_factor**2)
 
     @property
@@ -174,9 +177,10 @@ def _decoder(text: dict[str, Any], model_dir: Path, names_: Collection[str], lm_
     )
 
 
-def _mean_std(model_dir: Path, tower: VisionTowerSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _mean_std(model_dir: Path, tower: VisionTowerSpec, clip: bool = False) -> tuple[tuple[float, ...], ...]:
+    """`clip`: the processor's class defaults are CLIP's whatever the tower (LlavaNextImageProcessor's)."""
     path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
-    default = (CLIP_MEAN, CLIP_STD) if tower.family == "clip" else (HALF, HALF)
+    default = (CLIP_MEAN, CLIP_STD) if clip or tower.family == "clip" else (HALF, HALF)
     if not path.is_file():
         return default
     try:
@@ -246,7 +250,7 @@ def _special_id(model_dir: Path, token: str) -> int | None:
 
 
 def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]) -> VlmSpec:
-    """A LLaVA / Idefics3 / SmolVLM config (+ the checkpoint's names and the processor files) -> VlmSpec."""
+    """A LLaVA / LLaVA-NeXT / Idefics3 / SmolVLM config (+ the checkpoint's names, the processor files) -> VlmSpec."""
     model_dir = Path(model_dir)
     where = model_dir / "config.json"
     mt = cfg["model_type"]
@@ -255,12 +259,12 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
     image_token = cfg.get("image_token_id", cfg.get("image_token_index"))
     if isinstance(image_token, bool) or not isinstance(image_token, int):
         raise ConfigError(f"image_token_id: expected an int, got {image_token!r}", where)
-    if mt == "llava":
+    if mt in ("llava", "llava_next"):
         tower = llava.tower_of(cfg, names_, where)
         layers = llava.feature_layers(cfg, tower, where)
         drop = llava.select_strategy(cfg, where)
         common = dict(
-            family="llava",
+            family=mt,
             tower=tower,
             tower_layers=max(layers),
             connector_prefix=llava.projector_prefix(names_, where),
@@ -270,6 +274,10 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
             connector_bias=bool(cfg.get("multimodal_projector_bias", True)),
             connector_act=llava.projector_act(cfg, where),
         )
+        if mt == "llava_next":
+            pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+            common["tiles"] = llava_next.grid_side(cfg, _preprocessor(model_dir), tower, where, pre_path)
+            common["newline"] = llava_next.newline_name(names_, where)
     else:
         tower = idefics3.tower_of(cfg, names_, where)
         if not np.array_equal(idefics3.position_ids(tower), np.arange(tower.num_patches)):
@@ -291,7 +299,7 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
             tiles=tiles,
             split_span=split,
         )
-    mean, std = _mean_std(model_dir, tower)
+    mean, std = _mean_std(model_dir, tower, clip=mt == "llava_next")
     spec = VlmSpec(
         model_type=mt,
         text_model_type=source_text_type,
@@ -302,7 +310,9 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
     )
     if not 0 <= image_token < spec.decoder.vocab_size:
         raise ConfigError(f"image_token_id {image_token} is outside the vocabulary of {spec.decoder.vocab_size}", where)
-    return _module_names(spec) if spec.family == "llava" else spec
+    if spec.family == "llava_next":
+        llava_next.check_tokens(spec, where)
+    return _module_names(spec) if spec.family in ("llava", "llava_next") else spec
 
 
 LLAVA_MODULES = {"tower": "model.vision_tower.", "connector": "model.multi_modal_projector."}
@@ -322,6 +332,8 @@ def _module_names(spec: VlmSpec) -> VlmSpec:
     ]
     if not d.lm_head.startswith(lm):  # untied: its own module
         pairs.append((d.lm_head, LLAVA_HEAD))
+    if spec.newline:  # llava_next's image_newline parameter
+        pairs.append((spec.newline, llava_next.NEWLINE_MODULE))
     renames = tuple((c, m) for c, m in pairs if c != m)
     named = dataclasses.replace(spec, renames=renames)
     return dataclasses.replace(
@@ -344,9 +356,11 @@ def expected_vlm_shapes(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, tuple[i
     vcfg = cfg.get("vision_config") or {}
     t, h = spec.tower, spec.decoder.hidden
     shapes = expected_tower_shapes(t, spec.tower_layers, int(vcfg.get("intermediate_size", 4 * t.hidden)))
-    if spec.family == "llava":
+    if spec.family in ("llava", "llava_next"):
         in_dim = t.hidden * len(spec.feature_layers)
         shapes.update(llava.projector_shapes(spec.connector_prefix, in_dim, h, spec.connector_bias))
+        if spec.family == "llava_next":
+            shapes[llava_next.NEWLINE_MODULE] = (h,)
     else:
         shapes[f"{t.name('final')}.weight"] = shapes[f"{t.name('final')}.bias"] = (t.hidden,)
         shapes.update(idefics3.connector_shapes(spec.connector_prefix, t, spec.scale_factor, h))
@@ -371,9 +385,10 @@ def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Mod
     pixels = b.input(names.PIXEL_VALUES, F32, ["batch", 1, 1, s, s])
     scope = "/image_processor"
     x = b.op(scope, "Reshape", [pixels, b.const([-1, 1, s, s])])
-    if spec.tiles:  # the processor's tiles and global image, each one tower input
+    if spec.family == "llava_next":  # the base image and the anyres crops, each one tower input
+        x = llava_next.split_frame(b, x, spec)
+    elif spec.tiles:  # the processor's tiles and global image, each one tower input
         x = idefics3.split_frame(b, x, spec)
-        s = spec.tower.image_size
     if c > 1:  # a grey display frame as the RGB image the tower was trained on
         x = b.op(scope, "Concat", [x] * c, {"axis": 1})
     shape = (1, c, 1, 1)
@@ -381,8 +396,10 @@ def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Mod
     std = b.const(np.asarray(spec.image_std, np.float32).reshape(shape), np.float32)
     x = b.op(scope, "Div", [b.op(scope, "Sub", [x, mean]), std])
     states = hidden_states(b, x, spec.tower, spec.tower_layers)
-    if spec.family == "llava":
+    if spec.family in ("llava", "llava_next"):
         y = llava.select_and_project(b, states, spec)
+        if spec.family == "llava_next":
+            y = llava_next.pack(b, y, spec)
     else:
         y = idefics3.pixel_shuffle_project(b, idefics3.tower_output(b, states, spec), spec)
     if spec.split_span:
