@@ -11,10 +11,11 @@ builds a LLaVA of ~2.0B parameters (a CLIP-L/14-336-sized tower + a 2048-wide, 2
 it sharded, and converts it in a child process: its peak RSS is the figure that says tensors are streamed (the
 float32 graphs alone are ~8 GB).
 
-    python bench/hf_vlm_parity.py                  # 6 configurations x 2 sizes x 100 cases
+    python bench/hf_vlm_parity.py                  # 8 configurations x 2 sizes x 100 cases
     python bench/hf_vlm_parity.py --cases 10 --big # and the 2B-class memory run
     python bench/hf_vlm_parity.py --only split     # the configurations whose name holds "split"
     python bench/hf_vlm_parity.py --only none --geometry  # SmolVLM-256M's 4x4 split geometry, 4 cases
+    python bench/hf_vlm_parity.py --only none --next-geometry  # llava-v1.6's 672 px anyres geometry, 4 cases
 Writes out/bench/hf_vlm_parity.json and prints the table.
 """
 
@@ -31,7 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the random-init model factory
 
-from hf_vlm_factory import make_idefics3, make_llava, make_smolvlm_geometry  # noqa: E402
+from hf_vlm_factory import (  # noqa: E402
+    make_idefics3,
+    make_llava,
+    make_llava_next,
+    make_llava_next_geometry,
+    make_smolvlm_geometry,
+)
 
 SIZES = ("tiny", "medium")  # the factory's sizes: ~0.13M and ~17M parameters
 CONFIGS = {
@@ -42,6 +49,11 @@ CONFIGS = {
     # the processor's image splitting: the frame cut into 2 x 2 tiles + the global image (5 tower inputs)
     "idefics3 split 2x2": lambda p, size: make_idefics3(p, size, family="idefics3", tiles=2),
     "smolvlm split 2x2": lambda p, size: make_idefics3(p, size, family="smolvlm", tiles=2),
+    # anyres at the frame's square pinpoint: 2 x 2 crops + the base image (5 tower inputs), image_newline per row
+    "llava_next (CLIP + LLaMA) 2x2": lambda p, size: make_llava_next(p, size, tower="clip", text="llama", tiles=2),
+    "llava_next (SigLIP + Qwen2) 2x2": lambda p, size: make_llava_next(
+        p, size, tower="siglip", text="qwen2", tiles=2, vision_feature_select_strategy="full"
+    ),
 }
 CHILD = r"""
 import json, re, sys, time
@@ -128,12 +140,26 @@ def geometry_run(root: Path, cases: int, new_tokens: int) -> dict:
     }
 
 
+def next_geometry_run(root: Path, cases: int, new_tokens: int) -> dict:
+    """llava-v1.6's anyres geometry (a 672 px frame, 2 x 2 crops of 336 + the base image through a CLIP-L/14-336
+    tower, a span of 2928 tokens, vocab 32064), two tower layers and a 1024-wide one-layer LLaMA."""
+    vlm = make_llava_next_geometry(root / "hf")
+    stats = convert_in_child(root / "hf", root / "onnx")
+    return {
+        "family": "llava_next 2x2 (v1.6 geometry, 2+1 layers)",
+        "size": "672 px",
+        **stats,
+        **parity(vlm, root / "onnx", cases, new_tokens),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=12)
     ap.add_argument("--big", action="store_true", help="also the 2B-class memory run (~4 GB + ~8 GB of disk)")
     ap.add_argument("--geometry", action="store_true", help="also SmolVLM-256M's 4x4 split at full size")
+    ap.add_argument("--next-geometry", action="store_true", help="also llava-v1.6's 672 px anyres at full size")
     ap.add_argument("--only", default="", help="run only the configurations whose name contains this")
     ap.add_argument("--out", type=Path, default=Path("out/bench/hf_vlm_parity.json"))
     args = ap.parse_args()
@@ -153,6 +179,8 @@ def main() -> None:
                 shutil.rmtree(root, ignore_errors=True)
         if args.geometry:
             rows.append(geometry_run(Path(tmp) / "geometry", min(args.cases, 4), args.new_tokens))
+        if args.next_geometry:
+            rows.append(next_geometry_run(Path(tmp) / "next-geometry", min(args.cases, 4), args.new_tokens))
         big = big_run(Path(tmp) / "big") if args.big else None
     import transformers
 

@@ -158,6 +158,37 @@ def make_llava_next(
     return TinyVlm("llava_next", path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std), tiles)
 
 
+def make_llava_next_geometry(path: Path, *, layers: int = 2, seed: int = 0) -> TinyVlm:
+    """llava-v1.6's vision geometry (a CLIP-L/14-336 tower, 1024 wide; its pinpoints, so a 672 px frame of 2 x 2
+    crops + the base image, a span of 576 + 48 x 49 = 2928 tokens; vocab 32064), `layers` tower layers (read at
+    -2) and a 1024-wide one-layer LLaMA, random init: the bench's check of the anyres span at full size."""
+    import torch
+    import transformers as tf
+
+    vcfg = tf.CLIPVisionConfig(
+        hidden_size=1024, intermediate_size=4096, num_hidden_layers=layers, num_attention_heads=16, image_size=336
+    )
+    vcfg.patch_size = 14
+    textkw = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=1, num_attention_heads=8)
+    textkw.update(num_key_value_heads=8, vocab_size=32064, initializer_range=_init_range(1024))
+    image_token = 32000
+    points = [list(p) for p in ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))]
+    text = tf.LlamaConfig(**textkw)
+    cfg = tf.LlavaNextConfig(vision_config=vcfg, text_config=text, image_token_id=32000, image_grid_pinpoints=points)
+    torch.manual_seed(seed)
+    model = tf.LlavaNextForConditionalGeneration(cfg).eval()
+    _widen(model.model.vision_tower, seed)
+    _widen(model.model.multi_modal_projector, seed + 1, 0.05)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    specials = {"<unk>": 0, "<s>": 1, "</s>": 2, "USER:": 3, "ASSISTANT:": 4, "<image>": image_token}
+    _tokenizer(path, 32064, specials, LLAVA_TEMPLATE, "<s>", "</s>")
+    cls = getattr(tf, "LlavaNextImageProcessorPil", tf.LlavaNextImageProcessor)
+    proc = cls(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}, image_grid_pinpoints=points)
+    proc.save_pretrained(path)
+    return TinyVlm("llava_next", path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std), 2)
+
+
 def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", seed: int = 0, tiles: int = 0):
     """`tiles` > 0: the processor splits (`do_image_splitting`), `size.longest_edge` = tiles x the tower's image
     size, so a square image becomes tiles x tiles tiles plus the global image; the tokenizer holds the
