@@ -256,3 +256,17 @@ def test_image_records_of_a_split_smolvlm_feed_its_tiles(tmp_path):
     result = finetune(vlm.path, tmp_path / "t.jsonl", tmp_path / "ad", opts)
     assert result["data"]["layout"] == "image+prompt+completion" and result["gates"]["closed"] == 2
     assert np.isfinite(result["last_loss"])
+
+
+def test_image_records_of_a_llava_next_pass_its_image_sizes(tmp_path):
+    """LLaVA-NeXT's forward needs `image_sizes` beside the pixel values (its anyres packing reads them)."""
+    from hf_vlm_factory import make_llava_next
+    from PIL import Image
+
+    vlm = make_llava_next(tmp_path / "hf", seed=1)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40), dtype=np.uint8)).save(tmp_path / "img.png")
+    rows = [{"image": "img.png", "prompt": f"w{i}", "completion": f"w{i + 1} w{i + 2}"} for i in range(8)]
+    write_jsonl(tmp_path / "t.jsonl", rows)
+    opts = FinetuneOptions(steps=2, batch_size=4, gate_rate=0.25, threads=1)
+    result = finetune(vlm.path, tmp_path / "t.jsonl", tmp_path / "ad", opts)
+    assert result["data"]["layout"] == "image+prompt+completion" and np.isfinite(result["last_loss"])

@@ -609,15 +609,18 @@ def test_calibration_feeds_of_an_imported_vlm_are_laid_out_as_served(tmp_path, l
     np.testing.assert_allclose(feed["inputs_embeds"], want, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", ["llava", "smolvlm", "smolvlm-split"])
+@pytest.mark.parametrize("family", ["llava", "smolvlm", "smolvlm-split", "llava_next"])
 def test_orin_estimate_reads_an_imported_vlms_shape_from_its_own_config(tmp_path, llava_dir, family):
     """`edgekit x1/orin estimate BUNDLE` sizes an imported VLM by its text and vision configs, not by edgekit's
     own model config's defaults; a split image counts every tile through the tower."""
     from edgekit.build import build
     from edgekit.targets.orin.estimate import read_bundle
 
-    tiles = 2 if family == "smolvlm-split" else 0
-    vlm = llava_dir if family == "llava" else make_idefics3(tmp_path / "hf", family="smolvlm", seed=3, tiles=tiles)
+    tiles = 2 if family in ("smolvlm-split", "llava_next") else 0
+    if family == "llava_next":
+        vlm = make_llava_next(tmp_path / "hf", seed=1)
+    else:
+        vlm = llava_dir if family == "llava" else make_idefics3(tmp_path / "hf", family="smolvlm", seed=3, tiles=tiles)
     out = tmp_path / "bundle"
     build("cpu", out, model_dir=vlm.path, parity=False)
     shape = read_bundle(out)[0]
@@ -631,6 +634,7 @@ def test_orin_estimate_reads_an_imported_vlms_shape_from_its_own_config(tmp_path
     )
     assert shape.vision.hidden == vision.hidden_size and shape.vision.image_size == vision.image_size
     # llava: a 4 x 4 patch grid, every patch a token; smolvlm: 4 x 4 pixel-shuffled by 2 into 2 x 2, and split
-    # 2 x 2 tiles + the global image, 4 tokens each
-    assert shape.vision.image_tokens == {"llava": 16, "smolvlm": 4, "smolvlm-split": 20}[family]
+    # 2 x 2 tiles + the global image, 4 tokens each; llava_next: the base 16, then 2 x 2 crops as an 8 x 8 grid
+    # with a newline token per row (8 x 9)
+    assert shape.vision.image_tokens == {"llava": 16, "smolvlm": 4, "smolvlm-split": 20, "llava_next": 88}[family]
     assert shape.vision.tiles == (5 if tiles else 1)

@@ -31,8 +31,9 @@ app = typer.Typer(help="Build a deployable bundle for a target.")
         "edgekit build --recipe int4 -o out/radreport-tiny-int4 --no-parity      # or int4-awq, int8, fp16, ...",
         "edgekit build -o out/radreport-tiny-cpu --force --no-parity --eval data/test --eval-limit 4 --json",
         note="--eval takes a split written by edgekit data synth; --force replaces an earlier bundle. MODEL may "
-        "also be a local Hugging Face VLM directory (llava, idefics3, smolvlm) such as ~/models/llava-1.5-7b-hf: "
-        "its tokenizer.json, chat template and image preprocessing go into the bundle (docs/hf-import.md).",
+        "also be a local Hugging Face VLM directory (llava, llava_next, idefics3, smolvlm) such as "
+        "~/models/llava-1.5-7b-hf: its tokenizer.json, chat template and image preprocessing go into the bundle "
+        "(docs/hf-import.md).",
     )
 )
 def build(

@@ -1,6 +1,6 @@
 """`edgekit convert`: weights to the ONNX graphs the runtimes load — edgekit's own model directories, or a local
-Hugging Face directory (LLaMA/Qwen2 decoders, ViT/SigLIP vision encoders, LLaVA/Idefics3/SmolVLM VLMs), told apart
-by config.json's `model_type`."""
+Hugging Face directory (LLaMA/Qwen2 decoders, ViT/SigLIP vision encoders, LLaVA/LLaVA-NeXT/Idefics3/SmolVLM
+VLMs), told apart by config.json's `model_type`."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ app = typer.Typer(help="Convert a trained model to ONNX graphs.")
     epilog=examples(
         "edgekit convert -o out/onnx                       # the embedded radreport-tiny",
         "edgekit convert models/radreport_tiny/weights -o out/onnx --json",
-        note="MODEL may also be a local Hugging Face directory (llama, qwen2, vit, siglip; VLMs: llava, idefics3, "
-        "smolvlm, which give all three graphs), such as ~/models/TinyLlama-1.1B.",
+        note="MODEL may also be a local Hugging Face directory (llama, qwen2, vit, siglip; VLMs: llava, llava_next, "
+        "idefics3, smolvlm, which give all three graphs), such as ~/models/TinyLlama-1.1B.",
     )
 )
 def convert(
@@ -29,8 +29,8 @@ def convert(
     as_json: JsonOption = False,
 ) -> None:
     """Write the ONNX graphs (opset 21) from weights; big weights go to <graph>.onnx.data. MODEL is edgekit's own
-    model directory or a Hugging Face one (llama, qwen2, vit, siglip, llava, idefics3, smolvlm), told apart by
-    config.json's model_type."""
+    model directory or a Hugging Face one (llama, qwen2, vit, siglip, llava, llava_next, idefics3, smolvlm), told
+    apart by config.json's model_type."""
     from edgekit.build import default_model_dir
     from edgekit.hf import convert_hf, is_hf_model_dir
 

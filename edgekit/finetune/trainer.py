@@ -132,7 +132,7 @@ def _eos_id(model_dir: Path, tokenizer, config) -> int | None:
 def _collate(examples, spec, pad_id: int):
     import torch
 
-    from edgekit.hf.parity import hf_pixel_values
+    from edgekit.hf.parity import hf_image_inputs
 
     n = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), n), pad_id, dtype=torch.long)
@@ -143,9 +143,9 @@ def _collate(examples, spec, pad_id: int):
         labels[i, : len(e.labels)] = torch.tensor(e.labels)
         mask[i, : len(e.input_ids)] = 1
     batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
-    images = [hf_pixel_values(spec, load_grey(e.image, spec.image_size)) for e in examples if e.image]
-    if images:
-        batch["pixel_values"] = torch.from_numpy(np.concatenate(images, axis=0))
+    images = [hf_image_inputs(spec, load_grey(e.image, spec.image_size)) for e in examples if e.image]
+    for key in images[0] if images else ():  # pixel_values, and llava_next's image_sizes
+        batch[key] = torch.cat([im[key] for im in images], dim=0)
     return batch
 
 

@@ -229,6 +229,7 @@ class VisionShape:
     pool_stride: int = 1  # spatial pooling of the patch grid before the connector
     connector_in: int = 0  # input width of the connector; 0: the encoder's width
     tiles: int = 1  # tower inputs per frame, each its own image tokens (Idefics3's split: rows x cols + global)
+    extra_tokens: int = 0  # image tokens no tower input makes (LLaVA-NeXT's image_newline, one per feature row)
 
     def __post_init__(self) -> None:
         for name in (
@@ -250,7 +251,7 @@ class VisionShape:
 
     @property
     def image_tokens(self) -> int:
-        return self.tiles * (self.image_size // self.patch_size // self.pool_stride) ** 2
+        return self.tiles * (self.image_size // self.patch_size // self.pool_stride) ** 2 + self.extra_tokens
 
     def encoder_params(self) -> int:
         d, m = self.hidden, self.mlp
@@ -362,6 +363,9 @@ class ModelShape:
                 connector_in=hidden * sf * sf,
                 tiles=(split["rows"] * split["cols"] + 1) if (split := built.get("image_splitting")) else 1,
             )
+            counted = built.get("image_tokens")  # the import's own count (LLaVA-NeXT adds a newline per row)
+            if isinstance(counted, int) and counted > vision.image_tokens:
+                vision = dataclasses.replace(vision, extra_tokens=counted - vision.image_tokens)
         dims = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
         return cls(
             name,
