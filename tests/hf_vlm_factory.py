@@ -91,8 +91,8 @@ def _widen(model, seed: int, scale: float = 0.1) -> None:
             p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
-def make_llava(path: Path, size: str = "tiny", *, tower: str = "clip", text: str = "llama", seed: int = 0, **over):
-    import torch
+def _llava_parts(size: str, tower: str, text: str):
+    """The tower and language-model configs LLaVA and LLaVA-NeXT share, and (image size, vocab, image token)."""
     import transformers as tf
 
     vh, vl, img, patch, th, tl, vocab = SIZES[size]
@@ -104,16 +104,28 @@ def make_llava(path: Path, size: str = "tiny", *, tower: str = "clip", text: str
     textkw.update(num_key_value_heads=2, vocab_size=vocab, initializer_range=_init_range(th))
     if text == "mistral":
         textkw["sliding_window"] = None
-    image_token = vocab - 1
-    cfg = tf.LlavaConfig(vision_config=vcfg, text_config=tcls(**textkw), image_token_id=image_token, **over)
-    torch.manual_seed(seed)
-    model = tf.LlavaForConditionalGeneration(cfg).eval()
+    return vcfg, tcls(**textkw), img, vocab, vocab - 1
+
+
+def _save_llava(model, path: Path, seed: int, vocab: int, image_token: int) -> None:
+    """Widen the tower and projector, save the model and its word-level tokenizer with LLaVA's template."""
     _widen(model.model.vision_tower, seed)
     _widen(model.model.multi_modal_projector, seed + 1, 0.05)
     model.generation_config.eos_token_id = None
     model.save_pretrained(path)
     specials = {"<unk>": 0, "<s>": 1, "</s>": 2, "USER:": 3, "ASSISTANT:": 4, "<image>": image_token}
     _tokenizer(path, vocab, specials, LLAVA_TEMPLATE, "<s>", "</s>")
+
+
+def make_llava(path: Path, size: str = "tiny", *, tower: str = "clip", text: str = "llama", seed: int = 0, **over):
+    import torch
+    import transformers as tf
+
+    vcfg, tcfg, img, vocab, image_token = _llava_parts(size, tower, text)
+    cfg = tf.LlavaConfig(vision_config=vcfg, text_config=tcfg, image_token_id=image_token, **over)
+    torch.manual_seed(seed)
+    model = tf.LlavaForConditionalGeneration(cfg).eval()
+    _save_llava(model, path, seed, vocab, image_token)
     proc = tf.CLIPImageProcessor(size={"shortest_edge": img}, crop_size={"height": img, "width": img})
     if tower == "siglip":
         proc = tf.SiglipImageProcessor(size={"height": img, "width": img})
@@ -130,28 +142,14 @@ def make_llava_next(
     import torch
     import transformers as tf
 
-    vh, vl, img, patch, th, tl, vocab = SIZES[size]
-    vision = dict(hidden_size=vh, intermediate_size=2 * vh, num_hidden_layers=vl, num_attention_heads=4)
-    vision.update(image_size=img, patch_size=patch)
-    vcfg = tf.CLIPVisionConfig(**vision) if tower == "clip" else tf.SiglipVisionConfig(**vision)
-    tcls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[text]
-    textkw = dict(hidden_size=th, intermediate_size=2 * th, num_hidden_layers=tl, num_attention_heads=4)
-    textkw.update(num_key_value_heads=2, vocab_size=vocab, initializer_range=_init_range(th))
-    if text == "mistral":
-        textkw["sliding_window"] = None
-    image_token = vocab - 1
+    vcfg, tcfg, img, vocab, image_token = _llava_parts(size, tower, text)
     points = [[img, 2 * img], [2 * img, img], [tiles * img, tiles * img]]
     cfg = tf.LlavaNextConfig(
-        vision_config=vcfg, text_config=tcls(**textkw), image_token_id=image_token, image_grid_pinpoints=points, **over
+        vision_config=vcfg, text_config=tcfg, image_token_id=image_token, image_grid_pinpoints=points, **over
     )
     torch.manual_seed(seed)
     model = tf.LlavaNextForConditionalGeneration(cfg).eval()
-    _widen(model.model.vision_tower, seed)
-    _widen(model.model.multi_modal_projector, seed + 1, 0.05)
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(path)
-    specials = {"<unk>": 0, "<s>": 1, "</s>": 2, "USER:": 3, "ASSISTANT:": 4, "<image>": image_token}
-    _tokenizer(path, vocab, specials, LLAVA_TEMPLATE, "<s>", "</s>")
+    _save_llava(model, path, seed, vocab, image_token)
     cls = getattr(tf, "LlavaNextImageProcessorPil", tf.LlavaNextImageProcessor)
     proc = cls(size={"shortest_edge": img}, crop_size={"height": img, "width": img}, image_grid_pinpoints=points)
     proc.save_pretrained(path)

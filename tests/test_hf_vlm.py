@@ -148,6 +148,24 @@ def _block_image(m: int, r: int, seed: int) -> np.ndarray:
     return np.kron(blocks, np.ones((r, r), np.uint8))
 
 
+def _check_prefill_and_greedy(vlm, reporter, layout, image: np.ndarray, theirs: dict) -> None:
+    """Our ONNX Runtime prefill (the span at the layout's slot) and greedy tokens against transformers' model fed
+    the processor's own inputs `theirs` for the same `image` (uint8, made so the processor's pixels are ours)."""
+    slot = layout.image_slot
+    pixels = (image.astype(np.float32) / 255)[None, None, None]
+    backend = reporter.backend
+    text = np.asarray([layout.ids], np.int64)
+    x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), slot)
+    logits, _ = backend.decode(x, mask, np.arange(x.shape[1])[None], None)
+    with torch.no_grad():
+        ref = vlm.model(**theirs).logits[0].numpy()
+        greedy = vlm.model.generate(**theirs, max_new_tokens=6, do_sample=False)[0, x.shape[1] :].tolist()
+    scale = np.abs(ref).max()
+    assert scale > 0.5 and np.abs(logits[0] - ref).max() / scale <= TOL
+    ours = generate(backend, pixels, text, GenerationOptions(max_new_tokens=6), image_slot=slot).token_ids
+    assert ours == greedy
+
+
 def test_idefics3_split_matches_the_processor_and_serves(tmp_path, capsys):
     """Splitting on (`do_image_splitting: true`, size.longest_edge = 2 x the tower's 28): edgekit's span is
     `Idefics3Processor`'s 2 x 2 tiles with their row/col markers and newlines (the tokenizer merges "\n\n"),
@@ -177,19 +195,7 @@ def test_idefics3_split_matches_the_processor_and_serves(tmp_path, capsys):
     image = _block_image(28, 2, seed=4)
     theirs = processor_inputs(vlm, image, prompt, resample=PILImageResampling.BOX)
     assert theirs["input_ids"][0].tolist() == [*layout.ids[:slot], *spec.span_ids, *layout.ids[slot:]]
-    gray = image.astype(np.float32) / 255
-    pixels = gray[None, None, None]
-    backend = reporter.backend
-    text = np.asarray([layout.ids], np.int64)
-    x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), slot)
-    logits, _ = backend.decode(x, mask, np.arange(x.shape[1])[None], None)
-    with torch.no_grad():
-        ref = vlm.model(**theirs).logits[0].numpy()
-        greedy = vlm.model.generate(**theirs, max_new_tokens=6, do_sample=False)[0, x.shape[1] :].tolist()
-    scale = np.abs(ref).max()
-    assert scale > 0.5 and np.abs(logits[0] - ref).max() / scale <= TOL
-    ours = generate(backend, pixels, text, GenerationOptions(max_new_tokens=6), image_slot=slot).token_ids
-    assert ours == greedy
+    _check_prefill_and_greedy(vlm, reporter, layout, image, theirs)
     # the processor's default resample (LANCZOS) changes the global image only: the tiles are exact crops
     lanczos = processor_inputs(vlm, image, prompt)["pixel_values"]
     assert torch.equal(lanczos[0, :4], theirs["pixel_values"][0, :4])
@@ -304,19 +310,7 @@ def test_llava_next_matches_the_processor_and_serves(tmp_path, capsys):
     theirs = processor_inputs(vlm, image, prompt, resample=PILImageResampling.BOX)
     assert theirs["input_ids"][0].tolist() == [*layout.ids[:slot], *spec.span_ids, *layout.ids[slot:]]
     assert theirs["image_sizes"].tolist() == [[56, 56]] and tuple(theirs["pixel_values"].shape) == (1, 5, 3, 28, 28)
-    gray = image.astype(np.float32) / 255
-    pixels = gray[None, None, None]
-    backend = reporter.backend
-    text = np.asarray([layout.ids], np.int64)
-    x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), slot)
-    logits, _ = backend.decode(x, mask, np.arange(x.shape[1])[None], None)
-    with torch.no_grad():
-        ref = vlm.model(**theirs).logits[0].numpy()
-        greedy = vlm.model.generate(**theirs, max_new_tokens=6, do_sample=False)[0, x.shape[1] :].tolist()
-    scale = np.abs(ref).max()
-    assert scale > 0.5 and np.abs(logits[0] - ref).max() / scale <= TOL
-    ours = generate(backend, pixels, text, GenerationOptions(max_new_tokens=6), image_slot=slot).token_ids
-    assert ours == greedy
+    _check_prefill_and_greedy(vlm, reporter, layout, image, theirs)
     # the processor's default resample (BICUBIC) changes the base image only: the crops are exact
     bicubic = processor_inputs(vlm, image, prompt)["pixel_values"]
     assert torch.equal(bicubic[0, 1:], theirs["pixel_values"][0, 1:])
