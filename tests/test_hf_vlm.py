@@ -221,6 +221,9 @@ def test_smolvlm_split_parity_and_x1_bundle(tmp_path):
     report = reporter.report(_study(56, seed=1), "w7", reporter.options(max_new_tokens=4))
     assert report.target == "x1" and report.timings["new_tokens"] >= 1
     assert json.loads((out / "config.json").read_text())["image_tokens"] == 33
+    # the tiling and its block-mean downscale are X1 instructions: nothing of the vision graph runs on the host
+    figures = json.loads((out / "manifest.json").read_text())["figures"]
+    assert figures["x1_compile"]["host_partitions"]["vision_encoder"] == 0
 
 
 @pytest.mark.parametrize("longest,tile", [(56, 28), (57, 28), (20, 28), (29, 28), (100, 28), (127, 42), (4097, 512)])

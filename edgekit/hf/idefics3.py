@@ -30,6 +30,7 @@ from edgekit.export.blocks import layer_norm, linear
 from edgekit.export.irbuilder import GraphBuilder
 
 from .checkpoint import find_prefix
+from .frame_split import crops_and_downscale
 from .vision_tower import VisionTowerSpec, tower_spec
 
 TOWER_PREFIXES = ("model.vision_model.", "vision_model.")
@@ -167,9 +168,6 @@ def split_frame(b: GraphBuilder, x: ir.Value, spec) -> ir.Value:
     transformers' processor downscales with its `resample`, LANCZOS by default)."""
     scope = "/image_processor/split"
     r, m = spec.tiles, spec.tower.image_size
-    t = b.op(scope, "Reshape", [x, b.const([-1, r, m, r, m])])
-    t = b.op(scope, "Transpose", [t], {"perm": [0, 1, 3, 2, 4]})
-    t = b.op(scope, "Reshape", [t, b.const([-1, r * r, m, m])])
-    g = b.op(scope, "AveragePool", [x], {"kernel_shape": [r, r], "strides": [r, r]})
+    t, g = crops_and_downscale(b, scope, x, r, m)
     y = b.op(scope, "Concat", [t, g], {"axis": 1})
     return b.op(scope, "Reshape", [y, b.const([-1, 1, m, m])])

@@ -25,6 +25,7 @@ import onnx_ir as ir
 from edgekit.errors import ConfigError
 from edgekit.export.irbuilder import GraphBuilder
 
+from .frame_split import crops_and_downscale
 from .vision_tower import VisionTowerSpec
 
 # LlavaNextConfig's default pinpoints (llava-v1.6's), used where config.json does not say
@@ -142,10 +143,7 @@ def split_frame(b: GraphBuilder, x: ir.Value, spec) -> ir.Value:
     blocks: BOX at the integer factor r), then the processor's crops row by row (`divide_to_patches`)."""
     scope = "/image_processor/anyres"
     r, m = spec.tiles, spec.tower.image_size
-    t = b.op(scope, "Reshape", [x, b.const([-1, r, m, r, m])])
-    t = b.op(scope, "Transpose", [t], {"perm": [0, 1, 3, 2, 4]})
-    t = b.op(scope, "Reshape", [t, b.const([-1, r * r, m, m])])
-    g = b.op(scope, "AveragePool", [x], {"kernel_shape": [r, r], "strides": [r, r]})
+    t, g = crops_and_downscale(b, scope, x, r, m)
     y = b.op(scope, "Concat", [g, t], {"axis": 1})
     return b.op(scope, "Reshape", [y, b.const([-1, 1, m, m])])
 
