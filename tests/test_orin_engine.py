@@ -40,6 +40,25 @@ def cpu_bundle(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------------------------
 # no TensorRT needed
 # ---------------------------------------------------------------------------------------------------------------
+def test_a_frame_skipped_video_fits_the_vision_profile(orin_bundle, tmp_path):
+    """Frame skipping (the daemon's `video_max_frames` below the model's 8) hands the encoder fewer frames: the
+    vision profile spans 1 .. num_frames, so the engine takes it; more frames than the model's stay refused."""
+    from edgekit.ingest import IngestLimits, load_study
+    from edgekit.reporter import Reporter
+
+    from ingest_factory import write_mp4
+
+    (vision,) = orin_bundle.manifest.runtime["profiles"]["vision_encoder"]
+    frames = vision["shapes"][names.PIXEL_VALUES]
+    assert (frames["min"][1], frames["opt"][1], frames["max"][1]) == (1, 8, 8)
+    study = load_study(write_mp4(tmp_path / "cine.mp4", frames=40), limits=IngestLimits(video_max_frames=4))
+    reporter = Reporter(orin_bundle, backend=OrinOnnxBackend(orin_bundle, intra_op_threads=1))
+    report = reporter.report(study, "", reporter.options(max_new_tokens=4))
+    assert report.frames["model_frames"] == 4 and report.timings["new_tokens"] >= 1
+    with pytest.raises(ProfileError, match="outside"):
+        reporter.backend.encode_images(np.zeros((1, 9, 1, 64, 64), np.float32))
+
+
 def test_requests_beyond_the_profiles_are_refused_before_any_work(orin_bundle):
     profiles = orin_bundle.manifest.runtime["profiles"]["decoder"]
     kv = {names.past_key(0): (1, 2, 0, 32)}

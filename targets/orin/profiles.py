@@ -1,11 +1,12 @@
 """TensorRT optimisation profiles (min / opt / max per dynamic input) for the three graphs, and the check that
 refuses a request beyond them before any device work.
 
-Static where the model allows: the image size, the frame count and every hidden size are fixed by the model's
-config; only batch, prompt length and KV length vary. The decoder gets two profiles, as LLM engines do: `prefill`
-(the whole prompt, empty KV cache) and `decode` (one token, a KV cache of 1 .. max_positions - 1). Each input dim
-is named by the exporter (`batch`, `seq`, `past_seq`, `total_seq`, `frames`); an unknown name is refused rather
-than guessed.
+Static where the model allows: the image size and every hidden size are fixed by the model's config; batch,
+prompt length and KV length vary, and so does the frame count below the model's own (1 .. num_frames: the
+daemon's frame skipping hands the encoder fewer frames; the encoder pools over them). The decoder gets two
+profiles, as LLM engines do: `prefill` (the whole prompt, empty KV cache) and `decode` (one token, a KV cache of
+1 .. max_positions - 1). Each input dim is named by the exporter (`batch`, `seq`, `past_seq`, `total_seq`,
+`frames`); an unknown name is refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def make_profiles(graphs: Path, limits: Limits) -> dict[str, list[dict]]:
     text = (1, max(1, limits.opt_prompt - limits.image_tokens), p)
     prompt = (1, limits.opt_prompt, p)
     per_role = {
-        names.VISION: [(DEFAULT, {"batch": b, "frames": (limits.frames,) * 3})],
+        names.VISION: [(DEFAULT, {"batch": b, "frames": (1, limits.frames, limits.frames)})],
         names.EMBED: [(DEFAULT, {"batch": b, "seq": text})],
         names.DECODER_ROLE: [
             (PREFILL, {"batch": b, "seq": prompt, "past_seq": (0, 0, 0), "total_seq": prompt}),
