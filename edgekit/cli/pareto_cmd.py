@@ -63,7 +63,12 @@ def pareto(
     limit: Annotated[int | None, typer.Option(min=1, help="Only the first N studies of the split.")] = None,
     max_new_tokens: Annotated[list[int] | None, typer.Option(min=1, help=f"Caps on report length. {GRID_HELP}")] = None,
     video_max_frames: Annotated[
-        list[int] | None, typer.Option(min=1, help=f"Frames decoded per clip (frame skipping). {GRID_HELP}")
+        list[int] | None,
+        typer.Option(
+            min=1,
+            help=f"Frames sampled per video clip; below the model's own count (8) the encoder sees fewer: frame skipping. "
+            f"{GRID_HELP}",
+        ),
     ] = None,
     sparsity_target: Annotated[
         list[float] | None, typer.Option(min=0.0, max=0.95, help=f"X1 DSS sparsity targets (x1 only). {GRID_HELP}")
