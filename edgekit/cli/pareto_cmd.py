@@ -66,8 +66,8 @@ def pareto(
         list[int] | None,
         typer.Option(
             min=1,
-            help=f"Frames sampled per video clip; below the model's own count (8) the encoder sees fewer: frame skipping. "
-            f"{GRID_HELP}",
+            help="Frames sampled per video clip; below the model's own count (8) the encoder sees fewer: frame "
+            f"skipping. {GRID_HELP}",
         ),
     ] = None,
     sparsity_target: Annotated[
