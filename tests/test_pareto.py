@@ -66,3 +66,14 @@ def test_a_bad_bundle_is_one_line_before_any_point(split, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(missing) in err[0]
     assert not (tmp_path / "p").exists()
+
+
+def test_labels_of_close_front_points_stack_instead_of_overlapping():
+    from edgekit.pareto.plot import label_offsets
+
+    # three points a few points apart (as heads38, heads38 + frame skipping and a 32-token cap lie), one far away
+    anchors = [(100.0, 300.0), (104.0, 305.0), (108.0, 305.0), (400.0, 100.0)]
+    offsets = label_offsets(anchors)
+    labels = [y + dy for (_, y), dy in zip(anchors, offsets)]
+    assert offsets[0] == 4.0 and offsets[3] == 4.0  # alone: just above its point
+    assert all(abs(a - b) >= 9.0 for i, a in enumerate(labels[:3]) for b in labels[i + 1 : 3])

@@ -46,9 +46,12 @@ def plot_profile(profile: Profile, out_stem: Path) -> list[Path]:
         for p in points:
             lo, hi = p.f1_ci
             ax.plot([p.energy_j, p.energy_j], [lo, hi], color="grey", linewidth=0.6, zorder=1)
-            if p.id in front:
-                video = f" (video F1 {p.video_f1:.3f})" if p.video_f1 is not None and p.video_f1 < p.f1 else ""
-                ax.annotate(p.id + video, (p.energy_j, p.f1), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        ax.autoscale_view()
+        to_points = 72.0 / fig.dpi
+        anchors = [tuple(ax.transData.transform((p.energy_j, p.f1)) * to_points) for p in on_front]
+        for p, dy in zip(on_front, label_offsets(anchors)):
+            video = f" (video F1 {p.video_f1:.3f})" if p.video_f1 is not None and p.video_f1 < p.f1 else ""
+            ax.annotate(p.id + video, (p.energy_j, p.f1), textcoords="offset points", xytext=(5, dy), fontsize=7)
         if (
             min(p.energy_j for p in points) > 0
             and max(p.energy_j for p in points) / min(p.energy_j for p in points) > 20
@@ -68,4 +71,19 @@ def plot_profile(profile: Profile, out_stem: Path) -> list[Path]:
         fig.savefig(path)
         out.append(path)
     plt.close(fig)
+    return out
+
+
+def label_offsets(anchors: list[tuple[float, float]], *, line: float = 9.0, wide: float = 150.0) -> list[float]:
+    """Vertical offsets (points) of the labels of points at `anchors` (display positions in points, in the order
+    drawn): 4 above the point, unless that is within a line of the previous label while the points are less than
+    `wide` apart across; then one line below that label, so labels of close points stack instead of overlapping."""
+    out: list[float] = []
+    prev = None  # (x, label y) of the previous label
+    for x, y in anchors:
+        label = y + 4.0
+        if prev is not None and abs(x - prev[0]) < wide and abs(label - prev[1]) < line:
+            label = prev[1] - line
+        out.append(label - y)
+        prev = (x, label)
     return out
