@@ -76,14 +76,14 @@ def plot_profile(profile: Profile, out_stem: Path) -> list[Path]:
 
 def label_offsets(anchors: list[tuple[float, float]], *, line: float = 9.0, wide: float = 150.0) -> list[float]:
     """Vertical offsets (points) of the labels of points at `anchors` (display positions in points, in the order
-    drawn): 4 above the point, unless that is within a line of the previous label while the points are less than
-    `wide` apart across; then one line below that label, so labels of close points stack instead of overlapping."""
+    drawn): 4 above the point, unless a label already placed less than `wide` across is within a line of it; then
+    a line below the lowest such label, so labels of close points stack instead of overlapping."""
     out: list[float] = []
-    prev = None  # (x, label y) of the previous label
+    placed: list[tuple[float, float]] = []  # (x, label y) of the labels so far
     for x, y in anchors:
         label = y + 4.0
-        if prev is not None and abs(x - prev[0]) < wide and abs(label - prev[1]) < line:
-            label = prev[1] - line
+        while clash := [ly for lx, ly in placed if abs(x - lx) < wide and abs(label - ly) < line]:
+            label = min(clash) - line
+        placed.append((x, label))
         out.append(label - y)
-        prev = (x, label)
     return out
