@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -266,12 +265,10 @@ def _apply_recipe(recipe, onnx_dir: Path, work: Path, steps: list, figures: dict
     out = work / "optimized"
     result = run_pipeline(onnx_dir, out, recipe.passes, overwrite=True)
     reports = [rep.to_dict() for rep in result.reports]
-    for rep in reports:
-        scores = rep.get("notes", {}).pop(names.HEAD_IMPORTANCE, None)
-        if scores is not None:
-            path = work / names.HEAD_IMPORTANCE_FILE
-            path.write_text(json.dumps(scores, indent=1))
-            components[names.HEAD_IMPORTANCE] = path
+    for rep in reports:  # the scores travel as their own component (the pipeline wrote it), not in provenance
+        rep.get("notes", {}).pop(names.HEAD_IMPORTANCE, None)
+    if (out / names.HEAD_IMPORTANCE_FILE).is_file():
+        components[names.HEAD_IMPORTANCE] = out / names.HEAD_IMPORTANCE_FILE
     steps.append(
         {"name": "recipe", "params": {"recipe": recipe.name}, "passes": reports, "seconds": round(result.seconds, 3)}
     )
