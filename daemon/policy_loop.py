@@ -40,7 +40,8 @@ class PolicyNotConfiguredError(EdgekitError):
 # The knobs a point may set that edgekitd applies per report. The others (the X1's DSS target, threads) are fixed
 # when a variant loads: a point with them belongs to the variant configured with the same `settings` (one bundle
 # may be listed twice, dense and sparse), and is left out of the choice otherwise, which the log says.
-APPLIED_KNOBS = {"variant", "max_new_tokens", "video_max_frames"}
+PER_REPORT_KNOBS = ("max_new_tokens", "video_max_frames")
+APPLIED_KNOBS = {"variant", *PER_REPORT_KNOBS}
 
 
 def load_time_knobs(point: Point) -> dict:
@@ -232,24 +233,22 @@ class PolicyLoop:
             ],
         }
 
-    def cap(self, options: RequestOptions, variant: str) -> RequestOptions:
-        """The served point's report-length cap on a report it writes (a client's own lower cap stays)."""
-        point = self.point
-        cap = point.settings.get("max_new_tokens") if point is not None else None
-        if cap is None or point.settings["variant"] != variant:
-            return options
-        if options.max_new_tokens is not None and options.max_new_tokens <= cap:
-            return options
-        return replace(options, max_new_tokens=cap)
-
-    def video_max_frames(self, variant: str) -> int | None:
-        """The served point's frame skipping for a video ingested for `variant` now: frames sampled per clip, or
-        None (the config's `[limits] video_max_frames`). Decided when the upload is ingested, as the cap is."""
+    def knobs(self, variant: str) -> dict[str, int]:
+        """The served point's per-report knobs (`max_new_tokens`: its report-length cap; `video_max_frames`: its
+        frame skipping) for work pinned to `variant` now; {} when another variant's point is served. Read once per
+        report, when it is admitted, so its frames and its cap come from the same decision."""
         point = self.point
         if point is None or point.settings["variant"] != variant:
-            return None
-        frames = point.settings.get("video_max_frames")
-        return int(frames) if frames is not None else None
+            return {}
+        return {k: int(point.settings[k]) for k in PER_REPORT_KNOBS if point.settings.get(k) is not None}
 
     def find(self, name: str) -> Point:
         return find(self.points, name)
+
+
+def capped(options: RequestOptions, knobs: dict[str, int]) -> RequestOptions:
+    """`options` under the served point's report-length cap (a client's own lower cap stays)."""
+    cap = knobs.get("max_new_tokens")
+    if cap is None or (options.max_new_tokens is not None and options.max_new_tokens <= cap):
+        return options
+    return replace(options, max_new_tokens=cap)

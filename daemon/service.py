@@ -36,7 +36,7 @@ from .jobs import DeliveryStore, Job, JobStore
 from .metrics import Metrics
 from .notify import Notifier
 from .options import RequestOptions, generation_options
-from .policy_loop import PolicyLoop, PolicyNotConfiguredError, settings_from_json
+from .policy_loop import PolicyLoop, PolicyNotConfiguredError, capped, settings_from_json
 from .queue import WorkQueue
 from .runner import ReportRunner
 from .signals import SignalReader
@@ -284,9 +284,12 @@ class Daemon:
         self.policy.configure(settings_from_json(body, self.policy.settings))
         return self.policy.describe()
 
-    def _admit(self, form: ReportForm) -> tuple[WorkQueue, str]:
+    def _admit(self, form: ReportForm) -> tuple[WorkQueue, str, dict[str, int]]:
         """The checks both upload routes make before reading the upload; the variant the work is pinned to (a
-        switch during the upload does not move it)."""
+        switch during the upload does not move it) and the served point's per-report knobs, read once here: the
+        upload is ingested with its frame skipping and the report written under its cap, even if a policy tick
+        or the precision gate moves the variant meanwhile. `quality: "max"` asked for the best point, which
+        skips no frame and caps no report."""
         registry, queue = self._serving()
         form.options.check(self.cfg.max_new_tokens_limit)
         chosen = form.variant
@@ -296,14 +299,8 @@ class Daemon:
             raise PolicyNotConfiguredError("quality needs a [policy] in the daemon's config")
         variant = registry.check(chosen or registry.active)
         self._check_prompt(variant, form)
-        return queue, variant
-
-    def _frames(self, variant: str, form: ReportForm) -> int | None:
-        """Frames per video clip under the served point's frame skipping (None: the config's limit). A request for
-        `quality: "max"` asked for the best point, whose frames are all of them."""
-        if self.policy is None or form.quality == "max":
-            return None
-        return self.policy.video_max_frames(variant)
+        knobs = self.policy.knobs(variant) if self.policy is not None and form.quality != "max" else {}
+        return queue, variant, knobs
 
     def _precision_gate(self, variant: str, study, *, asked: bool = False) -> tuple[str, dict[str, Any] | None]:
         """The input-adaptive precision gate (`[precision_gate]`, off unless configured): a low-entropy study goes
@@ -320,10 +317,6 @@ class Daemon:
         info = {"entropy_bits": round(bits, 4), "entropy_below": gate.entropy_below, "routed": routed}
         return chosen, {"precision_gate": {**info, "variant": chosen}}
 
-    def _capped(self, options: RequestOptions, variant: str, form: ReportForm) -> RequestOptions:
-        """The served point's report-length cap, except for `quality: "max"` (the best point has none)."""
-        return options if self.policy is None or form.quality == "max" else self.policy.cap(options, variant)
-
     def _check_prompt(self, variant: str, form: ReportForm, modality: str | None = None) -> None:
         """`prompt_too_long` (422) before the report is queued or the job stored, when the variant is loaded (else
         the report itself says so, and its job fails with the same code). Before ingest the modality is unknown:
@@ -339,12 +332,12 @@ class Daemon:
 
     async def report(self, form: ReportForm, *, keep_evidence: bool, stream: bool) -> Accepted:
         """Queue a synchronous report; the upload's files are gone once it is ingested (the study is in memory)."""
-        queue, variant = self._admit(form)
+        queue, variant, knobs = self._admit(form)
         queue.reserve()
         tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
         try:
             intake = await self.ingestor.take(
-                form.files, tmp / "in", keep_evidence=keep_evidence, video_max_frames=self._frames(variant, form)
+                form.files, tmp / "in", keep_evidence=keep_evidence, video_max_frames=knobs.get("video_max_frames")
             )
             variant, routing = self._precision_gate(
                 variant, intake.study, asked=form.variant is not None or form.quality is not None
@@ -358,7 +351,7 @@ class Daemon:
         work = Work(
             study_path=intake.saved.path,
             prompt=form.prompt,
-            options=self._capped(form.options, variant, form),
+            options=capped(form.options, knobs),
             variant=variant,
             study=intake.study,
             stream=TokenStream() if stream else None,
@@ -373,14 +366,14 @@ class Daemon:
         self._serving()  # "not ready" before "bad key", as before the service existed
         if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
             raise IdempotencyError("Idempotency-Key must be 1-128 characters of A-Z a-z 0-9 . _ : -")
-        queue, variant = self._admit(form)
+        queue, variant, knobs = self._admit(form)
         job_id = self.store.new_id()
         job_dir = self.store.job_dir(job_id)
         queue.reserve()
         submitted = False
         try:
             intake = await self.ingestor.take(
-                form.files, job_dir / "input", keep_evidence=True, video_max_frames=self._frames(variant, form)
+                form.files, job_dir / "input", keep_evidence=True, video_max_frames=knobs.get("video_max_frames")
             )
             variant, routing = self._precision_gate(
                 variant, intake.study, asked=form.variant is not None or form.quality is not None
@@ -396,7 +389,7 @@ class Daemon:
             work = self._work_for(job, variant)
             work.study = intake.study
             work.routing = routing
-            work.options = self._capped(work.options, variant, form)
+            work.options = capped(work.options, knobs)
             queue.submit(work, reserved=True)
             submitted = True
             log.info("job %s accepted study=%s", job_id, intake.study.uid_hash)
@@ -471,6 +464,7 @@ class Daemon:
             _link_or_copy(f, src / f.name)
         _fsync_tree(src)
         variant = registry.active
+        knobs = self.policy.knobs(variant) if self.policy is not None else {}
         options = RequestOptions()
         job = Job(
             id=job_id,
@@ -504,8 +498,7 @@ class Daemon:
         work = self._work_for(job, variant)
         work.study = study
         work.routing = routing
-        if self.policy is not None:
-            work.options = self.policy.cap(work.options, variant)
+        work.options = capped(work.options, knobs)
         work.future.add_done_callback(lambda _f: self.delivery.wake())
         queue.submit(work, force=True)
         self.metrics.dicom_studies.labels("queued").inc()

@@ -73,3 +73,38 @@ def test_the_served_point_skips_video_frames_and_the_report_says_how_many(tmp_pa
         body = d.client.report(clip).json()
         assert body["frames"] == {"used": FRAMES, "of": 40, "model_frames": FRAMES}
         assert not any("frame skipping" in w for w in body["warnings"])
+
+
+def test_a_clip_the_precision_gate_reroutes_keeps_the_frames_and_the_cap_it_was_admitted_with(tmp_path):
+    """The served point's knobs are read once, when the upload is admitted: a clip ingested with its frame skipping
+    and then sent to the higher-precision variant by the gate is written under the same point's length cap too."""
+    from edgekit.build import build
+
+    bundles = {name: tmp_path / name for name in ("v", "hp")}
+    for seed, (name, bundle) in enumerate(bundles.items()):
+        model = write_tiny_model(tmp_path / f"model-{name}", seed=seed, num_frames=FRAMES)
+        build("cpu", bundle, model_dir=model, parity=False)
+    skip = _point("skip", bundles["v"], 1.0, 0.97, video_max_frames=4, max_new_tokens=3)
+    write_profile(Profile([skip, _point("hp", bundles["hp"], 3.0, 1.0)], split={"name": "test", "count": 60}),
+                  tmp_path / "pareto.json")  # fmt: skip
+    (tmp_path / "sysfs").mkdir()
+    config = tmp_path / "edgekitd.toml"
+    config.write_text(
+        "".join(f'[[variants]]\nname = "{n}"\nbundle = "{b}"\n' for n, b in bundles.items())
+        + '[precision_gate]\nvariant = "hp"\nentropy_below = 4.2\n'
+        + '[policy]\nprofile = "pareto.json"\nsignals_root = "sysfs"\ntick_s = 0.1\nmode = "saver"\n'
+    )
+    clip = write_mp4(tmp_path / "cine.mp4", frames=40)  # flat grey frames: low entropy, the gate reroutes
+    with DaemonProcess(tmp_path / "state", config=config).start() as d:
+        assert d.client.get("/v1/policy").json()["point"] == "skip"
+        uncapped = d.client.report(clip, max_new_tokens="20", quality="max").json()  # hp, as asked: no knobs
+        assert uncapped["variant"] == "hp" and uncapped["timings"]["new_tokens"] > 3, uncapped  # the cap can bite
+        for body in (
+            d.client.report(clip, max_new_tokens="20").json(),
+            d.client.wait_job(
+                d.client.post_study("/v1/jobs", study_files(clip), {"max_new_tokens": "20"}).json()["id"]
+            )["report"],
+        ):
+            assert body["variant"] == "hp" and body["routing"]["precision_gate"]["routed"], body
+            assert body["frames"] == {"used": 4, "of": 40, "model_frames": 4}
+            assert body["timings"]["new_tokens"] <= 3  # the cap of the point that admitted it, not the client's 20
