@@ -217,7 +217,7 @@ class Int4Pass(GraphPass):
             for m in mms:
                 if m.activation.name in acts:
                     w, x = m.kn().T, acts[m.activation.name]
-                    chosen[m.name] = self._symmetric_fits_better(w, x, self.block_for(m.k), 4, ctx.seed)
+                    chosen[m.name] = self._symmetric_fits_better(w, x, self.block_for(m.k), ctx.seed)
 
         def symmetric_of(m: WeightMatMul) -> bool:
             return chosen.get(m.name, self.symmetric)
@@ -257,19 +257,7 @@ class Int4Pass(GraphPass):
                 if s is not None:  # the Hessian of x / s
                     h = h / np.outer(s, s)
             if cfg.method in ("gptq", "awq-gptq"):
-                return gptq_quantize(
-                    w,
-                    h,
-                    block,
-                    damp=cfg.damp,
-                    shrink=self.shrink_for(m.k, acts[act].shape[0]),
-                    clip_grid=clip,
-                    scale_search=cfg.scale_search,
-                    signed_scales=signed,
-                    **common,
-                    code_sweeps=cfg.code_sweeps,
-                    **fz,
-                )
+                return self._gptq(w, h, block, **common, tokens=acts[act].shape[0])
             if cfg.method == "hqq":
                 return hqq_quantize(w, block, signed_scales=signed, **common)
             return quantize_blocks(
@@ -381,10 +369,7 @@ class Int4Pass(GraphPass):
         """Output error of GPTQ of this input's MatMuls with AWQ's scale over that without, fitted on three
         quarters of the calibration tokens and measured on the rest. Why: the scale is chosen on RTN's
         error, and GPTQ, which already compensates along the input channels, sometimes does better without."""
-        cfg = self.config
-        order = np.random.default_rng(seed).permutation(x.shape[0])
-        cut = max(1, (3 * x.shape[0]) // 4)
-        fit, val = x[order[:cut]], x[order[cut:]]
+        fit, val = _held_out(x, seed)
         if val.shape[0] == 0:
             return 0.0
         h = hessian(fit)
@@ -393,54 +378,54 @@ class Int4Pass(GraphPass):
             w = m.kn().T
             y = val @ w.T
             for scaled in (False, True):
-                qw = gptq_quantize(
+                qw = self._gptq(
                     w * s[None, :] if scaled else w,
                     h / np.outer(s, s) if scaled else h,
                     self.block_for(m.k),
                     symmetric=symmetric_of(m),
-                    damp=cfg.damp,
-                    shrink=self.shrink_for(m.k, fit.shape[0]),
-                    clip_grid=cfg.clip or 10,
-                    scale_search=cfg.scale_search,
-                    signed_scales=cfg.target == "cpu",
-                    float_zeros=self.float_zeros,
-                    code_sweeps=cfg.code_sweeps,
+                    tokens=fit.shape[0],
                     name=m.weight.name,
                 )
                 wq = qw.dequantize() / s[None, :] if scaled else qw.dequantize()
                 err[scaled] += float(((val @ wq.T - y) ** 2).sum())
         return err[True] / max(err[False], 1e-30)
 
-    def _symmetric_fits_better(self, w: np.ndarray, x: np.ndarray, block: int, bits: int, seed: int) -> bool:
+    def _symmetric_fits_better(self, w: np.ndarray, x: np.ndarray, block: int, seed: int) -> bool:
         """Whether symmetric GPTQ of `w` (N, K) has no higher output error than asymmetric, fitted on three
         quarters of the calibration tokens `x` and measured on the rest. Why per MatMul: a zero point pays where a
         block's weights are skewed, and costs a step where they are not; the bench's models disagree on which."""
-        cfg = self.config
-        order = np.random.default_rng(seed + 1).permutation(x.shape[0])
-        cut = max(1, (3 * x.shape[0]) // 4)
-        fit, val = x[order[:cut]], x[order[cut:]]
+        fit, val = _held_out(x, seed + 1)
         if val.shape[0] == 0:
             return False
         h = hessian(fit)
         y = val @ w.T
         err = {}
         for symmetric in (True, False):
-            qw = gptq_quantize(
-                w,
-                h,
-                block,
-                bits=bits,
-                symmetric=symmetric,
-                damp=cfg.damp,
-                shrink=self.shrink_for(w.shape[1], fit.shape[0]),
-                clip_grid=cfg.clip or 10,
-                scale_search=cfg.scale_search,
-                signed_scales=True,
-                float_zeros=self.float_zeros,
-                code_sweeps=cfg.code_sweeps,
-            )
+            qw = self._gptq(w, h, block, symmetric=symmetric, tokens=fit.shape[0])
             err[symmetric] = float(((val @ qw.dequantize().T - y) ** 2).sum())
         return err[True] <= err[False]
+
+    def _gptq(
+        self, w: np.ndarray, h: np.ndarray, block: int, *, symmetric: bool, tokens: int, bits: int = 4, name="weight"
+    ) -> QuantizedWeight:
+        """GPTQ of `w` (N, K) with this pass's settings, shrunk for a Hessian fitted on `tokens` tokens: the same
+        quantizer for the MatMuls and for the held-out checks that choose their symmetry and AWQ scales."""
+        cfg = self.config
+        return gptq_quantize(
+            w,
+            h,
+            block,
+            bits=bits,
+            symmetric=symmetric,
+            damp=cfg.damp,
+            shrink=self.shrink_for(w.shape[1], tokens),
+            clip_grid=cfg.clip or 10,
+            scale_search=cfg.scale_search,
+            signed_scales=cfg.target == "cpu",  # MatMulNBits takes negative scales; DequantizeLinear for TRT not
+            float_zeros=self.float_zeros and bits == 4,
+            code_sweeps=cfg.code_sweeps,
+            name=name,
+        )
 
     def _sensitivity(self, mms, acts, quantize, scales) -> dict[str, float]:
         """Relative output error of each MatMul quantized alone (on its own calibration activations)."""
@@ -574,6 +559,13 @@ def _norm_weight(producer: ir.Node | None, act: ir.Value, k: int) -> ir.Value | 
 
 def _new_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
     return add_initializer(graph, np.ascontiguousarray(array, dtype=np.float32), name)
+
+
+def _held_out(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Three quarters of the tokens `x` (drawn by `seed`) to fit on, the rest to measure on."""
+    order = np.random.default_rng(seed).permutation(x.shape[0])
+    cut = max(1, (3 * x.shape[0]) // 4)
+    return x[order[:cut]], x[order[cut:]]
 
 
 def _subsample(x: np.ndarray, seed: int, limit: int) -> np.ndarray:
