@@ -132,18 +132,23 @@ def test_positive_scales_for_the_dequantizelinear_encoding():
     assert np.linalg.norm(qw.dequantize() - w) < np.linalg.norm(quantize_blocks(w, 32).dequantize() - w)
 
 
-def test_rtn_pass_is_at_least_as_good_as_ort_symmetric_rtn():
+def ort_rtn_error(proto: onnx.ModelProto, symmetric: bool) -> float:
+    """The output error of ONNX Runtime's round-to-nearest MatMulNBitsQuantizer at block 32, given a named copy."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    proto = unnamed_mlp()
     named = onnx.ModelProto()
     named.CopyFrom(proto)
     for i, n in enumerate(named.graph.node):
         n.name = f"n{i}"
-    q = MatMulNBitsQuantizer(named, bits=4, block_size=32, is_symmetric=True)
+    q = MatMulNBitsQuantizer(named, bits=4, block_size=32, is_symmetric=symmetric)
     q.process()
     ref = run_all(session(proto.SerializeToString()), EVALS)
-    ort_err = compare_outputs(ref, run_all(session(q.model.model.SerializeToString()), EVALS))[0].rel_l2
+    return compare_outputs(ref, run_all(session(q.model.model.SerializeToString()), EVALS))[0].rel_l2
+
+
+def test_rtn_pass_is_at_least_as_good_as_ort_symmetric_rtn():
+    proto = unnamed_mlp()
+    ort_err = ort_rtn_error(proto, symmetric=True)
     ours, _ = quantized_error(proto, "int4:block=32,method=rtn,symmetric=true")
     old, _ = quantized_error(proto, "int4:block=32,method=rtn,symmetric=true,scale_search=false")
     assert ours <= ort_err * 1.001, (ours, ort_err)
@@ -209,19 +214,8 @@ def test_hqq_lowers_the_mean_absolute_error_it_minimises():
 def test_default_beats_ort_rtn_on_an_unnamed_heavy_tailed_mlp():
     """The default (awq-gptq; on cpu each MatMul symmetric or not by held-out error) against ORT's
     round-to-nearest, both symmetries (its HQQ needs torch; bench/int4_vs_ort.py compares against it)."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
     proto = unnamed_mlp()
-    ref = run_all(session(proto.SerializeToString()), EVALS)
-    ort = []
-    for symmetric in (True, False):
-        named = onnx.ModelProto()
-        named.CopyFrom(proto)
-        for i, n in enumerate(named.graph.node):
-            n.name = f"n{i}"
-        q = MatMulNBitsQuantizer(named, bits=4, block_size=32, is_symmetric=symmetric)
-        q.process()
-        ort.append(compare_outputs(ref, run_all(session(q.model.model.SerializeToString()), EVALS))[0].rel_l2)
+    ort = [ort_rtn_error(proto, symmetric) for symmetric in (True, False)]
     ours, model = quantized_error(proto, "int4:block=32")
     assert ours <= 0.8 * min(ort), (ours, ort)
 
