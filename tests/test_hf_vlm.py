@@ -451,6 +451,21 @@ def _one_line(capsys) -> str:
     return errors[0]
 
 
+@pytest.mark.parametrize(
+    "make", [lambda p: make_llava(p, seed=2), lambda p: make_idefics3(p, tiles=2)], ids=["llava", "split"]
+)
+def test_preprocessor_config_not_an_object_is_refused_in_one_line(tmp_path, capsys, make):
+    """preprocessor_config.json is read once for the normalisation and the tiling, and refused by the one HF config
+    reader whichever field would have been read first."""
+    vlm = make(tmp_path / "hf")
+    (vlm.path / "preprocessor_config.json").write_text("[]")
+    capsys.readouterr()
+    assert app_module.main(["convert", str(vlm.path), "-o", str(tmp_path / "onnx")]) == 2
+    err = _one_line(capsys)
+    assert "not a JSON object" in err and "preprocessor_config.json" in err
+    assert not (tmp_path / "onnx").exists()
+
+
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "paligemma"])
 def test_unsupported_vlm_family_lists_the_supported_ones(tmp_path, capsys, family):
     hf = tmp_path / family

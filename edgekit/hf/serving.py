@@ -21,6 +21,7 @@ from edgekit import names
 from edgekit.errors import ConfigError
 from edgekit.prompt import IMAGE_TOKEN, prompt_layout
 
+from .config import read_config_file
 from .vlm import VlmSpec
 
 SENTINEL = "\x00PROMPT\x00"
@@ -34,14 +35,9 @@ FALLBACK_TEMPLATES = {
 FALLBACK_TEMPLATES["llava_next"] = FALLBACK_TEMPLATES["llava"]
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError("not valid JSON", path) from None
-    if not isinstance(data, dict):
-        raise ConfigError("not a JSON object", path)
-    return data
+def _optional(path: Path) -> dict[str, Any]:
+    """A side file of the model directory as a dict, {} when the directory does not have it."""
+    return read_config_file(path) if path.is_file() else {}
 
 
 def chat_template(model_dir: Path) -> str | None:
@@ -50,7 +46,7 @@ def chat_template(model_dir: Path) -> str | None:
         return (model_dir / "chat_template.jinja").read_text()
     for name in ("chat_template.json", "processor_config.json", "tokenizer_config.json"):
         if (model_dir / name).is_file():
-            t = _json(model_dir / name).get("chat_template")
+            t = read_config_file(model_dir / name).get("chat_template")
             if isinstance(t, list):  # named templates: the default one
                 t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
             if isinstance(t, str):
@@ -76,7 +72,7 @@ def render_turn(template: str, tokenizer_config: dict[str, Any]) -> str:
 def _turn_text(spec: VlmSpec, model_dir: Path, tokenizer) -> tuple[str, str]:
     """The rendered user turn, and the image token's text, which stands in it once (where the span goes)."""
     cfg_path = model_dir / "tokenizer_config.json"
-    tok_cfg = _json(cfg_path) if cfg_path.is_file() else {}
+    tok_cfg = _optional(cfg_path)
     template = chat_template(model_dir)
     text = None
     if template is not None:
@@ -122,12 +118,12 @@ def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, An
     escape = lambda t: t.replace("{", "{{").replace("}", "}}")  # noqa: E731
     template = escape(full[start:lo]) + "{prompt}" + escape(full[hi:end])
     gen_path = model_dir / names.WEIGHT_FILES["generation_config"]
-    hf_gen = _json(gen_path) if gen_path.is_file() else {}
+    hf_gen = _optional(gen_path)
     eos = hf_gen.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
     if eos is None:
-        tok_cfg = _json(model_dir / "tokenizer_config.json") if (model_dir / "tokenizer_config.json").is_file() else {}
+        tok_cfg = _optional(model_dir / "tokenizer_config.json")
         eos_tok = tok_cfg.get("eos_token")
         eos_tok = eos_tok.get("content") if isinstance(eos_tok, dict) else eos_tok
         eos = tokenizer.token_to_id(eos_tok) if eos_tok else None
@@ -163,7 +159,7 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
     """edgekit's preprocessing for the vision graph (one frame, resized to the tower's square, values in [0, 1]:
     the graph normalises) and, for the record, the model's own image processor settings."""
     path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
-    hf = _json(path) if path.is_file() else {}
+    hf = _optional(path)
     out = {
         "image_size": spec.image_size,
         "num_frames": 1,

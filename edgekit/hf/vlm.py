@@ -29,7 +29,7 @@ from edgekit.export.specs import DecoderSpec
 
 from . import idefics3, llava, llava_next
 from .checkpoint import SafetensorsCheckpoint
-from .config import VLM_TYPES, decoder_spec
+from .config import VLM_TYPES, decoder_spec, read_config_file
 from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states
 
 __all__ = ["VLM_TYPES", "VlmSpec", "build_vlm_vision", "expected_vlm_shapes", "vlm_spec"]
@@ -177,35 +177,25 @@ def _decoder(text: dict[str, Any], model_dir: Path, names_: Collection[str], lm_
     )
 
 
-def _mean_std(model_dir: Path, tower: VisionTowerSpec, clip: bool = False) -> tuple[tuple[float, ...], ...]:
-    """`clip`: the processor's class defaults are CLIP's whatever the tower (LlavaNextImageProcessor's)."""
-    path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+def _mean_std(
+    pre: dict[str, Any] | None, tower: VisionTowerSpec, where: Path, clip: bool = False
+) -> tuple[tuple[float, ...], ...]:
+    """The processor's per-channel normalisation (`pre`: its preprocessor_config.json, None when absent).
+    `clip`: the processor's class defaults are CLIP's whatever the tower (LlavaNextImageProcessor's)."""
     default = (CLIP_MEAN, CLIP_STD) if clip or tower.family == "clip" else (HALF, HALF)
-    if not path.is_file():
+    if pre is None:
         return default
-    try:
-        pre = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError("not valid JSON", path) from None
     mean, std = pre.get("image_mean", default[0]), pre.get("image_std", default[1])
     mean = (float(mean),) * tower.channels if isinstance(mean, (int, float)) else tuple(float(x) for x in mean)
     std = (float(std),) * tower.channels if isinstance(std, (int, float)) else tuple(float(x) for x in std)
     if len(mean) != tower.channels or len(std) != tower.channels or min(std) <= 0:
-        raise ConfigError(f"image_mean/image_std must give {tower.channels} values (std > 0)", path)
+        raise ConfigError(f"image_mean/image_std must give {tower.channels} values (std > 0)", where)
     return mean, std
 
 
-def _preprocessor(model_dir: Path) -> dict[str, Any] | None:
-    path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
-    if not path.is_file():
-        return None
-    try:
-        pre = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError("not valid JSON", path) from None
-    if not isinstance(pre, dict):
-        raise ConfigError("not a JSON object", path)
-    return pre
+def _preprocessor(path: Path) -> dict[str, Any] | None:
+    """The directory's preprocessor_config.json (None: absent), read once for every field the spec takes."""
+    return read_config_file(path) if path.is_file() else None
 
 
 def _split_span(model_dir: Path, tiles: int, seq_len: int, image_token: int) -> tuple[int, ...]:
@@ -259,6 +249,8 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
     image_token = cfg.get("image_token_id", cfg.get("image_token_index"))
     if isinstance(image_token, bool) or not isinstance(image_token, int):
         raise ConfigError(f"image_token_id: expected an int, got {image_token!r}", where)
+    pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+    pre = _preprocessor(pre_path)
     if mt in ("llava", "llava_next"):
         tower = llava.tower_of(cfg, names_, where)
         layers = llava.feature_layers(cfg, tower, where)
@@ -275,8 +267,7 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
             connector_act=llava.projector_act(cfg, where),
         )
         if mt == "llava_next":
-            pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
-            common["tiles"] = llava_next.grid_side(cfg, _preprocessor(model_dir), tower, where, pre_path)
+            common["tiles"] = llava_next.grid_side(cfg, pre, tower, where, pre_path)
             common["newline"] = llava_next.newline_name(names_, where)
     else:
         tower = idefics3.tower_of(cfg, names_, where)
@@ -284,8 +275,7 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
             raise ConfigError("the vision tower's patch position ids are not the identity for a full image", where)
         fake, glob = (_special_id(model_dir, t) for t in (idefics3.FAKE_TOKEN, idefics3.GLOBAL_TOKEN))
         sf = idefics3.scale_factor(cfg, tower, where)
-        pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
-        tiles = idefics3.split_tiles(_preprocessor(model_dir), tower, pre_path)
+        tiles = idefics3.split_tiles(pre, tower, pre_path)
         split = _split_span(model_dir, tiles, tower.num_patches // sf**2, image_token) if tiles else ()
         common = dict(
             family="idefics3",
@@ -299,7 +289,7 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
             tiles=tiles,
             split_span=split,
         )
-    mean, std = _mean_std(model_dir, tower, clip=mt == "llava_next")
+    mean, std = _mean_std(pre, tower, pre_path, clip=mt == "llava_next")
     spec = VlmSpec(
         model_type=mt,
         text_model_type=source_text_type,
