@@ -96,6 +96,28 @@ def test_a_folder_of_graphs(tmp_path):
         assert "MatMulNBits" in ops and "MatMul" not in ops
 
 
+def test_integer_inputs_a_gather_indexes_get_ids_below_its_table_rows():
+    """Whatever the input is called (not only input_ids); an integer input no Gather indexes stays zeros."""
+    tokens = helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "seq"])
+    flags = helper.make_tensor_value_info("flags", TensorProto.INT64, ["batch", "seq"])
+    table = numpy_helper.from_array(np.zeros((7, 4), np.float32), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "tokens"], ["e"]), helper.make_node("Identity", ["flags"], ["f"])],
+        "g",
+        [tokens, flags],
+        [
+            helper.make_tensor_value_info("e", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("f", TensorProto.INT64, None),
+        ],
+        [table],
+    )
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    feeds = sample_feeds(model, 3, seq=64, seed=0)
+    got = np.concatenate([f["tokens"].ravel() for f in feeds])
+    assert got.max() < 7 and len(np.unique(got)) > 1  # drawn, below the table's rows
+    assert all(not f["flags"].any() for f in feeds)
+
+
 def test_feeds_follow_the_declared_inputs_and_dims_can_be_set():
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])
     mask = helper.make_tensor_value_info(

@@ -78,15 +78,17 @@ def dim_value(name: str, known: Mapping[str, int]) -> int:
     return 1
 
 
-def _gather_rows(model: ir.Model, name: str) -> int | None:
-    """Rows of the constant table a `Gather` reads with input `name` (a vocabulary size for token ids)."""
+def _gather_rows(model: ir.Model) -> dict[str, int | None]:
+    """For each value a `Gather` indexes with, the rows of the table it reads (a vocabulary size for token ids;
+    None when that dim is symbolic); the first such Gather in graph order counts. One scan of the graph."""
+    rows: dict[str, int | None] = {}
     for node in model.graph:
         if node.op_type == "Gather" and len(node.inputs) > 1 and node.inputs[1] is not None:
             table = node.inputs[0]
-            if node.inputs[1].name == name and table is not None and table.shape is not None and table.shape.rank():
-                rows = table.shape[0]
-                return rows if isinstance(rows, int) else None
-    return None
+            if table is not None and table.shape is not None and table.shape.rank():
+                n = table.shape[0]
+                rows.setdefault(node.inputs[1].name, n if isinstance(n, int) else None)
+    return rows
 
 
 def sample_feeds(
@@ -106,6 +108,7 @@ def sample_feeds(
     rng = np.random.default_rng(seed)
     dims = dict(dims or {})
     seq = int(dims.get("seq", seq))  # an override of seq or past_seq carries into total_seq
+    table_rows = _gather_rows(model)
     feeds = []
     for i in range(n):
         p = int(dims["past_seq"]) if "past_seq" in dims else (past if past or i % 2 == 0 else 4)
@@ -118,8 +121,8 @@ def sample_feeds(
                 feed[name] = np.ones(shape, dtype)
             elif name == names.POSITION_IDS:
                 feed[name] = np.broadcast_to(np.arange(p, p + shape[-1]), shape).astype(dtype)
-            elif name == names.INPUT_IDS or (np.issubdtype(dtype, np.integer) and _gather_rows(model, name)):
-                vocab = embeddings.shape[0] if embeddings is not None else (_gather_rows(model, name) or 100)
+            elif name == names.INPUT_IDS or (np.issubdtype(dtype, np.integer) and table_rows.get(name)):
+                vocab = embeddings.shape[0] if embeddings is not None else (table_rows.get(name) or 100)
                 feed[name] = rng.integers(0, vocab, shape).astype(dtype)
             elif name == names.INPUTS_EMBEDS and embeddings is not None:
                 ids = rng.integers(0, embeddings.shape[0], shape[:-1])
