@@ -4,9 +4,10 @@ Why: without calibration data the only signal is the weight itself, and the squa
 few heavy-tailed weights pull every block's range. HQQ minimises an l_p norm (p < 1) of the dequantization error
 instead, which tolerates a few large errors, by half-quadratic splitting: an auxiliary error W_e is shrunk
 towards the residual (the proximal step of |.|^p), then the quantization parameters are refit in closed form to
-W - W_e. ORT's HQQ refits a float zero point; edgekit's encodings carry integer zero points (or none: symmetric,
-as TensorRT and the X1 take it), so here the refit is the scale, by least squares per block, with the codes
-re-rounded each step; the asymmetric zero point is rounded to the grid. A step is kept only where it lowers the
+W - W_e. ORT's HQQ refits a float zero point; this one keeps integer zero points (or none: symmetric, as
+TensorRT and the X1 take it; `float_zeros` is the GPTQ methods' and refused with hqq), so here the refit is the
+scale, by least squares per block, with the codes re-rounded each step; the asymmetric zero point is rounded to
+the grid. A step is kept only where it lowers the
 block's mean absolute error (HQQ's own stopping rule, per block).
 """
 
@@ -54,7 +55,7 @@ def hqq_quantize(
             s_new = np.where(s_new > 0, s_new, s)
         if not symmetric:  # the offset that best fits the target for these codes and scale, on the grid
             safe = np.where(s_new == 0, 1.0, s_new)
-            z = np.clip(np.rint(z + ((c + z[..., None]) - target / safe[..., None] - z[..., None]).mean(-1)), 0, qmax)
+            z = np.clip(np.rint(z + (c - target / safe[..., None]).mean(-1)), 0, qmax)
         s = s_new
         q_try = round_codes(wb, s[..., None], z[..., None], qmax)
         err = np.abs((q_try - z[..., None]) * s[..., None] - wb).mean(-1)
