@@ -81,10 +81,12 @@ def _config(root: Path, bundles: dict, **policy) -> Path:
 
 
 def _wait_point(d: DaemonProcess, point: str, timeout: float = 60.0) -> dict:
+    """Until `point` is chosen and its variant serves: the policy names its choice before the variant has loaded."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = d.client.get("/v1/policy").json()
-        if state["point"] == point:
+        variant = {p["id"]: p["variant"] for p in state["front"]}.get(point)
+        if state["point"] == point and state["variant"] == variant:
             return state
         time.sleep(0.1)
     raise TimeoutError(f"policy never served {point}: {state}")
@@ -102,8 +104,11 @@ def test_the_policy_follows_the_battery_and_answers_its_api(setup):
         _battery(sysfs, 15, "Discharging", ac=False)  # unplugged and low: saver at the next tick
         t0 = time.monotonic()
         state = _wait_point(d, "short")
-        # within a tick, plus loading and warming the next variant (slow on 2 busy cores)
-        assert time.monotonic() - t0 < 15 and state["decision"]["reason"] == "battery"
+        # within a tick, plus loading and warming the next variant: that part is the daemon's own figure, so a slow
+        # load on 2 busy cores is not taken for a slow policy
+        small = {v["name"]: v for v in d.client.get("/v1/variants").json()["variants"]}["small"]
+        assert time.monotonic() - t0 - (small["load_ms"] + small["warm_ms"]) / 1e3 < 10
+        assert state["decision"]["reason"] == "battery"
         assert state["signals"]["battery_pct"] == 15 and state["signals"]["on_battery"] is True
         assert state["signals"]["power_source"].startswith("measured:ina3221")
 
@@ -116,7 +121,8 @@ def test_the_policy_follows_the_battery_and_answers_its_api(setup):
 
         _battery(sysfs, 95, "Charging", ac=True)  # back on the charger: the step up waits for the window
         t0 = time.monotonic()
-        assert d.client.get("/v1/policy").json()["point"] == "short"
+        early = d.client.get("/v1/policy").json()["point"]
+        assert early == "short" or time.monotonic() - t0 >= WINDOW_S * 0.9  # (a slow GET may see the window pass)
         _wait_point(d, "big")
         assert time.monotonic() - t0 >= WINDOW_S * 0.9
 
