@@ -37,6 +37,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from edgekit.daemon.policy import best_quality
 from edgekit.daemon.testing import DaemonProcess
 from edgekit.eval.finding_metrics import prf, score_study
 from edgekit.eval.runner import default_test_split, load_split
@@ -185,7 +186,7 @@ def main() -> int:
     # The baseline: the variant a deployment serves without a policy, its reference precision (FP16), and the
     # profile's best-quality point (ties broken by energy); the policy is compared with both.
     reference = points["fp16"]
-    best = max(points.values(), key=lambda p: (p.lowest_f1, -p.energy_j))  # DICOM and video F1, as the policy
+    best = max(points.values(), key=best_quality)  # DICOM and video F1, as the policy
     floor = round(best.lowest_f1 - args.floor_below_best, 3)
     board = Board(root / "sysfs")
     window_s = 2.0

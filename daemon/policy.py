@@ -30,6 +30,11 @@ from edgekit.pareto import Point
 MODES = ("performance", "balanced", "saver", "fixed")  # what a user sets; signals may also ask for "fast"
 
 
+def best_quality(p: Point) -> tuple[float, float]:
+    """The sort key of "the best point": the higher quality (`Point.lowest_f1`), then the less energy."""
+    return (p.lowest_f1, -p.energy_j)
+
+
 @dataclass(frozen=True)
 class Constraints:
     power_budget_w: float | None = None  # average power while a report runs
@@ -137,7 +142,7 @@ def choose(points: Sequence[Point], settings: PolicySettings, signals: Signals, 
     fits = [p for p in points if not c.broken_by(p)]
     if fits:
         if mode == "performance":
-            best = max(fits, key=lambda p: (p.lowest_f1, -p.energy_j))
+            best = max(fits, key=best_quality)
         elif mode == "saver":
             best = min(fits, key=lambda p: (p.energy_j, -p.lowest_f1))
         elif mode == "fast":
@@ -149,7 +154,7 @@ def choose(points: Sequence[Point], settings: PolicySettings, signals: Signals, 
         return Choice(best, reason, mode)
     within_power = [p for p in points if "power_budget_w" not in c.broken_by(p)]
     if within_power:
-        pick = max(within_power, key=lambda p: (p.lowest_f1, -p.energy_j))
+        pick = max(within_power, key=best_quality)
     else:
         pick = min(points, key=lambda p: p.power_w)
     return Choice(pick, reason, mode, tuple(c.broken_by(pick)))
@@ -162,7 +167,7 @@ def find(points: Sequence[Point], name: str) -> Point:
             return p
     named = [p for p in points if p.settings.get("variant") == name]
     if named:
-        return max(named, key=lambda p: (p.lowest_f1, -p.energy_j))
+        return max(named, key=best_quality)
     raise ConfigError(f"no profiled point or variant named {name!r} (points: {', '.join(p.id for p in points)})")
 
 

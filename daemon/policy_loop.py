@@ -21,7 +21,7 @@ from edgekit.pareto import Point, read_profile
 from .config import DaemonConfig
 from .metrics import Metrics
 from .options import RequestOptions
-from .policy import MODES, Constraints, Decision, Governor, PolicySettings, Signals, find
+from .policy import MODES, Constraints, Decision, Governor, PolicySettings, Signals, best_quality, find
 from .variants import VariantRegistry
 
 log = logging.getLogger("edgekitd")
@@ -195,7 +195,7 @@ class PolicyLoop:
         if quality is not None:
             if quality != "max":
                 raise ConfigError(f'quality must be "max", got {quality!r}')
-            return max(self.points, key=lambda p: (p.lowest_f1, -p.energy_j)).settings["variant"]
+            return max(self.points, key=best_quality).settings["variant"]
         return variant
 
     def describe(self) -> dict[str, Any]:
