@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 from edgekit.errors import ConfigError
 from edgekit.export.save import EXTERNAL_DATA_THRESHOLD_BYTES, save_model
-from edgekit.onnx_model import has_external_data, load_onnx, name_nodes, upgrade_opset
+from edgekit.onnx_model import default_opset, has_external_data, load_onnx, name_nodes, upgrade_opset
 
 from .base import GraphPass, OutputError, PassContext, PassReport
 from .calibration import sample_feeds
@@ -136,7 +136,7 @@ def _run(src: Path, dst: Path, passes, calibration, dims, check, check_samples, 
     reports = []
     for i, p in enumerate(passes):
         needed = p.min_opset() if hasattr(p, "min_opset") else None
-        opset_before = model.graph.opset_imports.get("")
+        opset_before = default_opset(model)
         if needed:
             model = upgrade_opset(model, needed, src)
         ctx = PassContext(graph=graph, model_dir=None, calibration={graph: calib}, seed=seed)
@@ -147,8 +147,8 @@ def _run(src: Path, dst: Path, passes, calibration, dims, check, check_samples, 
         report = run_checked(p, model, ctx, graph, before, check_feeds)
         if renamed and i == 0:
             report.notes["nodes_named"] = renamed
-        if model.graph.opset_imports.get("") != opset_before:
-            report.notes["opset_upgraded"] = f"{opset_before} -> {model.graph.opset_imports.get('')}"
+        if default_opset(model) != opset_before:
+            report.notes["opset_upgraded"] = f"{opset_before} -> {default_opset(model)}"
         reports.append(report)
         if on_pass:
             on_pass(p, graph, "done")
