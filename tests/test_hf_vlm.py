@@ -24,6 +24,7 @@ from edgekit.cli import app as app_module  # noqa: E402
 from edgekit.errors import ConfigError, EdgekitError  # noqa: E402
 from edgekit.generate import GenerationOptions, generate, place_image  # noqa: E402
 from edgekit.hf import convert_hf  # noqa: E402
+from edgekit.hf.parity import hf_pixel_values  # noqa: E402
 from edgekit.ingest import Study  # noqa: E402
 from edgekit.ort import CpuBackend  # noqa: E402
 from edgekit.reporter import Reporter  # noqa: E402
@@ -148,11 +149,13 @@ def _block_image(m: int, r: int, seed: int) -> np.ndarray:
     return np.kron(blocks, np.ones((r, r), np.uint8))
 
 
-def _check_prefill_and_greedy(vlm, reporter, layout, image: np.ndarray, theirs: dict) -> None:
+def _check_prefill_and_greedy(vlm, reporter, layout, image: np.ndarray, theirs: dict, spec) -> None:
     """Our ONNX Runtime prefill (the span at the layout's slot) and greedy tokens against transformers' model fed
-    the processor's own inputs `theirs` for the same `image` (uint8, made so the processor's pixels are ours)."""
+    the processor's own inputs `theirs` for the same `image` (uint8, made so the processor's pixels are ours), and
+    the parity check's copy of the processor's pixels (`hf_pixel_values`) against the processor's."""
     slot = layout.image_slot
     pixels = (image.astype(np.float32) / 255)[None, None, None]
+    np.testing.assert_allclose(hf_pixel_values(spec, pixels[0, 0, 0]), theirs["pixel_values"].numpy(), atol=1e-5)
     backend = reporter.backend
     text = np.asarray([layout.ids], np.int64)
     x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), slot)
@@ -195,7 +198,7 @@ def test_idefics3_split_matches_the_processor_and_serves(tmp_path, capsys):
     image = _block_image(28, 2, seed=4)
     theirs = processor_inputs(vlm, image, prompt, resample=PILImageResampling.BOX)
     assert theirs["input_ids"][0].tolist() == [*layout.ids[:slot], *spec.span_ids, *layout.ids[slot:]]
-    _check_prefill_and_greedy(vlm, reporter, layout, image, theirs)
+    _check_prefill_and_greedy(vlm, reporter, layout, image, theirs, spec)
     # the processor's default resample (LANCZOS) changes the global image only: the tiles are exact crops
     lanczos = processor_inputs(vlm, image, prompt)["pixel_values"]
     assert torch.equal(lanczos[0, :4], theirs["pixel_values"][0, :4])
@@ -313,7 +316,7 @@ def test_llava_next_matches_the_processor_and_serves(tmp_path, capsys):
     theirs = processor_inputs(vlm, image, prompt, resample=PILImageResampling.BOX)
     assert theirs["input_ids"][0].tolist() == [*layout.ids[:slot], *spec.span_ids, *layout.ids[slot:]]
     assert theirs["image_sizes"].tolist() == [[56, 56]] and tuple(theirs["pixel_values"].shape) == (1, 5, 3, 28, 28)
-    _check_prefill_and_greedy(vlm, reporter, layout, image, theirs)
+    _check_prefill_and_greedy(vlm, reporter, layout, image, theirs, spec)
     # the processor's default resample (BICUBIC) changes the base image only: the crops are exact
     bicubic = processor_inputs(vlm, image, prompt)["pixel_values"]
     assert torch.equal(bicubic[0, 1:], theirs["pixel_values"][0, 1:])

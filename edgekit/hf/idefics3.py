@@ -30,7 +30,6 @@ from edgekit.export.blocks import layer_norm, linear
 from edgekit.export.irbuilder import GraphBuilder
 
 from .checkpoint import find_prefix
-from .frame_split import crops_and_downscale
 from .vision_tower import VisionTowerSpec, tower_spec
 
 TOWER_PREFIXES = ("model.vision_model.", "vision_model.")
@@ -160,14 +159,3 @@ def split_span_text(tiles: int, seq_len: int) -> str:
             text += f"{FAKE_TOKEN}<row_{r + 1}_col_{c + 1}>" + IMAGE_TOKEN * seq_len
         text += "\n"
     return text + f"\n{FAKE_TOKEN}{GLOBAL_TOKEN}" + IMAGE_TOKEN * seq_len + FAKE_TOKEN
-
-
-def split_frame(b: GraphBuilder, x: ir.Value, spec) -> ir.Value:
-    """(B, 1, L, L) display frame -> (B * (r*r + 1), 1, M, M): the processor's tiles, row by row (its
-    `unfold`), then the global image: the frame averaged over r x r blocks (Pillow's BOX at the integer factor r;
-    transformers' processor downscales with its `resample`, LANCZOS by default)."""
-    scope = "/image_processor/split"
-    r, m = spec.tiles, spec.tower.image_size
-    t, g = crops_and_downscale(b, scope, x, r, m)
-    y = b.op(scope, "Concat", [t, g], {"axis": 1})
-    return b.op(scope, "Reshape", [y, b.const([-1, 1, m, m])])

@@ -25,7 +25,6 @@ import onnx_ir as ir
 from edgekit.errors import ConfigError
 from edgekit.export.irbuilder import GraphBuilder
 
-from .frame_split import crops_and_downscale
 from .vision_tower import VisionTowerSpec
 
 # LlavaNextConfig's default pinpoints (llava-v1.6's), used where config.json does not say
@@ -136,16 +135,6 @@ def num_image_tokens(spec) -> int:
     s = spec.image_size
     rows, cols = unpadded_features((s, s), (spec.tiles * side, spec.tiles * side))
     return side * side + rows * (cols + 1)
-
-
-def split_frame(b: GraphBuilder, x: ir.Value, spec) -> ir.Value:
-    """(B, 1, S, S) display frame -> (B * (1 + r*r), 1, M, M): the base image (the frame averaged over r x r
-    blocks: BOX at the integer factor r), then the processor's crops row by row (`divide_to_patches`)."""
-    scope = "/image_processor/anyres"
-    r, m = spec.tiles, spec.tower.image_size
-    t, g = crops_and_downscale(b, scope, x, r, m)
-    y = b.op(scope, "Concat", [g, t], {"axis": 1})
-    return b.op(scope, "Reshape", [y, b.const([-1, 1, m, m])])
 
 
 def pack(b: GraphBuilder, y: ir.Value, spec) -> ir.Value:

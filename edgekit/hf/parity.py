@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .frame_split import split_frame_np
 from .vlm import VlmSpec
 
 NOT_MEASURED = {
@@ -23,23 +24,13 @@ NOT_MEASURED = {
 
 def hf_pixel_values(spec: VlmSpec, gray: np.ndarray) -> np.ndarray:
     """(S, S) in [0, 1] -> transformers' pixel_values for one image (llava: (1, C, S, S); idefics3: (1, 1, C, S, S);
-    idefics3 split into r x r tiles: (1, r*r + 1, C, M, M), the tiles row by row, then the global image as the
-    vision graph makes it, the frame averaged over r x r blocks; llava_next: (1, 1 + r*r, C, M, M), that base image
-    first, then the crops)."""
+    split (idefics3 tiles, llava_next anyres): (1, r*r + 1, C, M, M), the crops and the whole image as the vision
+    graph cuts them, `edgekit.hf.frame_split`)."""
     c = spec.tower.channels
     mean = np.asarray(spec.image_mean, np.float32)[:, None, None]
     std = np.asarray(spec.image_std, np.float32)[:, None, None]
-    if spec.family == "llava_next":
-        r, m = spec.tiles, spec.tower.image_size
-        tiles = gray.reshape(r, m, r, m).transpose(0, 2, 1, 3).reshape(r * r, m, m)
-        base = gray.reshape(m, r, m, r).mean(axis=(1, 3), dtype=np.float32)
-        images = np.concatenate([base[None], tiles]).astype(np.float32)
-        return ((np.repeat(images[:, None], c, axis=1) - mean) / std)[None].astype(np.float32)
     if spec.tiles:
-        r, m = spec.tiles, spec.tower.image_size
-        tiles = gray.reshape(r, m, r, m).transpose(0, 2, 1, 3).reshape(r * r, m, m)
-        whole = gray.reshape(m, r, m, r).mean(axis=(1, 3), dtype=np.float32)
-        images = np.concatenate([tiles, whole[None]]).astype(np.float32)
+        images = split_frame_np(gray, spec.tiles, spec.tower.image_size, spec.whole_image_first)
         return ((np.repeat(images[:, None], c, axis=1) - mean) / std)[None].astype(np.float32)
     x = ((np.repeat(gray[None], c, axis=0) - mean) / std)[None].astype(np.float32)
     return x if spec.family == "llava" else x[None]

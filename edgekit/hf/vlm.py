@@ -30,6 +30,7 @@ from edgekit.export.specs import DecoderSpec
 from . import idefics3, llava, llava_next
 from .checkpoint import SafetensorsCheckpoint
 from .config import VLM_TYPES, decoder_spec, read_config_file
+from .frame_split import split_frame
 from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states
 
 __all__ = ["VLM_TYPES", "VlmSpec", "build_vlm_vision", "expected_vlm_shapes", "vlm_spec"]
@@ -95,6 +96,12 @@ class VlmSpec:
     def num_images(self) -> int:
         """Tower inputs per frame: the tiles and the global image when split, else 1."""
         return self.tiles * self.tiles + 1 if self.tiles else 1
+
+    @property
+    def whole_image_first(self) -> bool:
+        """Split: the downscaled whole frame goes before the crops (LLaVA-NeXT's base image), else after them
+        (Idefics3's global image)."""
+        return self.family == "llava_next"
 
     @property
     def num_image_tokens(self) -> int:
@@ -375,10 +382,8 @@ def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Mod
     pixels = b.input(names.PIXEL_VALUES, F32, ["batch", 1, 1, s, s])
     scope = "/image_processor"
     x = b.op(scope, "Reshape", [pixels, b.const([-1, 1, s, s])])
-    if spec.family == "llava_next":  # the base image and the anyres crops, each one tower input
-        x = llava_next.split_frame(b, x, spec)
-    elif spec.tiles:  # the processor's tiles and global image, each one tower input
-        x = idefics3.split_frame(b, x, spec)
+    if spec.tiles:  # the processor's crops and its whole image downscaled, each one tower input
+        x = split_frame(b, x, spec.tiles, spec.tower.image_size, spec.whole_image_first)
     if c > 1:  # a grey display frame as the RGB image the tower was trained on
         x = b.op(scope, "Concat", [x] * c, {"axis": 1})
     shape = (1, c, 1, 1)
