@@ -9,7 +9,6 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-pytest.importorskip("av")
 
 from edgekit.bundle import load_bundle  # noqa: E402
 from edgekit.daemon.client import study_files  # noqa: E402

@@ -12,8 +12,6 @@ from edgekit.pareto import Point, non_dominated
 
 from ingest_factory import write_mp4
 
-pytest.importorskip("av")
-
 FRAMES = 8  # the model's own frames per study in these tests (the embedded model's count)
 
 
