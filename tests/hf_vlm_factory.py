@@ -172,15 +172,12 @@ def make_llava_next_geometry(path: Path, *, layers: int = 2, seed: int = 0) -> T
     image_token = 32000
     points = [list(p) for p in ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))]
     text = tf.LlamaConfig(**textkw)
-    cfg = tf.LlavaNextConfig(vision_config=vcfg, text_config=text, image_token_id=32000, image_grid_pinpoints=points)
+    cfg = tf.LlavaNextConfig(
+        vision_config=vcfg, text_config=text, image_token_id=image_token, image_grid_pinpoints=points
+    )
     torch.manual_seed(seed)
     model = tf.LlavaNextForConditionalGeneration(cfg).eval()
-    _widen(model.model.vision_tower, seed)
-    _widen(model.model.multi_modal_projector, seed + 1, 0.05)
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(path)
-    specials = {"<unk>": 0, "<s>": 1, "</s>": 2, "USER:": 3, "ASSISTANT:": 4, "<image>": image_token}
-    _tokenizer(path, 32064, specials, LLAVA_TEMPLATE, "<s>", "</s>")
+    _save_llava(model, path, seed, 32064, image_token)
     cls = getattr(tf, "LlavaNextImageProcessorPil", tf.LlavaNextImageProcessor)
     proc = cls(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}, image_grid_pinpoints=points)
     proc.save_pretrained(path)
@@ -266,23 +263,14 @@ def hf_pixels(vlm: TinyVlm, gray: np.ndarray):
     the frame as RGB, normalised per channel (the resize is edgekit's preprocessing, not compared here)."""
     import torch
 
-    if vlm.family == "llava_next":  # the base image (the frame averaged over r x r blocks), then the crops
+    mean, std = (np.asarray(v, np.float32)[:, None, None] for v in (vlm.mean, vlm.std))
+    if vlm.tiles:  # the crops row by row and the frame averaged over r x r blocks (llava_next: first, idefics3: last)
         r, m = vlm.tiles, gray.shape[0] // vlm.tiles
         crops = [gray[i * m : (i + 1) * m, j * m : (j + 1) * m] for i in range(r) for j in range(r)]
-        images = np.stack([gray.reshape(m, r, m, r).mean(axis=(1, 3), dtype=np.float32), *crops])
-        mean, std = (np.asarray(v, np.float32)[:, None, None] for v in (vlm.mean, vlm.std))
+        whole = gray.reshape(m, r, m, r).mean(axis=(1, 3), dtype=np.float32)
+        images = np.stack([whole, *crops] if vlm.family == "llava_next" else [*crops, whole])
         return torch.tensor(((np.repeat(images[:, None], 3, axis=1) - mean) / std)[None].astype(np.float32))
-    if vlm.tiles:  # the tiles row by row, then the global image: the frame averaged over r x r blocks
-        r, m = vlm.tiles, gray.shape[0] // vlm.tiles
-        tiles = [gray[i * m : (i + 1) * m, j * m : (j + 1) * m] for i in range(r) for j in range(r)]
-        images = np.stack([*tiles, gray.reshape(m, r, m, r).mean(axis=(1, 3), dtype=np.float32)])
-        x = (np.repeat(images[:, None], 3, axis=1) - np.asarray(vlm.mean, np.float32)[:, None, None]) / np.asarray(
-            vlm.std, np.float32
-        )[:, None, None]
-        return torch.tensor(x[None].astype(np.float32))
-    rgb = np.repeat(gray[None], 3, axis=0)
-    x = (rgb - np.asarray(vlm.mean, np.float32)[:, None, None]) / np.asarray(vlm.std, np.float32)[:, None, None]
-    x = torch.tensor(x[None].astype(np.float32))
+    x = torch.tensor(((np.repeat(gray[None], 3, axis=0) - mean) / std)[None].astype(np.float32))
     return x[None] if vlm.family != "llava" else x  # Idefics3 takes (batch, images, C, H, W)
 
 
