@@ -32,7 +32,9 @@ from .check import check_models, snapshot
 from .pipeline import PipelineResult, check_output, copy_other_files, publish_dir, run_checked, staging_dir
 from .registry import role_bound
 
-CALIBRATION_SAMPLES = 16  # generated calibration feeds per file (seq 32 each), seeded apart from the check's
+# generated calibration feeds per file for a pass that does not size its own (int4's `calib` x `seq` does),
+# seeded apart from the check's
+CALIBRATION_SAMPLES, CALIBRATION_SEQ = 16, 32
 
 
 def refuse_role_bound(passes: Sequence[GraphPass], source: str | Path) -> None:
@@ -130,7 +132,7 @@ def _run(src: Path, dst: Path, passes, calibration, dims, check, check_samples, 
         ir.external_data.load_to_model(model)
     graph = src.name
     check_feeds = sample_feeds(model, check_samples, seed=seed + 1, dims=dims)
-    calib = list(calibration) if calibration else sample_feeds(model, CALIBRATION_SAMPLES, seq=32, seed=seed, dims=dims)
+    calibs = _calibrations(model, passes, calibration, seed, dims)  # before any pass changes the model
     scratch = dst.parent / f".check-{src.stem}"
     original = snapshot(model, scratch, "original.onnx") if check else None
     reports = []
@@ -139,7 +141,7 @@ def _run(src: Path, dst: Path, passes, calibration, dims, check, check_samples, 
         opset_before = default_opset(model)
         if needed:
             model = upgrade_opset(model, needed, src)
-        ctx = PassContext(graph=graph, model_dir=None, calibration={graph: calib}, seed=seed)
+        ctx = PassContext(graph=graph, model_dir=None, calibration={graph: calibs[i]}, seed=seed)
         if on_pass:
             on_pass(p, graph, "start")
         # the model just before this pass (after any opset upgrade): the check measures the pass alone
@@ -156,3 +158,19 @@ def _run(src: Path, dst: Path, passes, calibration, dims, check, check_samples, 
     shutil.rmtree(scratch, ignore_errors=True)
     save_model(model, dst, external_data_threshold_bytes=0 if external else EXTERNAL_DATA_THRESHOLD_BYTES)
     return reports, end_to_end
+
+
+def _calibrations(model: ir.Model, passes, calibration, seed: int, dims) -> list[list[dict[str, np.ndarray]]]:
+    """Each pass's calibration feeds: the caller's, else generated in the file's signature, as many and as long as
+    the pass's own `calib` and `seq` ask (before, a fixed 16 x 32 overrode int4's `calib=`/`seq=` on a file)."""
+    if calibration:
+        return [list(calibration)] * len(passes)
+    made: dict[tuple[int, int], list[dict[str, np.ndarray]]] = {}
+    out = []
+    for p in passes:
+        cfg = getattr(p, "config", None)
+        size = (getattr(cfg, "calib", CALIBRATION_SAMPLES), getattr(cfg, "seq", CALIBRATION_SEQ))
+        if size not in made:
+            made[size] = sample_feeds(model, size[0], seq=size[1], seed=seed, dims=dims)
+        out.append(made[size])
+    return out
