@@ -262,11 +262,8 @@ def test_split_the_graph_cannot_fix_is_refused_in_one_line(tmp_path, capsys, edi
     vlm = make_idefics3(tmp_path / "hf", family="idefics3", tiles=2)
     pre_path = vlm.path / "preprocessor_config.json"
     pre_path.write_text(json.dumps({**json.loads(pre_path.read_text()), **edit}))
-    capsys.readouterr()
-    assert app_module.main(["convert", str(vlm.path), "-o", str(tmp_path / "onnx")]) == 2
-    err = _one_line(capsys)
+    err = _refused_convert(vlm, tmp_path, capsys)
     assert needle in err and "preprocessor_config.json" in err
-    assert not (tmp_path / "onnx").exists()
 
 
 # llava_next: anyres fixed for the square frame ---------------------------------------------------------------
@@ -364,11 +361,8 @@ def test_llava_next_the_graph_cannot_fix_is_refused_in_one_line(tmp_path, capsys
     for name in files.get(where, files["pre"] + files["config"]):  # both: the processor's and the model's
         path = vlm.path / name
         path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
-    capsys.readouterr()
-    assert app_module.main(["convert", str(vlm.path), "-o", str(tmp_path / "onnx")]) == 2
-    err = _one_line(capsys)
+    err = _refused_convert(vlm, tmp_path, capsys)
     assert needle in err and path.name in err
-    assert not (tmp_path / "onnx").exists()
 
 
 # the image in the template's place ----------------------------------------------------------------------------
@@ -447,6 +441,15 @@ def test_image_tokens_are_one_fact_for_the_context_budget_and_orin_limits(tmp_pa
 
 
 # refusals ------------------------------------------------------------------------------------------------------
+def _refused_convert(vlm, tmp_path, capsys) -> str:
+    """`edgekit convert` of `vlm` refused: exit 2, one error line (returned), no output directory left behind."""
+    capsys.readouterr()
+    assert app_module.main(["convert", str(vlm.path), "-o", str(tmp_path / "onnx")]) == 2
+    err = _one_line(capsys)
+    assert not (tmp_path / "onnx").exists()
+    return err
+
+
 def _one_line(capsys) -> str:
     """The one error line on stderr (progress lines before it are not errors)."""
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -462,11 +465,8 @@ def test_preprocessor_config_not_an_object_is_refused_in_one_line(tmp_path, caps
     reader whichever field would have been read first."""
     vlm = make(tmp_path / "hf")
     (vlm.path / "preprocessor_config.json").write_text("[]")
-    capsys.readouterr()
-    assert app_module.main(["convert", str(vlm.path), "-o", str(tmp_path / "onnx")]) == 2
-    err = _one_line(capsys)
+    err = _refused_convert(vlm, tmp_path, capsys)
     assert "not a JSON object" in err and "preprocessor_config.json" in err
-    assert not (tmp_path / "onnx").exists()
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "paligemma"])
