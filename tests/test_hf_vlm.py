@@ -93,14 +93,31 @@ def _study(size: int, seed: int = 0) -> Study:
     return Study(frames, modality="CT", uid_hash="uid:test", source="dicom")
 
 
+def _build_cpu_with_parity(model_dir, out, capsys) -> None:
+    """`edgekit build HF_DIR --target cpu --json`: built, with the build's parity figure against transformers
+    measured (greedy identical on every case, logits within TOL)."""
+    assert app_module.main(["build", str(model_dir), "--target", "cpu", "-o", str(out), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert figures["parity"]["measured"] and figures["parity"]["greedy_identical"] == 1.0
+    assert figures["parity"]["max_rel_logit_error"] <= TOL
+
+
+def _check_served_as_transformers(reporter, vlm, span_ids: list[int], study: Study, prompt: str):
+    """The reporter's report for `study` is transformers' greedy tokens for the frame it serves, the span at the
+    prompt's image slot. Returns the report and the prompt's layout."""
+    report = reporter.report(study, prompt, reporter.options(max_new_tokens=6))
+    layout = reporter.prompt(study.modality, prompt)
+    served = reporter.pixel_values(study)[0, 0, 0]
+    _, tokens = hf_reference(vlm, span_ids, served, layout.ids, len(report.text.split()) or 1, layout.image_slot)
+    assert report.text == reporter.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    return report, layout
+
+
 def test_build_and_serve_llava_bundle(tmp_path, llava_dir, capsys):
     """`edgekit build HF_DIR` -> a bundle with the model's tokenizer, template and preprocessing; the reporter
     serves it as it is, and its tokens are transformers' for the same study and prompt."""
     out = tmp_path / "bundle"
-    assert app_module.main(["build", str(llava_dir.path), "--target", "cpu", "-o", str(out), "--json"]) == 0
-    figures = json.loads(capsys.readouterr().out)["figures"]
-    assert figures["parity"]["measured"] and figures["parity"]["greedy_identical"] == 1.0
-    assert figures["parity"]["max_rel_logit_error"] <= TOL
+    _build_cpu_with_parity(llava_dir.path, out, capsys)
     manifest = json.loads((out / "manifest.json").read_text())
     assert (out / "tokenizer.json").read_bytes() == (llava_dir.path / "tokenizer.json").read_bytes()
     gen = json.loads((out / "generation_config.json").read_text())
@@ -112,17 +129,12 @@ def test_build_and_serve_llava_bundle(tmp_path, llava_dir, capsys):
     assert manifest["name"] == "hf" and manifest["provenance"]["passes"][0]["name"] == "hf_import"
 
     reporter = Reporter.from_bundle(out, threads=1)
-    study, prompt = _study(28), "w3 w4 w5"
-    report = reporter.report(study, prompt, reporter.options(max_new_tokens=6))
-    layout = reporter.prompt(study.modality, prompt)
+    span = convert_hf(llava_dir.path, tmp_path / "onnx").spec.span_ids
+    report, layout = _check_served_as_transformers(reporter, llava_dir, span, _study(28), "w3 w4 w5")
     ids = layout.ids
     assert ids[0] == 1 and ids[-1] == 4 and layout.image_slot == 2  # <s> USER: [image] ... ASSISTANT:
-    typed = reporter.prompt(study.modality, "<image> w3")  # the user's own image token stays text
+    typed = reporter.prompt("CT", "<image> w3")  # the user's own image token stays text
     assert typed.image_slot == 2 and typed.ids.count(llava_dir.image_token_id) == 1
-    span = convert_hf(llava_dir.path, tmp_path / "onnx").spec.span_ids
-    gray = reporter.pixel_values(study)[0, 0, 0]
-    _, theirs = hf_reference(llava_dir, span, gray, ids, len(report.text.split()) or 1, layout.image_slot)
-    assert report.text == reporter.tokenizer.decode(theirs, skip_special_tokens=True).strip()
     assert report.stop_reason in ("max_new_tokens", "stop_token")
 
 
@@ -178,10 +190,7 @@ def test_idefics3_split_matches_the_processor_and_serves(tmp_path, capsys):
 
     vlm = make_idefics3(tmp_path / "hf", family="idefics3", seed=11, tiles=2)
     out = tmp_path / "bundle"
-    assert app_module.main(["build", str(vlm.path), "--target", "cpu", "-o", str(out), "--json"]) == 0
-    figures = json.loads(capsys.readouterr().out)["figures"]
-    assert figures["parity"]["measured"] and figures["parity"]["greedy_identical"] == 1.0
-    assert figures["parity"]["max_rel_logit_error"] <= TOL
+    _build_cpu_with_parity(vlm.path, out, capsys)
     spec = convert_hf(vlm.path, tmp_path / "onnx").spec
     img = vlm.image_token_id
     tile = [img] * 4
@@ -205,10 +214,7 @@ def test_idefics3_split_matches_the_processor_and_serves(tmp_path, capsys):
     assert not torch.allclose(lanczos[0, 4], theirs["pixel_values"][0, 4], atol=1e-2)
 
     study = _study(56, seed=2)  # 112 px frames, BOX-resized to 56 by edgekit's preprocessing
-    report = reporter.report(study, prompt, reporter.options(max_new_tokens=6))
-    served = reporter.pixel_values(study)[0, 0, 0]
-    _, tokens = hf_reference(vlm, spec.span_ids, served, layout.ids, len(report.text.split()) or 1, slot)
-    assert report.text == reporter.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    _check_served_as_transformers(reporter, vlm, spec.span_ids, study, prompt)
 
 
 def test_smolvlm_split_parity_and_x1_bundle(tmp_path):
@@ -295,10 +301,7 @@ def test_llava_next_matches_the_processor_and_serves(tmp_path, capsys):
 
     vlm = make_llava_next(tmp_path / "hf", seed=13, tiles=2)
     out = tmp_path / "bundle"
-    assert app_module.main(["build", str(vlm.path), "--target", "cpu", "-o", str(out), "--json"]) == 0
-    figures = json.loads(capsys.readouterr().out)["figures"]
-    assert figures["parity"]["measured"] and figures["parity"]["greedy_identical"] == 1.0
-    assert figures["parity"]["max_rel_logit_error"] <= TOL
+    _build_cpu_with_parity(vlm.path, out, capsys)
     spec = convert_hf(vlm.path, tmp_path / "onnx").spec
     pre = json.loads((out / "preprocessor_config.json").read_text())
     assert pre["image_size"] == 56 and pre["anyres"]["rows"] == 2 and pre["anyres"]["grid_pinpoint"] == [56, 56]
@@ -320,10 +323,7 @@ def test_llava_next_matches_the_processor_and_serves(tmp_path, capsys):
     assert not torch.allclose(bicubic[0, 0], theirs["pixel_values"][0, 0], atol=1e-2)
 
     study = _study(56, seed=3)  # 112 px frames, BOX-resized to 56 by edgekit's preprocessing
-    report = reporter.report(study, prompt, reporter.options(max_new_tokens=6))
-    served = reporter.pixel_values(study)[0, 0, 0]
-    _, tokens = hf_reference(vlm, spec.span_ids, served, layout.ids, len(report.text.split()) or 1, slot)
-    assert report.text == reporter.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    _check_served_as_transformers(reporter, vlm, spec.span_ids, study, prompt)
 
 
 @pytest.mark.parametrize("side", [20, 28, 41, 56, 57, 84, 100, 336, 672, 700])
