@@ -125,6 +125,7 @@ class PolicyLoop:
         self.signals = Signals()
         self._lock = threading.Lock()
         self._logged_broken: tuple[str, ...] = ()
+        self._serving: Point | None = None  # the governor's choice once its variant is active
 
     @property
     def settings(self) -> PolicySettings:
@@ -132,7 +133,9 @@ class PolicyLoop:
 
     @property
     def point(self) -> Point | None:
-        return self.governor.current
+        """The point serving now. While a switch loads the next variant, work still goes to the old one, under the
+        old point's knobs: the governor's choice takes over only once its variant is active."""
+        return self._serving
 
     def tick(self) -> Decision:
         """Read the signals, decide, and switch if the decision says so (blocking while the next variant loads)."""
@@ -153,6 +156,7 @@ class PolicyLoop:
                     ).inc()
                     log.info("policy: %s -> %s (%s)", decision.previous, decision.point.id, self._why(decision))
                 self.metrics.set_active(self.registry.active, set(self.registry.specs))
+            self._serving = self.governor.current
             if decision.broken != self._logged_broken:
                 if decision.broken:
                     log.warning("policy: no point meets %s; serving %s", ", ".join(decision.broken), decision.point.id)
