@@ -181,6 +181,11 @@ class GraphPass:
     def applies_to(self, graph: str) -> bool:
         return graph in self.graphs
 
+    def min_opset(self) -> int | None:
+        """The default-domain opset the pass's result needs (None: any). An ONNX file below it is upgraded first
+        (`edgekit.passes.onnx_file`); edgekit's own graphs are opset 21 already."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config})"
 

@@ -85,6 +85,10 @@ class Int8Pass(GraphPass):
                         f"int8.block: no block of 16..{self.config.block} divides K={m.k} of {m.weight.name}"
                     )
 
+    def min_opset(self) -> int | None:
+        """Blocked DequantizeLinear (orin/x1) is opset 21; ORT's QDQ format (cpu) needs no upgrade."""
+        return 21 if self.config.target != "cpu" else None
+
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         if self.config.target != "cpu":
             return self._transform_blocked(model)

@@ -137,7 +137,7 @@ def _run(src: Path, dst: Path, passes, calibration, dims, check, check_samples, 
     original = snapshot(model, scratch, "original.onnx") if check else None
     reports = []
     for i, p in enumerate(passes):
-        needed = p.min_opset() if hasattr(p, "min_opset") else None
+        needed = p.min_opset()
         opset_before = default_opset(model)
         if needed:
             model = upgrade_opset(model, needed, src)
