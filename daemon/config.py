@@ -250,7 +250,7 @@ def _precision_gate(table: Any, path: Path) -> PrecisionGate:
     unknown = sorted(set(table) - {"variant", "entropy_below"})
     if unknown:
         raise ConfigError(f"unknown key precision_gate.{unknown[0]} (known: entropy_below, variant)", path)
-    variant, below = table.get("variant"), table.get("entropy_below", 4.2)
+    variant, below = table.get("variant"), table.get("entropy_below", PrecisionGate.entropy_below)
     if not isinstance(variant, str) or not variant:
         raise ConfigError("precision_gate.variant must name the higher-precision variant", path)
     if isinstance(below, bool) or not isinstance(below, (int, float)) or not 0 < below <= 8:
