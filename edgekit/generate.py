@@ -150,15 +150,13 @@ def place_image(
     slots = np.broadcast_to(np.asarray(image_slot, np.int64), (batch,))
     if slots.min() < 0 or slots.max() > seq:
         raise EdgekitError(f"image_slot {image_slot} is outside the prompt's {seq} tokens")
-    ones = np.ones((batch, image.shape[1]), np.int64)
-    if (slots == slots[0]).all():
-        s = int(slots[0])
-        x = np.concatenate([p for p in (text[:, :s], image, text[:, s:]) if p.shape[1]], axis=1)
-        mask = np.concatenate([p for p in (text_mask[:, :s], ones, text_mask[:, s:]) if p.shape[1]], axis=1)
-        return x, mask
-    x = np.stack([np.concatenate([t[:s], im, t[s:]]) for t, im, s in zip(text, image, slots)])
-    mask = np.stack([np.concatenate([m[:s], o, m[s:]]) for m, o, s in zip(text_mask, ones, slots)])
-    return x, mask
+    if image.shape[0] != batch:
+        raise EdgekitError(f"{image.shape[0]} images for {batch} prompts")
+
+    def insert(rows: np.ndarray, span: np.ndarray) -> np.ndarray:
+        return np.stack([np.concatenate([r[:s], p, r[s:]]) for r, p, s in zip(rows, span, slots)])
+
+    return insert(text, image), insert(text_mask, np.ones(image.shape[:2], np.int64))
 
 
 def generate_batch(

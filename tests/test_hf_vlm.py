@@ -412,6 +412,23 @@ def test_templated_prompt_matches_transformers_processor(tmp_path, make):
     assert np.abs(front[0, -1] - ref[-1]).max() / scale > 100 * TOL
 
 
+def test_place_image_puts_each_rows_image_at_its_slot():
+    """One slot for all rows or one per row (a left-padded row counts its padding); the mask is 1 on the image;
+    a slot outside the prompt and an image count that is not the prompt count are refused."""
+    text = np.arange(2 * 4, dtype=np.float32).reshape(2, 4, 1)
+    mask = np.array([[1, 1, 1, 1], [0, 1, 1, 1]])
+    image = -np.ones((2, 2, 1), np.float32)
+    x, m = place_image(text, mask, image, [1, 3])
+    assert x[..., 0].tolist() == [[0, -1, -1, 1, 2, 3], [4, 5, 6, -1, -1, 7]]
+    assert m.tolist() == [[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]]
+    x, m = place_image(text, mask, image, 4)
+    assert x[..., 0].tolist() == [[0, 1, 2, 3, -1, -1], [4, 5, 6, 7, -1, -1]] and m[:, 4:].all()
+    assert place_image(text, mask, None, 2)[0] is text
+    for slot, bad in ((5, image), (-1, image), (0, image[:1])):
+        with pytest.raises(EdgekitError):
+            place_image(text, mask, bad, slot)
+
+
 def test_image_tokens_are_one_fact_for_the_context_budget_and_orin_limits(tmp_path, llava_dir):
     """An imported VLM's config.json says how many positions its image span takes (`image_tokens`) beside its
     whole context; the reporter's budget and the orin target's TensorRT limits read both through
