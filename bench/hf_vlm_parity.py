@@ -76,10 +76,12 @@ def convert_in_child(hf: Path, out: Path) -> dict:
 def parity(vlm, onnx_dir: Path, cases: int, new_tokens: int) -> dict:
     """The build's own parity measurement (`edgekit.hf.parity`), at `cases` cases: the prompt as a bundle serves
     it (the model's chat template around 8 random tokens, the image where the template's image token stands)."""
-    from edgekit.hf import convert_hf
+    from edgekit.hf import SafetensorsCheckpoint, read_hf_config
     from edgekit.hf.parity import measure_hf_parity
+    from edgekit.hf.vlm import vlm_spec
 
-    spec = convert_hf(vlm.path, onnx_dir.with_name("spec-check")).spec
+    # the spec the child's conversion used, without converting again (as edgekit build reads it)
+    spec = vlm_spec(read_hf_config(vlm.path), vlm.path, SafetensorsCheckpoint(vlm.path).entries)
     got = measure_hf_parity(onnx_dir, vlm.path, spec, samples=cases, new_tokens=new_tokens)
     params = sum(p.numel() for p in vlm.model.parameters())
     return {
