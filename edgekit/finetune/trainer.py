@@ -113,20 +113,17 @@ def load_model(model_dir: Path):
 
 
 def _eos_id(model_dir: Path, tokenizer, config) -> int | None:
-    """The end token: tokenizer_config's `eos_token`, else the (text) config's `eos_token_id`."""
-    tc = model_dir / "tokenizer_config.json"
-    if tc.is_file():
-        eos = json.loads(tc.read_text()).get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        if isinstance(eos, str) and tokenizer.token_to_id(eos) is not None:
-            return int(tokenizer.token_to_id(eos))
+    """The end token as a bundle of the model stops at (`edgekit.hf.serving.eos_token_id`), else the (text)
+    config's `eos_token_id`, where a bare decoder may name it only."""
+    from edgekit.hf.serving import eos_token_id
+
+    eos = eos_token_id(model_dir, tokenizer)
     for c in (config, getattr(config, "text_config", None)):
-        e = getattr(c, "eos_token_id", None) if c is not None else None
-        if isinstance(e, list):
-            e = e[0] if e else None
-        if isinstance(e, int):
-            return e
-    return None
+        if eos is not None or c is None:
+            break
+        e = getattr(c, "eos_token_id", None)
+        eos = (e[0] if e else None) if isinstance(e, list) else e if isinstance(e, int) else None
+    return eos
 
 
 def _collate(examples, spec, pad_id: int):

@@ -98,6 +98,20 @@ def _turn_text(spec: VlmSpec, model_dir: Path, tokenizer) -> tuple[str, str]:
     return text, image
 
 
+def eos_token_id(model_dir: Path, tokenizer) -> int | None:
+    """The model's end token: generation_config.json's `eos_token_id` (the first of a list), else
+    tokenizer_config.json's `eos_token`; None when neither names one. What a bundle stops at, and what
+    `edgekit finetune` ends each example with."""
+    eos = _optional(model_dir / names.WEIGHT_FILES["generation_config"]).get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    if eos is None:
+        eos_tok = _optional(model_dir / "tokenizer_config.json").get("eos_token")
+        eos_tok = eos_tok.get("content") if isinstance(eos_tok, dict) else eos_tok
+        eos = tokenizer.token_to_id(eos_tok) if eos_tok else None
+    return None if eos is None else int(eos)
+
+
 def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, Any]:
     """edgekit's generation config for an imported VLM: `bos + template + sep` cut from the rendered chat turn,
     the image token left in the template where the turn has it."""
@@ -119,14 +133,7 @@ def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, An
     template = escape(full[start:lo]) + "{prompt}" + escape(full[hi:end])
     gen_path = model_dir / names.WEIGHT_FILES["generation_config"]
     hf_gen = _optional(gen_path)
-    eos = hf_gen.get("eos_token_id")
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
-    if eos is None:
-        tok_cfg = _optional(model_dir / "tokenizer_config.json")
-        eos_tok = tok_cfg.get("eos_token")
-        eos_tok = eos_tok.get("content") if isinstance(eos_tok, dict) else eos_tok
-        eos = tokenizer.token_to_id(eos_tok) if eos_tok else None
+    eos = eos_token_id(model_dir, tokenizer)
     if eos is None:
         raise ConfigError("no eos_token_id (generation_config.json) or eos_token (tokenizer_config.json)", model_dir)
     config = {
