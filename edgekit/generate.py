@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edgekit.errors import ConfigError, EdgekitError
+from edgekit.positions import PositionScheme
 
 KV = list[tuple[np.ndarray, np.ndarray]]
 # Bounds every caller shares (CLI flags, the daemon's form, the library): beyond them a request is a mistake.
@@ -167,13 +168,16 @@ def generate_batch(
     prompt_attention_mask: np.ndarray | None = None,
     on_token: OnToken | None = None,
     image_slot: int | Sequence[int] = 0,
+    positions: PositionScheme | None = None,
 ) -> list[GenerationResult]:
     """Generate for a batch (`pixel_values` None: text only). Prompts of different lengths are left-padded, with
     `prompt_attention_mask` 0 on the padding; positions count only kept tokens, as in training. The image goes
     before each row's token `image_slot` (`PromptLayout.image_slot`; 0: in front). All rows share one timing.
     `on_token` (one-row batches only) sees each kept token as soon as it is chosen, so a server can stream the
-    report."""
+    report. `positions`: the decoder's kind of `position_ids` (`edgekit.positions`, recorded in the bundle's
+    config.json); text positions when None."""
     options.validate()
+    scheme = positions or PositionScheme()
     ids, pv = _as_batch(prompt_ids, pixel_values)
     batch = ids.shape[0]
     if on_token is not None and batch != 1:
@@ -189,14 +193,13 @@ def generate_batch(
     if text_mask.shape != ids.shape:
         raise EdgekitError(f"prompt_attention_mask shape {text_mask.shape} != prompt_ids shape {ids.shape}")
     x, mask = place_image(text, text_mask, image, image_slot)
-    positions = np.maximum(mask.cumsum(-1) - 1, 0)
-    logits, past = backend.decode(x, mask, positions, None)
+    position_ids, next_pos = scheme.prefill(mask, image_slot, 0 if image is None else image.shape[1])
+    logits, past = backend.decode(x, mask, position_ids, None)
     token = next_tokens(logits[:, -1], options, rng)
     t2 = time.perf_counter()
 
     generated = [[] for _ in range(batch)]
     reasons: list[str | None] = [None] * batch
-    last_pos = positions[:, -1:]
     steps = 0
     while True:
         for row in range(batch):
@@ -213,8 +216,8 @@ def generate_batch(
             break
         fed = np.where([r is None for r in reasons], token, options.pad_token_id).astype(np.int64)[:, None]
         mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
-        last_pos = last_pos + 1
-        logits, past = backend.decode(backend.embed(fed), mask, last_pos, past)
+        logits, past = backend.decode(backend.embed(fed), mask, scheme.step(next_pos), past)
+        next_pos = next_pos + 1
         token = next_tokens(logits[:, -1], options, rng)
         steps += 1
     t3 = time.perf_counter()
@@ -236,6 +239,7 @@ def generate(
     options: GenerationOptions,
     on_token: OnToken | None = None,
     image_slot: int = 0,
+    positions: PositionScheme | None = None,
 ) -> GenerationResult:
     """Generate one report: `pixel_values` (1, frames, 1, H, W) or None, `prompt_ids` (1, seq) or (seq,), the
     image before token `image_slot`. `on_token(token_id, index)` is called for every token that ends up in
@@ -243,4 +247,6 @@ def generate(
     ids = np.asarray(prompt_ids)
     if ids.ndim == 2 and ids.shape[0] != 1:
         raise EdgekitError(f"generate takes one prompt, got a batch of {ids.shape[0]}: use generate_batch")
-    return generate_batch(backend, pixel_values, prompt_ids, options, on_token=on_token, image_slot=image_slot)[0]
+    return generate_batch(
+        backend, pixel_values, prompt_ids, options, on_token=on_token, image_slot=image_slot, positions=positions
+    )[0]

@@ -337,3 +337,86 @@ def processor_inputs(vlm: TinyVlm, image: np.ndarray, prompt: str, **images_kwar
     if vlm.family == "llava_next":  # the image's size picks the anyres grid; the crops are not resized
         return {k: out[k] for k in ("input_ids", "pixel_values", "image_sizes")}
     return {"input_ids": out["input_ids"], "pixel_values": out["pixel_values"]}
+
+
+QWEN2_VL_TEMPLATE = (  # Qwen2-VL-Instruct's chat template (images and text; its video branch left out)
+    "{% set image_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
+    "<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}"
+    "{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
+)
+QWEN2_VL_SIZES = {  # (vision embed, depth, patch, frame side, text hidden, text layers, vocab, mrope_section)
+    "tiny": (32, 2, 7, 56, 64, 2, 160, [2, 3, 3]),  # an 8 x 8 patch grid, 4 x 4 merged: 16 image tokens
+    "medium": (256, 4, 14, 112, 512, 4, 4096, [16, 24, 24]),  # Qwen2-VL's own section, 16 image tokens
+}
+
+
+def make_qwen2_vl(path: Path, size: str = "tiny", *, seed: int = 0, side: int | None = None, tied: bool = False):
+    """Qwen2-VL with its processor pinned to one square side (`min_pixels = max_pixels = side**2`, the fixed
+    resolution edgekit builds), its chat template and a word-level tokenizer holding its special tokens."""
+    import torch
+    import transformers as tf
+
+    vh, depth, patch, img, th, tl, vocab, section = QWEN2_VL_SIZES[size]
+    img = side or img
+    vision = dict(depth=depth, embed_dim=vh, hidden_size=th, num_heads=4, mlp_ratio=2, patch_size=patch)
+    vision.update(spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    text = dict(hidden_size=th, intermediate_size=2 * th, num_hidden_layers=tl, num_attention_heads=4)
+    text.update(num_key_value_heads=2, vocab_size=vocab, initializer_range=_init_range(th), bos_token_id=None)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
+    text.update(eos_token_id=2, rope_parameters=rope)
+    image_token = vocab - 1
+    cfg = tf.Qwen2VLConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=image_token,
+        video_token_id=vocab - 2,
+        vision_start_token_id=3,
+        vision_end_token_id=4,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(seed)
+    model = tf.Qwen2VLForConditionalGeneration(cfg).eval()
+    _widen(model.model.visual, seed)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    specials = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<|vision_start|>": 3, "<|vision_end|>": 4}
+    specials.update({"<|video_pad|>": vocab - 2, "<|image_pad|>": image_token})
+    _tokenizer(path, vocab, specials, QWEN2_VL_TEMPLATE, "<|im_start|>", "<|im_end|>", newlines=True)
+    proc = tf.Qwen2VLImageProcessor(
+        size={"shortest_edge": img * img, "longest_edge": img * img}, patch_size=patch, merge_size=2
+    )
+    proc.save_pretrained(path)
+    return TinyVlm("qwen2_vl", path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std))
+
+
+def qwen2_vl_inputs(vlm: TinyVlm, image: np.ndarray, prompt: str) -> dict:
+    """What Qwen2VLProcessor gives for one user turn (the image, then `prompt`) with the generation prompt: the
+    chat template rendered by the directory's tokenizer, `<|image_pad|>` expanded to grid_t*grid_h*grid_w /
+    merge_size**2 tokens (the processor's `replace_image_token`), and the image processor's own `pixel_values`
+    and `image_grid_thw` for the grey 8-bit image (resized by it, BICUBIC, to its fixed side), plus the
+    `mm_token_type_ids` the processor returns. (Qwen2VLProcessor itself will not construct without
+    torchvision's video processor; its image processor and tokenizer are what it calls.)"""
+    import torch
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(vlm.path)
+    proc = tf.AutoImageProcessor.from_pretrained(vlm.path)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    rgb = np.repeat(np.asarray(image, np.uint8)[:, :, None], 3, axis=-1)
+    out = proc(images=[rgb], return_tensors="pt")
+    n = int(out["image_grid_thw"][0].prod()) // proc.merge_size**2
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * n)
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
+    return {
+        "input_ids": ids,
+        "pixel_values": out["pixel_values"],
+        "image_grid_thw": out["image_grid_thw"],
+        "mm_token_type_ids": (ids == vlm.image_token_id).int(),
+    }

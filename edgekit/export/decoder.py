@@ -23,7 +23,12 @@ F32, I64 = ir.DataType.FLOAT, ir.DataType.INT64
 
 
 def rope_cos_sin(b: GraphBuilder, position_ids: ir.Value, spec: DecoderSpec) -> tuple[ir.Value, ir.Value]:
-    """cos/sin (batch, 1, seq, head_dim) from position ids; HF LLaMA layout (frequencies repeated, not interleaved)."""
+    """cos/sin (batch, 1, seq, head_dim) from position ids; HF LLaMA layout (frequencies repeated, not interleaved).
+
+    M-RoPE (`spec.mrope_section`): position_ids is (3, batch, seq) and frequency section i rotates by axis i % 3's
+    positions (transformers' `Qwen2VLRotaryEmbedding`: each frequency times its axis' position, then cos/sin;
+    picking the axis before the product is the same numbers). The rotation itself is the same ops, so a
+    consumer that matches RoPE on `x * cos + rotate_half(x) * sin` (the x1 compiler) sees it unchanged."""
     scope = "/model/rotary_emb"
     if spec.rope_inv_freq is not None:
         inv_freq = np.asarray(spec.rope_inv_freq, np.float32)
@@ -31,7 +36,16 @@ def rope_cos_sin(b: GraphBuilder, position_ids: ir.Value, spec: DecoderSpec) -> 
         exponents = np.arange(0, spec.head_dim, 2, dtype=np.float32) / np.float32(spec.head_dim)
         inv_freq = (1.0 / (float(spec.rope_theta) ** exponents.astype(np.float64))).astype(np.float32)
     pos = b.op(scope, "Unsqueeze", [b.op(scope, "Cast", [position_ids], {"to": F32}), b.const([-1])])
-    freqs = b.op(scope, "Mul", [pos, b.const(inv_freq, np.float32)])  # (b, s, hd/2)
+    if spec.mrope_section is None:
+        freqs = b.op(scope, "Mul", [pos, b.const(inv_freq, np.float32)])  # (b, s, hd/2)
+    else:  # (3, b, s, 1): each section's frequencies times its own axis' positions, concatenated
+        parts, lo = [], 0
+        for i, n in enumerate(spec.mrope_section):
+            axis = b.op(scope, "Slice", [pos, b.const([i % 3]), b.const([i % 3 + 1]), b.const([0])])
+            axis = b.op(scope, "Squeeze", [axis, b.const([0])])  # (b, s, 1)
+            parts.append(b.op(scope, "Mul", [axis, b.const(inv_freq[lo : lo + n], np.float32)]))
+            lo += n
+        freqs = b.op(scope, "Concat", parts, {"axis": -1})  # (b, s, hd/2)
     emb = b.op(scope, "Concat", [freqs, freqs], {"axis": -1})
     cos = b.op(scope, "Unsqueeze", [b.op(scope, "Cos", [emb]), b.const([1])])
     sin = b.op(scope, "Unsqueeze", [b.op(scope, "Sin", [emb]), b.const([1])])
@@ -120,7 +134,8 @@ def build_decoder(weights: Mapping[str, np.ndarray], spec: DecoderSpec) -> ir.Mo
     kv_shape = ["batch", spec.kv_heads, "past_seq", spec.head_dim]
     x = b.input(names.INPUTS_EMBEDS, F32, ["batch", "seq", spec.hidden])
     attention_mask = b.input(names.ATTENTION_MASK, I64, ["batch", "total_seq"])
-    position_ids = b.input(names.POSITION_IDS, I64, ["batch", "seq"])
+    position_shape = ["batch", "seq"] if spec.mrope_section is None else [3, "batch", "seq"]
+    position_ids = b.input(names.POSITION_IDS, I64, position_shape)
     past = [
         (b.input(names.past_key(i), F32, kv_shape), b.input(names.past_value(i), F32, kv_shape))
         for i in range(spec.layers)

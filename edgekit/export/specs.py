@@ -32,6 +32,9 @@ class DecoderSpec:
     lm_head: str = "lm_head"  # "model.embed_tokens" for tied embeddings
     # Rotary inverse frequencies when a rope scaling (linear, llama3) changes them; None: theta^(-2i/head_dim)
     rope_inv_freq: tuple[float, ...] | None = None
+    # Qwen2-VL's M-RoPE: the rotary frequencies split among (temporal, height, width) position axes, so
+    # position_ids is (3, batch, seq); None: one position per token, (batch, seq)
+    mrope_section: tuple[int, ...] | None = None
 
     @classmethod
     def from_model_config(cls, c: ModelConfig) -> DecoderSpec:

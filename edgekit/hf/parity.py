@@ -26,6 +26,10 @@ def hf_pixel_values(spec: VlmSpec, gray: np.ndarray) -> np.ndarray:
     """(S, S) in [0, 1] -> transformers' pixel_values for one image (llava: (1, C, S, S); idefics3: (1, 1, C, S, S);
     split (idefics3 tiles, llava_next anyres): (1, r*r + 1, C, M, M), the crops and the whole image as the vision
     graph cuts them, `edgekit.hf.frame_split`)."""
+    if spec.family == "qwen2_vl":
+        from .qwen2_vl import hf_pixel_values as qwen2_vl_pixels
+
+        return qwen2_vl_pixels(spec, gray)
     c = spec.tower.channels
     mean = np.asarray(spec.image_mean, np.float32)[:, None, None]
     std = np.asarray(spec.image_std, np.float32)[:, None, None]
@@ -43,7 +47,17 @@ def hf_image_inputs(spec: VlmSpec, gray: np.ndarray) -> dict:
     out = {"pixel_values": torch.tensor(hf_pixel_values(spec, gray))}
     if spec.family == "llava_next":
         out["image_sizes"] = torch.tensor([list(gray.shape)])
+    if spec.family == "qwen2_vl":  # the processor's grid, and its token types (M-RoPE reads them)
+        out["image_grid_thw"] = torch.tensor([[1, spec.tower.grid, spec.tower.grid]])
     return out
+
+
+def hf_token_inputs(spec, ids) -> dict:
+    """What else transformers' model takes with `input_ids`: Qwen2-VL's `mm_token_type_ids` (1 on the image's
+    tokens), which its `get_rope_index` needs to place the M-RoPE positions."""
+    if spec.family != "qwen2_vl":
+        return {}
+    return {"mm_token_type_ids": (ids == spec.image_token_id).int()}
 
 
 def compare(
@@ -56,7 +70,8 @@ def compare(
     from edgekit.generate import GenerationOptions, generate, place_image
 
     ids = torch.tensor([[*text_ids[:slot], *spec.span_ids, *text_ids[slot:]]])
-    images = hf_image_inputs(spec, gray)
+    images = {**hf_image_inputs(spec, gray), **hf_token_inputs(spec, ids)}
+    scheme = getattr(spec, "positions", None)
     with torch.no_grad():
         ref = model(input_ids=ids, **images).logits[0].float().numpy()
         theirs = model.generate(input_ids=ids, **images, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)[
@@ -65,13 +80,19 @@ def compare(
     pixels = gray[None, None, None].astype(np.float32)
     text = np.asarray([text_ids], np.int64)
     x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), slot)
-    got, _ = backend.decode(x, mask, np.arange(x.shape[1], dtype=np.int64)[None], None)
+    got, _ = backend.decode(x, mask, _prefill_positions(scheme, mask, slot, x.shape[1] - text.shape[1]), None)
     options = GenerationOptions(max_new_tokens=new_tokens)
-    ours = generate(backend, pixels, text, options, image_slot=slot).token_ids
+    ours = generate(backend, pixels, text, options, image_slot=slot, positions=scheme).token_ids
     return {
         "rel_logit_error": float(np.abs(got[0] - ref).max() / max(float(np.abs(ref).max()), 1e-12)),
         "greedy_identical": ours == theirs,
     }
+
+
+def _prefill_positions(scheme, mask, slot: int, span: int) -> np.ndarray:
+    from edgekit.positions import PositionScheme
+
+    return (scheme or PositionScheme()).prefill(mask, slot, span)[0]
 
 
 def measure_hf_parity(onnx_dir: Path, model_dir: Path, spec: VlmSpec, samples: int = 4, new_tokens: int = 8) -> dict:

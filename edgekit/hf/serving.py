@@ -19,6 +19,7 @@ from typing import Any
 
 from edgekit import names
 from edgekit.errors import ConfigError
+from edgekit.positions import POSITIONS_KEY
 from edgekit.prompt import IMAGE_TOKEN, prompt_layout
 
 from .config import read_config_file
@@ -33,6 +34,10 @@ FALLBACK_TEMPLATES = {
     "idefics3": "<|im_start|>User:<image>{prompt}<end_of_utterance>\nAssistant:",
 }
 FALLBACK_TEMPLATES["llava_next"] = FALLBACK_TEMPLATES["llava"]
+FALLBACK_TEMPLATES["qwen2_vl"] = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+    "<|vision_start|><image><|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 def _optional(path: Path) -> dict[str, Any]:
@@ -190,6 +195,17 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
             "base_image": f"the frame averaged over {spec.tiles}x{spec.tiles} blocks in {names.VISION_ENCODER} "
             "(BOX at an integer factor; the processor's own resample is in hf_image_processor)",
         }
+    elif spec.family == "qwen2_vl":  # one fixed grid: the processor's dynamic resolution pinned to the frame
+        t = spec.tower
+        out["fixed_resolution"] = {
+            "image_grid_thw": [1, t.grid, t.grid],
+            "patch_size": t.patch_size,
+            "merge_size": t.merge_size,
+            "temporal_patch_size": t.temporal_patch_size,
+            "note": f"every image becomes one {t.image_size}x{t.image_size} frame (the side the processor's "
+            "min_pixels/max_pixels give every square image); patchify, the temporal copies and the vision rotary "
+            f"tables are constants of {names.VISION_ENCODER}",
+        }
     elif spec.tiles:  # the graph cuts the frame as the processor does
         out["image_splitting"] = {
             "rows": spec.tiles,
@@ -213,6 +229,9 @@ def model_config(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, Any]:
     out[names.IMAGE_TOKENS] = spec.span_length
     out.setdefault("vocab_size", spec.decoder.vocab_size)  # top level, where edgekit's readers look
     out["edgekit_vlm"] = spec.to_dict()
+    scheme = getattr(spec, "positions", None)  # Qwen2-VL: M-RoPE over the image's grid
+    if scheme is not None:
+        out[POSITIONS_KEY] = scheme.to_dict()
     return out
 
 

@@ -27,7 +27,7 @@ from edgekit.errors import ConfigError
 from edgekit.export.irbuilder import GraphBuilder
 from edgekit.export.specs import DecoderSpec
 
-from . import idefics3, llava, llava_next
+from . import idefics3, llava, llava_next, qwen2_vl
 from .checkpoint import SafetensorsCheckpoint
 from .config import VLM_TYPES, decoder_spec, read_config_file
 from .frame_split import split_frame
@@ -251,13 +251,15 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
     model_dir = Path(model_dir)
     where = model_dir / "config.json"
     mt = cfg["model_type"]
+    pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+    pre = _preprocessor(pre_path)
+    if mt == "qwen2_vl":  # its own spec: a vision transformer with a merger, M-RoPE in the decoder
+        return qwen2_vl.qwen2_vl_spec(cfg, model_dir, names_, pre, lambda t: _mean_std(pre, t, pre_path, clip=True))
     text = _text_config(cfg, where)
     source_text_type = text.pop("_source_model_type")
     image_token = cfg.get("image_token_id", cfg.get("image_token_index"))
     if isinstance(image_token, bool) or not isinstance(image_token, int):
         raise ConfigError(f"image_token_id: expected an int, got {image_token!r}", where)
-    pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
-    pre = _preprocessor(pre_path)
     if mt in ("llava", "llava_next"):
         tower = llava.tower_of(cfg, names_, where)
         layers = llava.feature_layers(cfg, tower, where)
@@ -350,6 +352,8 @@ def _module_names(spec: VlmSpec) -> VlmSpec:
 def expected_vlm_shapes(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every tensor the vision graph reads, with the shape config.json implies (the decoder's come from
     `convert.expected_decoder_shapes`)."""
+    if spec.family == "qwen2_vl":
+        return qwen2_vl.expected_shapes(spec)
     vcfg = cfg.get("vision_config") or {}
     t, h = spec.tower, spec.decoder.hidden
     shapes = expected_tower_shapes(t, spec.tower_layers, int(vcfg.get("intermediate_size", 4 * t.hidden)))
@@ -377,6 +381,8 @@ def span_rows(spec: VlmSpec, ckpt: SafetensorsCheckpoint) -> dict[str, np.ndarra
 
 def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Model:
     """pixel_values (batch, 1, 1, S, S) display values -> image_features (batch, span, text_hidden)."""
+    if spec.family == "qwen2_vl":
+        return qwen2_vl.build_vision(weights, spec)
     b = GraphBuilder(weights, "vision_encoder")
     s, c = spec.image_size, spec.tower.channels
     pixels = b.input(names.PIXEL_VALUES, F32, ["batch", 1, 1, s, s])

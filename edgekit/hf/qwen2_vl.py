@@ -1,0 +1,441 @@
+"""Qwen2-VL (`model_type: qwen2_vl`) at one fixed square resolution: its vision transformer and patch merger
+into `vision_encoder.onnx`, its Qwen2 language model with M-RoPE into the decoder.
+
+Why one resolution: Qwen2-VL's processor resizes each image to its own multiple of 28 px (`smart_resize`, within
+`min_pixels`..`max_pixels`), so the patch count, the span's length and the (3, batch, seq) positions follow each
+image's size; one ONNX graph of fixed shape cannot follow them. edgekit feeds every model one square frame, so
+at the side S the processor gives every square image the grid is fixed (grid_t 1, grid_h = grid_w = S / patch)
+and everything the processor and the model compute from the grid becomes a constant of the graph:
+- the processor's patch order (2 x 2 merge windows, row by row) is a Reshape/Transpose of the frame;
+- its `temporal_patch_size` copies of a still image and the Conv3d patch embedding are one MatMul over the
+  flattened (channel, time, row, column) patch, the frame repeated along time, as the processor repeats it;
+- the vision 2-D rotary tables (`Qwen2VLVisionRotaryEmbedding` over each patch's row and column) are constants;
+- the merger's `ln_q` + MLP over each 2 x 2 window of consecutive patches, as transformers' `PatchMerger`.
+The image span is the `<|image_pad|>` tokens alone (`<|vision_start|>` / `<|vision_end|>` stay text in the
+chat template, as the processor leaves them), and its M-RoPE grid, (1, S / (patch * merge), same), is recorded
+in the bundle (`edgekit.positions`) for the runtime to place the positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from edgekit import names
+from edgekit.errors import ConfigError
+from edgekit.export.blocks import layer_norm, linear
+from edgekit.export.decoder import apply_rope
+from edgekit.export.irbuilder import GraphBuilder, scope_of
+from edgekit.export.specs import DecoderSpec
+from edgekit.positions import MROPE, PositionScheme
+
+from .checkpoint import find_prefix
+from .config import decoder_spec, rope_parameters
+from .vision_tower import GELU, activation
+
+F32 = ir.DataType.FLOAT
+VISUAL_PREFIXES = ("visual.", "model.visual.")  # the Hub's layout (and transformers 5's save_pretrained), modules
+LM_PREFIXES = (("model.language_model.", "lm_head"), ("model.", "lm_head"))
+VISUAL_MODULE, LM_MODULE = "model.visual.", "model.language_model."
+# Qwen2VLImageProcessor's class defaults where preprocessor_config.json does not say
+DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS = 56 * 56, 28 * 28 * 1280
+PATCH_DIM_NAMES = ("patch_size", "temporal_patch_size", "merge_size")
+
+
+@dataclass(frozen=True)
+class Qwen2VisionSpec:
+    """Qwen2-VL's vision transformer at the fixed square side `image_size`."""
+
+    image_size: int
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    channels: int
+    hidden: int  # embed_dim
+    layers: int  # depth
+    heads: int
+    mlp: int
+    out_hidden: int  # the merger's output: the language model's width
+    act: str  # edgekit.hf.vision_tower.GELU kind
+    rope_theta: float
+    prefix: str = VISUAL_MODULE
+    family: str = "qwen2_vl_vision"
+    ln_eps: float = 1e-6
+
+    @property
+    def grid(self) -> int:
+        """Patches per side (the processor's grid_h = grid_w)."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid * self.grid
+
+    @property
+    def merged_grid(self) -> tuple[int, int, int]:
+        """The language model's (t, h, w) grid of the image: what get_rope_index reads from image_grid_thw."""
+        g = self.grid // self.merge_size
+        return (1, g, g)
+
+
+@dataclass(frozen=True)
+class Qwen2VlSpec:
+    """What the three graphs of a Qwen2-VL need; the same interface as `edgekit.hf.vlm.VlmSpec` where serving,
+    parity and conversion read one (the span, the normalisation, the names)."""
+
+    model_type: str
+    tower: Qwen2VisionSpec
+    decoder: DecoderSpec
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    image_token_id: int
+    renames: tuple[tuple[str, str], ...] = ()
+    family: str = "qwen2_vl"
+    text_model_type: str = "qwen2"
+    tiles: int = 0
+    span_before: tuple[int, ...] = ()
+    span_after: tuple[int, ...] = ()
+    split_span: tuple[int, ...] = ()
+
+    def to_checkpoint(self, name: str) -> str:
+        for ckpt, module in self.renames:
+            if name.startswith(module):
+                return ckpt + name[len(module) :]
+        return name
+
+    def to_module(self, name: str) -> str:
+        for ckpt, module in self.renames:
+            if name.startswith(ckpt):
+                return module + name[len(ckpt) :]
+        return name
+
+    def aliases(self, checkpoint_names: Collection[str]) -> dict[str, str]:
+        out = {self.to_module(n): n for n in checkpoint_names}
+        return {k: v for k, v in out.items() if k != v}
+
+    @property
+    def image_size(self) -> int:
+        return self.tower.image_size
+
+    @property
+    def num_images(self) -> int:
+        return 1
+
+    @property
+    def num_image_tokens(self) -> int:
+        t, h, w = self.tower.merged_grid
+        return t * h * w
+
+    @property
+    def span_ids(self) -> list[int]:
+        return [self.image_token_id] * self.num_image_tokens
+
+    @property
+    def wrapper_ids(self) -> list[int]:
+        return []
+
+    @property
+    def span_length(self) -> int:
+        return self.num_image_tokens
+
+    @property
+    def positions(self) -> PositionScheme:
+        return PositionScheme(MROPE, self.tower.merged_grid)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "model_type": self.model_type,
+            "text_model_type": self.text_model_type,
+            "image_size": self.image_size,
+            "image_tokens": self.num_image_tokens,
+            "span_tokens": self.span_length,
+            "tower": self.tower.family,
+            "tower_layers": self.tower.layers,
+            "decoder_layers": self.decoder.layers,
+            "image_grid_thw": [1, self.tower.grid, self.tower.grid],
+            "mrope_section": list(self.decoder.mrope_section or ()),
+        }
+
+
+def _int(d: Mapping, key: str, default: int, where: Path) -> int:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{key}: expected a positive int, got {v!r}", where)
+    return v
+
+
+def smart_resize(side: int, factor: int, min_pixels: int, max_pixels: int) -> int:
+    """The side Qwen2VLImageProcessor's `smart_resize` gives a square image of `side` px (its arithmetic, for
+    height = width)."""
+    s = round(side / factor) * factor
+    if s * s > max_pixels:
+        beta = math.sqrt(side * side / max_pixels)
+        s = max(factor, math.floor(side / beta / factor) * factor)
+    elif s * s < min_pixels:
+        beta = math.sqrt(min_pixels / (side * side))
+        s = math.ceil(side * beta / factor) * factor
+    return s
+
+
+def fixed_side(pre: Mapping[str, Any] | None, patch: int, merge: int, where: Path) -> int:
+    """The one side the processor resizes every square image to, or a one-line refusal: with
+    `min_pixels` < `max_pixels` (dynamic resolution) square images of different sizes get different grids,
+    and one graph shape cannot follow them. The smallest square maps to ceil(sqrt(min)/f)*f, the largest to
+    floor(sqrt(max)/f)*f (f = patch * merge); the side is fixed when they agree."""
+    pre = pre or {}
+    size = pre.get("size") if isinstance(pre.get("size"), dict) else {}
+    lo = pre.get("min_pixels", size.get("shortest_edge", DEFAULT_MIN_PIXELS))
+    hi = pre.get("max_pixels", size.get("longest_edge", DEFAULT_MAX_PIXELS))
+    for key, v in (("min_pixels", lo), ("max_pixels", hi)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{key}: expected a positive int, got {v!r}", where)
+    f = patch * merge
+    small, large = smart_resize(1, f, lo, hi), smart_resize(1 << 16, f, lo, hi)
+    if small != large:
+        raise ConfigError(
+            f"min_pixels {lo} .. max_pixels {hi} give square images sides from {small} to {large} px, a grid per "
+            "image size (Qwen2-VL's dynamic resolution; one graph has one shape); edgekit builds one fixed grid: "
+            f"set min_pixels = max_pixels = S*S, S a multiple of {f} (e.g. {max(f, min(large, 16 * f))}*"
+            f"{max(f, min(large, 16 * f))})",
+            where,
+        )
+    if pre.get("do_resize") is False:
+        raise ConfigError("do_resize: false: the processor's grid would follow each image's size", where)
+    return small
+
+
+def tower_of(cfg: dict[str, Any], pre: Mapping[str, Any] | None, text_hidden: int, where: Path, pre_where: Path):
+    v = cfg.get("vision_config") or {}
+    if not isinstance(v, dict):
+        raise ConfigError("vision_config: expected an object", where)
+    patch = _int(v, "patch_size", 14, where)
+    merge = _int(v, "spatial_merge_size", 2, where)
+    temporal = _int(v, "temporal_patch_size", 2, where)
+    for key, own in (("patch_size", patch), ("merge_size", merge), ("temporal_patch_size", temporal)):
+        if pre and key in pre and pre[key] != own:
+            raise ConfigError(f"{key} {pre[key]!r} is not vision_config's {own}", pre_where)
+    act = v.get("hidden_act", "quick_gelu")
+    if act not in GELU:
+        raise ConfigError(f"vision_config.hidden_act {act!r} is not supported ({', '.join(GELU)})", where)
+    embed, heads = _int(v, "embed_dim", 1280, where), _int(v, "num_heads", 16, where)
+    if embed % heads or (embed // heads) % 4:
+        raise ConfigError(f"vision_config: embed_dim {embed} / num_heads {heads} must be a multiple of 4", where)
+    rope = v.get("rope_parameters") or {}
+    return Qwen2VisionSpec(
+        image_size=fixed_side(pre, patch, merge, pre_where),
+        patch_size=patch,
+        temporal_patch_size=temporal,
+        merge_size=merge,
+        channels=_int(v, "in_channels", v.get("in_chans", 3), where),
+        hidden=embed,
+        layers=_int(v, "depth", 32, where),
+        heads=heads,
+        mlp=int(embed * float(v.get("mlp_ratio", 4))),
+        out_hidden=_int(v, "hidden_size", text_hidden, where),
+        act=GELU[act],
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+    )
+
+
+def text_config(cfg: dict[str, Any], where: Path) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """The language model's config as a Qwen2 decoder's (transformers 5: `text_config`; the Hub's 4.x files:
+    the top level), and its `mrope_section`."""
+    text = dict(cfg.get("text_config") or {k: v for k, v in cfg.items() if k != "vision_config"})
+    params = rope_parameters(text)
+    section = params.pop("mrope_section", None)
+    if params.get("rope_type") == "mrope":  # transformers 4's name for Qwen2-VL's default rope
+        params["rope_type"] = "default"
+    if not isinstance(section, list) or not section or not all(isinstance(x, int) and x > 0 for x in section):
+        raise ConfigError(f"rope_parameters.mrope_section: expected a list of positive ints, got {section!r}", where)
+    text.pop("rope_scaling", None)
+    text["rope_parameters"] = params
+    text["model_type"] = "qwen2"
+    if text.get("use_sliding_window"):
+        raise ConfigError("use_sliding_window = true is not supported (edgekit attends over the full cache)", where)
+    text.pop("use_sliding_window", None)
+    return text, tuple(section)
+
+
+def qwen2_vl_spec(cfg: dict[str, Any], model_dir: Path, names_: Collection[str], pre, mean_std) -> Qwen2VlSpec:
+    """config.json (+ the checkpoint's names, preprocessor_config.json as `pre`) -> Qwen2VlSpec.
+    `mean_std(tower)`: the processor's normalisation (edgekit.hf.vlm's reader, CLIP's defaults)."""
+    where = model_dir / "config.json"
+    pre_where = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+    text, section = text_config(cfg, where)
+    image_token = cfg.get("image_token_id", 151655)
+    if isinstance(image_token, bool) or not isinstance(image_token, int):
+        raise ConfigError(f"image_token_id: expected an int, got {image_token!r}", where)
+    found = next(((p, h) for p, h in LM_PREFIXES if f"{p}embed_tokens.weight" in names_), None)
+    if found is None:
+        raise ConfigError(
+            f"no language model weights found (looked for embed_tokens.weight under "
+            f"{', '.join(p for p, _ in LM_PREFIXES)})",
+            where,
+        )
+    lm, head = found
+    d = decoder_spec(text, model_dir, names_)
+    if sum(section) * 2 != d.head_dim:
+        raise ConfigError(f"mrope_section {list(section)} does not sum to head_dim / 2 = {d.head_dim // 2}", where)
+    visual = find_prefix(names_, VISUAL_PREFIXES, "patch_embed.proj.weight", where)
+    tied = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    lm_head = f"{LM_MODULE}embed_tokens" if tied or f"{head}.weight" not in names_ else head
+    decoder = dataclasses.replace(
+        d,
+        layer_prefix=f"{LM_MODULE}layers",
+        embed_tokens=f"{LM_MODULE}embed_tokens",
+        final_norm=f"{LM_MODULE}norm",
+        lm_head=lm_head,
+        mrope_section=section,
+    )
+    tower = tower_of(cfg, pre, decoder.hidden, where, pre_where)
+    mean, std = mean_std(tower)
+    renames = tuple((c, m) for c, m in ((visual, VISUAL_MODULE), (lm, LM_MODULE)) if c != m)
+    spec = Qwen2VlSpec(
+        model_type=str(cfg["model_type"]),
+        tower=tower,
+        decoder=decoder,
+        image_mean=mean,
+        image_std=std,
+        image_token_id=image_token,
+        renames=renames,
+    )
+    if not 0 <= image_token < decoder.vocab_size:
+        raise ConfigError(f"image_token_id {image_token} is outside the vocabulary of {decoder.vocab_size}", where)
+    return spec
+
+
+def vision_names(t: Qwen2VisionSpec, i: int) -> dict[str, str]:
+    p = f"{t.prefix}blocks.{i}."
+    return {r: p + r for r in ("norm1", "norm2", "attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")}
+
+
+def expected_shapes(spec: Qwen2VlSpec) -> dict[str, tuple[int, ...]]:
+    """Every tensor the vision graph reads, with the shape config.json implies (module names)."""
+    t, p = spec.tower, spec.tower.prefix
+    d, m2 = t.hidden, t.hidden * t.merge_size**2
+    shapes = {f"{p}patch_embed.proj.weight": (d, t.channels, t.temporal_patch_size, t.patch_size, t.patch_size)}
+    for i in range(t.layers):
+        n = vision_names(t, i)
+        for r in ("norm1", "norm2"):
+            shapes[f"{n[r]}.weight"] = shapes[f"{n[r]}.bias"] = (d,)
+        shapes.update({f"{n['attn.qkv']}.weight": (3 * d, d), f"{n['attn.qkv']}.bias": (3 * d,)})
+        shapes.update({f"{n['attn.proj']}.weight": (d, d), f"{n['attn.proj']}.bias": (d,)})
+        shapes.update({f"{n['mlp.fc1']}.weight": (t.mlp, d), f"{n['mlp.fc1']}.bias": (t.mlp,)})
+        shapes.update({f"{n['mlp.fc2']}.weight": (d, t.mlp), f"{n['mlp.fc2']}.bias": (d,)})
+    shapes[f"{p}merger.ln_q.weight"] = shapes[f"{p}merger.ln_q.bias"] = (d,)
+    shapes.update({f"{p}merger.mlp.0.weight": (m2, m2), f"{p}merger.mlp.0.bias": (m2,)})
+    shapes.update({f"{p}merger.mlp.2.weight": (t.out_hidden, m2), f"{p}merger.mlp.2.bias": (t.out_hidden,)})
+    return shapes
+
+
+def patch_positions(t: Qwen2VisionSpec) -> np.ndarray:
+    """(patches, 2) row and column of each patch in the processor's merge-window order
+    (transformers' `get_vision_position_ids` for grid (1, g, g))."""
+    g, m = t.grid, t.merge_size
+    hpos, wpos = np.meshgrid(np.arange(g), np.arange(g), indexing="ij")
+    shape = (g // m, m, g // m, m)
+    return np.stack([a.reshape(shape).transpose(0, 2, 1, 3).reshape(-1) for a in (hpos, wpos)], axis=-1)
+
+
+def vision_rope_tables(t: Qwen2VisionSpec) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (patches, 1, head_dim): `Qwen2VLVisionRotaryEmbedding` for the fixed grid, in float32."""
+    spatial = (t.hidden // t.heads) // 2
+    inv_freq = (1.0 / (np.float32(t.rope_theta) ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))).astype(
+        np.float32
+    )
+    freqs = patch_positions(t).astype(np.float32)[..., None] * inv_freq  # (N, 2, hd/4)
+    hw = np.concatenate([freqs[:, 0], freqs[:, 1]], axis=-1)  # (N, hd/2)
+    emb = np.concatenate([hw, hw], axis=-1)[:, None, :]
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def _patches(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec) -> ir.Value:
+    """(n, C, S, S) normalised -> (n, patches, C * T * p * p): the processor's `patchify` for a still image
+    (merge-window order, the frame repeated `temporal_patch_size` times), then the Conv3d as one MatMul."""
+    scope = scope_of(f"{t.prefix}patch_embed")
+    c, g, m, p, tt = t.channels, t.grid, t.merge_size, t.patch_size, t.temporal_patch_size
+    x = b.op(scope, "Reshape", [x, b.const([-1, c, g // m, m, p, g // m, m, p])])
+    x = b.op(scope, "Transpose", [x], {"perm": [0, 2, 5, 3, 6, 1, 4, 7]})  # (n, g/m, g/m, m, m, C, p, p)
+    x = b.op(scope, "Reshape", [x, b.const([-1, g * g, c, 1, p * p])])
+    if tt > 1:
+        x = b.op(scope, "Concat", [x] * tt, {"axis": 3})
+    x = b.op(scope, "Reshape", [x, b.const([-1, g * g, c * tt * p * p])])
+    name = f"{t.prefix}patch_embed.proj"
+    w = b.op(scope, "Reshape", [b.weight(f"{name}.weight"), b.const([t.hidden, c * tt * p * p])])
+    return b.op(scope, "MatMul", [x, b.op(scope, "Transpose", [w], {"perm": [1, 0]})])
+
+
+def _attention(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec, i: int, cos: ir.Value, sin: ir.Value) -> ir.Value:
+    n = vision_names(t, i)
+    scope = scope_of(n["attn.qkv"].rsplit(".", 1)[0])
+    h, hd = t.heads, t.hidden // t.heads
+    qkv = b.op(scope, "Reshape", [linear(b, x, n["attn.qkv"], bias=True), b.const([0, 0, 3, h, hd])])
+    parts = b.op_multi(scope, "Split", [qkv], 3, {"axis": 2, "num_outputs": 3})
+    q, k, v = (b.op(scope, "Squeeze", [y, b.const([2])]) for y in parts)
+    q = apply_rope(b, q, cos, sin, f"{scope}/rotary_q")  # (n, N, h, hd) against (N, 1, hd)
+    k = apply_rope(b, k, cos, sin, f"{scope}/rotary_k")
+    q = b.op(scope, "Transpose", [q], {"perm": [0, 2, 1, 3]})
+    k_t = b.op(scope, "Transpose", [k], {"perm": [0, 2, 3, 1]})
+    v = b.op(scope, "Transpose", [v], {"perm": [0, 2, 1, 3]})
+    scores = b.op(scope, "Div", [b.op(scope, "MatMul", [q, k_t]), b.const(math.sqrt(hd), np.float32)])
+    y = b.op(scope, "MatMul", [b.op(scope, "Softmax", [scores], {"axis": -1}), v])
+    y = b.op(scope, "Reshape", [b.op(scope, "Transpose", [y], {"perm": [0, 2, 1, 3]}), b.const([0, 0, t.hidden])])
+    return linear(b, y, n["attn.proj"], bias=True)
+
+
+def build_vision(weights: Mapping[str, np.ndarray], spec: Qwen2VlSpec) -> ir.Model:
+    """pixel_values (batch, 1, 1, S, S) display values -> image_features (batch, span, text hidden)."""
+    t = spec.tower
+    b = GraphBuilder(weights, "vision_encoder")
+    s, c = t.image_size, t.channels
+    pixels = b.input(names.PIXEL_VALUES, F32, ["batch", 1, 1, s, s])
+    scope = "/image_processor"
+    x = b.op(scope, "Reshape", [pixels, b.const([-1, 1, s, s])])
+    if c > 1:  # a grey display frame as the RGB image the tower was trained on
+        x = b.op(scope, "Concat", [x] * c, {"axis": 1})
+    shape = (1, c, 1, 1)
+    mean = b.const(np.asarray(spec.image_mean, np.float32).reshape(shape), np.float32)
+    std = b.const(np.asarray(spec.image_std, np.float32).reshape(shape), np.float32)
+    x = b.op(scope, "Div", [b.op(scope, "Sub", [x, mean]), std])
+    x = _patches(b, x, t)
+    cos_np, sin_np = vision_rope_tables(t)
+    cos, sin = b.const(cos_np, np.float32), b.const(sin_np, np.float32)
+    for i in range(t.layers):
+        n = vision_names(t, i)
+        bscope = scope_of(f"{t.prefix}blocks.{i}")
+        x = b.op(bscope, "Add", [x, _attention(b, layer_norm(b, x, n["norm1"], t.ln_eps), t, i, cos, sin)])
+        y = layer_norm(b, x, n["norm2"], t.ln_eps)
+        y = activation(b, linear(b, y, n["mlp.fc1"], bias=True), bscope, t.act)
+        x = b.op(bscope, "Add", [x, linear(b, y, n["mlp.fc2"], bias=True)])
+    merger = f"{t.prefix}merger"
+    x = layer_norm(b, x, f"{merger}.ln_q", t.ln_eps)
+    x = b.op(scope_of(merger), "Reshape", [x, b.const([0, spec.num_image_tokens, t.hidden * t.merge_size**2])])
+    x = activation(b, linear(b, x, f"{merger}.mlp.0", bias=True), scope_of(merger), "none")
+    x = linear(b, x, f"{merger}.mlp.2", bias=True)
+    b.output(x, names.IMAGE_FEATURES, F32, ["batch", spec.span_length, spec.decoder.hidden])
+    return b.model()
+
+
+def hf_pixel_values(spec: Qwen2VlSpec, gray: np.ndarray) -> np.ndarray:
+    """(S, S) in [0, 1] -> Qwen2VLImageProcessor's `pixel_values` (patches, C * T * p * p) for that image at its
+    size: RGB, normalised, patchified in merge-window order with the frame repeated along time."""
+    t = spec.tower
+    c, g, m, p = t.channels, t.grid, t.merge_size, t.patch_size
+    mean = np.asarray(spec.image_mean, np.float32)[:, None, None]
+    std = np.asarray(spec.image_std, np.float32)[:, None, None]
+    x = (np.repeat(gray[None].astype(np.float32), c, axis=0) - mean) / std
+    x = x.reshape(c, g // m, m, p, g // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], t.temporal_patch_size, p, p))
+    return np.ascontiguousarray(x.reshape(g * g, c * t.temporal_patch_size * p * p), np.float32)
+
+
+def image_grid_thw(spec: Qwen2VlSpec) -> list[int]:
+    return [1, spec.tower.grid, spec.tower.grid]
