@@ -21,6 +21,7 @@ from edgekit.findings import parse_report
 from edgekit.generate import GenerationOptions, OnToken, generate, request_options, take_cost
 from edgekit.ingest import IngestLimits, Study, load_study
 from edgekit.plugins import load_backend
+from edgekit.positions import PositionScheme
 from edgekit.preprocess import PreprocessConfig, preprocess_frames, sample_indices
 from edgekit.prompt import PromptLayout, context_positions, image_tokens, prompt_layout
 from edgekit.target import RuntimeOptions
@@ -138,7 +139,9 @@ class Reporter:
         self.tokenizer = Tokenizer.from_file(str(bundle.component("tokenizer")))
         self.generation_config = json.loads(bundle.component("generation_config").read_text())
         self.preprocess_config = PreprocessConfig.load(bundle.component("preprocessor_config"))
-        self.context = ContextBudget.of(json.loads(bundle.component("model_config").read_text()))
+        model_config = json.loads(bundle.component("model_config").read_text())
+        self.context = ContextBudget.of(model_config)
+        self.positions = PositionScheme.of(model_config)  # the decoder's kind of position_ids (M-RoPE: Qwen2-VL)
 
     @classmethod
     def from_bundle(cls, path: str | Path | Bundle, **kw) -> Reporter:
@@ -232,7 +235,15 @@ class Reporter:
         window = self.meter.window() if self.meter is not None else contextlib.nullcontext()
         try:
             with window:
-                result = generate(self.backend, pixels, ids, opts, on_token=on_token, image_slot=layout.image_slot)
+                result = generate(
+                    self.backend,
+                    pixels,
+                    ids,
+                    opts,
+                    on_token=on_token,
+                    image_slot=layout.image_slot,
+                    positions=self.positions,
+                )
         finally:  # a failed report must not bill the next one
             cost = take_cost(self.backend)
         t3 = time.perf_counter()
