@@ -192,7 +192,7 @@ class X1Backend:
             return self._prefill(inputs_embeds, attention_mask, position_ids)
         if not self.settings["kv_caching"]:  # recompute the whole sequence, dense
             x = np.concatenate([self._seq[0], inputs_embeds], axis=1)
-            pos = np.concatenate([self._seq[1], position_ids], axis=1)
+            pos = np.concatenate([self._seq[1], position_ids], axis=-1)  # (batch, seq) or M-RoPE's (3, batch, seq)
             self._seq = (x, pos)
             logits, _ = self._run_decoder("decode", x, attention_mask, pos, self.emulator.new_kv(), None)
             self._decoder_calls += 1
