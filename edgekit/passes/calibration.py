@@ -179,6 +179,7 @@ def record_decoder_feeds(
     (an imported VLM's own size and frame count), else the family's."""
     from edgekit.generate import place_image
     from edgekit.ort import CpuBackend
+    from edgekit.positions import PositionScheme
     from edgekit.preprocess import PreprocessConfig, preprocess_frames
     from edgekit.prompt import prompt_layout
 
@@ -188,6 +189,7 @@ def record_decoder_feeds(
     tokenizer = _tokenizer(_beside_or_family(model_dir, names.WEIGHT_FILES["tokenizer"], fam))
     generation = _json(_beside_or_family(model_dir, names.WEIGHT_FILES["generation_config"], fam))
     cfg = PreprocessConfig.load(_beside_or_family(model_dir, names.WEIGHT_FILES["preprocessor_config"], fam))
+    scheme = PositionScheme.beside(model_dir)  # the decoder's kind of position_ids (M-RoPE: Qwen2-VL)
     feeds = []
     for study in fam.calibration_studies(n, split=split, start=start):
         image = backend.encode_images(preprocess_frames(study.frames, cfg)[None])
@@ -199,7 +201,7 @@ def record_decoder_feeds(
         feed = {
             names.INPUTS_EMBEDS: x,
             names.ATTENTION_MASK: np.ones((1, seq), np.int64),
-            names.POSITION_IDS: np.arange(seq, dtype=np.int64)[None],
+            names.POSITION_IDS: scheme.prefill(np.ones((1, seq), np.int64), layout.image_slot, image.shape[1])[0],
         }
         for layer, (k, v) in enumerate(backend.empty_past(1)):
             feed[names.past_key(layer)] = k
