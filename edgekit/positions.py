@@ -63,6 +63,24 @@ class PositionScheme:
             raise ConfigError(f"{POSITIONS_KEY}: expected an object, got {d!r}")
         return cls(str(d.get("kind", TEXT)), tuple(int(x) for x in d.get("grid", (0, 0, 0))))
 
+    @classmethod
+    def beside(cls, graph_dir) -> PositionScheme:
+        """The scheme recorded beside a folder of graphs: a bundle's model files (`config.json`) or
+        `edgekit convert`'s output (`hf_config.json`, where the conversion records it); text when neither does."""
+        import json
+        from pathlib import Path
+
+        for name in ("config.json", "hf_config.json"):
+            path = Path(graph_dir) / name
+            if path.is_file():
+                try:
+                    cfg = json.loads(path.read_text())
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    raise ConfigError("not valid JSON", path) from None
+                if isinstance(cfg, Mapping) and POSITIONS_KEY in cfg:
+                    return cls.of(cfg)
+        return cls()
+
     # the two calls generation makes ------------------------------------------------------------------------
     def prefill(
         self, mask: np.ndarray, image_slot: int | Sequence[int] | None = None, span: int = 0

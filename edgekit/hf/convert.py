@@ -13,6 +13,7 @@ leaves a folder that looks converted.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections import ChainMap
@@ -27,6 +28,7 @@ from edgekit.export.default import DECODER, EMBED_TOKENS, VISION_ENCODER
 from edgekit.export.embed import build_embed_tokens
 from edgekit.export.save import save_model, validate
 from edgekit.export.specs import DecoderSpec
+from edgekit.positions import POSITIONS_KEY
 
 from .checkpoint import CheckpointError, SafetensorsCheckpoint, ShapeOnlyWeights, attach_lazy_weights
 from .config import decoder_spec, model_kind, read_hf_config
@@ -174,6 +176,9 @@ def convert_hf(
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, tmp / name)
         shutil.copy2(model_dir / "config.json", tmp / HF_CONFIG)
+        scheme = getattr(spec, "positions", None)
+        if scheme is not None:  # what the decoder's position_ids are (M-RoPE), for whoever feeds these graphs
+            (tmp / HF_CONFIG).write_text(json.dumps({**cfg, POSITIONS_KEY: scheme.to_dict()}, indent=2) + "\n")
         out_dir.mkdir(parents=True, exist_ok=True)
         for item in sorted(tmp.iterdir()):
             if item.suffix == ".onnx":  # a stale weights file from an earlier, larger export must not linger
