@@ -35,6 +35,7 @@ from .config import PassConfig, param
 from .gptq import block_hessians, gptq_quantize, hessian
 from .hqq import hqq_quantize
 from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
+from .int4_sequential import matmul_waves, retarget_weight
 from .patterns import WeightMatMul, add_initializer, matches_any, remove_if_unused, require_weight_matmuls
 
 AWQ_MAX_TOKENS = 512  # tokens the alpha search multiplies through (the Hessians use up to HESSIAN_MAX_TOKENS)
@@ -47,7 +48,11 @@ AWQ_CHECK_MARGIN = 1.15
 # channel by its own energy, so outlier channels do not swamp the rest as a mean-diagonal damping would) moves
 # GPTQ towards RTN with the activation-weighted scale search as the estimate gets noisier.
 SHRINK_PER_CHANNEL_PER_TOKEN = 0.5
+# sequential GPTQ moves each weight this far towards the float output's least-squares target on its quantized
+# inputs (int4_sequential.retarget_weight); chosen on LLaVA tuning decoders the bench does not score
+RETARGET = 0.5
 METHODS = ("rtn", "hqq", "awq", "gptq", "awq-gptq")
+GPTQ_METHODS = ("gptq", "awq-gptq")
 DATA_METHODS = ("awq", "gptq", "awq-gptq")  # the ones that read calibration activations
 GRAPHS = {"decoder": DECODER, "vision": VISION_ENCODER}  # the `graphs` parameter's names for the files
 
@@ -72,6 +77,19 @@ class Int4Config(PassConfig):
         None,
         help="asymmetric MatMuls: float zero points (MatMulNBits takes them, as ORT's HQQ writes them), with "
         "GPTQ's block scales and offsets refitted by least squares; unset: on for cpu with gptq/awq-gptq",
+    )
+    sequential: bool | None = param(
+        None,
+        help="gptq/awq-gptq: quantize in topological waves, each fitted on its inputs from the model with the "
+        "earlier waves quantized, against the float model's outputs (GPTAQ; one calibration run per wave); "
+        "unset: on for gptq/awq-gptq",
+    )
+    retarget: float = param(
+        RETARGET,
+        min=0.0,
+        max=1.0,
+        help="sequential: how far each weight moves towards the least-squares target W X X_q^T (X_q X_q^T)^-1 "
+        "that fits the float output from the quantized inputs (0: GPTQ on the quantized inputs alone)",
     )
     code_sweeps: int = param(
         0,
@@ -139,6 +157,8 @@ class Int4Config(PassConfig):
             raise ConfigError(f"{where}.graphs: name at least one of {', '.join(GRAPHS)}")
         if self.target in ("orin", "x1") and self.float_zeros:
             raise ConfigError(f"{where}.float_zeros: target {self.target} takes no zero points (symmetric INT4 only)")
+        if self.sequential and self.method not in GPTQ_METHODS:
+            raise ConfigError(f"{where}.sequential: only gptq and awq-gptq quantize sequentially")
         if self.method == "hqq" and self.float_zeros:
             raise ConfigError(f"{where}.float_zeros: method hqq keeps integer zero points; use gptq, awq or rtn")
 
@@ -187,6 +207,13 @@ class Int4Pass(GraphPass):
             return self.config.float_zeros
         return self.config.target == "cpu" and self.config.method in ("gptq", "awq-gptq")
 
+    @property
+    def sequential(self) -> bool:
+        """`sequential` as set, or on with the GPTQ methods."""
+        if self.config.sequential is not None:
+            return self.config.sequential
+        return self.config.method in GPTQ_METHODS
+
     def block_for(self, k: int) -> int:
         """`block`, or with `fit_block` the largest allowed block <= it that divides K (checked by the caller)."""
         if self.config.fit_block:
@@ -201,6 +228,7 @@ class Int4Pass(GraphPass):
         mms = [m for m in require_weight_matmuls(model, self.name, ctx.graph) if not matches_any(m.name, cfg.exclude)]
         needs_data = cfg.method in DATA_METHODS or cfg.mixed > 0
         acts: dict[str, np.ndarray] = {}
+        feeds: list[dict[str, np.ndarray]] = []
         if needs_data:
             feeds = ctx.feeds() or _calibration_feeds(model, ctx, cfg)
             names = sorted({m.activation.name for m in mms})
@@ -244,19 +272,27 @@ class Int4Pass(GraphPass):
                 hessians[name] = hessian(acts[name])
             return hessians[name]
 
-        def quantize(m: WeightMatMul, bits: int) -> QuantizedWeight:
+        def quantize(m: WeightMatMul, bits: int, live: np.ndarray | None = None) -> QuantizedWeight:
+            """`live`: the MatMul's input captured from the partly quantized model (sequential), as the graph
+            now computes it (x / s where AWQ's scale is applied)."""
             act = act_of[id(m)]
             s = scales.get(act)
-            w = m.kn().T if s is None else m.kn().T * s[None, :]  # (N, K)
+            w = m.kn().T  # (N, K)
             block = self.block_for(m.k)
             common = {"bits": bits, "symmetric": symmetric_of(m), "name": m.weight.name}
             fz = {} if cfg.method == "hqq" else {"float_zeros": self.float_zeros and bits == 4}
             h = None
-            if act in acts and cfg.method in DATA_METHODS:
+            if live is not None:  # GPTAQ: fit the float output from the quantized inputs
+                xq = live if s is None else live * s[None, :]
+                x = acts[act]
+                w = retarget_weight(w, x, xq, ridge=self.shrink_for(m.k, x.shape[0]), damp=cfg.damp, beta=cfg.retarget)
+                h = hessian(xq)
+            elif act in acts and cfg.method in DATA_METHODS:
                 h = act_hessian(act)
-                if s is not None:  # the Hessian of x / s
-                    h = h / np.outer(s, s)
-            if cfg.method in ("gptq", "awq-gptq"):
+            if s is not None:  # the weight times s, the Hessian of x / s
+                w = w * s[None, :]
+                h = None if h is None else h / np.outer(s, s)
+            if cfg.method in GPTQ_METHODS:
                 return self._gptq(w, h, block, **common, tokens=acts[act].shape[0])
             if cfg.method == "hqq":
                 return hqq_quantize(w, block, signed_scales=signed, **common)
@@ -283,28 +319,36 @@ class Int4Pass(GraphPass):
         opts = {"accuracy_level": cfg.accuracy_level if cfg.target == "cpu" else 0, "node_names": node_names}
         counts = defaultdict(int)
         float_zero_points = 0  # MatMulNBits with float zero points: 32 bits per block instead of 4
-        for m in mms:
-            transpose = m.transpose
-            if m.name in kept and cfg.keep_bits == 32:
-                s = scales.get(act_of[id(m)])
-                kn = m.kn() if s is None else m.kn() * s[:, None]
-                value = _new_initializer(model.graph, kn, f"{m.name}.weight_kn")
-                m.node.replace_input_with(1, value)
-                counts["fp32"] += 1
-            else:
-                bits = cfg.keep_bits if m.name in kept else 4
-                qw = quantize(m, bits)
-                float_zero_points += qw.float_zeros
-                changes.nodes_added += encoder(model, m.node, qw, m.name, opts)
-                if cfg.target == "cpu":
-                    changes.nodes_removed += 1  # the MatMul itself became MatMulNBits
-                counts[f"int{bits}"] += 1
-            changes.initializers_touched.append(m.weight.name)
-            changes.nodes_removed += remove_if_unused(model, transpose)
-            if m.weight.is_initializer() and not m.weight.uses():
-                model.graph.initializers.pop(m.weight.name, None)
-            if not m.weight.uses():  # replaced (remove_if_unused may already have dropped the initializer)
-                _release(m.weight)
+        sequential = self.sequential and cfg.method in GPTQ_METHODS and bool(feeds) and self._runs_partly_encoded(model)
+        waves = matmul_waves(model, mms) if sequential else [mms]
+        live: dict[str, np.ndarray] = {}
+        for index, wave in enumerate(waves):
+            if sequential and index > 0:  # wave 0's inputs depend on no weight MatMul: the float ones
+                wanted = sorted({m.activation.name for m in wave})  # as the graph now feeds them
+                got = capture_values(model, wanted, feeds)
+                live = {k: _subsample(v, ctx.seed, HESSIAN_MAX_TOKENS) for k, v in got.items()}
+            for m in wave:
+                transpose = m.transpose
+                if m.name in kept and cfg.keep_bits == 32:
+                    s = scales.get(act_of[id(m)])
+                    kn = m.kn() if s is None else m.kn() * s[:, None]
+                    value = _new_initializer(model.graph, kn, f"{m.name}.weight_kn")
+                    m.node.replace_input_with(1, value)
+                    counts["fp32"] += 1
+                else:
+                    bits = cfg.keep_bits if m.name in kept else 4
+                    qw = quantize(m, bits, live.get(m.activation.name) if sequential else None)
+                    float_zero_points += qw.float_zeros
+                    changes.nodes_added += encoder(model, m.node, qw, m.name, opts)
+                    if cfg.target == "cpu":
+                        changes.nodes_removed += 1  # the MatMul itself became MatMulNBits
+                    counts[f"int{bits}"] += 1
+                changes.initializers_touched.append(m.weight.name)
+                changes.nodes_removed += remove_if_unused(model, transpose)
+                if m.weight.is_initializer() and not m.weight.uses():
+                    model.graph.initializers.pop(m.weight.name, None)
+                if not m.weight.uses():  # replaced (remove_if_unused may already have dropped the initializer)
+                    _release(m.weight)
         others = quantize_other_weights(model, cfg.other_bits, cfg.block, changes, node_names) if cfg.other_bits else []
         changes.notes = {
             "other_weights": others,
@@ -314,6 +358,7 @@ class Int4Pass(GraphPass):
             "method": cfg.method,
             "matmuls": dict(counts),
             "float_zero_points": float_zero_points,
+            "sequential_waves": len(waves) if sequential else 0,
             "kept": sorted(kept),
             "sensitivity_top": {n: round(sensitivity[n], 6) for n in ranked[: max(cfg.mixed, 5)]},
             "awq_groups": len(scales),
@@ -326,6 +371,12 @@ class Int4Pass(GraphPass):
             else {},
         }
         return changes
+
+    def _runs_partly_encoded(self, model: ir.Model) -> bool:
+        """Whether ONNX Runtime can run the graph with some MatMuls already encoded, as the sequential capture
+        does: MatMulNBits always; blocked DequantizeLinear (orin/x1) needs opset 21, which `edgekit optimize`
+        raises to first (`min_opset`); a graph handed to the pass below it is quantized from float inputs."""
+        return self.config.target == "cpu" or model.opset_imports.get("", 0) >= 21
 
     # ---------------------------------------------------------------------------------------------------------
     def _awq_scales(
