@@ -103,10 +103,9 @@ def try_rope(low: Lowering, n: ir.Node) -> bool:
     cos = [i for i in mul_cos.inputs if i is not x][0]
     sin = [i for i in mul_sin[0].inputs if i is not cat[0].outputs[0]][0]
     role = "k" if "rotary_k" in n.name else "q"
-    low.emit(
-        add[0],
-        [n, neg[0], cat[0], mul_sin[0], mul_cos, add[0]],
-        [("XL_ROPE_ROTATE", {"role": role, "in": [x.name, cos.name, sin.name], "out": [add[0].outputs[0].name]})],
-        "rope",
-    )
+    attr = {"role": role, "in": [x.name, cos.name, sin.name], "out": [add[0].outputs[0].name]}
+    for table in (cos, sin):  # constant tables (a vision tower's fixed grid) travel in the program, as generic ops'
+        if g.is_const(table):
+            attr.setdefault("const", {})[table.name] = low.add_const(table)
+    low.emit(add[0], [n, neg[0], cat[0], mul_sin[0], mul_cos, add[0]], [("XL_ROPE_ROTATE", attr)], "rope")
     return True
