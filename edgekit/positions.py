@@ -132,6 +132,14 @@ class PositionScheme:
         return np.broadcast_to(positions, (3, *positions.shape)).copy() if self.kind == MROPE else positions
 
 
+def for_rank(positions: np.ndarray, rank: int) -> np.ndarray:
+    """Text positions (batch, seq) as a decoder whose `position_ids` input has `rank` dims takes them (3: the
+    same position on the three M-RoPE axes, as transformers broadcasts text-only positions): for feeds made
+    from a graph's signature alone (a target's reference inputs)."""
+    positions = np.asarray(positions, np.int64)
+    return np.broadcast_to(positions, (3, *positions.shape)).copy() if rank == 3 else positions
+
+
 def rope_deltas(position_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """transformers' `rope_deltas` (batch, 1) of an M-RoPE prefill: the largest kept position + 1 minus the kept
     token count (what a decode step adds to the token count)."""

@@ -19,6 +19,7 @@ import onnxruntime as ort
 
 from edgekit import names
 from edgekit.ort import session_options
+from edgekit.positions import for_rank
 
 CASES = ("vision_encoder", "embed_tokens", "decoder:prefill", "decoder:decode")
 ROLE_OF = {"vision_encoder": names.VISION, "embed_tokens": names.EMBED, "decoder:prefill": names.DECODER_ROLE}
@@ -47,11 +48,12 @@ def make_inputs(fp32: Path, *, frames: int, image_size: int, vocab: int, seed: i
     t = x.shape[1]
     decoder = _session(fp32 / names.DECODER)
     kv = {i.name: i.shape for i in decoder.get_inputs() if i.name.startswith(names.PAST_PREFIX)}
+    rank = next(len(i.shape) for i in decoder.get_inputs() if i.name == names.POSITION_IDS)  # 3: M-RoPE
     empty = {n: np.zeros((1, s[1], 0, s[3]), np.float32) for n, s in kv.items()}
     prefill = {
         names.INPUTS_EMBEDS: x,
         names.ATTENTION_MASK: np.ones((1, t), np.int64),
-        names.POSITION_IDS: np.arange(t, dtype=np.int64)[None],
+        names.POSITION_IDS: for_rank(np.arange(t, dtype=np.int64)[None], rank),
         **empty,
     }
     out = _run(decoder, prefill)
@@ -59,7 +61,7 @@ def make_inputs(fp32: Path, *, frames: int, image_size: int, vocab: int, seed: i
     decode = {
         names.INPUTS_EMBEDS: _run(embed, {names.INPUT_IDS: token})[names.INPUTS_EMBEDS],
         names.ATTENTION_MASK: np.ones((1, t + 1), np.int64),
-        names.POSITION_IDS: np.array([[t]], np.int64),
+        names.POSITION_IDS: for_rank(np.array([[t]], np.int64), rank),
         **{n: out[names.PRESENT_PREFIX + n[len(names.PAST_PREFIX) :]] for n in kv},
     }
     return {
