@@ -1,0 +1,320 @@
+"""Qwen2-VL at one fixed square resolution: edgekit's graphs against transformers' `Qwen2VLForConditionalGeneration`
+(random init from configs, nothing downloaded), fed what its own image processor and chat template give for the
+same frame; `edgekit.positions` against transformers' `get_rope_index` (left padding, decode steps); a cpu
+bundle served by `edgekit run`; x1 and orin builds; the refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("jinja2")
+
+from hf_vlm_factory import make_qwen2_vl, qwen2_vl_inputs  # noqa: E402
+
+from edgekit.cli import app as app_module  # noqa: E402
+from edgekit.errors import EdgekitError  # noqa: E402
+from edgekit.generate import GenerationOptions, generate, generate_batch, place_image  # noqa: E402
+from edgekit.hf import convert_hf  # noqa: E402
+from edgekit.hf.parity import hf_pixel_values  # noqa: E402
+from edgekit.ingest import Study  # noqa: E402
+from edgekit.ort import CpuBackend  # noqa: E402
+from edgekit.positions import POSITIONS_KEY, PositionScheme, rope_deltas  # noqa: E402
+from edgekit.reporter import Reporter  # noqa: E402
+
+TOL = 1e-4  # relative to the largest logit
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """The tiny model (56 px: an 8 x 8 patch grid, 16 image tokens), converted once."""
+    root = tmp_path_factory.mktemp("qwen2_vl")
+    vlm = make_qwen2_vl(root / "hf")
+    result = convert_hf(root / "hf", root / "onnx")
+    return vlm, result.spec, CpuBackend.from_dir(root / "onnx", intra_op_threads=1), root
+
+
+def _hf_rope_index(vlm, ids: torch.Tensor, mask: torch.Tensor, grids: int):
+    tt = (ids == vlm.image_token_id).int()
+    grid = torch.tensor([[1, 8, 8]] * grids)
+    return vlm.model.model.get_rope_index(ids, tt, image_grid_thw=grid, attention_mask=mask)
+
+
+def test_positions_are_get_rope_index_with_left_padding_and_decode_steps(qwen):
+    """Prefill positions (3, batch, seq) and rope_deltas as transformers computes them for left-padded rows with
+    the image at different slots, and each decode step's position as its generate() feeds it
+    (attention-mask count + rope_deltas, on all three axes)."""
+    vlm, spec, _, _ = qwen
+    span, scheme = spec.span_length, spec.positions
+    assert scheme.kind == "mrope" and scheme.grid == (1, 4, 4) and span == 16
+    rows = [(0, 3, 5), (2, 1, 9), (4, 6, 0)]  # (left padding, text before the image, text after it)
+    seq = max(p + b + span + a for p, b, a in rows)
+    ids, mask, slots = np.zeros((3, seq), np.int64), np.zeros((3, seq), np.int64), []
+    for r, (pad, before, after) in enumerate(rows):
+        pad += seq - (pad + before + span + after)
+        text = 7 + np.arange(before + after)
+        ids[r, pad:] = [*text[:before], *[vlm.image_token_id] * span, *text[before:]]
+        mask[r, pad:] = 1
+        slots.append(pad + before)
+    ref, deltas = _hf_rope_index(vlm, torch.tensor(ids), torch.tensor(mask), 3)
+    got, nxt = scheme.prefill(mask, slots, span)
+    np.testing.assert_array_equal(got, ref.numpy())
+    np.testing.assert_array_equal(rope_deltas(got, mask), deltas.numpy())
+    # the image's rows and columns: start + (row, col) on the height / width axes, text after it resumes at +4
+    at = slots[0]  # row 0: 3 text tokens before the image
+    assert got[1, 0, at : at + span].tolist() == [3 + i // 4 for i in range(span)]
+    assert got[2, 0, at : at + span].tolist() == [3 + i % 4 for i in range(span)]
+    assert got[:, 0, at + span].tolist() == [7, 7, 7]
+    for _ in range(3):  # decode: transformers' (mask.cumsum - 1)[last] + rope_deltas
+        mask = np.concatenate([mask, np.ones((3, 1), np.int64)], axis=1)
+        theirs = (mask.cumsum(-1) - 1)[:, -1:] + deltas.numpy()
+        np.testing.assert_array_equal(scheme.step(nxt), np.broadcast_to(theirs, (3, 3, 1)))
+        nxt = nxt + 1
+    # an image that ends the prompt: the next token is still the largest position + 1 on every axis
+    _, nxt = scheme.prefill(np.ones((1, 2 + span), np.int64), 2, span)
+    assert nxt.tolist() == [2 + 4]
+    text_only, nxt = scheme.prefill(np.ones((1, 5), np.int64))
+    assert text_only.shape == (3, 1, 5) and (text_only == np.arange(5)).all() and nxt.tolist() == [5]
+    with pytest.raises(EdgekitError, match="M-RoPE grid"):
+        scheme.prefill(np.ones((1, 20), np.int64), 0, 12)
+    assert PositionScheme.of({}).kind == "text" and PositionScheme.of({POSITIONS_KEY: scheme.to_dict()}) == scheme
+
+
+def test_pixel_values_are_the_image_processors(qwen):
+    """The vision graph's patch order and temporal copies: hf_pixel_values (what the graph computes, as numpy) is
+    Qwen2VLImageProcessor's own pixel_values for the 8-bit frame at the fixed side, resize (BICUBIC) on."""
+    vlm, spec, _, _ = qwen
+    image = np.random.default_rng(0).integers(0, 256, (56, 56)).astype(np.uint8)
+    out = qwen2_vl_inputs(vlm, image, "w1")
+    assert out["image_grid_thw"].tolist() == [[1, 8, 8]]
+    np.testing.assert_allclose(hf_pixel_values(spec, image / np.float32(255)), out["pixel_values"].numpy(), atol=2e-6)
+
+
+def _served_cases(vlm, spec, backend, root, cases: int, new_tokens: int = 6):
+    """Per case: the processor's input_ids against edgekit's prompt layout with the span at its slot, the prefill
+    logits (relative error) and greedy tokens, transformers fed its processor's own inputs."""
+    from tokenizers import Tokenizer
+
+    from edgekit.hf.serving import generation_config
+    from edgekit.prompt import prompt_layout
+
+    tok = Tokenizer.from_file(str(vlm.path / "tokenizer.json"))
+    gen = generation_config(spec, vlm.path, tok)
+    rng = np.random.default_rng(3)
+    errors, same = [], 0
+    for _ in range(cases):
+        prompt = " ".join(f"w{int(w)}" for w in rng.integers(0, 100, 4))
+        image = rng.integers(0, 256, (spec.image_size, spec.image_size)).astype(np.uint8)
+        hf = qwen2_vl_inputs(vlm, image, prompt)
+        layout = prompt_layout(tok, gen, "", prompt)
+        ours_ids = [*layout.ids[: layout.image_slot], *spec.span_ids, *layout.ids[layout.image_slot :]]
+        assert ours_ids == hf["input_ids"][0].tolist()
+        with torch.no_grad():
+            ref = vlm.model(**hf).logits[0].numpy()
+            theirs = vlm.model.generate(**hf, max_new_tokens=new_tokens, do_sample=False)[0, len(ours_ids) :]
+        pixels = (image / np.float32(255))[None, None, None]
+        text = np.asarray([layout.ids], np.int64)
+        x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), layout.image_slot)
+        logits, _ = backend.decode(x, mask, spec.positions.prefill(mask, layout.image_slot, spec.span_length)[0], None)
+        assert np.abs(ref).max() > 0.5
+        errors.append(float(np.abs(logits[0] - ref).max() / np.abs(ref).max()))
+        ours = generate(
+            backend,
+            pixels,
+            text,
+            GenerationOptions(max_new_tokens=new_tokens),
+            image_slot=layout.image_slot,
+            positions=spec.positions,
+        ).token_ids
+        same += ours == theirs.tolist()
+    return max(errors), same
+
+
+def test_logits_and_greedy_match_transformers_fed_its_processor(qwen):
+    vlm, spec, backend, root = qwen
+    err, same = _served_cases(vlm, spec, backend, root, cases=3)
+    assert err <= TOL and same == 3
+
+
+def test_second_size_tied_embeddings_matches(tmp_path):
+    """Another fixed side (84 px: a 12 x 12 grid, 36 image tokens, a 6 x 6 M-RoPE grid) and tied embeddings."""
+    vlm = make_qwen2_vl(tmp_path / "hf", side=84, tied=True, seed=1)
+    spec = convert_hf(tmp_path / "hf", tmp_path / "onnx").spec
+    assert spec.span_length == 36 and spec.positions.grid == (1, 6, 6)
+    assert spec.decoder.lm_head == spec.decoder.embed_tokens
+    err, same = _served_cases(vlm, spec, CpuBackend.from_dir(tmp_path / "onnx", intra_op_threads=1), tmp_path, 2)
+    assert err <= TOL and same == 2
+
+
+def test_batch_with_left_padding_generates_each_row_as_alone(qwen):
+    """generate_batch's M-RoPE prefill and decode positions for left-padded rows: each row's tokens are the ones
+    it gets alone (its positions do not count the padding)."""
+    vlm, spec, backend, _ = qwen
+    rng = np.random.default_rng(5)
+    pixels = rng.uniform(0, 1, (2, 1, 1, 56, 56)).astype(np.float32)
+    rows = [[1, 7, 8, 9, 5], [1, 7, 5]]
+    opts = GenerationOptions(max_new_tokens=5)
+    alone = [
+        generate(backend, pixels[i : i + 1], [r], opts, image_slot=2, positions=spec.positions).token_ids
+        for i, r in enumerate(rows)
+    ]
+    ids = np.asarray([rows[0], [0, 0, *rows[1]]], np.int64)
+    mask = np.asarray([[1] * 5, [0, 0, 1, 1, 1]], np.int64)
+    batch = generate_batch(backend, pixels, ids, opts, mask, image_slot=[2, 4], positions=spec.positions)
+    assert [r.token_ids for r in batch] == alone
+
+
+def test_cpu_bundle_is_served_by_edgekit_run_as_transformers_answers(tmp_path, qwen, capsys):
+    """`edgekit build --target cpu` (its parity figure measured against transformers), then `edgekit run`: the
+    report is transformers' greedy text for the frame the bundle serves, with M-RoPE placed by the bundle's
+    record and no code of the runner's own."""
+    vlm, spec, _, _ = qwen
+    out = tmp_path / "bundle"
+    assert app_module.main(["build", str(vlm.path), "--target", "cpu", "-o", str(out), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert figures["parity"]["greedy_identical"] == 1.0 and figures["parity"]["max_rel_logit_error"] <= TOL
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg[POSITIONS_KEY] == {"kind": "mrope", "grid": [1, 4, 4]} and cfg["image_tokens"] == 16
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert (
+        gen["image_token"] == "<|image_pad|>"
+        and "<|vision_start|><|image_pad|><|vision_end|>" in gen["prompt_template"]
+    )
+    pre = json.loads((out / "preprocessor_config.json").read_text())
+    assert pre["image_size"] == 56 and pre["fixed_resolution"]["image_grid_thw"] == [1, 8, 8]
+    assert pre["hf_image_processor"]["resample"] == 3  # BICUBIC, recorded
+    frames = np.random.default_rng(0).uniform(0, 1, (1, 112, 112)).astype(np.float32)
+    reporter = Reporter.from_bundle(out, threads=1)
+    study = Study(frames, modality="CT", uid_hash="uid:t", source="dicom")
+    served = reporter.pixel_values(study)[0, 0, 0]
+    report = reporter.report(study, "w3 w4", reporter.options(max_new_tokens=6))
+    layout = reporter.prompt("CT", "w3 w4")
+    ids = torch.tensor([[*layout.ids[: layout.image_slot], *spec.span_ids, *layout.ids[layout.image_slot :]]])
+    hf = {
+        "input_ids": ids,
+        "pixel_values": torch.tensor(hf_pixel_values(spec, served)),
+        "image_grid_thw": torch.tensor([[1, 8, 8]]),
+        "mm_token_type_ids": (ids == vlm.image_token_id).int(),
+    }
+    with torch.no_grad():
+        theirs = vlm.model.generate(**hf, max_new_tokens=6, do_sample=False)[0, ids.shape[1] :].tolist()
+    assert report.text == reporter.tokenizer.decode(theirs, skip_special_tokens=True).strip()
+    capsys.readouterr()
+    assert (
+        app_module.main(["run", str(out), "-s", _sample("cr_chest"), "-p", "w3 w4", "--max-new-tokens", "4", "--json"])
+        == 0
+    )
+    got = json.loads(capsys.readouterr().out)
+    assert got["target"] == "cpu" and got["timings"]["new_tokens"] == 4
+
+
+def _sample(name: str) -> str:
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parents[1] / "models" / "samples" / name)
+
+
+def test_x1_bundle_feeds_mrope(tmp_path, qwen):
+    """The x1 build compiles all three graphs with no host partition (the vision rotary tables and M-RoPE's slices
+    lowered), and its emulator honours M-RoPE: its prefill logits stay far closer to ONNX Runtime's on the
+    same INT4 graphs with the M-RoPE positions than with text positions on the three axes."""
+    from edgekit.bundle import load_bundle
+    from edgekit.plugins import load_backend
+    from edgekit.target import RuntimeOptions
+
+    vlm, spec, _, _ = qwen
+    out = tmp_path / "x1"
+    assert app_module.main(["build", str(vlm.path), "--target", "x1", "-o", str(out), "--no-parity"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["figures"]["x1_compile"]["host_partitions"].values()) == {0}
+    x1 = load_backend(load_bundle(out), RuntimeOptions(threads=1))
+    ort = CpuBackend.from_dir(out, intra_op_threads=1)
+    pixels = np.random.default_rng(1).uniform(0, 1, (1, 1, 1, 56, 56)).astype(np.float32)
+    ids = np.asarray([[1, 7, 8, 9, 10, 11, 5]], np.int64)
+    x, mask = place_image(ort.embed(ids), np.ones_like(ids), ort.encode_images(pixels), 3)
+    pos = spec.positions.prefill(mask, 3, spec.span_length)[0]
+    text = spec.positions.text_only(np.arange(mask.shape[1])[None])
+    ref = ort.decode(x, mask, pos, None)[0]
+    rel = lambda a: float(np.abs(a - ref).max() / np.abs(ref).max())  # noqa: E731
+    assert rel(x1.decode(x, mask, pos, None)[0]) < 0.5 * rel(x1.decode(x, mask, text, None)[0])
+    report = Reporter.from_bundle(out, threads=1).report(_sample("cr_chest"), "w3", GenerationOptions(max_new_tokens=3))
+    assert report.target == "x1" and report.timings["new_tokens"] >= 1 and report.energy_source == "emulated:x1"
+
+
+def test_orin_build_profiles_take_mrope_positions(tmp_path, qwen):
+    """orin's build side here: capability check, FP16 graphs, TensorRT profiles with position_ids (3, batch,
+    seq), reference inputs; the graphs served by its ONNX Runtime backend (the engines need TensorRT, absent)."""
+    from edgekit.bundle import load_bundle
+    from edgekit.targets.orin.onnx_backend import OrinOnnxBackend
+
+    vlm, _, _, _ = qwen
+    out = tmp_path / "orin"
+    assert app_module.main(["build", str(vlm.path), "--target", "orin", "-o", str(out), "--no-parity"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    cap = manifest["figures"]["orin_capability"]
+    assert cap["supported_nodes"] == cap["nodes"]
+    profiles = manifest["runtime"]["profiles"]["decoder"]
+    prefill, decode = (p["shapes"]["position_ids"] for p in profiles)
+    assert prefill["min"][0] == prefill["max"][0] == 3 and decode["max"] == [3, 4, 1]
+    assert manifest["figures"]["orin_parity"]["vs_fp32_export"]["decoder:decode"]["logits_top1"] == 1
+    bundle = load_bundle(out)
+    reporter = Reporter(bundle, backend=OrinOnnxBackend(bundle, intra_op_threads=1))
+    assert reporter.report(_sample("cr_chest"), "w3", GenerationOptions(max_new_tokens=3)).timings["new_tokens"] >= 1
+
+
+def _convert_refused(hf, tmp_path, capsys) -> str:
+    capsys.readouterr()
+    assert app_module.main(["convert", str(hf), "-o", str(tmp_path / "onnx")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and not (tmp_path / "onnx").exists()
+    return errors[0]
+
+
+def test_dynamic_resolution_is_refused_naming_the_fix(tmp_path, qwen, capsys):
+    """The processor's stock min_pixels < max_pixels: a grid per image size, refused in one line that says why and
+    how to pin it; an explicit other size is served at that size."""
+    vlm, _, _, _ = qwen
+    hf = tmp_path / "hf"
+    shutil.copytree(vlm.path, hf)
+    pre = json.loads((hf / "preprocessor_config.json").read_text())
+    pre["size"] = {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
+    (hf / "preprocessor_config.json").write_text(json.dumps(pre))
+    err = _convert_refused(hf, tmp_path, capsys)
+    assert "preprocessor_config.json" in err and "dynamic resolution" in err and "min_pixels = max_pixels" in err
+    pre["size"] = {"shortest_edge": 70 * 70, "longest_edge": 70 * 70}  # 70 px: not a multiple of 14 -> 70 rounds
+    (hf / "preprocessor_config.json").write_text(json.dumps(pre))
+    assert convert_hf(hf, tmp_path / "o70").spec.image_size == 70  # smart_resize: round(70/14)*14 = 70
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        ("drop", "visual.merger.mlp.2.weight is missing"),  # the checkpoint's own name
+        ("reshape", "visual.blocks.0.attn.qkv.weight has shape (96, 16), config.json implies (96, 32)"),
+        ("section", "mrope_section [2, 3, 4] does not sum to head_dim / 2 = 8"),
+    ],
+)
+def test_weights_or_config_not_matching_are_refused_before_any_graph(tmp_path, qwen, capsys, edit, needle):
+    from safetensors.numpy import load_file, save_file
+
+    vlm, _, _, _ = qwen
+    hf = tmp_path / "hf"
+    shutil.copytree(vlm.path, hf)
+    if edit == "section":
+        cfg = json.loads((hf / "config.json").read_text())
+        cfg["text_config"]["rope_parameters"]["mrope_section"] = [2, 3, 4]
+        (hf / "config.json").write_text(json.dumps(cfg))
+    else:
+        tensors = load_file(str(hf / "model.safetensors"))
+        if edit == "drop":
+            del tensors["visual.merger.mlp.2.weight"]
+        else:
+            tensors["visual.blocks.0.attn.qkv.weight"] = tensors["visual.blocks.0.attn.qkv.weight"][:, :16].copy()
+        save_file(tensors, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    assert needle in _convert_refused(hf, tmp_path, capsys)
+    assert app_module.main(["build", str(hf), "-o", str(tmp_path / "b")]) == 2 and not (tmp_path / "b").exists()
