@@ -16,6 +16,7 @@ float32 graphs alone are ~8 GB).
     python bench/hf_vlm_parity.py --only split     # the configurations whose name holds "split"
     python bench/hf_vlm_parity.py --only none --geometry  # SmolVLM-256M's 4x4 split geometry, 4 cases
     python bench/hf_vlm_parity.py --only none --next-geometry  # llava-v1.6's 672 px anyres geometry, 4 cases
+    python bench/hf_vlm_parity.py --only qwen2_vl  # Qwen2-VL at a fixed resolution (tiny 56 px, medium 112 px)
 Writes out/bench/hf_vlm_parity.json and prints the table.
 """
 
@@ -37,6 +38,7 @@ from hf_vlm_factory import (  # noqa: E402
     make_llava,
     make_llava_next,
     make_llava_next_geometry,
+    make_qwen2_vl,
     make_smolvlm_geometry,
 )
 
@@ -54,6 +56,8 @@ CONFIGS = {
     "llava_next (SigLIP + Qwen2) 2x2": lambda p, size: make_llava_next(
         p, size, tower="siglip", text="qwen2", tiles=2, vision_feature_select_strategy="full"
     ),
+    # one fixed square side (min_pixels = max_pixels), M-RoPE positions (3, batch, seq) from edgekit.positions
+    "qwen2_vl (fixed 56/112 px, M-RoPE)": lambda p, size: make_qwen2_vl(p, size),
 }
 CHILD = r"""
 import json, re, sys, time
