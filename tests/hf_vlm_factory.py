@@ -356,22 +356,39 @@ QWEN2_VL_SIZES = {  # (vision embed, depth, patch, frame side, text hidden, text
 }
 
 
-def make_qwen2_vl(path: Path, size: str = "tiny", *, seed: int = 0, side: int | None = None, tied: bool = False):
-    """Qwen2-VL with its processor pinned to one square side (`min_pixels = max_pixels = side**2`, the fixed
-    resolution edgekit builds), its chat template and a word-level tokenizer holding its special tokens."""
+def make_qwen2_vl(
+    path: Path,
+    size: str = "tiny",
+    *,
+    seed: int = 0,
+    side: int | None = None,
+    tied: bool = False,
+    family: str = "qwen2_vl",
+    window: int | None = None,
+):
+    """Qwen2-VL (or Qwen2.5-VL: RMSNorm + SwiGLU vision blocks, windows of `window` px (default 4 merge units)
+    but in its last block) with its processor pinned to one square side (`min_pixels = max_pixels = side**2`, the
+    fixed resolution edgekit builds), its chat template and a word-level tokenizer holding its special tokens."""
     import torch
     import transformers as tf
 
     vh, depth, patch, img, th, tl, vocab, section = QWEN2_VL_SIZES[size]
     img = side or img
     vision = dict(depth=depth, embed_dim=vh, hidden_size=th, num_heads=4, mlp_ratio=2, patch_size=patch)
+    if family == "qwen2_5_vl":
+        vision = dict(depth=depth, hidden_size=vh, out_hidden_size=th, num_heads=4, intermediate_size=2 * vh)
+        vision.update(patch_size=patch, window_size=window or 2 * 2 * patch, fullatt_block_indexes=[depth - 1])
     vision.update(spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
     text = dict(hidden_size=th, intermediate_size=2 * th, num_hidden_layers=tl, num_attention_heads=4)
     text.update(num_key_value_heads=2, vocab_size=vocab, initializer_range=_init_range(th), bos_token_id=None)
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
     text.update(eos_token_id=2, rope_parameters=rope)
     image_token = vocab - 1
-    cfg = tf.Qwen2VLConfig(
+    cls, mcls = {
+        "qwen2_vl": (tf.Qwen2VLConfig, tf.Qwen2VLForConditionalGeneration),
+        "qwen2_5_vl": (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration),
+    }[family]
+    cfg = cls(
         vision_config=vision,
         text_config=text,
         image_token_id=image_token,
@@ -381,7 +398,7 @@ def make_qwen2_vl(path: Path, size: str = "tiny", *, seed: int = 0, side: int | 
         tie_word_embeddings=tied,
     )
     torch.manual_seed(seed)
-    model = tf.Qwen2VLForConditionalGeneration(cfg).eval()
+    model = mcls(cfg).eval()
     _widen(model.model.visual, seed)
     model.generation_config.eos_token_id = None
     model.save_pretrained(path)
@@ -392,7 +409,7 @@ def make_qwen2_vl(path: Path, size: str = "tiny", *, seed: int = 0, side: int | 
         size={"shortest_edge": img * img, "longest_edge": img * img}, patch_size=patch, merge_size=2
     )
     proc.save_pretrained(path)
-    return TinyVlm("qwen2_vl", path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std))
+    return TinyVlm(family, path, model, image_token, tuple(proc.image_mean), tuple(proc.image_std))
 
 
 def qwen2_vl_inputs(vlm: TinyVlm, image: np.ndarray, prompt: str) -> dict:

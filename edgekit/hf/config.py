@@ -20,13 +20,10 @@ from edgekit.export.specs import DecoderSpec
 
 DECODER_TYPES = ("llama", "qwen2")
 VISION_TYPES = ("vit", "siglip_vision_model", "siglip")
-VLM_TYPES = ("llava", "idefics3", "smolvlm", "llava_next", "qwen2_vl")
+VLM_TYPES = ("llava", "idefics3", "smolvlm", "llava_next", "qwen2_vl", "qwen2_5_vl")
 SUPPORTED_MODEL_TYPES = DECODER_TYPES + VISION_TYPES + VLM_TYPES
 # families asked for that edgekit does not build, with why (the refusal says it, then lists what it imports)
-NOT_BUILT = {
-    "qwen2_5_vl": "not built yet: its windowed vision attention (a window permutation per grid), RMSNorm + SwiGLU "
-    "vision blocks and its processor's rope_deltas are not written; qwen2_vl is, at one fixed resolution",
-}
+NOT_BUILT: dict[str, str] = {}
 ROPE_TYPES = ("default", "linear", "llama3")
 
 

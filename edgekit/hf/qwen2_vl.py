@@ -1,5 +1,5 @@
-"""Qwen2-VL (`model_type: qwen2_vl`) at one fixed square resolution: its vision transformer and patch merger
-into `vision_encoder.onnx`, its Qwen2 language model with M-RoPE into the decoder.
+"""Qwen2-VL and Qwen2.5-VL (`model_type: qwen2_vl | qwen2_5_vl`) at one fixed square resolution: the vision
+transformer and patch merger into `vision_encoder.onnx`, the Qwen2 language model with M-RoPE into the decoder.
 
 Why one resolution: Qwen2-VL's processor resizes each image to its own multiple of 28 px (`smart_resize`, within
 `min_pixels`..`max_pixels`), so the patch count, the span's length and the (3, batch, seq) positions follow each
@@ -11,6 +11,12 @@ and everything the processor and the model compute from the grid becomes a const
   flattened (channel, time, row, column) patch, the frame repeated along time, as the processor repeats it;
 - the vision 2-D rotary tables (`Qwen2VLVisionRotaryEmbedding` over each patch's row and column) are constants;
 - the merger's `ln_q` + MLP over each 2 x 2 window of consecutive patches, as transformers' `PatchMerger`.
+Qwen2.5-VL's vision blocks are RMSNorm + SwiGLU (with biases) and attend within windows of
+`window_size` px except in `fullatt_block_indexes`: at the fixed grid the window permutation
+(`get_vision_window_index`) is a constant Gather of 2 x 2 merge units (and of the rotary tables), the windows a
+constant block mask on the scores (a window id per patch, compared), and the merger's output is gathered back
+(`argsort` of the permutation). Its image M-RoPE positions are Qwen2-VL's (`tokens_per_second` only spaces a
+video's frames; an image has one).
 The image span is the `<|image_pad|>` tokens alone (`<|vision_start|>` / `<|vision_end|>` stay text in the
 chat template, as the processor leaves them), and its M-RoPE grid, (1, S / (patch * merge), same), is recorded
 in the bundle (`edgekit.positions`) for the runtime to place the positions.
@@ -30,7 +36,7 @@ import onnx_ir as ir
 
 from edgekit import names
 from edgekit.errors import ConfigError
-from edgekit.export.blocks import layer_norm, linear
+from edgekit.export.blocks import layer_norm, linear, rms_norm, silu
 from edgekit.export.decoder import apply_rope
 from edgekit.export.irbuilder import GraphBuilder, scope_of
 from edgekit.export.specs import DecoderSpec
@@ -66,8 +72,14 @@ class Qwen2VisionSpec:
     act: str  # edgekit.hf.vision_tower.GELU kind
     rope_theta: float
     prefix: str = VISUAL_MODULE
-    family: str = "qwen2_vl_vision"
+    family: str = "qwen2_vl_vision"  # "qwen2_5_vl_vision": RMSNorm + SwiGLU blocks, windowed attention
     ln_eps: float = 1e-6
+    window: int = 0  # Qwen2.5-VL: window side in merged tokens (window_size // merge // patch); 0: none
+    full_attention: tuple[int, ...] = ()  # Qwen2.5-VL: the blocks that attend over the whole image
+
+    @property
+    def v25(self) -> bool:
+        return self.family == "qwen2_5_vl_vision"
 
     @property
     def grid(self) -> int:
@@ -161,6 +173,11 @@ class Qwen2VlSpec:
             "tower_layers": self.tower.layers,
             "decoder_layers": self.decoder.layers,
             "image_grid_thw": [1, self.tower.grid, self.tower.grid],
+            **(
+                {"window": self.tower.window, "full_attention": list(self.tower.full_attention)}
+                if self.tower.window
+                else {}
+            ),
             "mrope_section": list(self.decoder.mrope_section or ()),
         }
 
@@ -222,14 +239,30 @@ def tower_of(cfg: dict[str, Any], pre: Mapping[str, Any] | None, text_hidden: in
     for key, own in (("patch_size", patch), ("merge_size", merge), ("temporal_patch_size", temporal)):
         if pre and key in pre and pre[key] != own:
             raise ConfigError(f"{key} {pre[key]!r} is not vision_config's {own}", pre_where)
-    act = v.get("hidden_act", "quick_gelu")
-    if act not in GELU:
+    act = v.get("hidden_act", "silu" if cfg.get("model_type") == "qwen2_5_vl" else "quick_gelu")
+    if act not in GELU and cfg.get("model_type") != "qwen2_5_vl":
         raise ConfigError(f"vision_config.hidden_act {act!r} is not supported ({', '.join(GELU)})", where)
-    embed, heads = _int(v, "embed_dim", 1280, where), _int(v, "num_heads", 16, where)
+    v25 = cfg.get("model_type") == "qwen2_5_vl"
+    # Qwen2-VL: embed_dim is the tower's width, hidden_size the merger's output; Qwen2.5-VL: hidden_size and
+    # out_hidden_size
+    embed = _int(v, "hidden_size" if v25 else "embed_dim", 1280, where)
+    heads = _int(v, "num_heads", 16, where)
     if embed % heads or (embed // heads) % 4:
-        raise ConfigError(f"vision_config: embed_dim {embed} / num_heads {heads} must be a multiple of 4", where)
+        raise ConfigError(f"vision_config: width {embed} / num_heads {heads} must be a multiple of 4", where)
     rope = v.get("rope_parameters") or {}
+    extra: dict[str, Any] = {}
+    if v25:
+        if act != "silu":
+            raise ConfigError(f"vision_config.hidden_act {act!r}: Qwen2.5-VL's vision MLP is SwiGLU with silu", where)
+        window = _int(v, "window_size", 112, where) // merge // patch
+        if window < 1:
+            raise ConfigError(f"window_size {v.get('window_size')} is under one merge unit ({merge * patch} px)", where)
+        full = v.get("fullatt_block_indexes", [7, 15, 23, 31])
+        if not isinstance(full, list) or not all(isinstance(i, int) for i in full):
+            raise ConfigError(f"fullatt_block_indexes: expected a list of ints, got {full!r}", where)
+        extra = dict(family="qwen2_5_vl_vision", window=window, full_attention=tuple(full))
     return Qwen2VisionSpec(
+        **extra,
         image_size=fixed_side(pre, patch, merge, pre_where),
         patch_size=patch,
         temporal_patch_size=temporal,
@@ -238,9 +271,9 @@ def tower_of(cfg: dict[str, Any], pre: Mapping[str, Any] | None, text_hidden: in
         hidden=embed,
         layers=_int(v, "depth", 32, where),
         heads=heads,
-        mlp=int(embed * float(v.get("mlp_ratio", 4))),
-        out_hidden=_int(v, "hidden_size", text_hidden, where),
-        act=GELU[act],
+        mlp=_int(v, "intermediate_size", 3420, where) if v25 else int(embed * float(v.get("mlp_ratio", 4))),
+        out_hidden=_int(v, "out_hidden_size" if v25 else "hidden_size", text_hidden, where),
+        act="silu" if v25 else GELU[act],
         rope_theta=float(rope.get("rope_theta", 10000.0)),
     )
 
@@ -296,6 +329,10 @@ def qwen2_vl_spec(cfg: dict[str, Any], model_dir: Path, names_: Collection[str],
         mrope_section=section,
     )
     tower = tower_of(cfg, pre, decoder.hidden, where, pre_where)
+    if tower.out_hidden != decoder.hidden:
+        raise ConfigError(
+            f"the vision merger's output {tower.out_hidden} is not the text hidden {decoder.hidden}", where
+        )
     mean, std = mean_std(tower)
     renames = tuple((c, m) for c, m in ((visual, VISUAL_MODULE), (lm, LM_MODULE)) if c != m)
     spec = Qwen2VlSpec(
@@ -312,9 +349,12 @@ def qwen2_vl_spec(cfg: dict[str, Any], model_dir: Path, names_: Collection[str],
     return spec
 
 
+MLP_ROLES = {False: ("mlp.fc1", "mlp.fc2"), True: ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+
+
 def vision_names(t: Qwen2VisionSpec, i: int) -> dict[str, str]:
     p = f"{t.prefix}blocks.{i}."
-    return {r: p + r for r in ("norm1", "norm2", "attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")}
+    return {r: p + r for r in ("norm1", "norm2", "attn.qkv", "attn.proj", *MLP_ROLES[t.v25])}
 
 
 def expected_shapes(spec: Qwen2VlSpec) -> dict[str, tuple[int, ...]]:
@@ -322,15 +362,18 @@ def expected_shapes(spec: Qwen2VlSpec) -> dict[str, tuple[int, ...]]:
     t, p = spec.tower, spec.tower.prefix
     d, m2 = t.hidden, t.hidden * t.merge_size**2
     shapes = {f"{p}patch_embed.proj.weight": (d, t.channels, t.temporal_patch_size, t.patch_size, t.patch_size)}
+    norms = ("weight",) if t.v25 else ("weight", "bias")  # Qwen2.5-VL: RMSNorm
     for i in range(t.layers):
         n = vision_names(t, i)
         for r in ("norm1", "norm2"):
-            shapes[f"{n[r]}.weight"] = shapes[f"{n[r]}.bias"] = (d,)
+            shapes.update({f"{n[r]}.{k}": (d,) for k in norms})
         shapes.update({f"{n['attn.qkv']}.weight": (3 * d, d), f"{n['attn.qkv']}.bias": (3 * d,)})
         shapes.update({f"{n['attn.proj']}.weight": (d, d), f"{n['attn.proj']}.bias": (d,)})
-        shapes.update({f"{n['mlp.fc1']}.weight": (t.mlp, d), f"{n['mlp.fc1']}.bias": (t.mlp,)})
-        shapes.update({f"{n['mlp.fc2']}.weight": (d, t.mlp), f"{n['mlp.fc2']}.bias": (d,)})
-    shapes[f"{p}merger.ln_q.weight"] = shapes[f"{p}merger.ln_q.bias"] = (d,)
+        *ups, down = MLP_ROLES[t.v25]
+        for r in ups:
+            shapes.update({f"{n[r]}.weight": (t.mlp, d), f"{n[r]}.bias": (t.mlp,)})
+        shapes.update({f"{n[down]}.weight": (d, t.mlp), f"{n[down]}.bias": (d,)})
+    shapes.update({f"{p}merger.ln_q.{k}": (d,) for k in norms})
     shapes.update({f"{p}merger.mlp.0.weight": (m2, m2), f"{p}merger.mlp.0.bias": (m2,)})
     shapes.update({f"{p}merger.mlp.2.weight": (t.out_hidden, m2), f"{p}merger.mlp.2.bias": (t.out_hidden,)})
     return shapes
@@ -357,6 +400,26 @@ def vision_rope_tables(t: Qwen2VisionSpec) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
 
 
+def window_index(t: Qwen2VisionSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2.5-VL's `get_vision_window_index` for the fixed grid (1, g, g): the merge units' order (windows of
+    `t.window` x `t.window` units, row by row, each window's units row by row) and each unit's window id in that
+    order (transformers pads the grid up to whole windows, a whole extra window when it divides; the empty ones
+    hold no unit)."""
+    g, w = t.grid // t.merge_size, t.window
+    index = np.arange(g * g).reshape(g, g)
+    pad = w - g % w
+    padded = np.pad(index, ((0, pad), (0, pad)), constant_values=-100)
+    n = (g + pad) // w
+    padded = padded.reshape(n, w, n, w).transpose(0, 2, 1, 3).reshape(n * n, w * w)
+    ids = np.repeat(np.arange(n * n), w * w).reshape(n * n, w * w)
+    keep = padded != -100
+    return padded[keep], ids[keep]
+
+
+def _rms_or_layer_norm(b: GraphBuilder, x: ir.Value, prefix: str, t: Qwen2VisionSpec) -> ir.Value:
+    return rms_norm(b, x, prefix, t.ln_eps) if t.v25 else layer_norm(b, x, prefix, t.ln_eps)
+
+
 def _patches(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec) -> ir.Value:
     """(n, C, S, S) normalised -> (n, patches, C * T * p * p): the processor's `patchify` for a still image
     (merge-window order, the frame repeated `temporal_patch_size` times), then the Conv3d as one MatMul."""
@@ -373,7 +436,7 @@ def _patches(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec) -> ir.Value:
     return b.op(scope, "MatMul", [x, b.op(scope, "Transpose", [w], {"perm": [1, 0]})])
 
 
-def _attention(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec, i: int, cos: ir.Value, sin: ir.Value) -> ir.Value:
+def _attention(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec, i: int, cos, sin, mask=None) -> ir.Value:
     n = vision_names(t, i)
     scope = scope_of(n["attn.qkv"].rsplit(".", 1)[0])
     h, hd = t.heads, t.hidden // t.heads
@@ -386,9 +449,31 @@ def _attention(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec, i: int, cos: ir
     k_t = b.op(scope, "Transpose", [k], {"perm": [0, 2, 3, 1]})
     v = b.op(scope, "Transpose", [v], {"perm": [0, 2, 1, 3]})
     scores = b.op(scope, "Div", [b.op(scope, "MatMul", [q, k_t]), b.const(math.sqrt(hd), np.float32)])
+    if mask is not None:  # Qwen2.5-VL's windows: the scores outside a patch's window at float32's lowest
+        scores = b.op(scope, "Add", [scores, mask])
     y = b.op(scope, "MatMul", [b.op(scope, "Softmax", [scores], {"axis": -1}), v])
     y = b.op(scope, "Reshape", [b.op(scope, "Transpose", [y], {"perm": [0, 2, 1, 3]}), b.const([0, 0, t.hidden])])
     return linear(b, y, n["attn.proj"], bias=True)
+
+
+def _mlp(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec, n: dict[str, str], scope: str) -> ir.Value:
+    if not t.v25:
+        y = activation(b, linear(b, x, n["mlp.fc1"], bias=True), scope, t.act)
+        return linear(b, y, n["mlp.fc2"], bias=True)
+    gate = silu(b, linear(b, x, n["mlp.gate_proj"], bias=True), scope_of(n["mlp.gate_proj"]))
+    up = linear(b, x, n["mlp.up_proj"], bias=True)
+    return linear(b, b.op(scope, "Mul", [gate, up]), n["mlp.down_proj"], bias=True)
+
+
+def _window_mask(b: GraphBuilder, t: Qwen2VisionSpec, window_ids: np.ndarray) -> ir.Value:
+    """(N, N) additive mask: 0 where two patches (in window order) share a window, float32's lowest elsewhere,
+    from one window id per patch (the merge unit's, repeated)."""
+    scope = f"{t.prefix}window_attention"
+    ids = b.const(np.repeat(window_ids, t.merge_size**2).astype(np.int64))
+    same = b.op(
+        scope, "Equal", [b.op(scope, "Unsqueeze", [ids, b.const([1])]), b.op(scope, "Unsqueeze", [ids, b.const([0])])]
+    )
+    return b.op(scope, "Where", [same, b.const(0.0, np.float32), b.const(np.finfo(np.float32).min, np.float32)])
 
 
 def build_vision(weights: Mapping[str, np.ndarray], spec: Qwen2VlSpec) -> ir.Model:
@@ -407,19 +492,31 @@ def build_vision(weights: Mapping[str, np.ndarray], spec: Qwen2VlSpec) -> ir.Mod
     x = b.op(scope, "Div", [b.op(scope, "Sub", [x, mean]), std])
     x = _patches(b, x, t)
     cos_np, sin_np = vision_rope_tables(t)
+    units, unit_dim, mask = spec.num_image_tokens, t.hidden * t.merge_size**2, None
+    if t.window:  # the window permutation of merge units, on the patches and on the rotary tables
+        order, window_ids = window_index(t)
+        wscope = f"{t.prefix}window_index"
+        x = b.op(wscope, "Reshape", [x, b.const([0, units, unit_dim])])
+        x = b.op(wscope, "Gather", [x, b.const(order)], {"axis": 1})
+        x = b.op(wscope, "Reshape", [x, b.const([0, t.num_patches, t.hidden])])
+        shape = (units, t.merge_size**2, 1, -1)
+        cos_np, sin_np = (a.reshape(shape)[order].reshape(t.num_patches, 1, -1) for a in (cos_np, sin_np))
+        mask = _window_mask(b, t, window_ids)
     cos, sin = b.const(cos_np, np.float32), b.const(sin_np, np.float32)
     for i in range(t.layers):
         n = vision_names(t, i)
         bscope = scope_of(f"{t.prefix}blocks.{i}")
-        x = b.op(bscope, "Add", [x, _attention(b, layer_norm(b, x, n["norm1"], t.ln_eps), t, i, cos, sin)])
-        y = layer_norm(b, x, n["norm2"], t.ln_eps)
-        y = activation(b, linear(b, y, n["mlp.fc1"], bias=True), bscope, t.act)
-        x = b.op(bscope, "Add", [x, linear(b, y, n["mlp.fc2"], bias=True)])
+        windowed = mask if t.window and i not in t.full_attention else None
+        h = _rms_or_layer_norm(b, x, n["norm1"], t)
+        x = b.op(bscope, "Add", [x, _attention(b, h, t, i, cos, sin, windowed)])
+        x = b.op(bscope, "Add", [x, _mlp(b, _rms_or_layer_norm(b, x, n["norm2"], t), t, n, bscope)])
     merger = f"{t.prefix}merger"
-    x = layer_norm(b, x, f"{merger}.ln_q", t.ln_eps)
-    x = b.op(scope_of(merger), "Reshape", [x, b.const([0, spec.num_image_tokens, t.hidden * t.merge_size**2])])
+    x = _rms_or_layer_norm(b, x, f"{merger}.ln_q", t)
+    x = b.op(scope_of(merger), "Reshape", [x, b.const([0, units, unit_dim])])
     x = activation(b, linear(b, x, f"{merger}.mlp.0", bias=True), scope_of(merger), "none")
     x = linear(b, x, f"{merger}.mlp.2", bias=True)
+    if t.window:  # back to the image's row order (transformers' argsort of the window index)
+        x = b.op(scope_of(merger), "Gather", [x, b.const(np.argsort(order))], {"axis": 1})
     b.output(x, names.IMAGE_FEATURES, F32, ["batch", spec.span_length, spec.decoder.hidden])
     return b.model()
 

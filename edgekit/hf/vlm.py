@@ -253,7 +253,7 @@ def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]
     mt = cfg["model_type"]
     pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
     pre = _preprocessor(pre_path)
-    if mt == "qwen2_vl":  # its own spec: a vision transformer with a merger, M-RoPE in the decoder
+    if mt in ("qwen2_vl", "qwen2_5_vl"):  # their own spec: a vision transformer and merger, M-RoPE in the decoder
         return qwen2_vl.qwen2_vl_spec(cfg, model_dir, names_, pre, lambda t: _mean_std(pre, t, pre_path, clip=True))
     text = _text_config(cfg, where)
     source_text_type = text.pop("_source_model_type")
