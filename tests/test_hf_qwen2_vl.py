@@ -1,7 +1,8 @@
-"""Qwen2-VL at one fixed square resolution: edgekit's graphs against transformers' `Qwen2VLForConditionalGeneration`
-(random init from configs, nothing downloaded), fed what its own image processor and chat template give for the
-same frame; `edgekit.positions` against transformers' `get_rope_index` (left padding, decode steps); a cpu
-bundle served by `edgekit run`; x1 and orin builds; the refusals."""
+"""Qwen2-VL and Qwen2.5-VL at one fixed square resolution: edgekit's graphs against transformers'
+`Qwen2VLForConditionalGeneration` / `Qwen2_5_VLForConditionalGeneration` (random init from configs, nothing
+downloaded), fed what its own image processor and chat template give for the same frame; `edgekit.positions`
+against transformers' `get_rope_index` (left padding, decode steps); a cpu bundle served by `edgekit run`; x1 and
+orin builds; the refusals."""
 
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ from edgekit.reporter import Reporter  # noqa: E402
 TOL = 1e-4  # relative to the largest logit
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    """The tiny model (56 px: an 8 x 8 patch grid, 16 image tokens), converted once."""
-    root = tmp_path_factory.mktemp("qwen2_vl")
-    vlm = make_qwen2_vl(root / "hf")
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def qwen(tmp_path_factory, request):
+    """The tiny model (56 px: an 8 x 8 patch grid, 16 image tokens), converted once per family (Qwen2.5-VL with
+    windows of 3 x 3 merge units over its 4 x 4: uneven windows, full attention in its last block)."""
+    root = tmp_path_factory.mktemp(request.param)
+    vlm = make_qwen2_vl(root / "hf", family=request.param, window=42)
     result = convert_hf(root / "hf", root / "onnx")
     return vlm, result.spec, CpuBackend.from_dir(root / "onnx", intra_op_threads=1), root
 
@@ -141,14 +143,34 @@ def test_logits_and_greedy_match_transformers_fed_its_processor(qwen):
     assert err <= TOL and same == 3
 
 
-def test_second_size_tied_embeddings_matches(tmp_path):
-    """Another fixed side (84 px: a 12 x 12 grid, 36 image tokens, a 6 x 6 M-RoPE grid) and tied embeddings."""
-    vlm = make_qwen2_vl(tmp_path / "hf", side=84, tied=True, seed=1)
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_second_size_tied_embeddings_matches(tmp_path, family):
+    """Another fixed side (84 px: a 12 x 12 grid, 36 image tokens, a 6 x 6 M-RoPE grid; Qwen2.5-VL: windows of
+    4 x 4 merge units, so 4 + 2 per side) and tied embeddings."""
+    vlm = make_qwen2_vl(tmp_path / "hf", side=84, tied=True, seed=1, family=family, window=56)
     spec = convert_hf(tmp_path / "hf", tmp_path / "onnx").spec
     assert spec.span_length == 36 and spec.positions.grid == (1, 6, 6)
     assert spec.decoder.lm_head == spec.decoder.embed_tokens
     err, same = _served_cases(vlm, spec, CpuBackend.from_dir(tmp_path / "onnx", intra_op_threads=1), tmp_path, 2)
     assert err <= TOL and same == 2
+
+
+def test_qwen2_5_vl_windows_are_transformers_window_index(tmp_path):
+    """The vision graph's window permutation, block mask and gather back: its features are transformers'
+    `get_image_features` for the processor's pixels, and the windows matter (the same model attending over the
+    whole image in every block answers differently)."""
+    vlm = make_qwen2_vl(tmp_path / "hf", side=84, family="qwen2_5_vl", window=56)
+    spec = convert_hf(tmp_path / "hf", tmp_path / "onnx").spec
+    assert spec.tower.window == 4 and spec.tower.full_attention == (1,)
+    gray = np.random.default_rng(2).uniform(0, 1, (84, 84)).astype(np.float32)
+    ours = CpuBackend.from_dir(tmp_path / "onnx", intra_op_threads=1).encode_images(gray[None, None, None])[0]
+    pixels, grid = torch.tensor(hf_pixel_values(spec, gray)), torch.tensor([[1, 12, 12]])
+    with torch.no_grad():
+        theirs = vlm.model.model.get_image_features(pixels, grid).pooler_output[0].numpy()
+        vlm.model.model.visual.fullatt_block_indexes = [0, 1]
+        whole = vlm.model.model.get_image_features(pixels, grid).pooler_output[0].numpy()
+    scale = np.abs(theirs).max()
+    assert np.abs(ours - theirs).max() / scale <= 1e-5 and np.abs(whole - theirs).max() / scale > 1e-2
 
 
 def test_batch_with_left_padding_generates_each_row_as_alone(qwen):

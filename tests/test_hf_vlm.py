@@ -486,7 +486,7 @@ def test_preprocessor_config_not_an_object_is_refused_in_one_line(tmp_path, caps
     assert "not a JSON object" in err and "preprocessor_config.json" in err
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "paligemma"])  # qwen2_vl: tests/test_hf_qwen2_vl.py
+@pytest.mark.parametrize("family", ["paligemma", "qwen3_vl"])  # qwen2_vl, qwen2_5_vl: tests/test_hf_qwen2_vl.py
 def test_unsupported_vlm_family_lists_the_supported_ones(tmp_path, capsys, family):
     hf = tmp_path / family
     hf.mkdir()
@@ -495,7 +495,7 @@ def test_unsupported_vlm_family_lists_the_supported_ones(tmp_path, capsys, famil
         assert app_module.main(cmd) == 2
         err = _one_line(capsys)
         assert f"model_type '{family}' is not supported" in err and "llava, idefics3, smolvlm" in err
-        assert "qwen2_vl" in err  # listed among the supported ones
+        assert "qwen2_vl, qwen2_5_vl" in err  # listed among the supported ones
     assert not (tmp_path / "o").exists() and not (tmp_path / "b").exists()
 
 
