@@ -340,3 +340,27 @@ def test_weights_or_config_not_matching_are_refused_before_any_graph(tmp_path, q
         save_file(tensors, str(hf / "model.safetensors"), metadata={"format": "pt"})
     assert needle in _convert_refused(hf, tmp_path, capsys)
     assert app_module.main(["build", str(hf), "-o", str(tmp_path / "b")]) == 2 and not (tmp_path / "b").exists()
+
+
+def test_hub_config_layout_is_read(tmp_path, qwen):
+    """The Hub's Qwen2-VL config.json (transformers 4's layout: the text fields at the top level,
+    `rope_scaling: {type: mrope, mrope_section}`) gives the same decoder, and transformers agrees with it."""
+    from edgekit.hf import SafetensorsCheckpoint, read_hf_config
+    from edgekit.hf.parity import measure_hf_parity
+    from edgekit.hf.vlm import vlm_spec
+
+    vlm, spec, _, _ = qwen
+    hf = tmp_path / "hf"
+    shutil.copytree(vlm.path, hf)
+    cfg = json.loads((hf / "config.json").read_text())
+    text = cfg.pop("text_config")
+    rope = text.pop("rope_parameters")
+    text.pop("model_type")
+    cfg.update(text, rope_scaling={"type": "mrope", "mrope_section": rope["mrope_section"]}, rope_theta=10000.0)
+    (hf / "config.json").write_text(json.dumps(cfg))
+    got = convert_hf(hf, tmp_path / "onnx").spec
+    assert got.decoder == spec.decoder and got.tower == spec.tower
+    figure = measure_hf_parity(
+        tmp_path / "onnx", hf, vlm_spec(read_hf_config(hf), hf, SafetensorsCheckpoint(hf).entries), 1, 4
+    )
+    assert figure["greedy_identical"] == 1.0 and figure["max_rel_logit_error"] <= TOL
