@@ -55,7 +55,7 @@ def hf_image_inputs(spec: VlmSpec, gray: np.ndarray) -> dict:
 def hf_token_inputs(spec, ids) -> dict:
     """What else transformers' model takes with `input_ids`: Qwen2-VL's `mm_token_type_ids` (1 on the image's
     tokens), which its `get_rope_index` needs to place the M-RoPE positions."""
-    if spec.family != "qwen2_vl":
+    if getattr(spec, "family", None) != "qwen2_vl":  # None: a decoder alone (fine-tuning's text-only spec)
         return {}
     return {"mm_token_type_ids": (ids == spec.image_token_id).int()}
 
