@@ -129,7 +129,7 @@ def _eos_id(model_dir: Path, tokenizer, config) -> int | None:
 def _collate(examples, spec, pad_id: int):
     import torch
 
-    from edgekit.hf.parity import hf_image_inputs
+    from edgekit.hf.parity import hf_image_inputs, hf_token_inputs
 
     n = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), n), pad_id, dtype=torch.long)
@@ -139,7 +139,7 @@ def _collate(examples, spec, pad_id: int):
         ids[i, : len(e.input_ids)] = torch.tensor(e.input_ids)
         labels[i, : len(e.labels)] = torch.tensor(e.labels)
         mask[i, : len(e.input_ids)] = 1
-    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels, **hf_token_inputs(spec, ids)}
     images = [hf_image_inputs(spec, load_grey(e.image, spec.image_size)) for e in examples if e.image]
     for key in images[0] if images else ():  # pixel_values, and llava_next's image_sizes
         batch[key] = torch.cat([im[key] for im in images], dim=0)
