@@ -9,14 +9,15 @@ own `edgekit.hf.parity`. Export time and peak RSS are of `convert_hf` alone, in 
 child process (VmHWM of that process; the peak after its imports beside it). The 2B-class run (`--big`)
 builds a LLaVA of ~2.0B parameters (a CLIP-L/14-336-sized tower + a 2048-wide, 24-layer LLaMA) in float16, saves
 it sharded, and converts it in a child process: its peak RSS is the figure that says tensors are streamed (the
-float32 graphs alone are ~8 GB).
+float32 graphs alone are ~8 GB); `--big-qwen` does the same for Qwen2-VL-2B's whole geometry at a 448 px side.
 
     python bench/hf_vlm_parity.py                  # 8 configurations x 2 sizes x 100 cases
     python bench/hf_vlm_parity.py --cases 10 --big # and the 2B-class memory run
     python bench/hf_vlm_parity.py --only split     # the configurations whose name holds "split"
     python bench/hf_vlm_parity.py --only none --geometry  # SmolVLM-256M's 4x4 split geometry, 4 cases
     python bench/hf_vlm_parity.py --only none --next-geometry  # llava-v1.6's 672 px anyres geometry, 4 cases
-    python bench/hf_vlm_parity.py --only qwen2_vl  # Qwen2-VL at a fixed resolution (tiny 56 px, medium 112 px)
+    python bench/hf_vlm_parity.py --only qwen2  # Qwen2-VL and Qwen2.5-VL at a fixed side (tiny 56, medium 112 px)
+    python bench/hf_vlm_parity.py --only none --qwen-geometry --big-qwen  # Qwen2-VL-2B's widths; a whole 2B
 Writes out/bench/hf_vlm_parity.json and prints the table.
 """
 
@@ -39,7 +40,10 @@ from hf_vlm_factory import (  # noqa: E402
     make_llava_next,
     make_llava_next_geometry,
     make_qwen2_vl,
+    make_qwen2_vl_geometry,
     make_smolvlm_geometry,
+    qwen2_vl_2b_config,
+    save_qwen2_vl_serving,
 )
 
 SIZES = ("tiny", "medium")  # the factory's sizes: ~0.13M and ~17M parameters
@@ -58,6 +62,10 @@ CONFIGS = {
     ),
     # one fixed square side (min_pixels = max_pixels), M-RoPE positions (3, batch, seq) from edgekit.positions
     "qwen2_vl (fixed 56/112 px, M-RoPE)": lambda p, size: make_qwen2_vl(p, size),
+    # + windowed vision attention: windows of 3 x 3 merge units over 4 x 4 (uneven), full attention in the last block
+    "qwen2_5_vl (fixed 56/112 px, M-RoPE, windows)": lambda p, size: make_qwen2_vl(
+        p, size, family="qwen2_5_vl", window=3 * 2 * (7 if size == "tiny" else 14)
+    ),
 }
 CHILD = r"""
 import json, re, sys, time
@@ -133,6 +141,45 @@ def big_run(root: Path) -> dict:
     return {"params": params, "make_seconds": made, **stats, "onnx_bytes": on_disk, "checkpoint": "float16 shards"}
 
 
+def big_qwen_run(root: Path) -> dict:
+    """Qwen2-VL-2B's whole geometry (2.2B parameters: a 1280-wide 32-block vision tower, a 1536-wide 28-layer
+    Qwen2, vocab 151936, tied), float16 shards, the processor pinned to 448 px, converted in a child process."""
+    import torch
+    import transformers as tf
+
+    cfg, proc = qwen2_vl_2b_config(448)
+    t0 = time.perf_counter()
+    torch.set_default_dtype(torch.float16)
+    with torch.device("meta"):
+        model = tf.Qwen2VLForConditionalGeneration(cfg)
+    model = model.to_empty(device="cpu")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02, generator=g)
+    torch.set_default_dtype(torch.float32)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(root / "hf", max_shard_size="2GB")
+    del model
+    save_qwen2_vl_serving(root / "hf", proc)
+    made = time.perf_counter() - t0
+    stats = convert_in_child(root / "hf", root / "onnx")
+    on_disk = sum(f.stat().st_size for f in (root / "onnx").iterdir())
+    return {"params": params, "make_seconds": made, **stats, "onnx_bytes": on_disk, "checkpoint": "float16 shards"}
+
+
+def qwen_geometry_run(root: Path, cases: int, new_tokens: int) -> dict:
+    """Qwen2-VL-2B's widths and vocab at a 448 px fixed side (256 image tokens), one layer per side."""
+    vlm = make_qwen2_vl_geometry(root / "hf")
+    stats = convert_in_child(root / "hf", root / "onnx")
+    return {
+        "family": "qwen2_vl (2B geometry, 1+1 layers)",
+        "size": "448 px",
+        **stats,
+        **parity(vlm, root / "onnx", cases, new_tokens),
+    }
+
+
 def geometry_run(root: Path, cases: int, new_tokens: int) -> dict:
     """SmolVLM-256M's split geometry (2048 px frame, 4 x 4 tiles of 512 + the global image, 17 x 64 image
     tokens, real widths and vocab), one layer per side: the span and its parity at full size."""
@@ -166,6 +213,8 @@ def main() -> None:
     ap.add_argument("--big", action="store_true", help="also the 2B-class memory run (~4 GB + ~8 GB of disk)")
     ap.add_argument("--geometry", action="store_true", help="also SmolVLM-256M's 4x4 split at full size")
     ap.add_argument("--next-geometry", action="store_true", help="also llava-v1.6's 672 px anyres at full size")
+    ap.add_argument("--qwen-geometry", action="store_true", help="also Qwen2-VL-2B's widths at 448 px, 4 cases")
+    ap.add_argument("--big-qwen", action="store_true", help="also the memory run of a whole Qwen2-VL-2B (~13 GB disk)")
     ap.add_argument("--only", default="", help="run only the configurations whose name contains this")
     ap.add_argument("--out", type=Path, default=Path("out/bench/hf_vlm_parity.json"))
     args = ap.parse_args()
@@ -187,12 +236,16 @@ def main() -> None:
             rows.append(geometry_run(Path(tmp) / "geometry", min(args.cases, 4), args.new_tokens))
         if args.next_geometry:
             rows.append(next_geometry_run(Path(tmp) / "next-geometry", min(args.cases, 4), args.new_tokens))
+        if args.qwen_geometry:
+            rows.append(qwen_geometry_run(Path(tmp) / "qwen-geometry", min(args.cases, 4), args.new_tokens))
         big = big_run(Path(tmp) / "big") if args.big else None
+        big_qwen = big_qwen_run(Path(tmp) / "big-qwen") if args.big_qwen else None
     import transformers
 
     result = {
         "rows": rows,
         "big": big,
+        "big_qwen": big_qwen,
         "source": f"transformers {transformers.__version__} / torch {torch.__version__} (float32) vs ONNX Runtime CPU "
         f"on the converted graphs; random-init models from configs; {args.cases} cases per row, "
         f"{args.new_tokens} greedy tokens; export time and peak RSS of convert_hf in a child process",
@@ -213,6 +266,13 @@ def main() -> None:
             f"export {big['seconds']:.0f} s, peak RSS {big['peak_rss_mb']:.0f} MB "
             f"({big['rss_after_imports_mb']:.0f} MB after imports), "
             f"ONNX {big['onnx_bytes'] / 1e9:.1f} GB"
+        )
+    if big_qwen:
+        b = big_qwen
+        print(
+            f"\n2B-class qwen2_vl ({b['params'] / 1e9:.2f}B params, {b['checkpoint']}, 448 px): export "
+            f"{b['seconds']:.0f} s, peak RSS {b['peak_rss_mb']:.0f} MB ({b['rss_after_imports_mb']:.0f} MB after "
+            f"imports), ONNX {b['onnx_bytes'] / 1e9:.1f} GB"
         )
     print(f"\nwrote {args.out}")
 

@@ -437,3 +437,53 @@ def qwen2_vl_inputs(vlm: TinyVlm, image: np.ndarray, prompt: str) -> dict:
         "image_grid_thw": out["image_grid_thw"],
         "mm_token_type_ids": (ids == vlm.image_token_id).int(),
     }
+
+
+QWEN2_VL_2B = {  # Qwen2-VL-2B-Instruct's config.json (vision and text), its chat template's token ids
+    "vision": dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14),
+    "text": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
+    "kv_heads": 2,
+    "vocab": 151936,
+    "ids": dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653),
+}
+
+
+def qwen2_vl_2b_config(side: int = 448, vision_layers: int | None = None, text_layers: int | None = None):
+    """Qwen2-VL-2B-Instruct's geometry (`vision_layers` / `text_layers` to cut its depth) and the processor
+    pinned to `side` px."""
+    import transformers as tf
+
+    g = QWEN2_VL_2B
+    vision = {**g["vision"], "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
+    vision["depth"] = vision_layers or vision["depth"]
+    text = {**g["text"], "num_key_value_heads": g["kv_heads"], "vocab_size": g["vocab"], "rms_norm_eps": 1e-6}
+    text["num_hidden_layers"] = text_layers or text["num_hidden_layers"]
+    text.update(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
+    text.update(initializer_range=_init_range(1536), bos_token_id=None, eos_token_id=151645)
+    cfg = tf.Qwen2VLConfig(vision_config=vision, text_config=text, tie_word_embeddings=True, **g["ids"])
+    proc = tf.Qwen2VLImageProcessor(size={"shortest_edge": side * side, "longest_edge": side * side})
+    return cfg, proc
+
+
+def save_qwen2_vl_serving(path: Path, proc, vocab: int = 151936) -> None:
+    """Qwen2-VL-2B's special tokens at their ids in a word-level tokenizer, its chat template, the processor."""
+    specials = {"<unk>": 0, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|vision_start|>": 151652}
+    specials.update({"<|vision_end|>": 151653, "<|image_pad|>": 151655, "<|video_pad|>": 151656})
+    _tokenizer(path, vocab, specials, QWEN2_VL_TEMPLATE, "<|im_start|>", "<|im_end|>", newlines=True)
+    proc.save_pretrained(path)
+
+
+def make_qwen2_vl_geometry(path: Path, *, layers: int = 1, side: int = 448, seed: int = 0) -> TinyVlm:
+    """Qwen2-VL-2B's widths and vocabulary at a 448 px fixed side (32 x 32 patches, 256 image tokens),
+    `layers` deep on both sides, random init: the bench's check of the span and M-RoPE at full size."""
+    import torch
+    import transformers as tf
+
+    cfg, proc = qwen2_vl_2b_config(side, layers, layers)
+    torch.manual_seed(seed)
+    model = tf.Qwen2VLForConditionalGeneration(cfg).eval()
+    _widen(model.model.visual, seed, 0.02)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    save_qwen2_vl_serving(path, proc)
+    return TinyVlm("qwen2_vl", path, model, 151655, tuple(proc.image_mean), tuple(proc.image_std))
