@@ -233,6 +233,13 @@ def test_cpu_bundle_is_served_by_edgekit_run_as_transformers_answers(tmp_path, q
     )
     got = json.loads(capsys.readouterr().out)
     assert got["target"] == "cpu" and got["timings"]["new_tokens"] == 4
+    # calibration feeds (INT4's): the bundle's M-RoPE positions around the image at the template's slot
+    from edgekit.passes.calibration import record_decoder_feeds
+
+    feed = record_decoder_feeds(out, 1)[0]
+    seq, slot = feed["inputs_embeds"].shape[1], reporter.prompt("CT", "").image_slot
+    expected = spec.positions.prefill(np.ones((1, seq), np.int64), slot, spec.span_length)[0]
+    np.testing.assert_array_equal(feed["position_ids"], expected)
 
 
 def _sample(name: str) -> str:
