@@ -271,6 +271,11 @@ def test_x1_bundle_feeds_mrope(tmp_path, qwen):
     ref = ort.decode(x, mask, pos, None)[0]
     rel = lambda a: float(np.abs(a - ref).max() / np.abs(ref).max())  # noqa: E731
     assert rel(x1.decode(x, mask, pos, None)[0]) < 0.5 * rel(x1.decode(x, mask, text, None)[0])
+    # without its KV cache the emulator recomputes the whole sequence: positions grow along their last axis
+    dense = load_backend(load_bundle(out), RuntimeOptions(threads=1, settings={"kv_caching": False}))
+    opts = GenerationOptions(max_new_tokens=4)
+    cached, recomputed = (generate(be, pixels, ids, opts, image_slot=3, positions=spec.positions) for be in (x1, dense))
+    assert recomputed.token_ids == cached.token_ids and len(cached.token_ids) == 4
     report = Reporter.from_bundle(out, threads=1).report(_sample("cr_chest"), "w3", GenerationOptions(max_new_tokens=3))
     assert report.target == "x1" and report.timings["new_tokens"] >= 1 and report.energy_source == "emulated:x1"
 
