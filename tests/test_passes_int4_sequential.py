@@ -1,0 +1,139 @@
+"""Sequential INT4 with asymmetric calibration (GPTAQ): the least-squares retarget, the waves, and that fitting
+each layer on the partly quantized model's inputs against the float outputs lowers the end-to-end error."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgekit.errors import ConfigError
+from edgekit.export import DecoderSpec, build_decoder, random_weights
+from edgekit.export.model_config import ModelConfig
+from edgekit.names import DECODER
+from edgekit.passes import PassContext, make_pass
+from edgekit.passes.check import compare_outputs, run_all, session
+from edgekit.passes.int4_sequential import matmul_waves, retarget_weight
+from edgekit.passes.patterns import require_weight_matmuls
+
+K = 64
+
+
+def _chain(seed: int = 0, layers: int = 3, relu: bool = False, opset: int = 21) -> onnx.ModelProto:
+    """`layers` MatMuls in a row (K -> K), nodes unnamed; optionally a Relu between them."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((K, K)) / np.sqrt(K)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"fc{i}.weight"))
+        nodes.append(helper.make_node("MatMul", [x, f"fc{i}.weight"], [f"h{i}"]))
+        x = f"h{i}"
+        if relu and i < layers - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"]))
+            x = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", K])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", K])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10 if opset >= 21 else 9)
+
+
+def _feeds(n: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Correlated inputs (a random mixing of Gaussian channels with decaying energy): GPTQ has directions to use."""
+    rng = np.random.default_rng(seed)
+    mix = np.random.default_rng(99).standard_normal((K, K)) * (0.9 ** np.arange(K))[:, None]
+    return [{"x": (rng.standard_normal((64, K)) @ mix).astype(np.float32)} for _ in range(n)]
+
+
+CALIB, EVALS = _feeds(32, 1), _feeds(8, 2)
+
+
+def _error(proto: onnx.ModelProto, spec: str) -> tuple[float, dict]:
+    model = ir.from_proto(proto)
+    report = make_pass(spec)(model, PassContext(graph="m.onnx", calibration={"m.onnx": CALIB})).report
+    ref = run_all(session(proto.SerializeToString()), EVALS)
+    got = run_all(session(ir.to_proto(model).SerializeToString()), EVALS)  # ORT loads the unnamed result
+    return compare_outputs(ref, got)[0].rel_l2, report.notes
+
+
+def test_retarget_identity():
+    """||W X - Q X_q||^2 = const + ||(W* - Q) X_q||^2 for every Q: the differences between two Qs agree."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((500, 16))
+    xq = x + 0.3 * rng.standard_normal(x.shape) @ rng.standard_normal((16, 16)) / 4  # correlated input error
+    w = rng.standard_normal((8, 16))
+    w_star = retarget_weight(w, x, xq, ridge=0.0, damp=0.0, beta=1.0)
+
+    def lhs(q):
+        return float(((x @ w.T - xq @ q.T) ** 2).sum())
+
+    def rhs(q):
+        return float(((xq @ (w_star - q).T) ** 2).sum())
+
+    q1, q2 = w + 0.1 * rng.standard_normal(w.shape), np.round(w * 4) / 4
+    assert lhs(q1) - lhs(q2) == pytest.approx(rhs(q1) - rhs(q2), rel=1e-8)
+    assert lhs(w_star) < lhs(w)  # W* fits the float output from X_q better than W does
+
+
+def test_retarget_keeps_w_where_the_inputs_did_not_change_and_moves_beta_of_the_way():
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((300, 12)), rng.standard_normal((5, 12))
+    np.testing.assert_allclose(retarget_weight(w, x, x, ridge=0.1, damp=0.01), w, atol=1e-10)
+    xq = x + 0.2 * rng.standard_normal(x.shape)
+    full = retarget_weight(w, x, xq, ridge=0.05, damp=0.01, beta=1.0)
+    half = retarget_weight(w, x, xq, ridge=0.05, damp=0.01, beta=0.5)
+    np.testing.assert_allclose(half, (w + full) / 2, atol=1e-12)
+    assert not np.allclose(full, w)
+
+
+def test_waves_follow_the_decoder_layers():
+    """q/k/v share a wave, then o_proj, gate/up, down, the next layer, and lm_head last."""
+    cfg = ModelConfig(vocab_size=256, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)
+    model = build_decoder(random_weights(cfg, 0), DecoderSpec.from_model_config(cfg))
+    waves = matmul_waves(model, require_weight_matmuls(model, "int4", DECODER))
+    short = [sorted(m.name.split(".")[-1] for m in wave) for wave in waves]
+    layer = [["k_proj", "q_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
+    assert short == layer + layer + [["lm_head"]], short
+
+
+def test_sequential_asymmetric_calibration_lowers_the_end_to_end_error():
+    """A chain whose later MatMuls' inputs change once the earlier ones are quantized: fitting each on its
+    quantized inputs against the float output (held-out feeds) beats GPTQ on the float model's inputs, and the
+    retarget beats the sequential Hessians alone."""
+    proto = _chain()
+    base = "int4:block=32,method=gptq,symmetric=false"
+    plain, notes_plain = _error(proto, f"{base},sequential=false")
+    hessians_only, _ = _error(proto, f"{base},retarget=0")
+    gptaq, notes = _error(proto, f"{base},retarget=1")
+    assert notes_plain["sequential_waves"] == 0 and notes["sequential_waves"] == 3
+    assert gptaq < 0.9 * plain, (gptaq, plain)
+    assert gptaq < hessians_only, (gptaq, hessians_only)
+
+
+@pytest.mark.parametrize("target", ["cpu", "x1"])
+def test_default_is_sequential_and_valid_on_unnamed_nodes(target):
+    """The default (awq-gptq, sequential) on an unnamed graph with a Relu: ORT loads the result, for MatMulNBits
+    and for the blocked DequantizeLinear encoding (integer symmetric there), and it beats the non-sequential run."""
+    proto = _chain(seed=3, relu=True)
+    err, notes = _error(proto, f"int4:block=32,target={target}")
+    plain, _ = _error(proto, f"int4:block=32,target={target},sequential=false")
+    assert notes["sequential_waves"] == 3 and notes["method"] == "awq-gptq"
+    assert err < plain, (err, plain)
+
+
+def test_dequantizelinear_below_opset_21_is_not_captured_sequentially():
+    """orin/x1 write opset-21 DequantizeLinear: on a graph handed to the pass below it (edgekit optimize raises the
+    opset first) the partly encoded model cannot run, so the MatMuls are fitted on the float inputs."""
+    model = ir.from_proto(_chain(opset=17))
+    notes = make_pass("int4:block=32,target=x1")(model, PassContext(graph="m.onnx", calibration={"m.onnx": CALIB}))
+    assert notes.report.notes["sequential_waves"] == 0
+
+
+def test_sequential_is_refused_for_methods_without_gptq():
+    with pytest.raises(ConfigError, match="sequential"):
+        make_pass("int4:method=awq,sequential=true")
