@@ -233,6 +233,14 @@ def test_cpu_bundle_is_served_by_edgekit_run_as_transformers_answers(tmp_path, q
     )
     got = json.loads(capsys.readouterr().out)
     assert got["target"] == "cpu" and got["timings"]["new_tokens"] == 4
+    # the orin estimate sizes the tower at the fixed side: every patch through its blocks, 2 x 2 merged into tokens
+    from edgekit.targets.orin.estimate import read_bundle
+
+    shape = read_bundle(out)[0]
+    text = vlm.model.config.text_config
+    assert (shape.hidden, shape.layers, shape.vocab) == (text.hidden_size, text.num_hidden_layers, text.vocab_size)
+    assert shape.vision.patches == 64 and shape.vision.image_tokens == spec.span_length == 16
+    assert shape.vision.hidden == spec.tower.hidden and shape.vision.layers == spec.tower.layers
     # calibration feeds (INT4's): the bundle's M-RoPE positions around the image at the template's slot
     from edgekit.passes.calibration import record_decoder_feeds
 

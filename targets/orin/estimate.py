@@ -349,7 +349,9 @@ class ModelShape:
         v = cfg.get("vision_config") or {}
         built = cfg.get("edgekit_vlm") or {}
         vision = None
-        if v:
+        if v and built.get("family") == "qwen2_vl":
+            vision = _qwen2_vl_vision(v, built)
+        elif v:
             sf = int(cfg.get("scale_factor") or 1) if built.get("family") == "idefics3" else 1
             hidden = int(v["hidden_size"])
             vision = VisionShape(
@@ -375,6 +377,29 @@ class ModelShape:
             text["tie_word_embeddings"],
             vision,
         )
+
+
+def _qwen2_vl_vision(v: dict, built: dict) -> VisionShape:
+    """Qwen2-VL / Qwen2.5-VL's tower at the fixed side edgekit built (`edgekit_vlm.image_size`): every patch
+    through the blocks, the 2 x 2 merge as the pooling (the merger takes 4 patches' width), the still image's
+    temporal copies as input channels of the patch embedding. Qwen2.5-VL's SwiGLU counts three matrices (mlp =
+    1.5 x intermediate) and its windowed blocks are costed as full attention (an upper bound)."""
+    merge = int(v.get("spatial_merge_size", 2))
+    if built.get("model_type") == "qwen2_5_vl":
+        hidden, mlp = int(v["hidden_size"]), int(1.5 * int(v["intermediate_size"]))
+    else:
+        hidden = int(v["embed_dim"])
+        mlp = int(hidden * float(v.get("mlp_ratio", 4)))
+    return VisionShape(
+        image_size=int(built["image_size"]),
+        patch_size=int(v["patch_size"]),
+        hidden=hidden,
+        layers=int(built.get("tower_layers") or v["depth"]),
+        mlp=mlp,
+        channels=int(v.get("in_channels", 3)) * int(v.get("temporal_patch_size", 2)),
+        pool_stride=merge,
+        connector_in=hidden * merge * merge,
+    )
 
 
 # SigLIP-B/16 at 256 px: 256 image tokens, ~86M parameters (the usual vision tower of a ~1B VLM)
