@@ -256,7 +256,7 @@ def _sample(name: str) -> str:
     return str(Path(__file__).resolve().parents[1] / "models" / "samples" / name)
 
 
-def test_x1_bundle_feeds_mrope(tmp_path, qwen):
+def test_x1_bundle_feeds_mrope(tmp_path, qwen, capsys):
     """The x1 build compiles all three graphs with no host partition (the vision rotary tables and M-RoPE's slices
     lowered), and its emulator honours M-RoPE: its prefill logits stay far closer to ONNX Runtime's on the
     same INT4 graphs with the M-RoPE positions than with text positions on the three axes."""
@@ -285,6 +285,12 @@ def test_x1_bundle_feeds_mrope(tmp_path, qwen):
     cached, recomputed = (generate(be, pixels, ids, opts, image_slot=3, positions=spec.positions) for be in (x1, dense))
     assert recomputed.token_ids == cached.token_ids and len(cached.token_ids) == 4
     report = Reporter.from_bundle(out, threads=1).report(_sample("cr_chest"), "w3", GenerationOptions(max_new_tokens=3))
+    # the analytic estimate sizes the bundle's language model (text_config), not edgekit's own defaults
+    capsys.readouterr()
+    assert app_module.main(["x1", "estimate", str(out), "--json"]) == 0
+    text = vlm.model.config.text_config
+    model = json.loads(capsys.readouterr().out)["model"]
+    assert (model["hidden"], model["layers"], model["vocab"]) == (text.hidden_size, text.num_hidden_layers, 160)
     assert report.target == "x1" and report.timings["new_tokens"] >= 1 and report.energy_source == "emulated:x1"
 
 

@@ -106,6 +106,9 @@ def _from_json(path: Path) -> DecoderShape:
     from edgekit.hf.config import decoder_shape_fields, read_config_file  # importing edgekit.hf takes a second
 
     d = read_config_file(path)
+    if "hidden_size" not in d and isinstance(d.get("text_config"), dict):  # an imported VLM: its language model
+        text = d["text_config"]
+        d = {**text, "tie_word_embeddings": d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
     if "hidden_size" in d:  # Hugging Face LLaMA / Qwen2 / SmolLM keys
         f = decoder_shape_fields(d, path)
         return DecoderShape(
