@@ -407,3 +407,27 @@ def test_finetune_feeds_mrope_token_types(tmp_path, qwen):
     opts = FinetuneOptions(steps=1, batch_size=4, gate_rate=0.25, threads=1)
     result = finetune(vlm.path, tmp_path / "t.jsonl", tmp_path / "ad", opts)
     assert result["data"]["layout"] == "image+prompt+completion" and np.isfinite(result["last_loss"])
+
+
+def test_peft_adapter_merges_as_peft_does(tmp_path, qwen):
+    """The graphs name Qwen2-VL's weights as transformers 5's modules are named (`model.language_model.layers...`,
+    `model.visual.blocks...`) whatever the checkpoint's layout on disk, so a PEFT adapter trained on the model
+    merges and answers as PEFT's own merge."""
+    import dataclasses
+
+    peft = pytest.importorskip("peft")
+    from edgekit.passes.lora import merge_lora
+
+    vlm, spec, _, root = qwen
+    cls = type(vlm.model)
+    base = cls.from_pretrained(vlm.path).eval()
+    targets = r".*(language_model.*\.(q_proj|v_proj|down_proj)|visual.*\.attn\.qkv)"
+    lora = peft.get_peft_model(
+        base, peft.LoraConfig(r=2, lora_alpha=4, target_modules=targets, init_lora_weights=False)
+    )
+    lora.save_pretrained(tmp_path / "adapter")
+    merged = lora.merge_and_unload().eval()
+    merge_lora(root / "onnx", tmp_path / "merged", [tmp_path / "adapter"])
+    backend = CpuBackend.from_dir(tmp_path / "merged", intra_op_threads=1)
+    err, same = _served_cases(dataclasses.replace(vlm, model=merged), spec, backend, tmp_path, 1)
+    assert err <= TOL and same == 1
