@@ -105,11 +105,15 @@ def attention_layers(model: ir.Model, head_dim: int = 0) -> list[AttentionLayer]
 # --------------------------------------------------------------------------------------------------------------
 def decoder_feeds(inputs_embeds: np.ndarray, model: ir.Model) -> dict[str, np.ndarray]:
     """Prefill feeds (no past) for one batch of embeddings, in the decoder's input signature."""
+    from edgekit.positions import for_rank
+
     b, s, _ = inputs_embeds.shape
+    rank = next((len(v.shape) for v in model.graph.inputs if v.name == names.POSITION_IDS and v.shape), 2)
     feeds = {
         names.INPUTS_EMBEDS: inputs_embeds.astype(np.float32),
         names.ATTENTION_MASK: np.ones((b, s), np.int64),
-        names.POSITION_IDS: np.tile(np.arange(s, dtype=np.int64), (b, 1)),
+        # text positions in the decoder's rank (M-RoPE's (3, batch, seq): the same on the three axes)
+        names.POSITION_IDS: for_rank(np.tile(np.arange(s, dtype=np.int64), (b, 1)), rank),
     }
     for v in model.graph.inputs:
         if v.name.startswith(names.PAST_PREFIX):
