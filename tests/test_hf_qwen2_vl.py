@@ -436,11 +436,11 @@ def test_peft_adapter_merges_as_peft_does(tmp_path, qwen):
 def test_heads_pass_calibrates_an_mrope_decoder(tmp_path, qwen, capsys):
     """The heads pass's own calibration feeds take the decoder's (3, batch, seq) positions
     (`edgekit.positions.for_rank`): `edgekit optimize --pass heads` runs on the converted graphs."""
+    import onnx_ir as ir
+
     from edgekit.passes.heads import default_calibration
 
     _, _, _, root = qwen
-    import onnx_ir as ir
-
     feeds = default_calibration(ir.load(str(root / "onnx" / "decoder_model_merged.onnx")), root / "onnx", samples=1)
     assert feeds[0]["position_ids"].shape == (3, 1, 48)
     assert app_module.main(["optimize", str(root / "onnx"), "-o", str(tmp_path / "o"), "--pass", "heads"]) == 0
