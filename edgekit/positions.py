@@ -15,8 +15,10 @@ was built for:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -67,9 +69,6 @@ class PositionScheme:
     def beside(cls, graph_dir) -> PositionScheme:
         """The scheme recorded beside a folder of graphs: a bundle's model files (`config.json`) or
         `edgekit convert`'s output (`hf_config.json`, where the conversion records it); text when neither does."""
-        import json
-        from pathlib import Path
-
         for name in ("config.json", "hf_config.json"):
             path = Path(graph_dir) / name
             if path.is_file():
@@ -128,8 +127,7 @@ class PositionScheme:
     def text_only(self, positions: np.ndarray) -> np.ndarray:
         """Text positions (batch, seq) as this decoder takes them (mrope: the same on all three axes): for feeds
         built without an image (a target's reference inputs, calibration of text)."""
-        positions = np.asarray(positions, np.int64)
-        return np.broadcast_to(positions, (3, *positions.shape)).copy() if self.kind == MROPE else positions
+        return for_rank(positions, 3 if self.kind == MROPE else 2)
 
 
 def for_rank(positions: np.ndarray, rank: int) -> np.ndarray:

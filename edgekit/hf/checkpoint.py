@@ -175,6 +175,32 @@ class SafetensorsCheckpoint(Mapping[str, np.ndarray]):
         )
 
 
+class ModuleNames:
+    """For a spec with `renames` ((checkpoint prefix, module prefix), ...): the graph names weights as
+    transformers' modules are named (what PEFT adapters and quantization reports say) where the checkpoint on disk
+    uses another layout (LLaVA's and Qwen2-VL's legacy ones)."""
+
+    renames: tuple[tuple[str, str], ...] = ()
+
+    def to_checkpoint(self, name: str) -> str:
+        """A graph (module) weight name -> the checkpoint's name for it."""
+        for ckpt, module in self.renames:
+            if name.startswith(module):
+                return ckpt + name[len(module) :]
+        return name
+
+    def to_module(self, name: str) -> str:
+        for ckpt, module in self.renames:
+            if name.startswith(ckpt):
+                return module + name[len(ckpt) :]
+        return name
+
+    def aliases(self, checkpoint_names: Collection[str]) -> dict[str, str]:
+        """{graph name: checkpoint name} for every renamed tensor."""
+        out = {self.to_module(n): n for n in checkpoint_names}
+        return {k: v for k, v in out.items() if k != v}
+
+
 def find_prefix(names: Collection[str], prefixes: Collection[str], tensor: str, where: Path) -> str:
     """The first of `prefixes` under which the checkpoint has `tensor` (a VLM nests a part's weights under one of
     a few module paths, by transformers version); refused in one line naming what was looked for, and where."""

@@ -42,7 +42,7 @@ from edgekit.export.irbuilder import GraphBuilder, scope_of
 from edgekit.export.specs import DecoderSpec
 from edgekit.positions import MROPE, PositionScheme
 
-from .checkpoint import find_prefix
+from .checkpoint import ModuleNames, find_prefix
 from .config import decoder_spec, rope_parameters
 from .vision_tower import GELU, activation
 
@@ -52,7 +52,6 @@ LM_PREFIXES = (("model.language_model.", "lm_head"), ("model.", "lm_head"))
 VISUAL_MODULE, LM_MODULE = "model.visual.", "model.language_model."
 # Qwen2VLImageProcessor's class defaults where preprocessor_config.json does not say
 DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS = 56 * 56, 28 * 28 * 1280
-PATCH_DIM_NAMES = ("patch_size", "temporal_patch_size", "merge_size")
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class Qwen2VisionSpec:
 
 
 @dataclass(frozen=True)
-class Qwen2VlSpec:
+class Qwen2VlSpec(ModuleNames):
     """What the three graphs of a Qwen2-VL need; the same interface as `edgekit.hf.vlm.VlmSpec` where serving,
     parity and conversion read one (the span, the normalisation, the names)."""
 
@@ -115,22 +114,6 @@ class Qwen2VlSpec:
     span_before: tuple[int, ...] = ()
     span_after: tuple[int, ...] = ()
     split_span: tuple[int, ...] = ()
-
-    def to_checkpoint(self, name: str) -> str:
-        for ckpt, module in self.renames:
-            if name.startswith(module):
-                return ckpt + name[len(module) :]
-        return name
-
-    def to_module(self, name: str) -> str:
-        for ckpt, module in self.renames:
-            if name.startswith(ckpt):
-                return module + name[len(ckpt) :]
-        return name
-
-    def aliases(self, checkpoint_names: Collection[str]) -> dict[str, str]:
-        out = {self.to_module(n): n for n in checkpoint_names}
-        return {k: v for k, v in out.items() if k != v}
 
     @property
     def image_size(self) -> int:
@@ -532,7 +515,3 @@ def hf_pixel_values(spec: Qwen2VlSpec, gray: np.ndarray) -> np.ndarray:
     x = x.reshape(c, g // m, m, p, g // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
     x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], t.temporal_patch_size, p, p))
     return np.ascontiguousarray(x.reshape(g * g, c * t.temporal_patch_size * p * p), np.float32)
-
-
-def image_grid_thw(spec: Qwen2VlSpec) -> list[int]:
-    return [1, spec.tower.grid, spec.tower.grid]

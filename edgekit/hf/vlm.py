@@ -28,7 +28,7 @@ from edgekit.export.irbuilder import GraphBuilder
 from edgekit.export.specs import DecoderSpec
 
 from . import idefics3, llava, llava_next, qwen2_vl
-from .checkpoint import SafetensorsCheckpoint
+from .checkpoint import ModuleNames, SafetensorsCheckpoint
 from .config import VLM_TYPES, decoder_spec, read_config_file
 from .frame_split import split_frame
 from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states
@@ -42,7 +42,7 @@ HALF = (0.5, 0.5, 0.5)
 
 
 @dataclass(frozen=True)
-class VlmSpec:
+class VlmSpec(ModuleNames):
     """What the three graphs of one VLM need: the tower, how its output becomes image tokens, the decoder."""
 
     family: str  # "llava" | "llava_next" | "idefics3" (smolvlm is idefics3's architecture)
@@ -68,24 +68,6 @@ class VlmSpec:
     # adapters and quantization reports say), where the checkpoint on disk uses another layout (LLaVA's legacy one)
     renames: tuple[tuple[str, str], ...] = ()
     newline: str = ""  # llava_next: the checkpoint's image_newline tensor
-
-    def to_checkpoint(self, name: str) -> str:
-        """A graph (module) weight name -> the checkpoint's name for it."""
-        for ckpt, module in self.renames:
-            if name.startswith(module):
-                return ckpt + name[len(module) :]
-        return name
-
-    def to_module(self, name: str) -> str:
-        for ckpt, module in self.renames:
-            if name.startswith(ckpt):
-                return module + name[len(ckpt) :]
-        return name
-
-    def aliases(self, checkpoint_names: Collection[str]) -> dict[str, str]:
-        """{graph name: checkpoint name} for every renamed tensor."""
-        out = {self.to_module(n): n for n in checkpoint_names}
-        return {k: v for k, v in out.items() if k != v}
 
     @property
     def image_size(self) -> int:
