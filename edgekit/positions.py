@@ -9,8 +9,9 @@ was built for:
   `get_rope_index` computes them and onnxruntime-genai / TensorRT Edge-LLM feed them: text tokens count on all
   three axes; the image span's tokens take `start + (t, row, col)` of its merged grid (`start` the text
   position where the span begins); the text after the span continues from the span's largest position + 1
-  (`start + max(t, h, w)`), not from its token count. A decode step feeds one position on all three axes: the
-  next after the largest so far (transformers' `rope_deltas` added to the token count).
+  (`start + max(h, w)` for an image's one time step), not from its token count. A decode step feeds one
+  position on all three axes: the next after the largest so far (transformers' `rope_deltas` added to the token
+  count).
 """
 
 from __future__ import annotations
@@ -41,11 +42,6 @@ class PositionScheme:
             raise ConfigError(f"{POSITIONS_KEY}.kind {self.kind!r} is not one of {TEXT}, {MROPE}")
         if self.kind == MROPE and (len(self.grid) != 3 or min(self.grid) < 1):
             raise ConfigError(f"{POSITIONS_KEY}.grid {list(self.grid)} must be three positive sizes (t, h, w)")
-
-    @property
-    def axes(self) -> int:
-        """Leading axes of `position_ids` before (batch, seq): 0 for text, 3 for mrope."""
-        return 3 if self.kind == MROPE else 0
 
     @property
     def span_tokens(self) -> int:
@@ -112,7 +108,7 @@ class PositionScheme:
             pos[:, : slots[row]] = text[row, : slots[row]]
             pos[:, slots[row] : slots[row] + span] = before + grid
             after = slice(slots[row] + span, seq)
-            resume = before + max(t, h, w)  # the span's largest position + 1
+            resume = before + max(h, w)  # the span's largest position + 1 (get_rope_index: + max(h, w))
             pos[:, after] = resume + np.maximum(mask[row, after].cumsum() - 1, 0)
             pos[:, ~kept] = 0  # padding: 0, as transformers leaves it
             out[:, row] = pos
