@@ -445,3 +445,24 @@ def test_heads_pass_calibrates_an_mrope_decoder(tmp_path, qwen, capsys):
     assert feeds[0]["position_ids"].shape == (3, 1, 48)
     assert app_module.main(["optimize", str(root / "onnx"), "-o", str(tmp_path / "o"), "--pass", "heads"]) == 0
     assert (tmp_path / "o" / "decoder_model_merged.onnx").is_file()
+
+
+def test_edgekitd_serves_a_qwen2_vl_bundle_as_the_reporter_does(tmp_path):
+    """edgekitd (a real daemon subprocess over its Unix socket) serving a qwen2_vl bundle as a variant: its
+    report is the Reporter's, M-RoPE placed from the bundle's record with no daemon code of its own."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from edgekit.build import build
+    from edgekit.daemon.testing import DaemonProcess
+
+    vlm = make_qwen2_vl(tmp_path / "hf", seed=4)
+    bundle = build("cpu", tmp_path / "bundle", model_dir=vlm.path, parity=False).bundle
+    config = tmp_path / "edgekitd.toml"
+    config.write_text(f'[[variants]]\nname = "qwen2-vl"\nbundle = "{bundle}"\n')
+    study = _sample("cr_chest") + "/image.dcm"
+    reporter = Reporter.from_bundle(bundle, threads=1)
+    want = reporter.report(study, "w3 w4", reporter.options(max_new_tokens=6)).text
+    with DaemonProcess(tmp_path / "state", config=config).start() as d:
+        reply = d.client.report(study, "w3 w4", max_new_tokens=6)
+    assert reply.status == 200, reply.body[:300]
+    assert reply.json()["variant"] == "qwen2-vl" and reply.json()["text"] == want
