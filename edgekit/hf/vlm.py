@@ -1,13 +1,15 @@
-"""Whole vision-language models from a Hugging Face directory: LLaVA, Idefics3 and SmolVLM into edgekit's three
-graphs, the same layout radreport-tiny ships (`vision_encoder`, `embed_tokens`, `decoder_model_merged`), so
-passes, targets, bundles, `edgekit run` and edgekitd take them unchanged.
+"""Whole vision-language models from a Hugging Face directory: LLaVA, LLaVA-NeXT, Idefics3 and SmolVLM (and,
+through `qwen2_vl`, Qwen2-VL / Qwen2.5-VL at one fixed resolution) into edgekit's three graphs, the same layout
+radreport-tiny ships (`vision_encoder`, `embed_tokens`, `decoder_model_merged`), so passes, targets, bundles,
+`edgekit run` and edgekitd take them unchanged.
 
 The vision graph takes what edgekit's preprocessing gives every model — display frames in [0, 1] as
 `pixel_values` (batch, 1 frame, 1 channel, S, S) — and does the rest of the Hugging Face image processor's work
 itself: grey to the tower's channels and the processor's per-channel `(x - image_mean) / image_std`. It returns
 the whole image span the processor would put in the prompt (LLaVA: the projected image tokens; Idefics3: those
-tokens between its wrapper tokens' embeddings), which the runtime places in front of the text. The decoder is the
-language model's (LLaMA, Mistral or Qwen2) through the same builders as a plain decoder import.
+tokens between its wrapper tokens' embeddings), which the runtime places at the prompt's image slot. The decoder
+is the language model's (LLaMA, Mistral or Qwen2; Qwen2-VL's with M-RoPE) through the same builders as a plain
+decoder import.
 """
 
 from __future__ import annotations
