@@ -168,16 +168,13 @@ def big_qwen_run(root: Path) -> dict:
     return {"params": params, "make_seconds": made, **stats, "onnx_bytes": on_disk, "checkpoint": "float16 shards"}
 
 
-def qwen_geometry_run(root: Path, cases: int, new_tokens: int) -> dict:
-    """Qwen2-VL-2B's widths and vocab at a 448 px fixed side (256 image tokens), one layer per side."""
-    vlm = make_qwen2_vl_geometry(root / "hf")
+def qwen_geometry_run(root: Path, cases: int, new_tokens: int, family: str = "qwen2_vl") -> dict:
+    """Qwen2-VL-2B's widths and vocab at a 448 px fixed side (256 image tokens), one layer per side; Qwen2.5-VL-3B's
+    with two vision blocks (one in 4 x 4-unit windows, one over the whole image) and one text layer."""
+    vlm = make_qwen2_vl_geometry(root / "hf", family=family)
     stats = convert_in_child(root / "hf", root / "onnx")
-    return {
-        "family": "qwen2_vl (2B geometry, 1+1 layers)",
-        "size": "448 px",
-        **stats,
-        **parity(vlm, root / "onnx", cases, new_tokens),
-    }
+    name = "qwen2_vl (2B geometry, 1+1 layers)" if family == "qwen2_vl" else "qwen2_5_vl (3B geometry, 2+1 layers)"
+    return {"family": name, "size": "448 px", **stats, **parity(vlm, root / "onnx", cases, new_tokens)}
 
 
 def geometry_run(root: Path, cases: int, new_tokens: int) -> dict:
@@ -213,7 +210,9 @@ def main() -> None:
     ap.add_argument("--big", action="store_true", help="also the 2B-class memory run (~4 GB + ~8 GB of disk)")
     ap.add_argument("--geometry", action="store_true", help="also SmolVLM-256M's 4x4 split at full size")
     ap.add_argument("--next-geometry", action="store_true", help="also llava-v1.6's 672 px anyres at full size")
-    ap.add_argument("--qwen-geometry", action="store_true", help="also Qwen2-VL-2B's widths at 448 px, 4 cases")
+    ap.add_argument(
+        "--qwen-geometry", action="store_true", help="also Qwen2-VL-2B's and Qwen2.5-VL-3B's widths at 448 px, 4 cases"
+    )
     ap.add_argument("--big-qwen", action="store_true", help="also the memory run of a whole Qwen2-VL-2B (~13 GB disk)")
     ap.add_argument("--only", default="", help="run only the configurations whose name contains this")
     ap.add_argument("--out", type=Path, default=Path("out/bench/hf_vlm_parity.json"))
@@ -237,7 +236,8 @@ def main() -> None:
         if args.next_geometry:
             rows.append(next_geometry_run(Path(tmp) / "next-geometry", min(args.cases, 4), args.new_tokens))
         if args.qwen_geometry:
-            rows.append(qwen_geometry_run(Path(tmp) / "qwen-geometry", min(args.cases, 4), args.new_tokens))
+            for fam in ("qwen2_vl", "qwen2_5_vl"):
+                rows.append(qwen_geometry_run(Path(tmp) / f"{fam}-geometry", min(args.cases, 4), args.new_tokens, fam))
         big = big_run(Path(tmp) / "big") if args.big else None
         big_qwen = big_qwen_run(Path(tmp) / "big-qwen") if args.big_qwen else None
     import transformers

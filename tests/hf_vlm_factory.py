@@ -473,17 +473,42 @@ def save_qwen2_vl_serving(path: Path, proc, vocab: int = 151936) -> None:
     proc.save_pretrained(path)
 
 
-def make_qwen2_vl_geometry(path: Path, *, layers: int = 1, side: int = 448, seed: int = 0) -> TinyVlm:
+def qwen2_5_vl_3b_config(side: int = 448, vision_layers: int = 2, text_layers: int = 1):
+    """Qwen2.5-VL-3B-Instruct's widths (a 1280-wide vision tower with 3420-wide SwiGLU, windows of 112 px, a
+    2048-wide Qwen2, vocab 151936, tied), `vision_layers` blocks of which the last attends over the whole image."""
+    import transformers as tf
+
+    vision = dict(depth=vision_layers, hidden_size=1280, out_hidden_size=2048, intermediate_size=3420, num_heads=16)
+    vision.update(patch_size=14, window_size=112, fullatt_block_indexes=[vision_layers - 1], spatial_merge_size=2)
+    vision.update(temporal_patch_size=2, in_channels=3, hidden_act="silu")
+    text = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=text_layers, num_attention_heads=16)
+    text.update(num_key_value_heads=2, vocab_size=151936, rms_norm_eps=1e-6, initializer_range=_init_range(2048))
+    text.update(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
+    text.update(bos_token_id=None, eos_token_id=151645)
+    cfg = tf.Qwen2_5_VLConfig(vision_config=vision, text_config=text, tie_word_embeddings=True, **QWEN2_VL_2B["ids"])
+    proc = tf.Qwen2VLImageProcessor(size={"shortest_edge": side * side, "longest_edge": side * side})
+    return cfg, proc
+
+
+def make_qwen2_vl_geometry(
+    path: Path, *, layers: int = 1, side: int = 448, seed: int = 0, family: str = "qwen2_vl"
+) -> TinyVlm:
     """Qwen2-VL-2B's widths and vocabulary at a 448 px fixed side (32 x 32 patches, 256 image tokens),
-    `layers` deep on both sides, random init: the bench's check of the span and M-RoPE at full size."""
+    `layers` deep on both sides (Qwen2.5-VL-3B's: two vision blocks, one windowed, one over the whole image,
+    and one text layer), random init: the bench's check of the span, M-RoPE and the windows at full size."""
     import torch
     import transformers as tf
 
-    cfg, proc = qwen2_vl_2b_config(side, layers, layers)
+    if family == "qwen2_5_vl":
+        cfg, proc = qwen2_5_vl_3b_config(side)
+        mcls = tf.Qwen2_5_VLForConditionalGeneration
+    else:
+        cfg, proc = qwen2_vl_2b_config(side, layers, layers)
+        mcls = tf.Qwen2VLForConditionalGeneration
     torch.manual_seed(seed)
-    model = tf.Qwen2VLForConditionalGeneration(cfg).eval()
+    model = mcls(cfg).eval()
     _widen(model.model.visual, seed, 0.02)
     model.generation_config.eos_token_id = None
     model.save_pretrained(path)
     save_qwen2_vl_serving(path, proc)
-    return TinyVlm("qwen2_vl", path, model, 151655, tuple(proc.image_mean), tuple(proc.image_std))
+    return TinyVlm(family, path, model, 151655, tuple(proc.image_mean), tuple(proc.image_std))
