@@ -52,14 +52,21 @@ class PositionScheme:
         return {"kind": self.kind, **({"grid": list(self.grid)} if self.kind == MROPE else {})}
 
     @classmethod
-    def of(cls, model_config: Mapping | None) -> PositionScheme:
-        """The scheme a bundle's (or a graph folder's) config.json records; text when it records none."""
+    def of(cls, model_config: Mapping | None, where: str | Path | None = None) -> PositionScheme:
+        """The scheme a bundle's (or a graph folder's) config.json records; text when it records none. A record
+        that is not one is refused naming `where` (the file it was read from)."""
         d = (model_config or {}).get(POSITIONS_KEY)
         if d is None:
             return cls()
         if not isinstance(d, Mapping):
-            raise ConfigError(f"{POSITIONS_KEY}: expected an object, got {d!r}")
-        return cls(str(d.get("kind", TEXT)), tuple(int(x) for x in d.get("grid", (0, 0, 0))))
+            raise ConfigError(f"{POSITIONS_KEY}: expected an object, got {d!r}", where)
+        grid = d.get("grid", (0, 0, 0))
+        if not isinstance(grid, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in grid):
+            raise ConfigError(f"{POSITIONS_KEY}.grid: expected a list of ints, got {grid!r}", where)
+        try:
+            return cls(str(d.get("kind", TEXT)), tuple(grid))
+        except ConfigError as err:
+            raise ConfigError(err.reason, where) from None
 
     @classmethod
     def beside(cls, graph_dir) -> PositionScheme:
@@ -73,7 +80,7 @@ class PositionScheme:
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     raise ConfigError("not valid JSON", path) from None
                 if isinstance(cfg, Mapping) and POSITIONS_KEY in cfg:
-                    return cls.of(cfg)
+                    return cls.of(cfg, path)
         return cls()
 
     # the two calls generation makes ------------------------------------------------------------------------

@@ -139,9 +139,11 @@ class Reporter:
         self.tokenizer = Tokenizer.from_file(str(bundle.component("tokenizer")))
         self.generation_config = json.loads(bundle.component("generation_config").read_text())
         self.preprocess_config = PreprocessConfig.load(bundle.component("preprocessor_config"))
-        model_config = json.loads(bundle.component("model_config").read_text())
+        config_path = bundle.component("model_config")
+        model_config = json.loads(config_path.read_text())
         self.context = ContextBudget.of(model_config)
-        self.positions = PositionScheme.of(model_config)  # the decoder's kind of position_ids (M-RoPE: Qwen2-VL)
+        # the decoder's kind of position_ids (M-RoPE: Qwen2-VL)
+        self.positions = PositionScheme.of(model_config, config_path)
 
     @classmethod
     def from_bundle(cls, path: str | Path | Bundle, **kw) -> Reporter:
