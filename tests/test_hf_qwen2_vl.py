@@ -339,12 +339,23 @@ def test_dynamic_resolution_is_refused_naming_the_fix(tmp_path, qwen, capsys):
     assert convert_hf(hf, tmp_path / "o70").spec.image_size == 70  # smart_resize: round(70/14)*14 = 70
 
 
+CONFIG_EDITS = {
+    "section": lambda c: c["text_config"]["rope_parameters"].update(mrope_section=[2, 3, 4]),
+    "vision_rope": lambda c: c["vision_config"].update(rope_parameters=[10000]),
+    "rope_theta": lambda c: c["vision_config"].update(rope_parameters={"rope_theta": "1e4"}),
+    "text_config": lambda c: c.update(text_config="qwen2"),
+}
+
+
 @pytest.mark.parametrize(
     "edit,needle",
     [
         ("drop", "visual.merger.mlp.2.weight is missing"),  # the checkpoint's own name
         ("reshape", "visual.blocks.0.attn.qkv.weight has shape (96, 16), config.json implies (96, 32)"),
         ("section", "mrope_section [2, 3, 4] does not sum to head_dim / 2 = 8"),
+        ("vision_rope", "vision_config.rope_parameters: expected an object, got [10000]"),
+        ("rope_theta", "rope_theta: expected a positive number, got '1e4'"),
+        ("text_config", "text_config: expected an object, got 'qwen2'"),
     ],
 )
 def test_weights_or_config_not_matching_are_refused_before_any_graph(tmp_path, qwen, capsys, edit, needle):
@@ -353,9 +364,9 @@ def test_weights_or_config_not_matching_are_refused_before_any_graph(tmp_path, q
     vlm, _, _, _ = qwen
     hf = tmp_path / "hf"
     shutil.copytree(vlm.path, hf)
-    if edit == "section":
+    if edit in CONFIG_EDITS:  # config.json values of the wrong type: one line, not a ValueError traceback
         cfg = json.loads((hf / "config.json").read_text())
-        cfg["text_config"]["rope_parameters"]["mrope_section"] = [2, 3, 4]
+        CONFIG_EDITS[edit](cfg)
         (hf / "config.json").write_text(json.dumps(cfg))
     else:
         tensors = load_file(str(hf / "model.safetensors"))

@@ -172,6 +172,13 @@ def _int(d: Mapping, key: str, default: int, where: Path) -> int:
     return v
 
 
+def _positive(d: Mapping, key: str, default: float, where: Path) -> float:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise ConfigError(f"{key}: expected a positive number, got {v!r}", where)
+    return float(v)
+
+
 def smart_resize(side: int, factor: int, min_pixels: int, max_pixels: int) -> int:
     """The side Qwen2VLImageProcessor's `smart_resize` gives a square image of `side` px (its arithmetic, for
     height = width)."""
@@ -233,6 +240,8 @@ def tower_of(cfg: dict[str, Any], pre: Mapping[str, Any] | None, text_hidden: in
     if embed % heads or (embed // heads) % 4:
         raise ConfigError(f"vision_config: width {embed} / num_heads {heads} must be a multiple of 4", where)
     rope = v.get("rope_parameters") or {}
+    if not isinstance(rope, Mapping):
+        raise ConfigError(f"vision_config.rope_parameters: expected an object, got {rope!r}", where)
     extra: dict[str, Any] = {}
     if v25:
         if act != "silu":
@@ -254,17 +263,20 @@ def tower_of(cfg: dict[str, Any], pre: Mapping[str, Any] | None, text_hidden: in
         hidden=embed,
         layers=_int(v, "depth", 32, where),
         heads=heads,
-        mlp=_int(v, "intermediate_size", 3420, where) if v25 else int(embed * float(v.get("mlp_ratio", 4))),
+        mlp=_int(v, "intermediate_size", 3420, where) if v25 else int(embed * _positive(v, "mlp_ratio", 4, where)),
         out_hidden=_int(v, "out_hidden_size" if v25 else "hidden_size", text_hidden, where),
         act="silu" if v25 else GELU[act],
-        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rope_theta=_positive(rope, "rope_theta", 10000.0, where),
     )
 
 
 def text_config(cfg: dict[str, Any], where: Path) -> tuple[dict[str, Any], tuple[int, ...]]:
     """The language model's config as a Qwen2 decoder's (transformers 5: `text_config`; the Hub's 4.x files:
     the top level), and its `mrope_section`."""
-    text = dict(cfg.get("text_config") or {k: v for k, v in cfg.items() if k != "vision_config"})
+    text = cfg.get("text_config") or {k: v for k, v in cfg.items() if k != "vision_config"}
+    if not isinstance(text, dict):
+        raise ConfigError(f"text_config: expected an object, got {text!r}", where)
+    text = dict(text)
     params = rope_parameters(text)
     section = params.pop("mrope_section", None)
     if params.get("rope_type") == "mrope":  # transformers 4's name for Qwen2-VL's default rope
