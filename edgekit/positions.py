@@ -127,11 +127,6 @@ class PositionScheme:
         pos = np.asarray(nxt, np.int64)[:, None]
         return np.broadcast_to(pos, (3, *pos.shape)).copy() if self.kind == MROPE else pos
 
-    def text_only(self, positions: np.ndarray) -> np.ndarray:
-        """Text positions (batch, seq) as this decoder takes them (mrope: the same on all three axes): for feeds
-        built without an image (a target's reference inputs, calibration of text)."""
-        return for_rank(positions, 3 if self.kind == MROPE else 2)
-
 
 def for_rank(positions: np.ndarray, rank: int) -> np.ndarray:
     """Text positions (batch, seq) as a decoder whose `position_ids` input has `rank` dims takes them (3: the
@@ -139,10 +134,3 @@ def for_rank(positions: np.ndarray, rank: int) -> np.ndarray:
     from a graph's signature alone (a target's reference inputs)."""
     positions = np.asarray(positions, np.int64)
     return np.broadcast_to(positions, (3, *positions.shape)).copy() if rank == 3 else positions
-
-
-def rope_deltas(position_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """transformers' `rope_deltas` (batch, 1) of an M-RoPE prefill: the largest kept position + 1 minus the kept
-    token count (what a decode step adds to the token count)."""
-    pos, mask = np.asarray(position_ids), np.asarray(mask, bool)
-    return np.asarray([[pos[:, r, mask[r]].max() + 1 - mask[r].sum()] for r in range(mask.shape[0])], np.int64)

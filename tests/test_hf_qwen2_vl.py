@@ -25,7 +25,7 @@ from edgekit.hf import convert_hf  # noqa: E402
 from edgekit.hf.parity import hf_pixel_values  # noqa: E402
 from edgekit.ingest import Study  # noqa: E402
 from edgekit.ort import CpuBackend  # noqa: E402
-from edgekit.positions import POSITIONS_KEY, PositionScheme, rope_deltas  # noqa: E402
+from edgekit.positions import POSITIONS_KEY, PositionScheme, for_rank  # noqa: E402
 from edgekit.reporter import Reporter  # noqa: E402
 
 TOL = 1e-4  # relative to the largest logit
@@ -66,7 +66,8 @@ def test_positions_are_get_rope_index_with_left_padding_and_decode_steps(qwen):
     ref, deltas = _hf_rope_index(vlm, torch.tensor(ids), torch.tensor(mask), 3)
     got, nxt = scheme.prefill(mask, slots, span)
     np.testing.assert_array_equal(got, ref.numpy())
-    np.testing.assert_array_equal(rope_deltas(got, mask), deltas.numpy())
+    # the next position is transformers' rope_deltas added to the kept token count
+    np.testing.assert_array_equal((nxt - mask.sum(-1))[:, None], deltas.numpy())
     # the image's rows and columns: start + (row, col) on the height / width axes, text after it resumes at +4
     at = slots[0]  # row 0: 3 text tokens before the image
     assert got[1, 0, at : at + span].tolist() == [3 + i // 4 for i in range(span)]
@@ -275,7 +276,7 @@ def test_x1_bundle_feeds_mrope(tmp_path, qwen, capsys):
     ids = np.asarray([[1, 7, 8, 9, 10, 11, 5]], np.int64)
     x, mask = place_image(ort.embed(ids), np.ones_like(ids), ort.encode_images(pixels), 3)
     pos = spec.positions.prefill(mask, 3, spec.span_length)[0]
-    text = spec.positions.text_only(np.arange(mask.shape[1])[None])
+    text = for_rank(np.arange(mask.shape[1])[None], 3)
     ref = ort.decode(x, mask, pos, None)[0]
     rel = lambda a: float(np.abs(a - ref).max() / np.abs(ref).max())  # noqa: E731
     assert rel(x1.decode(x, mask, pos, None)[0]) < 0.5 * rel(x1.decode(x, mask, text, None)[0])
