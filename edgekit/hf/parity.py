@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgekit.positions import PositionScheme
+
 from .frame_split import split_frame_np
 from .vlm import VlmSpec
 
@@ -71,7 +73,7 @@ def compare(
 
     ids = torch.tensor([[*text_ids[:slot], *spec.span_ids, *text_ids[slot:]]])
     images = {**hf_image_inputs(spec, gray), **hf_token_inputs(spec, ids)}
-    scheme = getattr(spec, "positions", None)
+    scheme = getattr(spec, "positions", None) or PositionScheme()  # Qwen2-VL: M-RoPE; the rest: text
     with torch.no_grad():
         ref = model(input_ids=ids, **images).logits[0].float().numpy()
         theirs = model.generate(input_ids=ids, **images, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)[
@@ -80,19 +82,13 @@ def compare(
     pixels = gray[None, None, None].astype(np.float32)
     text = np.asarray([text_ids], np.int64)
     x, mask = place_image(backend.embed(text), np.ones_like(text), backend.encode_images(pixels), slot)
-    got, _ = backend.decode(x, mask, _prefill_positions(scheme, mask, slot, x.shape[1] - text.shape[1]), None)
+    got, _ = backend.decode(x, mask, scheme.prefill(mask, slot, x.shape[1] - text.shape[1])[0], None)
     options = GenerationOptions(max_new_tokens=new_tokens)
     ours = generate(backend, pixels, text, options, image_slot=slot, positions=scheme).token_ids
     return {
         "rel_logit_error": float(np.abs(got[0] - ref).max() / max(float(np.abs(ref).max()), 1e-12)),
         "greedy_identical": ours == theirs,
     }
-
-
-def _prefill_positions(scheme, mask, slot: int, span: int) -> np.ndarray:
-    from edgekit.positions import PositionScheme
-
-    return (scheme or PositionScheme()).prefill(mask, slot, span)[0]
 
 
 def measure_hf_parity(onnx_dir: Path, model_dir: Path, spec: VlmSpec, samples: int = 4, new_tokens: int = 8) -> dict:
