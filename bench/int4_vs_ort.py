@@ -32,7 +32,7 @@ end-to-end error with HQQ's weight error scaled by 0.9..0.6 (what a quantizer th
 
     python bench/int4_vs_ort.py [--model-dir DIR] [--block 32] [--models a,b] [--json bench/int4_vs_ort.json]
     python bench/int4_vs_ort.py --headroom --models llava-qwen2,llava-qwen2-hfinit
-    python bench/int4_vs_ort.py --tuning 'sequential=false;'   # settings compared on the tuning models
+    python bench/int4_vs_ort.py --tuning 'sequential=false|'   # settings compared on the tuning models
 
 `--tuning` compares pass settings on models and feeds the table does not score (LLaVA seeds 1-3, a LLaMA one,
 the default model's decoder on other calibration and eval feeds): the pass's defaults are chosen there.
@@ -394,17 +394,18 @@ TUNING_MODELS = {
     "llava-qwen2 s3": {"seed": 3},
     "llava-qwen2-hfinit s1": {"seed": 1, "hf_init": True},
     "llava-llama-hfinit s2": {"seed": 2, "hf_init": True, "text": "llama"},
-    "radreport-tiny": None,  # the trained decoder, on calibration/eval feeds other than the table's
+    "radreport-tiny other feeds": None,  # the trained decoder, on calibration/eval feeds other than the table's
 }
 TUNING_CALIB_SEEDS, TUNING_EVAL_SEED, TUNING_EVAL_FEEDS = (4, 5), 9, 32
 
 
-def tuning(specs: list[str], block: int) -> list[dict]:
+def tuning(specs: list[str], block: int, models: list[str]) -> list[dict]:
     """Each pass spec's error over ORT's best (RTN sym/asym, HQQ: data-free, so one reference per model) on the
     tuning models, for each calibration seed, on 32 eval feeds of seed 9 (the table: calibration seed 1, 8 eval
     feeds of seed 2)."""
     rows = []
-    for name, kw in TUNING_MODELS.items():
+    for name in models:
+        kw = TUNING_MODELS[name]
         label, folder = default_model(None) if kw is None else llava_qwen2(**kw)
         fp32 = ir.load(folder / DECODER)
         emb = embedding_table(folder)
@@ -447,12 +448,14 @@ def main() -> None:
     ap.add_argument(
         "--tuning",
         metavar="SPECS",
-        help="';'-separated int4 pass settings (e.g. 'sequential=false;') to compare on the tuning models instead",
+        help="'|'-separated int4 pass settings (e.g. 'sequential=false|') to compare on the tuning models instead "
+        "(--models picks among them)",
     )
     args = ap.parse_args()
     if args.tuning is not None:
         logging.disable(logging.WARNING)
-        found = tuning(args.tuning.split(";"), args.block)
+        names = [n for n in args.models.split(",") if n in TUNING_MODELS] or list(TUNING_MODELS)
+        found = tuning(args.tuning.split("|"), args.block, names)
         path = args.json.with_name(args.json.stem + "_tuning.json")
         path.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "rows": found}, indent=2))
         print(f"wrote {path}")
