@@ -90,12 +90,14 @@ def build(
     progress: Callable[[str], None] | None = None,
     machine: Path | None = None,
     recipe: str | Path | None = None,
+    image_size: int | None = None,
 ) -> BuildResult:
     """Build a bundle of `model_dir` (default: the embedded radreport-tiny) for `target` at `out`.
 
     `recipe` (a TOML file or the name of one the model family ships) runs its passes on the exported graphs
     before the target's own steps: that is how the daemon's variants (fp16, int8, int4, sparse) are built.
-    `machine` is a machine description, for targets that take one.
+    `machine` is a machine description, for targets that take one. `image_size` pins a Hugging Face Qwen2-VL's
+    dynamic resolution to that square side (`edgekit.hf.convert_hf`); any other model refuses it.
     """
     if target not in target_names():
         raise ConfigError(f"target '{target}' is not buildable here (buildable: {', '.join(target_names())})")
@@ -108,6 +110,10 @@ def build(
         _check_hf_source(model_dir)
     else:
         _check_source(model_dir)
+        if image_size is not None:
+            from edgekit.hf.qwen2_vl import image_size_refused
+
+            raise image_size_refused("edgekit's own model", model_dir, "edgekit")
     loaded_recipe = _load_recipe(recipe) if recipe is not None else None
     if loaded_recipe is not None:
         loaded_recipe = retarget_recipe(loaded_recipe, target, getattr(plugin, "weight_encoding", None))
@@ -119,7 +125,7 @@ def build(
         onnx_dir = work / "onnx"
         say("export: writing ONNX graphs from weights")
         if hf:
-            hf_spec, model_files = _export_hf(model_dir, onnx_dir, work)
+            hf_spec, model_files = _export_hf(model_dir, onnx_dir, work, image_size)
             steps.append({"name": "hf_import", "params": {"opset": 21, "dtype": "float32", **hf_spec.to_dict()}})
         else:
             from edgekit.export import export_default
@@ -212,7 +218,7 @@ def _check_hf_source(model_dir: Path) -> None:
         )
 
 
-def _export_hf(model_dir: Path, onnx_dir: Path, work: Path):
+def _export_hf(model_dir: Path, onnx_dir: Path, work: Path, image_size: int | None = None):
     """A Hugging Face VLM directory -> the three graphs and the files the runtime serves it with, by role."""
     from edgekit.hf import SafetensorsCheckpoint, convert_hf, read_hf_config
     from edgekit.hf.serving import write_serving_files
@@ -220,9 +226,9 @@ def _export_hf(model_dir: Path, onnx_dir: Path, work: Path):
 
     cfg = read_hf_config(model_dir)
     # tokenizer and chat template first: a model the runtime could not prompt is refused before any export
-    spec = vlm_spec(cfg, model_dir, SafetensorsCheckpoint(model_dir).entries)
+    spec = vlm_spec(cfg, model_dir, SafetensorsCheckpoint(model_dir).entries, image_size=image_size)
     files = write_serving_files(spec, model_dir, cfg, work / "serving")
-    return convert_hf(model_dir, onnx_dir).spec, files
+    return convert_hf(model_dir, onnx_dir, image_size=image_size).spec, files
 
 
 def _weights_sha256(model_dir: Path, hf: bool) -> str:

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from edgekit.cli.common import (
     ForceOption,
+    ImageSizeOption,
     JsonOption,
     MachineOption,
     ModelArgument,
@@ -31,9 +32,10 @@ app = typer.Typer(help="Build a deployable bundle for a target.")
         "edgekit build --recipe int4 -o out/radreport-tiny-int4 --no-parity      # or int4-awq, int8, fp16, ...",
         "edgekit build -o out/radreport-tiny-cpu --force --no-parity --eval data/test --eval-limit 4 --json",
         note="--eval takes a split written by edgekit data synth; --force replaces an earlier bundle. MODEL may "
-        "also be a local Hugging Face VLM directory (llava, llava_next, idefics3, smolvlm) such as "
-        "~/models/llava-1.5-7b-hf: its tokenizer.json, chat template and image preprocessing go into the bundle "
-        "(docs/hf-import.md).",
+        "also be a local Hugging Face VLM directory (llava, llava_next, idefics3, smolvlm, qwen2_vl, qwen2_5_vl) "
+        "such as ~/models/llava-1.5-7b-hf: its tokenizer.json, chat template and image preprocessing go into the "
+        "bundle (docs/hf-import.md). A stock Qwen2-VL download (dynamic resolution) builds at the side "
+        "--image-size pins (e.g. 448 for Qwen2-VL-2B-Instruct: 256 image tokens).",
     )
 )
 def build(
@@ -59,6 +61,7 @@ def build(
         ),
     ] = None,
     eval_limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N studies.")] = None,
+    image_size: ImageSizeOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Export the model's graphs, check them, and write a bundle with provenance and measured figures."""
@@ -80,6 +83,7 @@ def build(
         progress=say,
         recipe=recipe,
         machine=machine,
+        image_size=image_size,
     )
     figure = result.figures.get("parity")
     if figure is not None and not figure.get("measured", True):

@@ -5,7 +5,8 @@ As in Polygraphy's argument groups, a flag is defined once, here, and every subc
 
 - `BundleArgument`, `ModelArgument`: the positional input (a bundle; a model directory, default the embedded one).
 - `StudyOption` (`--study/-s`), `PromptOption` (`--prompt/-p`), `ThreadsOption` (`--threads`),
-  `MachineOption` (`--machine`), `JsonOption` (`--json`).
+  `MachineOption` (`--machine`), `JsonOption` (`--json`), `ImageSizeOption` (`--image-size`: pins a Hugging Face
+  Qwen2-VL's dynamic resolution; `build` and `convert` hand it to the library's `image_size`).
 - `out_option(what)` (`--out/-o`) with `ForceOption` (`--force`): an output that already exists is refused, naming
   it, unless `--force` is given; so is one that cannot be created (under a file, in a folder not writable). Both
   before the command body runs. Every command that writes an output takes both flags.
@@ -104,6 +105,19 @@ StateDirOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout (errors too).")]
+ImageSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--image-size",
+        min=1,
+        metavar="S",
+        help="Hugging Face Qwen2-VL / Qwen2.5-VL: build at one S x S resolution (S a multiple of patch_size * "
+        "merge_size, 28 for the released models), pinning the processor's dynamic resolution (min_pixels = "
+        "max_pixels = S*S in the output's preprocessor_config.json; the model directory is not modified). "
+        "Refused for other models, whose side their own config sets.",
+        show_default=False,
+    ),
+]
 # Eager, so its value is known when `--out` is checked, whatever the order on the command line.
 ForceOption = Annotated[
     bool, typer.Option("--force", is_eager=True, help="Replace the output (--out) if it already exists.")
@@ -219,6 +233,7 @@ PARAM_FLAGS: dict[str, str] = {
     "temperature": "--temperature",
     "model_dir": "MODEL",
     "eval_data": "--eval",
+    "image_size": "--image-size",
 }
 _NAMES = "|".join(PARAM_FLAGS)
 _PARAM_RE = re.compile(rf"`({_NAMES})(=[^`]*)?`|\b({_NAMES})=True\b")

@@ -31,7 +31,8 @@ from edgekit.export.specs import DecoderSpec
 from edgekit.positions import POSITIONS_KEY
 
 from .checkpoint import CheckpointError, SafetensorsCheckpoint, ShapeOnlyWeights, attach_lazy_weights
-from .config import decoder_spec, model_kind, read_hf_config
+from .config import decoder_spec, model_kind, read_config_file, read_hf_config
+from .qwen2_vl import image_size_refused
 from .vision_tower import VisionTowerSpec, build_vision_tower, vision_tower_spec
 from .vlm import VlmSpec, build_vlm_vision, expected_vlm_shapes, span_rows, vlm_spec
 
@@ -50,6 +51,7 @@ SIDE_FILES = (
     "processor_config.json",
 )
 HF_CONFIG = "hf_config.json"
+PREPROCESSOR = "preprocessor_config.json"
 # A graph written inline is serialised whole in memory (every weight at once, then the protobuf copy): above this,
 # weights go to `<graph>.onnx.data` and are written one tensor at a time, so converting a 2B-class model needs
 # little more than its largest tensor (a 1.2 GB vision tower inline peaked at 3.5 GB of RSS).
@@ -129,13 +131,20 @@ def convert_hf(
     *,
     external_data_threshold_bytes: int = HF_EXTERNAL_DATA_THRESHOLD_BYTES,
     check: bool = True,
+    image_size: int | None = None,
 ) -> HfConversion:
-    """Convert the Hugging Face model in `model_dir` into graphs in `out_dir` (created or updated)."""
+    """Convert the Hugging Face model in `model_dir` into graphs in `out_dir` (created or updated).
+
+    `image_size` pins Qwen2-VL's / Qwen2.5-VL's dynamic resolution to that square side: the graphs, the M-RoPE
+    grid and the `preprocessor_config.json` written beside them (`min_pixels = max_pixels = image_size**2`) all
+    use it; `model_dir` is only read. Any other family refuses it."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if not model_dir.is_dir():
         raise ConfigError("model directory not found", model_dir)
     cfg = read_hf_config(model_dir)
     kind = model_kind(cfg, model_dir)
+    if image_size is not None and kind != "vlm":  # before anything is written
+        raise image_size_refused(str(cfg["model_type"]), model_dir / "config.json", kind)
     ckpt = SafetensorsCheckpoint(model_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
@@ -145,7 +154,7 @@ def convert_hf(
     try:
         written: list[Path] = []
         if kind == "vlm":
-            spec = vlm_spec(cfg, model_dir, ckpt.entries)
+            spec = vlm_spec(cfg, model_dir, ckpt.entries, image_size=image_size)
             expected = {**expected_vlm_shapes(spec, cfg), **expected_decoder_shapes(spec.decoder)}
             check_shapes({spec.to_checkpoint(k): v for k, v in expected.items()}, ckpt)
             aliases = spec.aliases(ckpt.entries)
@@ -176,6 +185,9 @@ def convert_hf(
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, tmp / name)
         shutil.copy2(model_dir / "config.json", tmp / HF_CONFIG)
+        if getattr(spec, "pinned", False):  # the processor pinned to the graphs' side, not the directory's range
+            pre = read_config_file(model_dir / PREPROCESSOR) if (model_dir / PREPROCESSOR).is_file() else None
+            (tmp / PREPROCESSOR).write_text(json.dumps(spec.processor_config(pre), indent=2) + "\n")
         scheme = getattr(spec, "positions", None)
         if scheme is not None:  # what the decoder's position_ids are (M-RoPE), for whoever feeds these graphs
             (tmp / HF_CONFIG).write_text(json.dumps({**cfg, POSITIONS_KEY: scheme.to_dict()}, indent=2) + "\n")

@@ -4,8 +4,10 @@ transformer and patch merger into `vision_encoder.onnx`, the Qwen2 language mode
 Why one resolution: Qwen2-VL's processor resizes each image to its own multiple of 28 px (`smart_resize`, within
 `min_pixels`..`max_pixels`), so the patch count, the span's length and the (3, batch, seq) positions follow each
 image's size; one ONNX graph of fixed shape cannot follow them. edgekit feeds every model one square frame, so
-at the side S the processor gives every square image the grid is fixed (grid_t 1, grid_h = grid_w = S / patch)
-and everything the processor and the model compute from the grid becomes a constant of the graph:
+at the side S the processor gives every square image (its `min_pixels = max_pixels`, or the caller's
+`image_size`, --image-size, which pins the processor to S: `pin_processor`) the grid is fixed (grid_t 1,
+grid_h = grid_w = S / patch) and everything the processor and the model compute from the grid becomes a constant
+of the graph:
 - the processor's patch order (2 x 2 merge windows, row by row) is a Reshape/Transpose of the frame;
 - its `temporal_patch_size` copies of a still image and the Conv3d patch embedding are one MatMul over the
   flattened (channel, time, row, column) patch, the frame repeated along time, as the processor repeats it;
@@ -114,10 +116,19 @@ class Qwen2VlSpec(ModuleNames):
     span_before: tuple[int, ...] = ()
     span_after: tuple[int, ...] = ()
     split_span: tuple[int, ...] = ()
+    pinned: bool = False  # the side came from the caller (`image_size`, --image-size), not the directory's file
 
     @property
     def image_size(self) -> int:
         return self.tower.image_size
+
+    def processor_config(self, pre: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The image processor settings that go with these graphs: the directory's own, pinned to the side when
+        the caller set it (so transformers' processor built from them gives the vision graph's grid)."""
+        t = self.tower
+        if not self.pinned:
+            return dict(pre or {})
+        return pin_processor(pre, t.image_size, t.patch_size, t.merge_size, t.temporal_patch_size)
 
     @property
     def num_images(self) -> int:
@@ -162,6 +173,7 @@ class Qwen2VlSpec(ModuleNames):
                 else {}
             ),
             "mrope_section": list(self.decoder.mrope_section or ()),
+            "image_size_from": "the image_size argument (--image-size)" if self.pinned else "preprocessor_config.json",
         }
 
 
@@ -192,6 +204,62 @@ def smart_resize(side: int, factor: int, min_pixels: int, max_pixels: int) -> in
     return s
 
 
+# why `image_size` (--image-size) does not apply to the other families: it pins Qwen2-VL's dynamic resolution
+# only; every other family's side is fixed by its own files
+SIDE_SET_BY = {
+    "llava": "its side is the vision tower's vision_config.image_size (config.json)",
+    "llava_next": "its side is config.json's largest square image_grid_pinpoints (crops of vision_config.image_size)",
+    "idefics3": "its side is preprocessor_config.json's size.longest_edge (image splitting: tiles of "
+    "max_image_size) or vision_config.image_size (no splitting)",
+    "decoder": "a decoder alone takes no image",
+    "vision": "its side is config.json's image_size",
+    "edgekit": "its side is its config.json's image_size, fixed when it was trained",
+}
+SIDE_SET_BY["smolvlm"] = SIDE_SET_BY["idefics3"]
+
+
+def image_size_refused(model_type: str, where: Path | None = None, kind: str = "") -> ConfigError:
+    """The one-line refusal of `image_size` for a family whose side it does not set (never silently ignored);
+    `kind` ("decoder", "vision", "edgekit") where the model type itself is not a VLM family."""
+    why = SIDE_SET_BY.get(model_type) or SIDE_SET_BY.get(kind, "its side is set by its own config")
+    return ConfigError(
+        f"`image_size` pins Qwen2-VL's dynamic resolution (qwen2_vl, qwen2_5_vl) and does not apply to "
+        f"{model_type}: {why}",
+        where,
+    )
+
+
+def check_image_size(side: Any, patch: int, merge: int, where: Path) -> int:
+    """`image_size` (--image-size) as a side the processor keeps: a positive multiple of patch_size * merge_size,
+    else a one-line refusal naming the nearest valid sides."""
+    f = patch * merge
+    if isinstance(side, bool) or not isinstance(side, int) or side < 1:
+        raise ConfigError(f"`image_size` {side!r}: expected a positive side in px, a multiple of {f}", where)
+    if side % f:
+        near = [s for s in ((side // f) * f, (side // f + 1) * f) if s > 0]
+        raise ConfigError(
+            f"`image_size` {side} is not a multiple of patch_size * merge_size = {f} ({patch} * {merge}, "
+            f"vision_config); the nearest valid sides: {' or '.join(map(str, near))}",
+            where,
+        )
+    return side
+
+
+def pin_processor(pre: Mapping[str, Any] | None, side: int, patch: int, merge: int, temporal: int) -> dict[str, Any]:
+    """The directory's image processor settings with `min_pixels = max_pixels = side**2` (and transformers 5's
+    `size` alike): what Qwen2VLImageProcessor needs to give every square image the side x side grid. A new dict;
+    the user's file is never written. Fields the file leaves out that the processor needs to be rebuilt from it
+    (its type, the patch geometry) come from vision_config, which they were checked against."""
+    out = dict(pre or {})
+    out.setdefault("image_processor_type", "Qwen2VLImageProcessor")
+    for key, value in (("patch_size", patch), ("merge_size", merge), ("temporal_patch_size", temporal)):
+        out.setdefault(key, value)
+    size = out.get("size") if isinstance(out.get("size"), dict) else {}
+    out["min_pixels"] = out["max_pixels"] = side * side
+    out["size"] = {**size, "shortest_edge": side * side, "longest_edge": side * side}
+    return out
+
+
 def fixed_side(pre: Mapping[str, Any] | None, patch: int, merge: int, where: Path) -> int:
     """The one side the processor resizes every square image to, or a one-line refusal: with
     `min_pixels` < `max_pixels` (dynamic resolution) square images of different sizes get different grids,
@@ -210,8 +278,8 @@ def fixed_side(pre: Mapping[str, Any] | None, patch: int, merge: int, where: Pat
         raise ConfigError(
             f"min_pixels {lo} .. max_pixels {hi} give square images sides from {small} to {large} px, a grid per "
             "image size (Qwen2-VL's dynamic resolution; one graph has one shape); edgekit builds one fixed grid: "
-            f"set min_pixels = max_pixels = S*S, S a multiple of {f} (e.g. {max(f, min(large, 16 * f))}*"
-            f"{max(f, min(large, 16 * f))})",
+            f"pass `image_size` S (a multiple of {f}, e.g. {max(f, min(large, 16 * f))}) to pin it, or set "
+            "min_pixels = max_pixels = S*S in the file",
             where,
         )
     if pre.get("do_resize") is False:
@@ -219,7 +287,16 @@ def fixed_side(pre: Mapping[str, Any] | None, patch: int, merge: int, where: Pat
     return small
 
 
-def tower_of(cfg: dict[str, Any], pre: Mapping[str, Any] | None, text_hidden: int, where: Path, pre_where: Path):
+def tower_of(
+    cfg: dict[str, Any],
+    pre: Mapping[str, Any] | None,
+    text_hidden: int,
+    where: Path,
+    pre_where: Path,
+    image_size: int | None = None,
+):
+    """The vision tower's spec at its fixed side: the one the processor's `min_pixels`/`max_pixels` give, or
+    `image_size` when the caller pins it (the processor then pinned to it, `pin_processor`)."""
     v = cfg.get("vision_config") or {}
     if not isinstance(v, dict):
         raise ConfigError("vision_config: expected an object", where)
@@ -253,6 +330,8 @@ def tower_of(cfg: dict[str, Any], pre: Mapping[str, Any] | None, text_hidden: in
         if not isinstance(full, list) or not all(isinstance(i, int) for i in full):
             raise ConfigError(f"fullatt_block_indexes: expected a list of ints, got {full!r}", where)
         extra = dict(family="qwen2_5_vl_vision", window=window, full_attention=tuple(full))
+    if image_size is not None:
+        pre = pin_processor(pre, check_image_size(image_size, patch, merge, where), patch, merge, temporal)
     return Qwen2VisionSpec(
         **extra,
         image_size=fixed_side(pre, patch, merge, pre_where),
@@ -292,9 +371,12 @@ def text_config(cfg: dict[str, Any], where: Path) -> tuple[dict[str, Any], tuple
     return text, tuple(section)
 
 
-def qwen2_vl_spec(cfg: dict[str, Any], model_dir: Path, names_: Collection[str], pre, mean_std) -> Qwen2VlSpec:
+def qwen2_vl_spec(
+    cfg: dict[str, Any], model_dir: Path, names_: Collection[str], pre, mean_std, image_size: int | None = None
+) -> Qwen2VlSpec:
     """config.json (+ the checkpoint's names, preprocessor_config.json as `pre`) -> Qwen2VlSpec.
-    `mean_std(tower)`: the processor's normalisation (edgekit.hf.vlm's reader, CLIP's defaults)."""
+    `mean_std(tower)`: the processor's normalisation (edgekit.hf.vlm's reader, CLIP's defaults). `image_size`:
+    the fixed side, pinning the processor's dynamic resolution (None: the side its file fixes)."""
     where = model_dir / "config.json"
     pre_where = model_dir / names.WEIGHT_FILES["preprocessor_config"]
     text, section = text_config(cfg, where)
@@ -323,7 +405,7 @@ def qwen2_vl_spec(cfg: dict[str, Any], model_dir: Path, names_: Collection[str],
         lm_head=lm_head,
         mrope_section=section,
     )
-    tower = tower_of(cfg, pre, decoder.hidden, where, pre_where)
+    tower = tower_of(cfg, pre, decoder.hidden, where, pre_where, image_size)
     if tower.out_hidden != decoder.hidden:
         raise ConfigError(
             f"the vision merger's output {tower.out_hidden} is not the text hidden {decoder.hidden}", where
@@ -338,6 +420,7 @@ def qwen2_vl_spec(cfg: dict[str, Any], model_dir: Path, names_: Collection[str],
         image_std=std,
         image_token_id=image_token,
         renames=renames,
+        pinned=image_size is not None,
     )
     if not 0 <= image_token < decoder.vocab_size:
         raise ConfigError(f"image_token_id {image_token} is outside the vocabulary of {decoder.vocab_size}", where)

@@ -230,15 +230,22 @@ def _special_id(model_dir: Path, token: str) -> int | None:
     return next((int(t["id"]) for t in added if t.get("content") == token), None)
 
 
-def vlm_spec(cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str]) -> VlmSpec:
-    """A LLaVA / LLaVA-NeXT / Idefics3 / SmolVLM config (+ the checkpoint's names, the processor files) -> VlmSpec."""
+def vlm_spec(
+    cfg: dict[str, Any], model_dir: str | Path, names_: Collection[str], *, image_size: int | None = None
+) -> VlmSpec:
+    """A LLaVA / LLaVA-NeXT / Idefics3 / SmolVLM / Qwen2-VL config (+ the checkpoint's names, the processor files)
+    -> VlmSpec. `image_size` pins Qwen2-VL's dynamic resolution to that square side; any other family refuses it
+    (its side is set by its own files)."""
     model_dir = Path(model_dir)
     where = model_dir / "config.json"
     mt = cfg["model_type"]
     pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
     pre = _preprocessor(pre_path)
     if mt in ("qwen2_vl", "qwen2_5_vl"):  # their own spec: a vision transformer and merger, M-RoPE in the decoder
-        return qwen2_vl.qwen2_vl_spec(cfg, model_dir, names_, pre, lambda t: _mean_std(pre, t, pre_path, clip=True))
+        mean_std = lambda t: _mean_std(pre, t, pre_path, clip=True)  # noqa: E731
+        return qwen2_vl.qwen2_vl_spec(cfg, model_dir, names_, pre, mean_std, image_size)
+    if image_size is not None:
+        raise qwen2_vl.image_size_refused(mt, where)
     text = _text_config(cfg, where)
     source_text_type = text.pop("_source_model_type")
     image_token = cfg.get("image_token_id", cfg.get("image_token_index"))
