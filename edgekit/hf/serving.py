@@ -172,6 +172,8 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
     the graph normalises) and, for the record, the model's own image processor settings."""
     path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
     hf = _optional(path)
+    if spec.family == "qwen2_vl":  # pinned to the graphs' side where the caller set it (`image_size`)
+        hf = spec.processor_config(hf)
     out = {
         "image_size": spec.image_size,
         "num_frames": 1,
@@ -197,14 +199,16 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
         }
     elif spec.family == "qwen2_vl":  # one fixed grid: the processor's dynamic resolution pinned to the frame
         t = spec.tower
+        by = "pinned by the image_size argument (--image-size); hf_image_processor is the model's own, so pinned"
+        pinned = f", {by}" if spec.pinned else ""
         out["fixed_resolution"] = {
             "image_grid_thw": [1, t.grid, t.grid],
             "patch_size": t.patch_size,
             "merge_size": t.merge_size,
             "temporal_patch_size": t.temporal_patch_size,
             "note": f"every image becomes one {t.image_size}x{t.image_size} frame (the side the processor's "
-            "min_pixels/max_pixels give every square image); patchify, the temporal copies and the vision rotary "
-            f"tables are constants of {names.VISION_ENCODER}",
+            f"min_pixels/max_pixels give every square image{pinned}); patchify, the temporal copies and the vision "
+            f"rotary tables are constants of {names.VISION_ENCODER}",
         }
     elif spec.tiles:  # the graph cuts the frame as the processor does
         out["image_splitting"] = {
