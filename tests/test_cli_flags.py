@@ -24,6 +24,7 @@ SHARED = {
     "temperature": ["--temperature"],
     "top_p": ["--top-p"],
     "seed": ["--seed"],
+    "image_size": ["--image-size"],
 }
 
 
@@ -65,6 +66,20 @@ def test_shared_flags_are_spelled_the_same_everywhere():
     for short, longs in short_means.items():
         assert len(longs) == 1, f"{short} means {sorted(longs)}"
     assert short_means["-s"] == {"--study"} and short_means["-o"] == {"--out"}
+
+
+def test_image_size_is_one_shared_flag_on_build_and_convert():
+    """--image-size (Qwen2-VL's pinned side) is common.py's one option wherever it appears, and the library's
+    `image_size` in an error reads as the flag."""
+    from edgekit.cli.common import ImageSizeOption
+
+    takers = {path for path, cmd in LEAVES.items() if "image_size" in {p.name for p in cmd.params}}
+    assert takers == {"build", "convert"}
+    shared = ImageSizeOption.__metadata__[0]
+    for path in takers:
+        (param,) = [p for p in LEAVES[path].params if p.name == "image_size"]
+        assert param.help == shared.help and param.metavar == "S"
+    assert cli_message("`image_size` 60 is not a multiple of 28") == "--image-size 60 is not a multiple of 28"
 
 
 def test_every_command_that_writes_takes_out_and_force():

@@ -335,6 +335,7 @@ def test_dynamic_resolution_is_refused_naming_the_fix(tmp_path, qwen, capsys):
     (hf / "preprocessor_config.json").write_text(json.dumps(pre))
     err = _convert_refused(hf, tmp_path, capsys)
     assert "preprocessor_config.json" in err and "dynamic resolution" in err and "min_pixels = max_pixels" in err
+    assert "pass --image-size S (a multiple of 14" in err  # the library's `image_size`, named as the CLI's flag
     pre["size"] = {"shortest_edge": 70 * 70, "longest_edge": 70 * 70}  # 70 px: not a multiple of 14 -> 70 rounds
     (hf / "preprocessor_config.json").write_text(json.dumps(pre))
     assert convert_hf(hf, tmp_path / "o70").spec.image_size == 70  # smart_resize: round(70/14)*14 = 70
@@ -346,6 +347,150 @@ CONFIG_EDITS = {
     "rope_theta": lambda c: c["vision_config"].update(rope_parameters={"rope_theta": "1e4"}),
     "text_config": lambda c: c.update(text_config="qwen2"),
 }
+
+
+HUB_DYNAMIC = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280}  # the stock Qwen2-VL-2B-Instruct's range
+
+
+def _dynamic_copy(vlm, dest):
+    """The model directory as the Hub ships it: min_pixels < max_pixels (dynamic resolution)."""
+    shutil.copytree(vlm.path, dest)
+    pre = json.loads((dest / "preprocessor_config.json").read_text())
+    pre.update(
+        HUB_DYNAMIC, size={"shortest_edge": HUB_DYNAMIC["min_pixels"], "longest_edge": HUB_DYNAMIC["max_pixels"]}
+    )
+    (dest / "preprocessor_config.json").write_text(json.dumps(pre))
+    return dest
+
+
+def _digest(folder) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        h.update(str(p.relative_to(folder)).encode())
+        h.update(p.read_bytes() if p.is_file() else b"/")
+    return h.hexdigest()
+
+
+def _processor(settings: dict, where):
+    """transformers' own image processor rebuilt from a preprocessor_config.json's settings."""
+    where.mkdir()
+    (where / "preprocessor_config.json").write_text(json.dumps(settings))
+    return transformers.AutoImageProcessor.from_pretrained(where)
+
+
+def test_image_size_builds_a_dynamic_download_served_as_transformers_answers(tmp_path, qwen, capsys):
+    """`edgekit build HF_DIR --image-size 70` on a dynamic-resolution directory: the graphs, the M-RoPE grid and
+    the build's parity check at 70 px; the bundle's recorded processor pinned (min_pixels = max_pixels = 70*70),
+    so transformers' processor built from it gives the grid and pixels the graph takes; `edgekit run` answers as
+    transformers fed that processor's inputs; the user's directory is left as it was."""
+    from edgekit.ingest import load_study
+
+    from ingest_factory import make_dataset, save
+
+    vlm, _, _, _ = qwen
+    hf = _dynamic_copy(vlm, tmp_path / "hf")
+    before = _digest(hf)
+    out = tmp_path / "bundle"
+    argv = ["build", str(hf), "--target", "cpu", "-o", str(out), "--image-size", "70", "--json"]
+    assert app_module.main(argv) == 0
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert figures["parity"]["greedy_identical"] == 1.0 and figures["parity"]["max_rel_logit_error"] <= TOL
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg[POSITIONS_KEY] == {"kind": "mrope", "grid": [1, 5, 5]} and cfg["image_tokens"] == 25
+    pre = json.loads((out / "preprocessor_config.json").read_text())
+    assert pre["image_size"] == 70 and pre["fixed_resolution"]["image_grid_thw"] == [1, 10, 10]
+    record = pre["hf_image_processor"]
+    assert record["min_pixels"] == record["max_pixels"] == 70 * 70
+    assert record["size"] == {"shortest_edge": 70 * 70, "longest_edge": 70 * 70}
+    proc = _processor(record, tmp_path / "proc")
+    image = np.random.default_rng(6).integers(0, 256, (70, 70)).astype(np.uint8)
+    image[0, :2] = (0, 255)  # the study's min-max display mapping is then image / 255
+    study = save(make_dataset(image), tmp_path / "study.dcm")
+    capsys.readouterr()
+    argv = ["run", str(out), "-s", str(study), "-p", "w3 w4", "--max-new-tokens", "6", "--json"]
+    assert app_module.main(argv) == 0
+    answer = json.loads(capsys.readouterr().out)["text"]
+    assert len(answer.split()) >= 3  # words of the random model's vocabulary, not an empty report
+    reporter = Reporter.from_bundle(out, threads=1)
+    served = reporter.pixel_values(load_study(study))[0, 0, 0]
+    np.testing.assert_allclose(served, image / np.float32(255), atol=1e-6)
+    theirs = proc(images=[np.repeat(image[:, :, None], 3, axis=-1)], return_tensors="pt")
+    assert theirs["image_grid_thw"].tolist() == [[1, 10, 10]]
+    n = int(theirs["image_grid_thw"].prod()) // 4
+    layout = reporter.prompt("CT", "w3 w4")
+    ids = torch.tensor(
+        [[*layout.ids[: layout.image_slot], *[vlm.image_token_id] * n, *layout.ids[layout.image_slot :]]]
+    )
+    hf_in = {**theirs, "input_ids": ids, "mm_token_type_ids": (ids == vlm.image_token_id).int()}
+    with torch.no_grad():
+        tokens = vlm.model.generate(**hf_in, max_new_tokens=6, do_sample=False)[0, ids.shape[1] :].tolist()
+    assert answer == reporter.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    assert _digest(hf) == before
+
+
+def test_convert_image_size_writes_the_pinned_processor_beside_the_graphs(tmp_path, qwen, capsys):
+    """`edgekit convert --image-size`: the preprocessor_config.json beside the graphs is pinned to the side, and
+    transformers' processor loaded from that folder gives the vision graph's input (its pixels feed the model's
+    own image features, which the graph returns for the same frame)."""
+    vlm, _, _, _ = qwen
+    hf = _dynamic_copy(vlm, tmp_path / "hf")
+    before = _digest(hf)
+    out = tmp_path / "onnx"
+    assert app_module.main(["convert", str(hf), "--image-size", "42", "-o", str(out), "--json"]) == 0
+    capsys.readouterr()
+    pre = json.loads((out / "preprocessor_config.json").read_text())
+    assert pre["min_pixels"] == pre["max_pixels"] == 42 * 42 and pre["patch_size"] == 7
+    proc = transformers.AutoImageProcessor.from_pretrained(out)
+    image = np.random.default_rng(7).integers(0, 256, (42, 42)).astype(np.uint8)
+    theirs = proc(images=[np.repeat(image[:, :, None], 3, axis=-1)], return_tensors="pt")
+    assert theirs["image_grid_thw"].tolist() == [[1, 6, 6]]
+    ours = CpuBackend.from_dir(out, intra_op_threads=1).encode_images((image / np.float32(255))[None, None, None])[0]
+    with torch.no_grad():
+        features = vlm.model.model.get_image_features(theirs["pixel_values"], theirs["image_grid_thw"])
+    ref = features.pooler_output[0].numpy()
+    assert ours.shape == (9, ref.shape[-1]) and np.abs(ours - ref).max() / np.abs(ref).max() <= 1e-5
+    assert _digest(hf) == before
+
+
+def _refused_json(argv, capsys) -> dict:
+    capsys.readouterr()
+    assert app_module.main([*argv, "--json"]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err
+    error = json.loads(out)["error"]
+    assert error["code"] == "invalid_config" and error["message"] in lines[0]
+    return error
+
+
+def test_image_size_refusals_are_one_line_and_json(tmp_path, qwen, capsys):
+    """A side that is not a multiple of patch * merge (naming the flag and the nearest valid sides); the flag on a
+    LLaVA directory and on edgekit's own model (saying what sets their side): one line, exit 2, JSON with
+    --json, nothing written, the model directory unchanged."""
+    from hf_vlm_factory import make_llava
+
+    vlm, _, _, _ = qwen
+    hf = _dynamic_copy(vlm, tmp_path / "hf")
+    before = _digest(hf)
+    for cmd in ("build", "convert"):
+        error = _refused_json([cmd, str(hf), "--image-size", "60", "-o", str(tmp_path / cmd)], capsys)
+        assert "--image-size 60 is not a multiple of patch_size * merge_size = 14" in error["message"]
+        assert "the nearest valid sides: 56 or 70" in error["message"] and not (tmp_path / cmd).exists()
+    assert _digest(hf) == before
+    llava = make_llava(tmp_path / "llava").path
+    before = _digest(llava)
+    for cmd in ("build", "convert"):
+        error = _refused_json([cmd, str(llava), "--image-size", "56", "-o", str(tmp_path / cmd)], capsys)
+        assert "--image-size pins Qwen2-VL's dynamic resolution" in error["message"]
+        assert "does not apply to llava: its side is the vision tower's vision_config.image_size" in error["message"]
+        assert not (tmp_path / cmd).exists()
+    assert _digest(llava) == before
+    for cmd in ("build", "convert"):  # edgekit's own model: no MODEL
+        error = _refused_json([cmd, "--image-size", "56", "-o", str(tmp_path / cmd)], capsys)
+        assert "does not apply to edgekit's own model: its side is its config.json's image_size" in error["message"]
+        assert not (tmp_path / cmd).exists()
 
 
 @pytest.mark.parametrize(
