@@ -418,6 +418,8 @@ def test_image_size_builds_a_dynamic_download_served_as_transformers_answers(tmp
     np.testing.assert_allclose(served, image / np.float32(255), atol=1e-6)
     theirs = proc(images=[np.repeat(image[:, :, None], 3, axis=-1)], return_tensors="pt")
     assert theirs["image_grid_thw"].tolist() == [[1, 10, 10]]
+    other = proc(images=[np.zeros((112, 112, 3), np.uint8)], return_tensors="pt")["image_grid_thw"]
+    assert other.tolist() == [[1, 10, 10]]  # pinned: any square image to 70 px (the directory's range kept 112)
     n = int(theirs["image_grid_thw"].prod()) // 4
     layout = reporter.prompt("CT", "w3 w4")
     ids = torch.tensor(
@@ -467,8 +469,9 @@ def _refused_json(argv, capsys) -> dict:
 
 def test_image_size_refusals_are_one_line_and_json(tmp_path, qwen, capsys):
     """A side that is not a multiple of patch * merge (naming the flag and the nearest valid sides); the flag on a
-    LLaVA directory and on edgekit's own model (saying what sets their side): one line, exit 2, JSON with
-    --json, nothing written, the model directory unchanged."""
+    LLaVA directory, a plain decoder and edgekit's own model (saying what sets their side): one line, exit 2,
+    JSON with --json, nothing written, the model directory unchanged."""
+    from finetune_factory import make_llama
     from hf_vlm_factory import make_llava
 
     vlm, _, _, _ = qwen
@@ -487,6 +490,10 @@ def test_image_size_refusals_are_one_line_and_json(tmp_path, qwen, capsys):
         assert "does not apply to llava: its side is the vision tower's vision_config.image_size" in error["message"]
         assert not (tmp_path / cmd).exists()
     assert _digest(llava) == before
+    llama = tmp_path / "llama"
+    make_llama(llama)
+    error = _refused_json(["convert", str(llama), "--image-size", "56", "-o", str(tmp_path / "l")], capsys)
+    assert "does not apply to llama: a decoder alone takes no image" in error["message"]
     for cmd in ("build", "convert"):  # edgekit's own model: no MODEL
         error = _refused_json([cmd, "--image-size", "56", "-o", str(tmp_path / cmd)], capsys)
         assert "does not apply to edgekit's own model: its side is its config.json's image_size" in error["message"]
