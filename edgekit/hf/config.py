@@ -7,6 +7,7 @@ prevent. Each refusal is one line naming config.json and the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Collection
@@ -179,3 +180,35 @@ def decoder_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[s
         lm_head=lm_head,
         rope_inv_freq=inv_freq,
     )
+
+
+def language_model_spec(
+    text: dict[str, Any],
+    model_dir: str | Path,
+    names_: Collection[str],
+    lm_prefixes: tuple[tuple[str, str], ...],
+    *,
+    module: str | None = None,
+    tied: bool = False,
+) -> tuple[DecoderSpec, str]:
+    """A VLM's language model: (its DecoderSpec named under `module`, or under the checkpoint's own prefix when
+    None; the checkpoint's prefix). `lm_prefixes` lists (prefix, lm_head) layouts to look for; the head is the
+    embedding when `tied` or when the checkpoint has no head of its own."""
+    where = Path(model_dir) / "config.json"
+    found = next(((p, h) for p, h in lm_prefixes if f"{p}embed_tokens.weight" in names_), None)
+    if found is None:
+        raise ConfigError(
+            "no language model weights found (looked for embed_tokens.weight under "
+            f"{', '.join(p for p, _ in lm_prefixes)})",
+            where,
+        )
+    prefix, head = found
+    named = module if module is not None else prefix
+    spec = dataclasses.replace(
+        decoder_spec(text, model_dir, names_),
+        layer_prefix=f"{named}layers",
+        embed_tokens=f"{named}embed_tokens",
+        final_norm=f"{named}norm",
+        lm_head=f"{named}embed_tokens" if tied or f"{head}.weight" not in names_ else head,
+    )
+    return spec, prefix

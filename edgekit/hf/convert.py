@@ -28,7 +28,7 @@ from edgekit.export.default import DECODER, EMBED_TOKENS, VISION_ENCODER
 from edgekit.export.embed import build_embed_tokens
 from edgekit.export.save import save_model, validate
 from edgekit.export.specs import DecoderSpec
-from edgekit.positions import POSITIONS_KEY
+from edgekit.positions import MROPE, POSITIONS_KEY
 
 from .checkpoint import CheckpointError, SafetensorsCheckpoint, ShapeOnlyWeights, attach_lazy_weights
 from .config import decoder_spec, model_kind, read_config_file, read_hf_config
@@ -185,12 +185,11 @@ def convert_hf(
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, tmp / name)
         shutil.copy2(model_dir / "config.json", tmp / HF_CONFIG)
-        if getattr(spec, "pinned", False):  # the processor pinned to the graphs' side, not the directory's range
+        if kind == "vlm" and spec.pinned:  # the processor pinned to the graphs' side, not the directory's range
             pre = read_config_file(model_dir / PREPROCESSOR) if (model_dir / PREPROCESSOR).is_file() else None
             (tmp / PREPROCESSOR).write_text(json.dumps(spec.processor_config(pre), indent=2) + "\n")
-        scheme = getattr(spec, "positions", None)
-        if scheme is not None:  # what the decoder's position_ids are (M-RoPE), for whoever feeds these graphs
-            (tmp / HF_CONFIG).write_text(json.dumps({**cfg, POSITIONS_KEY: scheme.to_dict()}, indent=2) + "\n")
+        if kind == "vlm" and spec.positions.kind == MROPE:  # the decoder's position_ids, for whoever feeds it
+            (tmp / HF_CONFIG).write_text(json.dumps({**cfg, POSITIONS_KEY: spec.positions.to_dict()}, indent=2) + "\n")
         out_dir.mkdir(parents=True, exist_ok=True)
         for item in sorted(tmp.iterdir()):
             if item.suffix == ".onnx":  # a stale weights file from an earlier, larger export must not linger

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.positions import PositionScheme
-
 from .frame_split import split_frame_np
 from .vlm import VlmSpec
 
@@ -73,7 +71,7 @@ def compare(
 
     ids = torch.tensor([[*text_ids[:slot], *spec.span_ids, *text_ids[slot:]]])
     images = {**hf_image_inputs(spec, gray), **hf_token_inputs(spec, ids)}
-    scheme = getattr(spec, "positions", None) or PositionScheme()  # Qwen2-VL: M-RoPE; the rest: text
+    scheme = spec.positions  # Qwen2-VL: M-RoPE; the rest: text
     with torch.no_grad():
         ref = model(input_ids=ids, **images).logits[0].float().numpy()
         theirs = model.generate(input_ids=ids, **images, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)[

@@ -45,8 +45,8 @@ from edgekit.export.specs import DecoderSpec
 from edgekit.positions import MROPE, PositionScheme
 
 from .checkpoint import ModuleNames, find_prefix
-from .config import decoder_spec, rope_parameters
-from .vision_tower import GELU, activation
+from .config import language_model_spec, rope_parameters
+from .vision_tower import GELU, activation, normalize_frames
 
 F32 = ir.DataType.FLOAT
 VISUAL_PREFIXES = ("visual.", "model.visual.")  # the Hub's layout (and transformers 5's save_pretrained), modules
@@ -383,28 +383,12 @@ def qwen2_vl_spec(
     image_token = cfg.get("image_token_id", 151655)
     if isinstance(image_token, bool) or not isinstance(image_token, int):
         raise ConfigError(f"image_token_id: expected an int, got {image_token!r}", where)
-    found = next(((p, h) for p, h in LM_PREFIXES if f"{p}embed_tokens.weight" in names_), None)
-    if found is None:
-        raise ConfigError(
-            f"no language model weights found (looked for embed_tokens.weight under "
-            f"{', '.join(p for p, _ in LM_PREFIXES)})",
-            where,
-        )
-    lm, head = found
-    d = decoder_spec(text, model_dir, names_)
+    tied = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    d, lm = language_model_spec(text, model_dir, names_, LM_PREFIXES, module=LM_MODULE, tied=tied)
     if sum(section) * 2 != d.head_dim:
         raise ConfigError(f"mrope_section {list(section)} does not sum to head_dim / 2 = {d.head_dim // 2}", where)
     visual = find_prefix(names_, VISUAL_PREFIXES, "patch_embed.proj.weight", where)
-    tied = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-    lm_head = f"{LM_MODULE}embed_tokens" if tied or f"{head}.weight" not in names_ else head
-    decoder = dataclasses.replace(
-        d,
-        layer_prefix=f"{LM_MODULE}layers",
-        embed_tokens=f"{LM_MODULE}embed_tokens",
-        final_norm=f"{LM_MODULE}norm",
-        lm_head=lm_head,
-        mrope_section=section,
-    )
+    decoder = dataclasses.replace(d, mrope_section=section)
     tower = tower_of(cfg, pre, decoder.hidden, where, pre_where, image_size)
     if tower.out_hidden != decoder.hidden:
         raise ConfigError(
@@ -562,12 +546,7 @@ def build_vision(weights: Mapping[str, np.ndarray], spec: Qwen2VlSpec) -> ir.Mod
     pixels = b.input(names.PIXEL_VALUES, F32, ["batch", 1, 1, s, s])
     scope = "/image_processor"
     x = b.op(scope, "Reshape", [pixels, b.const([-1, 1, s, s])])
-    if c > 1:  # a grey display frame as the RGB image the tower was trained on
-        x = b.op(scope, "Concat", [x] * c, {"axis": 1})
-    shape = (1, c, 1, 1)
-    mean = b.const(np.asarray(spec.image_mean, np.float32).reshape(shape), np.float32)
-    std = b.const(np.asarray(spec.image_std, np.float32).reshape(shape), np.float32)
-    x = b.op(scope, "Div", [b.op(scope, "Sub", [x, mean]), std])
+    x = normalize_frames(b, x, c, spec.image_mean, spec.image_std, scope)
     x = _patches(b, x, t)
     cos_np, sin_np = vision_rope_tables(t)
     units, unit_dim, mask = spec.num_image_tokens, t.hidden * t.merge_size**2, None

@@ -19,7 +19,7 @@ from typing import Any
 
 from edgekit import names
 from edgekit.errors import ConfigError
-from edgekit.positions import POSITIONS_KEY
+from edgekit.positions import MROPE, POSITIONS_KEY
 from edgekit.prompt import IMAGE_TOKEN, prompt_layout
 
 from .config import read_config_file
@@ -233,9 +233,8 @@ def model_config(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, Any]:
     out[names.IMAGE_TOKENS] = spec.span_length
     out.setdefault("vocab_size", spec.decoder.vocab_size)  # top level, where edgekit's readers look
     out["edgekit_vlm"] = spec.to_dict()
-    scheme = getattr(spec, "positions", None)  # Qwen2-VL: M-RoPE over the image's grid
-    if scheme is not None:
-        out[POSITIONS_KEY] = scheme.to_dict()
+    if spec.positions.kind == MROPE:  # Qwen2-VL: M-RoPE over the image's grid (absent: text)
+        out[POSITIONS_KEY] = spec.positions.to_dict()
     return out
 
 

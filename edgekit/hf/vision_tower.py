@@ -219,6 +219,17 @@ def activation(b: GraphBuilder, x: ir.Value, scope: str, kind: str) -> ir.Value:
     return b.op(scope, "Mul", [x, b.op(scope, "Sigmoid", [b.op(scope, "Mul", [x, b.const(1.702, np.float32)])])])
 
 
+def normalize_frames(b: GraphBuilder, x: ir.Value, channels: int, mean, std, scope: str) -> ir.Value:
+    """The image processor's last steps in the graph, for grey display frames (n, 1, S, S) in [0, 1]: the frame
+    on every channel the tower was trained on (a grey image as RGB), then `(x - image_mean) / image_std`."""
+    if channels > 1:
+        x = b.op(scope, "Concat", [x] * channels, {"axis": 1})
+    shape = (1, channels, 1, 1)
+    mean_c = b.const(np.asarray(mean, np.float32).reshape(shape), np.float32)
+    std_c = b.const(np.asarray(std, np.float32).reshape(shape), np.float32)
+    return b.op(scope, "Div", [b.op(scope, "Sub", [x, mean_c]), std_c])
+
+
 def hidden_states(b: GraphBuilder, pixels: ir.Value, spec: VisionTowerSpec, layers: int) -> list[ir.Value]:
     """transformers' `hidden_states` of the tower for NCHW `pixels`: [embeddings, after layer 1, ..., after layer
     `layers`] (no final norm), so a VLM can pick the layer it was trained on and build no layer past it."""

@@ -28,12 +28,13 @@ from edgekit import names
 from edgekit.errors import ConfigError
 from edgekit.export.irbuilder import GraphBuilder
 from edgekit.export.specs import DecoderSpec
+from edgekit.positions import PositionScheme
 
 from . import idefics3, llava, llava_next, qwen2_vl
 from .checkpoint import ModuleNames, SafetensorsCheckpoint
-from .config import VLM_TYPES, decoder_spec, read_config_file
+from .config import VLM_TYPES, language_model_spec, read_config_file
 from .frame_split import split_frame
-from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states
+from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states, normalize_frames
 
 __all__ = ["VLM_TYPES", "VlmSpec", "build_vlm_vision", "expected_vlm_shapes", "vlm_spec"]
 TEXT_TYPES = ("llama", "mistral", "qwen2")
@@ -70,6 +71,16 @@ class VlmSpec(ModuleNames):
     # adapters and quantization reports say), where the checkpoint on disk uses another layout (LLaVA's legacy one)
     renames: tuple[tuple[str, str], ...] = ()
     newline: str = ""  # llava_next: the checkpoint's image_newline tensor
+
+    @property
+    def positions(self) -> PositionScheme:
+        """One text position per token (Qwen2-VL's spec answers M-RoPE here)."""
+        return PositionScheme()
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the caller chose the side (`image_size`): only Qwen2-VL's dynamic resolution can be pinned."""
+        return False
 
     @property
     def image_size(self) -> int:
@@ -146,26 +157,6 @@ def _text_config(cfg: dict[str, Any], where: Path) -> dict[str, Any]:
             )
         text["model_type"] = "llama"
     return {**text, "_source_model_type": mt}
-
-
-def _decoder(text: dict[str, Any], model_dir: Path, names_: Collection[str], lm_prefixes) -> DecoderSpec:
-    where = model_dir / "config.json"
-    found = next(((p, h) for p, h in lm_prefixes if f"{p}embed_tokens.weight" in names_), None)
-    if found is None:
-        raise ConfigError(
-            "no language model weights found (looked for embed_tokens.weight under "
-            f"{', '.join(p for p, _ in lm_prefixes)})",
-            where,
-        )
-    prefix, head = found
-    spec = decoder_spec(text, model_dir, names_)
-    return dataclasses.replace(
-        spec,
-        layer_prefix=f"{prefix}layers",
-        embed_tokens=f"{prefix}embed_tokens",
-        final_norm=f"{prefix}norm",
-        lm_head=head if f"{head}.weight" in names_ else f"{prefix}embed_tokens",
-    )
 
 
 def _mean_std(
@@ -260,7 +251,7 @@ def vlm_spec(
             tower=tower,
             tower_layers=max(layers),
             connector_prefix=llava.projector_prefix(names_, where),
-            decoder=_decoder(text, model_dir, names_, llava.LM_PREFIXES),
+            decoder=language_model_spec(text, model_dir, names_, llava.LM_PREFIXES)[0],
             feature_layers=layers,
             drop_first=drop,
             connector_bias=bool(cfg.get("multimodal_projector_bias", True)),
@@ -282,7 +273,7 @@ def vlm_spec(
             tower=tower,
             tower_layers=tower.layers,
             connector_prefix=idefics3.connector_prefix(names_, where),
-            decoder=_decoder(text, model_dir, names_, idefics3.LM_PREFIXES),
+            decoder=language_model_spec(text, model_dir, names_, idefics3.LM_PREFIXES)[0],
             scale_factor=sf,
             span_before=tuple(t for t in (fake, glob) if t is not None),
             span_after=(fake,) if fake is not None else (),
@@ -381,12 +372,7 @@ def build_vlm_vision(weights: Mapping[str, np.ndarray], spec: VlmSpec) -> ir.Mod
     x = b.op(scope, "Reshape", [pixels, b.const([-1, 1, s, s])])
     if spec.tiles:  # the processor's crops and its whole image downscaled, each one tower input
         x = split_frame(b, x, spec.tiles, spec.tower.image_size, spec.whole_image_first)
-    if c > 1:  # a grey display frame as the RGB image the tower was trained on
-        x = b.op(scope, "Concat", [x] * c, {"axis": 1})
-    shape = (1, c, 1, 1)
-    mean = b.const(np.asarray(spec.image_mean, np.float32).reshape(shape), np.float32)
-    std = b.const(np.asarray(spec.image_std, np.float32).reshape(shape), np.float32)
-    x = b.op(scope, "Div", [b.op(scope, "Sub", [x, mean]), std])
+    x = normalize_frames(b, x, c, spec.image_mean, spec.image_std, scope)
     states = hidden_states(b, x, spec.tower, spec.tower_layers)
     if spec.family in ("llava", "llava_next"):
         y = llava.select_and_project(b, states, spec)
