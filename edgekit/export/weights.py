@@ -48,20 +48,36 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                 f"{p}.mlp.fc2.bias": (d,),
             }
         )
-    h, hd = c.hidden, c.head_dim
     for i in range(c.layers):
-        p = f"model.layers.{i}"
+        shapes.update(
+            decoder_layer_shapes(f"model.layers.{i}", c.hidden, c.heads, c.kv_heads, c.head_dim, c.intermediate)
+        )
+    return shapes
+
+
+def decoder_layer_shapes(
+    p: str, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, qkv_bias: bool = False
+) -> dict[str, tuple[int, ...]]:
+    """One LLaMA-style decoder layer's parameters under prefix `p` (transformers' names): radreport-tiny's and
+    every imported decoder's (`edgekit.hf.convert.expected_decoder_shapes`)."""
+    h, q, kv = hidden, heads * head_dim, kv_heads * head_dim
+    shapes = {
+        f"{p}.input_layernorm.weight": (h,),
+        f"{p}.post_attention_layernorm.weight": (h,),
+        f"{p}.self_attn.q_proj.weight": (q, h),
+        f"{p}.self_attn.k_proj.weight": (kv, h),
+        f"{p}.self_attn.v_proj.weight": (kv, h),
+        f"{p}.self_attn.o_proj.weight": (h, q),
+        f"{p}.mlp.gate_proj.weight": (intermediate, h),
+        f"{p}.mlp.up_proj.weight": (intermediate, h),
+        f"{p}.mlp.down_proj.weight": (h, intermediate),
+    }
+    if qkv_bias:
         shapes.update(
             {
-                f"{p}.input_layernorm.weight": (h,),
-                f"{p}.post_attention_layernorm.weight": (h,),
-                f"{p}.self_attn.q_proj.weight": (c.heads * hd, h),
-                f"{p}.self_attn.k_proj.weight": (c.kv_heads * hd, h),
-                f"{p}.self_attn.v_proj.weight": (c.kv_heads * hd, h),
-                f"{p}.self_attn.o_proj.weight": (h, c.heads * hd),
-                f"{p}.mlp.gate_proj.weight": (c.intermediate, h),
-                f"{p}.mlp.up_proj.weight": (c.intermediate, h),
-                f"{p}.mlp.down_proj.weight": (h, c.intermediate),
+                f"{p}.self_attn.q_proj.bias": (q,),
+                f"{p}.self_attn.k_proj.bias": (kv,),
+                f"{p}.self_attn.v_proj.bias": (kv,),
             }
         )
     return shapes

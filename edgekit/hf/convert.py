@@ -28,6 +28,7 @@ from edgekit.export.default import DECODER, EMBED_TOKENS, VISION_ENCODER
 from edgekit.export.embed import build_embed_tokens
 from edgekit.export.save import save_model, validate
 from edgekit.export.specs import DecoderSpec
+from edgekit.export.weights import decoder_layer_shapes
 from edgekit.positions import MROPE, POSITIONS_KEY
 
 from .checkpoint import CheckpointError, SafetensorsCheckpoint, ShapeOnlyWeights, attach_lazy_weights
@@ -68,35 +69,24 @@ class HfConversion:
 
 
 def expected_decoder_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
-    h, hd = spec.hidden, spec.head_dim
+    h = spec.hidden
     shapes = {
         f"{spec.embed_tokens}.weight": (spec.vocab_size, h),
         f"{spec.final_norm}.weight": (h,),
         f"{spec.lm_head}.weight": (spec.vocab_size, h),
     }
     for i in range(spec.layers):
-        p = f"{spec.layer_prefix}.{i}"
         shapes.update(
-            {
-                f"{p}.input_layernorm.weight": (h,),
-                f"{p}.post_attention_layernorm.weight": (h,),
-                f"{p}.self_attn.q_proj.weight": (spec.heads * hd, h),
-                f"{p}.self_attn.k_proj.weight": (spec.kv_heads * hd, h),
-                f"{p}.self_attn.v_proj.weight": (spec.kv_heads * hd, h),
-                f"{p}.self_attn.o_proj.weight": (h, spec.heads * hd),
-                f"{p}.mlp.gate_proj.weight": (spec.intermediate, h),
-                f"{p}.mlp.up_proj.weight": (spec.intermediate, h),
-                f"{p}.mlp.down_proj.weight": (h, spec.intermediate),
-            }
-        )
-        if spec.qkv_bias:
-            shapes.update(
-                {
-                    f"{p}.self_attn.q_proj.bias": (spec.heads * hd,),
-                    f"{p}.self_attn.k_proj.bias": (spec.kv_heads * hd,),
-                    f"{p}.self_attn.v_proj.bias": (spec.kv_heads * hd,),
-                }
+            decoder_layer_shapes(
+                f"{spec.layer_prefix}.{i}",
+                h,
+                spec.heads,
+                spec.kv_heads,
+                spec.head_dim,
+                spec.intermediate,
+                spec.qkv_bias,
             )
+        )
     return shapes
 
 
