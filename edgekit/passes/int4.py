@@ -436,6 +436,7 @@ class Int4Pass(GraphPass):
                     symmetric=symmetric_of(m),
                     tokens=fit.shape[0],
                     name=m.weight.name,
+                    check=True,
                 )
                 wq = qw.dequantize() / s[None, :] if scaled else qw.dequantize()
                 err[scaled] += float(((val @ wq.T - y) ** 2).sum())
@@ -452,15 +453,26 @@ class Int4Pass(GraphPass):
         y = val @ w.T
         err = {}
         for symmetric in (True, False):
-            qw = self._gptq(w, h, block, symmetric=symmetric, tokens=fit.shape[0])
+            qw = self._gptq(w, h, block, symmetric=symmetric, tokens=fit.shape[0], check=True)
             err[symmetric] = float(((val @ qw.dequantize().T - y) ** 2).sum())
         return err[True] <= err[False]
 
     def _gptq(
-        self, w: np.ndarray, h: np.ndarray, block: int, *, symmetric: bool, tokens: int, bits: int = 4, name="weight"
+        self,
+        w: np.ndarray,
+        h: np.ndarray,
+        block: int,
+        *,
+        symmetric: bool,
+        tokens: int,
+        bits: int = 4,
+        name="weight",
+        check: bool = False,
     ) -> QuantizedWeight:
         """GPTQ of `w` (N, K) with this pass's settings, shrunk for a Hessian fitted on `tokens` tokens: the same
-        quantizer for the MatMuls and for the held-out checks that choose their symmetry and AWQ scales."""
+        quantizer for the MatMuls and for the held-out checks that choose their symmetry and AWQ scales, except
+        that a `check` skips the code sweeps (each one costs about a GPTQ, and the checks run GPTQ four times
+        per MatMul)."""
         cfg = self.config
         return gptq_quantize(
             w,
@@ -474,7 +486,7 @@ class Int4Pass(GraphPass):
             scale_search=cfg.scale_search,
             signed_scales=cfg.target == "cpu",  # MatMulNBits takes negative scales; DequantizeLinear for TRT not
             float_zeros=self.float_zeros and bits == 4,
-            code_sweeps=cfg.code_sweeps,
+            code_sweeps=0 if check else cfg.code_sweeps,
             name=name,
         )
 
