@@ -104,9 +104,29 @@ def parity(vlm, onnx_dir: Path, cases: int, new_tokens: int) -> dict:
     }
 
 
+def save_float16_random(model_class, cfg, out: Path) -> int:
+    """A random-init model (std 0.02) built on the meta device and saved as float16 shards, as a 2B-class
+    checkpoint is published, without a float32 copy in memory; its parameter count."""
+    import torch
+
+    torch.set_default_dtype(torch.float16)
+    try:
+        with torch.device("meta"):
+            model = model_class(cfg)
+        model = model.to_empty(device="cpu")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02, generator=g)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(out, max_shard_size="2GB")
+    return params
+
+
 def big_run(root: Path) -> dict:
     """A ~2B random-init LLaVA, float16 shards, converted in a child process."""
-    import torch
     import transformers as tf
 
     vcfg = tf.CLIPVisionConfig(
@@ -123,18 +143,7 @@ def big_run(root: Path) -> dict:
     )
     cfg = tf.LlavaConfig(vision_config=vcfg, text_config=tcfg, image_token_id=32000)
     t0 = time.perf_counter()
-    torch.set_default_dtype(torch.float16)
-    with torch.device("meta"):
-        model = tf.LlavaForConditionalGeneration(cfg)
-    model = model.to_empty(device="cpu")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02, generator=g)
-    torch.set_default_dtype(torch.float32)
-    params = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(root / "hf", max_shard_size="2GB")
-    del model
+    params = save_float16_random(tf.LlavaForConditionalGeneration, cfg, root / "hf")
     made = time.perf_counter() - t0
     stats = convert_in_child(root / "hf", root / "onnx")
     on_disk = sum(f.stat().st_size for f in (root / "onnx").iterdir())
@@ -144,23 +153,11 @@ def big_run(root: Path) -> dict:
 def big_qwen_run(root: Path) -> dict:
     """Qwen2-VL-2B's whole geometry (2.2B parameters: a 1280-wide 32-block vision tower, a 1536-wide 28-layer
     Qwen2, vocab 151936, tied), float16 shards, the processor pinned to 448 px, converted in a child process."""
-    import torch
     import transformers as tf
 
     cfg, proc = qwen2_vl_2b_config(448)
     t0 = time.perf_counter()
-    torch.set_default_dtype(torch.float16)
-    with torch.device("meta"):
-        model = tf.Qwen2VLForConditionalGeneration(cfg)
-    model = model.to_empty(device="cpu")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02, generator=g)
-    torch.set_default_dtype(torch.float32)
-    params = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(root / "hf", max_shard_size="2GB")
-    del model
+    params = save_float16_random(tf.Qwen2VLForConditionalGeneration, cfg, root / "hf")
     save_qwen2_vl_serving(root / "hf", proc)
     made = time.perf_counter() - t0
     stats = convert_in_child(root / "hf", root / "onnx")
