@@ -15,7 +15,7 @@ from edgekit.export.model_config import ModelConfig
 from edgekit.names import DECODER
 from edgekit.passes import PassContext, make_pass
 from edgekit.passes.check import compare_outputs, run_all, session
-from edgekit.passes.int4_sequential import matmul_waves, retarget_weight
+from edgekit.passes.int4_sequential import input_moments, matmul_waves, retarget_weight
 from edgekit.passes.patterns import require_weight_matmuls
 
 K = 64
@@ -67,7 +67,7 @@ def test_retarget_identity():
     x = rng.standard_normal((500, 16))
     xq = x + 0.3 * rng.standard_normal(x.shape) @ rng.standard_normal((16, 16)) / 4  # correlated input error
     w = rng.standard_normal((8, 16))
-    w_star = retarget_weight(w, x, xq, ridge=0.0, damp=0.0, beta=1.0)
+    w_star = retarget_weight(w, *input_moments(x, xq), ridge=0.0, damp=0.0, beta=1.0)
 
     def lhs(q):
         return float(((x @ w.T - xq @ q.T) ** 2).sum())
@@ -83,10 +83,10 @@ def test_retarget_identity():
 def test_retarget_keeps_w_where_the_inputs_did_not_change_and_moves_beta_of_the_way():
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((300, 12)), rng.standard_normal((5, 12))
-    np.testing.assert_allclose(retarget_weight(w, x, x, ridge=0.1, damp=0.01), w, atol=1e-10)
+    np.testing.assert_allclose(retarget_weight(w, *input_moments(x, x), ridge=0.1, damp=0.01), w, atol=1e-10)
     xq = x + 0.2 * rng.standard_normal(x.shape)
-    full = retarget_weight(w, x, xq, ridge=0.05, damp=0.01, beta=1.0)
-    half = retarget_weight(w, x, xq, ridge=0.05, damp=0.01, beta=0.5)
+    full = retarget_weight(w, *input_moments(x, xq), ridge=0.05, damp=0.01, beta=1.0)
+    half = retarget_weight(w, *input_moments(x, xq), ridge=0.05, damp=0.01, beta=0.5)
     np.testing.assert_allclose(half, (w + full) / 2, atol=1e-12)
     assert not np.allclose(full, w)
 

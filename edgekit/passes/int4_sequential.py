@@ -11,6 +11,7 @@ the upstream error that is linear in its inputs.
 - `matmul_waves`: weight MatMuls grouped by how many weight MatMuls lie on the longest path to their input
   (q/k/v of a layer share one wave, o_proj the next, gate/up, down, then the next layer's q/k/v ...): one
   calibration run of the partly quantized model per wave captures every input the wave needs.
+- `input_moments`: H_q and E[x x_q^T], once per input of a wave.
 - `retarget_weight`: W*, ridge-regularised towards W (a calibration set of T tokens fits K channels with noise
   about K / T), and only `beta` of the way (the upstream error is partly nonlinear, e.g. through softmax, and a
   full move chases what a linear layer cannot undo; 0.5 was lowest on the tuning models, see
@@ -24,6 +25,7 @@ from collections import defaultdict
 import numpy as np
 import onnx_ir as ir
 
+from .gptq import hessian
 from .patterns import WeightMatMul
 
 
@@ -44,17 +46,21 @@ def matmul_waves(model: ir.Model, mms: list[WeightMatMul]) -> list[list[WeightMa
     return [waves[d] for d in sorted(waves)]
 
 
-def retarget_weight(
-    w: np.ndarray, x: np.ndarray, xq: np.ndarray, *, ridge: float, damp: float, beta: float = 1.0
-) -> np.ndarray:
-    """The (N, K) weight minimising ||W X - W' X_q||^2 over the tokens (rows of x, xq: the same tokens through the
-    float and the partly quantized model) + ||(W' - W) R^(1/2)||^2, R = ridge diag(H_q) + damp mean(diag H_q) I
-    (towards W where the tokens say little), moved `beta` of the way from W. With xq == x it is W."""
-    w = np.asarray(w, np.float64)
+def input_moments(x: np.ndarray, xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """H_q = X_q^T X_q / T (GPTQ's Hessian on the quantized inputs) and the cross moment X^T X_q / T, over the same
+    tokens (rows of x, xq: through the float and the partly quantized model). Computed once per input: the
+    MatMuls that share it (q/k/v, gate/up) share both, and GPTQ takes H_q as it is."""
     x, xq = np.asarray(x, np.float64), np.asarray(xq, np.float64)
-    t = max(x.shape[0], 1)
-    hq = xq.T @ xq / t
-    cross = x.T @ xq / t  # E[x xq^T]
+    return hessian(xq), x.T @ xq / max(x.shape[0], 1)
+
+
+def retarget_weight(
+    w: np.ndarray, hq: np.ndarray, cross: np.ndarray, *, ridge: float, damp: float, beta: float = 1.0
+) -> np.ndarray:
+    """The (N, K) weight minimising ||W X - W' X_q||^2 over the tokens (`input_moments`: hq = E[xq xq^T], cross =
+    E[x xq^T]) + ||(W' - W) R^(1/2)||^2, R = ridge diag(H_q) + damp mean(diag H_q) I (towards W where the tokens
+    say little), moved `beta` of the way from W. With xq == x it is W."""
+    w = np.asarray(w, np.float64)
     d = np.diag(hq)
     reg = np.diag(ridge * d + damp * float(np.mean(d)))
     a = hq + reg
