@@ -205,14 +205,12 @@ class Int4Pass(GraphPass):
         """`float_zeros` as set, or on for cpu with the GPTQ methods (the DequantizeLinear encodings take none)."""
         if self.config.float_zeros is not None:
             return self.config.float_zeros
-        return self.config.target == "cpu" and self.config.method in ("gptq", "awq-gptq")
+        return self.config.target == "cpu" and self.config.method in GPTQ_METHODS
 
     @property
     def sequential(self) -> bool:
-        """`sequential` as set, or on with the GPTQ methods."""
-        if self.config.sequential is not None:
-            return self.config.sequential
-        return self.config.method in GPTQ_METHODS
+        """On for the GPTQ methods unless set false (validate refuses it for the others)."""
+        return self.config.method in GPTQ_METHODS and self.config.sequential is not False
 
     def block_for(self, k: int) -> int:
         """`block`, or with `fit_block` the largest allowed block <= it that divides K (checked by the caller)."""
@@ -239,7 +237,7 @@ class Int4Pass(GraphPass):
         # cpu with `symmetric` unset and a GPTQ method: each MatMul takes the symmetry with the lower held-out
         # error, chosen first, so that AWQ's scale search and its check below fit the grid each MatMul will get
         # (before, both ran asymmetric and a MatMul then quantized symmetric kept a scale fitted for the other grid)
-        choose_symmetry = cfg.symmetric is None and cfg.target == "cpu" and cfg.method in ("gptq", "awq-gptq")
+        choose_symmetry = cfg.symmetric is None and cfg.target == "cpu" and cfg.method in GPTQ_METHODS
         chosen: dict[str, bool] = {}
         if choose_symmetry:
             for m in mms:
@@ -321,7 +319,7 @@ class Int4Pass(GraphPass):
         opts = {"accuracy_level": cfg.accuracy_level if cfg.target == "cpu" else 0, "node_names": node_names}
         counts = defaultdict(int)
         float_zero_points = 0  # MatMulNBits with float zero points: 32 bits per block instead of 4
-        sequential = self.sequential and cfg.method in GPTQ_METHODS and bool(feeds) and self._runs_partly_encoded(model)
+        sequential = self.sequential and self._runs_partly_encoded(model)
         waves = matmul_waves(model, mms) if sequential else [mms]
         live: dict[str, np.ndarray] = {}
         for index, wave in enumerate(waves):
@@ -340,7 +338,7 @@ class Int4Pass(GraphPass):
                     counts["fp32"] += 1
                 else:
                     bits = cfg.keep_bits if m.name in kept else 4
-                    qw = quantize(m, bits, live.get(m.activation.name) if sequential else None)
+                    qw = quantize(m, bits, live.get(m.activation.name))
                     float_zero_points += qw.float_zeros
                     changes.nodes_added += encoder(model, m.node, qw, m.name, opts)
                     if cfg.target == "cpu":
