@@ -409,7 +409,7 @@ def tuning(specs: list[str], block: int, models: list[str]) -> list[dict]:
         label, folder = default_model(None) if kw is None else llava_qwen2(**kw)
         fp32 = ir.load(folder / DECODER)
         emb = embedding_table(folder)
-        proto = fp32 if isinstance(fp32, onnx.ModelProto) else ir.to_proto(fp32)
+        proto = ir.to_proto(fp32)
         evals = sample_feeds(fp32, TUNING_EVAL_FEEDS, seq=32, seed=TUNING_EVAL_SEED, embeddings=emb)
         ref = run_all(session(proto.SerializeToString()), evals)
 
