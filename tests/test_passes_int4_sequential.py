@@ -137,3 +137,10 @@ def test_dequantizelinear_below_opset_21_is_not_captured_sequentially():
 def test_sequential_is_refused_for_methods_without_gptq():
     with pytest.raises(ConfigError, match="sequential"):
         make_pass("int4:method=awq,sequential=true")
+
+
+@pytest.mark.parametrize("spec", ["int4:method=gptq,sequential=false,retarget=1", "int4:method=rtn,retarget=0"])
+def test_retarget_is_refused_where_it_would_be_ignored(spec):
+    with pytest.raises(ConfigError, match="retarget"):
+        make_pass(spec)
+    make_pass("int4:method=gptq,retarget=1")  # sequential by default: taken

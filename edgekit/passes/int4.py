@@ -159,6 +159,8 @@ class Int4Config(PassConfig):
             raise ConfigError(f"{where}.float_zeros: target {self.target} takes no zero points (symmetric INT4 only)")
         if self.sequential and self.method not in GPTQ_METHODS:
             raise ConfigError(f"{where}.sequential: only gptq and awq-gptq quantize sequentially")
+        if self.retarget != RETARGET and (self.sequential is False or self.method not in GPTQ_METHODS):
+            raise ConfigError(f"{where}.retarget: only sequential gptq / awq-gptq retarget (it would be ignored here)")
         if self.method == "hqq" and self.float_zeros:
             raise ConfigError(f"{where}.float_zeros: method hqq keeps integer zero points; use gptq, awq or rtn")
 
