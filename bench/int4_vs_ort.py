@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
 from edgekit.export import DecoderSpec, build_decoder
 from edgekit.names import DECODER
@@ -65,6 +65,8 @@ from edgekit.passes.calibration import embedding_table, sample_feeds
 from edgekit.passes.check import compare_outputs, run_all, session
 from edgekit.passes.int4 import Int4Config
 from edgekit.passes.int8 import fold_weight_transposes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the random-init model factories
 
 DEFAULT_METHOD = Int4Config().method
 CALIB_SAMPLES = 64  # x 32 tokens, the same feeds for every method that calibrates (ORT's GPTQ included)
@@ -139,25 +141,12 @@ def outlier_decoder(seed: int = 0, qwen2: bool = False) -> tuple[ir.Model, np.nd
 
 def heavy_tailed_mlp(seed: int = 0, k: int = 256, hidden: int = 512, n_out: int = 128) -> onnx.ModelProto:
     """onnx.helper graph, opset 17, IR 9, every node unnamed."""
+    from onnx_factory import unnamed_matmul_chain
+
     rng = np.random.default_rng(seed)
     dims = [k, hidden, hidden, n_out]
-    nodes, inits, x = [], [], "x"
-    for i in range(len(dims) - 1):
-        w = (rng.standard_t(3, (dims[i], dims[i + 1])) / np.sqrt(dims[i])).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"fc{i}.weight"))
-        nodes.append(helper.make_node("MatMul", [x, f"fc{i}.weight"], [f"h{i}"]))
-        x = f"h{i}"
-        if i < len(dims) - 2:
-            nodes.append(helper.make_node("Relu", [x], [f"r{i}"]))
-            x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", k])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", n_out])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    weights = [rng.standard_t(3, (dims[i], dims[i + 1])) / np.sqrt(dims[i]) for i in range(len(dims) - 1)]
+    return unnamed_matmul_chain(weights)
 
 
 MLP_OUTLIERS = (3, 77, 150, 200)
@@ -362,7 +351,6 @@ def llava_qwen2(hf_init: bool = False, seed: int = 0, text: str = "qwen2") -> tu
     are seed 0 with Qwen2; other seeds (and LLaMA) are the tuning models (`--tuning`)."""
     import shutil
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the random-init model factory
     from hf_vlm_factory import make_llava
 
     from edgekit.hf import convert_hf

@@ -8,6 +8,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_factory import unnamed_matmul_chain
 
 from edgekit.errors import ConfigError
 from edgekit.onnx_model import NodeNames, name_nodes
@@ -25,23 +26,8 @@ def unnamed_mlp(seed: int = 0, opset: int = 17) -> onnx.ModelProto:
     """A 3-layer MLP as onnx.helper writes it when no names are given: every node's name is empty."""
     rng = np.random.default_rng(seed)
     dims = [K, HIDDEN, HIDDEN, N_OUT]
-    nodes, inits, x = [], [], "x"
-    for i in range(3):
-        w = (rng.standard_t(3, (dims[i], dims[i + 1])) / np.sqrt(dims[i])).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"fc{i}.weight"))
-        nodes.append(helper.make_node("MatMul", [x, f"fc{i}.weight"], [f"h{i}"]))
-        x = f"h{i}"
-        if i < 2:
-            nodes.append(helper.make_node("Relu", [x], [f"r{i}"]))
-            x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", K])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", N_OUT])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10 if opset >= 21 else 9)
+    weights = [rng.standard_t(3, (dims[i], dims[i + 1])) / np.sqrt(dims[i]) for i in range(3)]
+    return unnamed_matmul_chain(weights, opset=opset)
 
 
 def feeds(n: int, seed: int) -> list[dict[str, np.ndarray]]:

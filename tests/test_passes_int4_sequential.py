@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx_factory import unnamed_matmul_chain
 
 from edgekit.errors import ConfigError
 from edgekit.export import DecoderSpec, build_decoder, random_weights
@@ -24,23 +24,8 @@ K = 64
 def _chain(seed: int = 0, layers: int = 3, relu: bool = False, opset: int = 21) -> onnx.ModelProto:
     """`layers` MatMuls in a row (K -> K), nodes unnamed; optionally a Relu between them."""
     rng = np.random.default_rng(seed)
-    nodes, inits, x = [], [], "x"
-    for i in range(layers):
-        w = (rng.standard_normal((K, K)) / np.sqrt(K)).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"fc{i}.weight"))
-        nodes.append(helper.make_node("MatMul", [x, f"fc{i}.weight"], [f"h{i}"]))
-        x = f"h{i}"
-        if relu and i < layers - 1:
-            nodes.append(helper.make_node("Relu", [x], [f"r{i}"]))
-            x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "chain",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", K])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", K])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10 if opset >= 21 else 9)
+    weights = [rng.standard_normal((K, K)) / np.sqrt(K) for _ in range(layers)]
+    return unnamed_matmul_chain(weights, relu=relu, opset=opset, name="chain")
 
 
 def _feeds(n: int, seed: int) -> list[dict[str, np.ndarray]]:
