@@ -61,3 +61,13 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def write_image_records(folder: Path, n: int) -> Path:
+    """`n` image + prompt + completion records over one random 40 x 40 grey PNG, as `folder / "t.jsonl"`."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40), dtype=np.uint8)).save(folder / "img.png")
+    rows = [{"image": "img.png", "prompt": f"w{i}", "completion": f"w{i + 1} w{i + 2}"} for i in range(n)]
+    return write_jsonl(folder / "t.jsonl", rows)

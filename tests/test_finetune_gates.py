@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("peft", reason="needs the train extra (torch, transformers, peft)")
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from finetune_factory import make_llama, reverse_task, write_jsonl  # noqa: E402
+from finetune_factory import make_llama, reverse_task, write_image_records, write_jsonl  # noqa: E402
 from hf_vlm_factory import make_idefics3  # noqa: E402
 
 from edgekit import names  # noqa: E402
@@ -246,12 +246,8 @@ def test_wrong_model_or_missing_data_is_one_line_before_any_loading(tuned, tmp_p
 def test_image_records_of_a_split_smolvlm_feed_its_tiles(tmp_path):
     """With Idefics3's image splitting the span holds every tile's tokens; the pixel values must be the tiles and
     the global image in the processor's order, or transformers refuses the batch."""
-    from PIL import Image
-
     vlm = make_idefics3(tmp_path / "hf", family="smolvlm", seed=3, tiles=2)
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40), dtype=np.uint8)).save(tmp_path / "img.png")
-    rows = [{"image": "img.png", "prompt": f"w{i}", "completion": f"w{i + 1} w{i + 2}"} for i in range(16)]
-    write_jsonl(tmp_path / "t.jsonl", rows)
+    write_image_records(tmp_path, 16)
     opts = FinetuneOptions(steps=4, batch_size=4, gate_rate=0.25, threads=1)
     result = finetune(vlm.path, tmp_path / "t.jsonl", tmp_path / "ad", opts)
     assert result["data"]["layout"] == "image+prompt+completion" and result["gates"]["closed"] == 2
@@ -261,12 +257,9 @@ def test_image_records_of_a_split_smolvlm_feed_its_tiles(tmp_path):
 def test_image_records_of_a_llava_next_pass_its_image_sizes(tmp_path):
     """LLaVA-NeXT's forward needs `image_sizes` beside the pixel values (its anyres packing reads them)."""
     from hf_vlm_factory import make_llava_next
-    from PIL import Image
 
     vlm = make_llava_next(tmp_path / "hf", seed=1)
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40), dtype=np.uint8)).save(tmp_path / "img.png")
-    rows = [{"image": "img.png", "prompt": f"w{i}", "completion": f"w{i + 1} w{i + 2}"} for i in range(8)]
-    write_jsonl(tmp_path / "t.jsonl", rows)
+    write_image_records(tmp_path, 8)
     opts = FinetuneOptions(steps=2, batch_size=4, gate_rate=0.25, threads=1)
     result = finetune(vlm.path, tmp_path / "t.jsonl", tmp_path / "ad", opts)
     assert result["data"]["layout"] == "image+prompt+completion" and np.isfinite(result["last_loss"])

@@ -559,15 +559,12 @@ def test_hub_config_layout_is_read(tmp_path, qwen):
 def test_finetune_feeds_mrope_token_types(tmp_path, qwen):
     """`edgekit finetune` on an image record: Qwen2-VL's forward needs `mm_token_type_ids` beside the processor's
     pixels and grid (its M-RoPE reads them); without them transformers refuses the batch."""
-    from finetune_factory import write_jsonl
-    from PIL import Image
+    from finetune_factory import write_image_records
 
     from edgekit.finetune.trainer import FinetuneOptions, finetune
 
     vlm, _, _, _ = qwen
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40), dtype=np.uint8)).save(tmp_path / "img.png")
-    rows = [{"image": "img.png", "prompt": f"w{i}", "completion": f"w{i + 1} w{i + 2}"} for i in range(4)]
-    write_jsonl(tmp_path / "t.jsonl", rows)
+    write_image_records(tmp_path, 4)
     opts = FinetuneOptions(steps=1, batch_size=4, gate_rate=0.25, threads=1)
     result = finetune(vlm.path, tmp_path / "t.jsonl", tmp_path / "ad", opts)
     assert result["data"]["layout"] == "image+prompt+completion" and np.isfinite(result["last_loss"])
