@@ -32,6 +32,7 @@ from onnx import helper
 
 from edgekit import names
 from edgekit.names import DECODER, EMBED_TOKENS
+from edgekit.positions import for_rank
 
 from .base import GraphPass, PassChanges, PassContext, PassPreconditionError
 from .config import PassConfig, param
@@ -105,8 +106,6 @@ def attention_layers(model: ir.Model, head_dim: int = 0) -> list[AttentionLayer]
 # --------------------------------------------------------------------------------------------------------------
 def decoder_feeds(inputs_embeds: np.ndarray, model: ir.Model) -> dict[str, np.ndarray]:
     """Prefill feeds (no past) for one batch of embeddings, in the decoder's input signature."""
-    from edgekit.positions import for_rank
-
     b, s, _ = inputs_embeds.shape
     rank = next((len(v.shape) for v in model.graph.inputs if v.name == names.POSITION_IDS and v.shape), 2)
     feeds = {
