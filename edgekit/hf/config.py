@@ -68,6 +68,16 @@ def decoder_shape_fields(cfg: dict[str, Any], where: str | Path) -> dict[str, An
     }
 
 
+def language_model_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config's language model: a VLM's `text_config`, with the top level's `tie_word_embeddings` where Hugging
+    Face's VLM configs keep it; a decoder's (or edgekit's own) config as it is. For shape readers (the targets'
+    cost models), which take a bundle's config.json whatever model it holds."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict) or not text:
+        return cfg
+    return {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
+
+
 def is_hf_model_dir(model_dir: str | Path) -> bool:
     """A Hugging Face directory says what it is in config.json's `model_type` (edgekit's own configs do not)."""
     path = Path(model_dir) / "config.json"

@@ -343,9 +343,9 @@ class ModelShape:
         tower from `vision_config` at the depth edgekit built (`edgekit_vlm.tower_layers`), Idefics3's pixel
         shuffle as the pooling (its connector takes the shuffled width) and its image splitting as tiles (rows x
         cols + the global image, each through the tower)."""
-        from edgekit.hf.config import decoder_shape_fields
+        from edgekit.hf.config import decoder_shape_fields, language_model_config
 
-        text = decoder_shape_fields(cfg.get("text_config") or cfg, "config.json text_config")
+        text = decoder_shape_fields(language_model_config(cfg), "config.json text_config")
         v = cfg.get("vision_config") or {}
         built = cfg.get("edgekit_vlm") or {}
         vision = None

@@ -103,12 +103,13 @@ KNOWN = {"qwen2-7b": lambda: QWEN2_7B, "smollm2-135m": lambda: SMOLLM2_135M, "ra
 
 def _from_json(path: Path) -> DecoderShape:
     """A Hugging Face config (read by `edgekit.hf.config`, the one config.json reader) or edgekit's own."""
-    from edgekit.hf.config import decoder_shape_fields, read_config_file  # importing edgekit.hf takes a second
+    from edgekit.hf.config import (  # importing edgekit.hf takes a second
+        decoder_shape_fields,
+        language_model_config,
+        read_config_file,
+    )
 
-    d = read_config_file(path)
-    if "hidden_size" not in d and isinstance(d.get("text_config"), dict):  # an imported VLM: its language model
-        text = d["text_config"]
-        d = {**text, "tie_word_embeddings": d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
+    d = language_model_config(read_config_file(path))  # an imported VLM: its language model
     if "hidden_size" in d:  # Hugging Face LLaMA / Qwen2 / SmolLM keys
         f = decoder_shape_fields(d, path)
         return DecoderShape(
