@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -498,6 +499,45 @@ def test_image_size_refusals_are_one_line_and_json(tmp_path, qwen, capsys):
         error = _refused_json([cmd, "--image-size", "56", "-o", str(tmp_path / cmd)], capsys)
         assert "does not apply to edgekit's own model: its side is its config.json's image_size" in error["message"]
         assert not (tmp_path / cmd).exists()
+
+
+@pytest.mark.parametrize("side,patch", [(392, 14), (784, 14), (840, 14), (98, 7), (196, 7), (448, 14)])
+def test_pinned_sides_are_fixed_whatever_the_processors_float_arithmetic_does_to_huge_images(side, patch):
+    """min_pixels = max_pixels = S*S fixes S for the S x S frames edgekit feeds. transformers' smart_resize sends
+    a 65536 px image to S - 28 for these S (float rounding), which the dynamic-resolution probe refused before
+    (`--image-size 392` on Qwen2-VL-2B was refused as dynamic)."""
+    from edgekit.hf.qwen2_vl import fixed_side, pin_processor, smart_resize
+
+    pre = pin_processor(None, side, patch, 2, 2)
+    assert fixed_side(pre, patch, 2, Path("preprocessor_config.json")) == side
+    assert smart_resize(side, 2 * patch, side * side, side * side) == side  # the frame edgekit feeds keeps S
+    if side != 448:
+        assert smart_resize(1 << 16, 2 * patch, side * side, side * side) == side - 2 * patch  # the quirk
+
+
+def test_image_size_whose_span_fills_the_context_is_refused_naming_the_largest_that_fits(tmp_path, qwen, capsys):
+    """A side whose image span leaves the decoder no room for a prompt and a report would build a bundle that
+    refuses every report: refused at convert/build time in one line naming the largest side that fits (the
+    span is (S / 14)^2 tokens for the tiny model; 40 positions leave 38 for it: 6 x 14 = 84 px)."""
+    from safetensors import safe_open
+
+    from edgekit.hf.config import read_config_file
+    from edgekit.hf.vlm import vlm_spec
+
+    vlm, _, _, _ = qwen
+    hf = _dynamic_copy(vlm, tmp_path / "hf")
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg["text_config"]["max_position_embeddings"] = 40
+    (hf / "config.json").write_text(json.dumps(cfg))
+    for cmd in ("build", "convert"):
+        error = _refused_json([cmd, str(hf), "--image-size", "98", "-o", str(tmp_path / cmd)], capsys)
+        assert "one image takes 49 decoder positions and text_config.max_position_embeddings is 40" in error["message"]
+        assert "the largest --image-size that leaves room is 84" in error["message"]
+        assert not (tmp_path / cmd).exists()
+    with safe_open(str(hf / "model.safetensors"), "np") as f:
+        names_ = list(f.keys())
+    spec = vlm_spec(read_config_file(hf / "config.json"), hf, names_, image_size=84)  # the side it names fits
+    assert spec.span_length == 36
 
 
 @pytest.mark.parametrize(

@@ -274,6 +274,12 @@ def fixed_side(pre: Mapping[str, Any] | None, patch: int, merge: int, where: Pat
             raise ConfigError(f"{key}: expected a positive int, got {v!r}", where)
     f = patch * merge
     small, large = smart_resize(1, f, lo, hi), smart_resize(1 << 16, f, lo, hi)
+    pinned = math.isqrt(lo) if lo == hi and math.isqrt(lo) ** 2 == lo else 0
+    if pinned and small == pinned and smart_resize(pinned, f, lo, hi) == pinned:
+        # min_pixels = max_pixels = S*S: S x S frames (what edgekit feeds) keep S. The processor's float
+        # arithmetic sends some much larger images a step lower (side 392: 364 from 65536 px), which
+        # was refused here as dynamic resolution before; edgekit resizes every frame to S first.
+        large = pinned
     if small != large:
         raise ConfigError(
             f"min_pixels {lo} .. max_pixels {hi} give square images sides from {small} to {large} px, a grid per "

@@ -32,7 +32,7 @@ from edgekit.positions import PositionScheme
 
 from . import idefics3, llava, llava_next, qwen2_vl
 from .checkpoint import ModuleNames, SafetensorsCheckpoint
-from .config import VLM_TYPES, language_model_spec, read_config_file
+from .config import VLM_TYPES, language_model_config, language_model_spec, read_config_file
 from .frame_split import split_frame
 from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states, normalize_frames
 
@@ -234,7 +234,7 @@ def vlm_spec(
     pre = _preprocessor(pre_path)
     if mt in ("qwen2_vl", "qwen2_5_vl"):  # their own spec: a vision transformer and merger, M-RoPE in the decoder
         mean_std = lambda t: _mean_std(pre, t, pre_path, clip=True)  # noqa: E731
-        return qwen2_vl.qwen2_vl_spec(cfg, model_dir, names_, pre, mean_std, image_size)
+        return check_span_fits(qwen2_vl.qwen2_vl_spec(cfg, model_dir, names_, pre, mean_std, image_size), cfg, where)
     if image_size is not None:
         raise qwen2_vl.image_size_refused(mt, where)
     text = _text_config(cfg, where)
@@ -293,7 +293,28 @@ def vlm_spec(
         raise ConfigError(f"image_token_id {image_token} is outside the vocabulary of {spec.decoder.vocab_size}", where)
     if spec.family == "llava_next":
         llava_next.check_tokens(spec, where)
+    check_span_fits(spec, cfg, where)
     return _module_names(spec) if spec.family in ("llava", "llava_next") else spec
+
+
+def check_span_fits(spec, cfg: dict[str, Any], where: Path):
+    """Refuse, before any graph is written, an image span that leaves the decoder no room for a prompt and a
+    report: such a bundle would build and then refuse every report (edgekit.reporter.ContextBudget). For a
+    Qwen2-VL side pinned too large (`image_size`), the line names the largest side that fits. Returns `spec`."""
+    positions = language_model_config(cfg).get("max_position_embeddings")
+    if isinstance(positions, bool) or not isinstance(positions, int) or spec.span_length + 2 <= positions:
+        return spec
+    hint = ""
+    merge = getattr(spec.tower, "merge_size", None)
+    if merge:  # Qwen2-VL: (side / (patch * merge))^2 image tokens, plus the span's wrappers
+        wrappers = spec.span_length - spec.num_image_tokens
+        side = int(np.sqrt(max(positions - 2 - wrappers, 0))) * spec.tower.patch_size * merge
+        hint = f"; the largest `image_size` that leaves room is {side}" if side else ""
+    raise ConfigError(
+        f"one image takes {spec.span_length} decoder positions and text_config.max_position_embeddings is "
+        f"{positions}: no room is left for a prompt and a report{hint}",
+        where,
+    )
 
 
 LLAVA_MODULES = {"tower": "model.vision_tower.", "connector": "model.multi_modal_projector."}
