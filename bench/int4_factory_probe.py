@@ -44,7 +44,7 @@ import int4_vs_ort as bench  # noqa: E402  (the models, ORT's quantizer and the 
 
 from edgekit.names import DECODER  # noqa: E402
 from edgekit.passes.calibration import embedding_table, sample_feeds  # noqa: E402
-from edgekit.passes.check import run_all, session  # noqa: E402
+from edgekit.passes.check import compare_outputs, run_all, session  # noqa: E402
 from edgekit.passes.int4_encode import pack_nibbles, unpack_nibbles  # noqa: E402
 
 LAYER = "model.language_model.layers.0.self_attn"
@@ -53,8 +53,7 @@ HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32  # tests/hf_vlm_factory.py, size small: tex
 
 
 def rel_l2(ref: list[dict], got: list[dict]) -> float:
-    num = sum(float(((a["logits"] - b["logits"]) ** 2).sum()) for a, b in zip(got, ref))
-    return float(np.sqrt(num / sum(float((b["logits"] ** 2).sum()) for b in ref)))
+    return compare_outputs(ref, got, ["logits"])[0].rel_l2  # the measure bench/int4_vs_ort.py reports
 
 
 class Grid:
