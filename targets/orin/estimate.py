@@ -383,7 +383,9 @@ def _qwen2_vl_vision(v: dict, built: dict) -> VisionShape:
     """Qwen2-VL / Qwen2.5-VL's tower at the fixed side edgekit built (`edgekit_vlm.image_size`): every patch
     through the blocks, the 2 x 2 merge as the pooling (the merger takes 4 patches' width), the still image's
     temporal copies as input channels of the patch embedding. Qwen2.5-VL's SwiGLU counts three matrices (mlp =
-    1.5 x intermediate) and its windowed blocks are costed as full attention (an upper bound)."""
+    1.5 x intermediate) and its windowed blocks are costed as full attention: edgekit's graph computes every
+    score and masks the ones outside a window (a constant block mask, edgekit.hf.qwen2_vl), so that is what the
+    engine runs; a window-by-window kernel would do 1 / windows of it."""
     merge = int(v.get("spatial_merge_size", 2))
     if built.get("model_type") == "qwen2_5_vl":
         hidden, mlp = int(v["hidden_size"]), int(1.5 * int(v["intermediate_size"]))
