@@ -124,7 +124,14 @@ def test_sequential_is_refused_for_methods_without_gptq():
         make_pass("int4:method=awq,sequential=true")
 
 
-@pytest.mark.parametrize("spec", ["int4:method=gptq,sequential=false,retarget=1", "int4:method=rtn,retarget=0"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "int4:method=gptq,sequential=false,retarget=1",
+        "int4:method=rtn,retarget=0",
+        "int4:method=rtn,retarget=0.35",  # the default's value set explicitly is still set (it passed before)
+    ],
+)
 def test_retarget_is_refused_where_it_would_be_ignored(spec):
     with pytest.raises(ConfigError, match="retarget"):
         make_pass(spec)

@@ -85,12 +85,13 @@ class Int4Config(PassConfig):
         "earlier waves quantized, against the float model's outputs (GPTAQ; one calibration run per wave); "
         "unset: on for gptq/awq-gptq",
     )
-    retarget: float = param(
-        RETARGET,
+    retarget: float | None = param(
+        None,
         min=0.0,
         max=1.0,
         help="sequential: how far each weight moves towards the least-squares target W X X_q^T (X_q X_q^T)^-1 "
-        "that fits the float output from the quantized inputs (0: GPTQ on the quantized inputs alone)",
+        f"that fits the float output from the quantized inputs (0: GPTQ on the quantized inputs alone); unset: "
+        f"{RETARGET}",
     )
     code_sweeps: int = param(
         1,
@@ -160,7 +161,7 @@ class Int4Config(PassConfig):
             raise ConfigError(f"{where}.float_zeros: target {self.target} takes no zero points (symmetric INT4 only)")
         if self.sequential and self.method not in GPTQ_METHODS:
             raise ConfigError(f"{where}.sequential: only gptq and awq-gptq quantize sequentially")
-        if self.retarget != RETARGET and (self.sequential is False or self.method not in GPTQ_METHODS):
+        if self.retarget is not None and (self.sequential is False or self.method not in GPTQ_METHODS):
             raise ConfigError(f"{where}.retarget: only sequential gptq / awq-gptq retarget (it would be ignored here)")
         if self.method == "hqq" and self.float_zeros:
             raise ConfigError(f"{where}.float_zeros: method hqq keeps integer zero points; use gptq, awq or rtn")
@@ -289,7 +290,8 @@ class Int4Pass(GraphPass):
                     moments[act] = input_moments(acts[act], live if s is None else live * s[None, :])
                 h, cross = moments[act]
                 ridge = self.shrink_for(m.k, acts[act].shape[0])
-                w = retarget_weight(w, h, cross, ridge=ridge, damp=cfg.damp, beta=cfg.retarget)
+                beta = RETARGET if cfg.retarget is None else cfg.retarget
+                w = retarget_weight(w, h, cross, ridge=ridge, damp=cfg.damp, beta=beta)
             elif act in acts and cfg.method in DATA_METHODS:
                 h = act_hessian(act)
             if s is not None:  # the weight times s, the Hessian of x / s
