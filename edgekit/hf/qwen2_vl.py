@@ -45,7 +45,7 @@ from edgekit.export.specs import DecoderSpec
 from edgekit.positions import MROPE, PositionScheme
 
 from .checkpoint import ModuleNames, find_prefix
-from .config import language_model_spec, rope_parameters
+from .config import language_model_config, language_model_spec, rope_parameters
 from .vision_tower import GELU, activation, normalize_frames
 
 F32 = ir.DataType.FLOAT
@@ -389,7 +389,7 @@ def qwen2_vl_spec(
     image_token = cfg.get("image_token_id", 151655)
     if isinstance(image_token, bool) or not isinstance(image_token, int):
         raise ConfigError(f"image_token_id: expected an int, got {image_token!r}", where)
-    tied = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    tied = bool(language_model_config(cfg).get("tie_word_embeddings", False))  # the top level's where it is set
     d, lm = language_model_spec(text, model_dir, names_, LM_PREFIXES, module=LM_MODULE, tied=tied)
     if sum(section) * 2 != d.head_dim:
         raise ConfigError(f"mrope_section {list(section)} does not sum to head_dim / 2 = {d.head_dim // 2}", where)

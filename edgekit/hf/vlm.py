@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,7 +298,7 @@ def vlm_spec(
     return _module_names(spec) if spec.family in ("llava", "llava_next") else spec
 
 
-def check_span_fits(spec, cfg: dict[str, Any], where: Path):
+def check_span_fits(spec: VlmSpec | qwen2_vl.Qwen2VlSpec, cfg: dict[str, Any], where: Path):
     """Refuse, before any graph is written, an image span that leaves the decoder no room for a prompt and a
     report: such a bundle would build and then refuse every report (edgekit.reporter.ContextBudget). For a
     Qwen2-VL side pinned too large (`image_size`), the line names the largest side that fits. Returns `spec`."""
@@ -305,10 +306,9 @@ def check_span_fits(spec, cfg: dict[str, Any], where: Path):
     if isinstance(positions, bool) or not isinstance(positions, int) or spec.span_length + 2 <= positions:
         return spec
     hint = ""
-    merge = getattr(spec.tower, "merge_size", None)
-    if merge:  # Qwen2-VL: (side / (patch * merge))^2 image tokens, plus the span's wrappers
-        wrappers = spec.span_length - spec.num_image_tokens
-        side = int(np.sqrt(max(positions - 2 - wrappers, 0))) * spec.tower.patch_size * merge
+    if spec.family == "qwen2_vl":  # (side / (patch * merge))^2 image tokens, the whole span
+        t = spec.tower
+        side = math.isqrt(max(positions - 2, 0)) * t.patch_size * t.merge_size
         hint = f"; the largest `image_size` that leaves room is {side}" if side else ""
     raise ConfigError(
         f"one image takes {spec.span_length} decoder positions and text_config.max_position_embeddings is "
