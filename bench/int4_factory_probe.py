@@ -11,12 +11,14 @@ from edgekit's default INT4 (`int4:block=32`) and keep its grid (block scales an
   Kronecker (K-FAC) mean and its diagonal-in-the-head part, then one code sweep. Reported: that metric on the
   eval feeds against the default's codes, the logits' error with only q_proj quantized, and the whole default
   model with its q_proj codes swapped (after the fact: the later waves were fitted to the default's q_proj).
-- `e2e` (needs torch): every MatMul's codes refined end to end, AutoRound-like (a learned offset per weight,
-  rounded with a straight-through gradient, signed gradient descent at 1 / steps as SignRound/AutoRound take it),
-  on the logits' squared error over the calibration feeds that have no past (32 of the 64: transformers' forward
-  is fed no cache), scales and zero points fixed. Two starts (`--start`): the default's codes, each free to move
-  one step, and AutoRound's own, round-to-nearest of the float weight on the default's grid with offsets in
-  [-0.5, 0.5].
+  Also: how closely that metric predicts the measured attention-output error (the linearisation).
+- `e2e` (needs torch): the logits' Fisher at layer 0's attention output (GM/AM of its eigenvalues: whether
+  ||Wo do||^2 weighs that output as the logits do), then every MatMul's codes refined end to end, AutoRound-like
+  (a learned offset per weight, rounded with a straight-through gradient, signed gradient descent at 1 / steps as
+  SignRound/AutoRound take it), on the logits' squared error over the calibration feeds that have no past (32 of
+  the 64: transformers' forward is fed no cache), scales and zero points fixed. Two starts (`--start`): the
+  default's codes, each free to move one step, and AutoRound's own, round-to-nearest of the float weight on the
+  default's grid with offsets in [-0.5, 0.5].
 
     python bench/int4_factory_probe.py [--probe attention,e2e] [--steps 50,200] [--start default,rtn]
 """
@@ -49,6 +51,7 @@ from edgekit.passes.int4_encode import pack_nibbles, unpack_nibbles  # noqa: E40
 
 LAYER = "model.language_model.layers.0.self_attn"
 SCOPE = "/model/language_model/layers.0"
+ATTN_OUT = f"{SCOPE}/self_attn/o_proj/MatMul_output_0"
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32  # tests/hf_vlm_factory.py, size small: text hidden 128, 4 heads, 2 KV heads
 
 
@@ -78,6 +81,14 @@ class Grid:
     def write(self, codes: np.ndarray) -> None:
         packed = pack_nibbles(codes.astype(np.uint8).reshape(self.n, -1, self.block))
         self.tensors[self.node.input[1]].CopyFrom(numpy_helper.from_array(packed, self.node.input[1]))
+
+
+def with_attention_output(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` that also outputs layer 0's attention output (o_proj's MatMul)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.output.append(onnx.helper.make_empty_tensor_value_info(ATTN_OUT))
+    return m
 
 
 def matmulnbits(model: onnx.ModelProto, name: str) -> onnx.NodeProto:
@@ -183,19 +194,30 @@ def attention_probe(fp32, quantized, calib, evals, ref, hqq_err) -> dict:
     fit, held = q_metrics(capture_layer0(fp32, calib), wo, k), q_metrics(capture_layer0(fp32, evals), wo, k)
     grid = Grid(quantized, matmulnbits(quantized, f"{LAYER}.q_proj"))
 
-    def only_q(codes: np.ndarray) -> float:  # the FP32 model with just layer 0's q_proj quantized
-        m = onnx.ModelProto()
-        m.CopyFrom(fp32)
+    tokens = sum(f["inputs_embeds"].shape[1] for f in evals)
+    float_attn = [o[ATTN_OUT] for o in run_all(session(with_attention_output(fp32).SerializeToString()), evals)]
+
+    def only_q(codes: np.ndarray) -> tuple[float, float]:
+        """The FP32 model with just layer 0's q_proj quantized: the logits' error, and the squared error of that
+        layer's attention output (o_proj's) per token, measured, which the metric linearises."""
+        m = with_attention_output(fp32)
         for init in m.graph.initializer:
             if init.name == f"{LAYER}.q_proj.weight":
                 init.CopyFrom(numpy_helper.from_array(grid.dequantize(codes).astype(np.float32), init.name))
-        return rel_l2(ref, run_all(session(m.SerializeToString()), evals))
+        got = run_all(session(m.SerializeToString()), evals)
+        attn = sum(float(((g[ATTN_OUT] - f) ** 2).sum()) for g, f in zip(got, float_attn)) / tokens
+        return rel_l2(ref, got), attn
+
+    def measured(codes: np.ndarray, metric: float) -> dict:
+        logits, attn = only_q(codes)
+        return {"held_out_metric": metric, "only_q_proj_rel_l2": logits, "metric_over_measured": metric / attn}
 
     def held_metric(codes: np.ndarray) -> float:
         dw = grid.dequantize(codes) - wq
         return sum(float(e @ held["full"][h] @ e) for h in range(HEADS) for e in [dw[h * d : (h + 1) * d].reshape(-1)])
 
-    base = {"held_out_metric": held_metric(grid.codes), "only_q_proj_rel_l2": only_q(grid.codes)}
+    base = measured(grid.codes, held_metric(grid.codes))
+    print(f"  default: the metric predicts {base['metric_over_measured']:.3f}x the measured attention-output error")
     rows = {
         "default": {
             **base,
@@ -214,13 +236,13 @@ def attention_probe(fp32, quantized, calib, evals, ref, hqq_err) -> dict:
         grid.write(codes)
         whole = rel_l2(ref, run_all(session(quantized.SerializeToString()), evals)) / hqq_err
         grid.write(original)
-        row = {"held_out_metric": held_metric(codes), "only_q_proj_rel_l2": only_q(codes), "whole_model_ratio": whole}
-        row |= {f"{key}_vs_default": row[key] / base[key] for key in base}
+        row = {**measured(codes, held_metric(codes)), "whole_model_ratio": whole}
+        row |= {f"{key}_vs_default": row[key] / base[key] for key in ("held_out_metric", "only_q_proj_rel_l2")}
         rows[label] = row
         print(
             f"  q_proj in the {label:<4} metric: held-out metric {row['held_out_metric_vs_default']:.3f}x the "
             f"default's, only-q_proj logits error {row['only_q_proj_rel_l2_vs_default']:.3f}x, whole model "
-            f"{whole:.3f}x ORT's HQQ",
+            f"{whole:.3f}x ORT's HQQ (metric / measured {row['metric_over_measured']:.3f})",
             flush=True,
         )
     return {"seconds": round(time.perf_counter() - t, 1), "rows": rows}
@@ -229,6 +251,37 @@ def attention_probe(fp32, quantized, calib, evals, ref, hqq_err) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # probe 2: end-to-end rounding refinement (torch)
 # ----------------------------------------------------------------------------------------------------------------
+def downstream_fisher(hf_dir: Path, calib, probes: int = 16) -> dict:
+    """The logits' Gauss-Newton Fisher at layer 0's attention output, E_tokens[J^T J] (hidden x hidden), from
+    `probes` random projections of the logits through torch autograd: how far ||Wo do||^2 (the identity there) is
+    from what the logits weigh. Reported as the GM/AM of its eigenvalues (1: isotropic)."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.LlavaForConditionalGeneration.from_pretrained(hf_dir).eval()
+    lm, head = model.model.language_model, model.lm_head
+    no_past = [f for f in calib if f["past_key_values.0.key"].shape[2] == 0]
+    emb = torch.tensor(np.concatenate([f["inputs_embeds"] for f in no_past]))
+    seen = {}
+
+    def keep(_module, _inputs, out):
+        out.retain_grad()
+        seen["a"] = out
+
+    hook = lm.layers[0].self_attn.o_proj.register_forward_hook(keep)
+    fisher = 0.0
+    for _ in range(probes):
+        out = head(lm(inputs_embeds=emb.clone().requires_grad_(True)).last_hidden_state)
+        (out * torch.randn_like(out)).sum().backward()
+        g = seen["a"].grad.reshape(-1, seen["a"].shape[-1]).double()
+        fisher = fisher + (g.T @ g).numpy()
+        model.zero_grad()
+    hook.remove()
+    ev = np.linalg.eigvalsh(fisher / probes)
+    return {"probes": probes, "gm_over_am": float(np.exp(np.mean(np.log(ev))) / np.mean(ev))}
+
+
 def e2e_probe(
     hf_dir: Path, fp32, quantized_bytes: bytes, calib, evals, ref, hqq_err, steps: list[int], start: str
 ) -> dict:
@@ -352,6 +405,8 @@ def main() -> None:
         out["attention"] = attention_probe(fp32, onnx.load_from_string(default), calib, evals, ref, hqq_err)
     if "e2e" in args.probe:
         try:
+            out["downstream_fisher"] = fisher = downstream_fisher(folder.parent / "hf", calib)
+            print(f"  downstream Fisher at layer 0's attention output: GM/AM of eigenvalues {fisher['gm_over_am']:.3f}")
             steps = [int(s) for s in args.steps.split(",")]
             out["e2e"] = {
                 start: e2e_probe(folder.parent / "hf", fp32, default, calib, evals, ref, hqq_err, steps, start)
