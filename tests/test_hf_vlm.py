@@ -384,7 +384,9 @@ def test_templated_prompt_matches_transformers_processor(tmp_path, make):
     vlm = make(tmp_path / "hf")
     if vlm.family == "smolvlm":  # its processor is built with a video processor, which needs torchvision
         pytest.importorskip("num2words", reason="transformers' SmolVLMProcessor needs num2words")
-        pytest.importorskip("torchvision", reason="transformers' SmolVLMProcessor needs torchvision")
+        # not in the test extra: PyPI's torchvision for torch 2.13 is the CUDA build, whose operators do not
+        # register beside the CPU torch pinned here (and then break transformers' image processors)
+        pytest.importorskip("torchvision", reason="transformers' SmolVLMProcessor needs torchvision (a CPU build)")
     from edgekit.build import build
 
     out = build("cpu", tmp_path / "bundle", model_dir=vlm.path, parity=False).bundle
