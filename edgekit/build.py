@@ -270,14 +270,13 @@ def _apply_recipe(recipe, onnx_dir: Path, work: Path, steps: list, figures: dict
     say(f"passes: recipe {recipe.name} ({', '.join(p.name for p in recipe.passes)})")
     out = work / "optimized"
     result = run_pipeline(onnx_dir, out, recipe.passes, overwrite=True)
-    reports = [rep.to_dict() for rep in result.reports]
+    step = result.step("recipe", {"recipe": recipe.name})
+    reports = step["passes"]
     for rep in reports:  # the scores travel as their own component (the pipeline wrote it), not in provenance
         rep.get("notes", {}).pop(names.HEAD_IMPORTANCE, None)
     if (out / names.HEAD_IMPORTANCE_FILE).is_file():
         components[names.HEAD_IMPORTANCE] = out / names.HEAD_IMPORTANCE_FILE
-    steps.append(
-        {"name": "recipe", "params": {"recipe": recipe.name}, "passes": reports, "seconds": round(result.seconds, 3)}
-    )
+    steps.append(step)
     end_to_end = result.provenance()["end_to_end_error"] or {  # one pass: its own check is the end-to-end one
         rep["graph"]: rep.get("check") or [] for rep in reports
     }

@@ -148,3 +148,14 @@ def test_inspect_refuses_a_truncated_program(x1_bundle, tmp_path, capsys):
     assert main(["x1", "inspect", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "truncated" in err and "cut.x1" in err
+
+
+def test_the_default_int4_is_on_record_where_the_orin_estimate_reads_precision(x1_bundle):
+    """The default build's own INT4 step carries its pass reports, so readers of a manifest's passes (the orin
+    estimate's weight formats) see INT4 here rather than the FP32 of an untouched graph."""
+    from edgekit.targets.orin.estimate import precision_from_manifest
+
+    manifest = load_bundle(x1_bundle).manifest
+    int4 = next(s for s in manifest.provenance["passes"] if s["name"] == "int4")
+    precision, _ = precision_from_manifest(manifest)
+    assert precision.weights == "int4" and precision.block == int4["params"]["block"] == 16  # the tiny model's K

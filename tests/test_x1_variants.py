@@ -56,6 +56,10 @@ def test_default_x1_build_still_quantizes_itself(tmp_path):
     res = build("x1", tmp_path / "b", parity=False)
     int4 = next(s for s in res.steps if s["name"] == "int4")
     assert int4["params"] == {"block": 32, "target": "x1"}
+    # the manifest says what the pass chose on each graph and how far it moved the outputs, as a recipe's step does
+    decoder = next(r for r in int4["passes"] if r["graph"] == "decoder_model_merged.onnx")
+    assert decoder["pass_name"] == "int4" and decoder["config"]["target"] == "x1" and decoder["config"]["block"] == 32
+    assert decoder["notes"]["sequential_waves"] > 0 and decoder["check"] and decoder["check_samples"] > 0
     assert "on the INT4 graphs" in res.figures["x1_compile"]["source"]
 
 

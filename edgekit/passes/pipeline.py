@@ -47,6 +47,16 @@ class PipelineResult:
             "end_to_end_error": {g: [e.to_dict() for e in errs] for g, errs in self.end_to_end.items()},
         }
 
+    def step(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The bundle manifest's record of this run: every pass report (its settings, notes and check) beside the
+        build's own parameters, so a bundle says what each pass chose, not only that it ran."""
+        return {
+            "name": name,
+            "params": params,
+            "passes": [r.to_dict() for r in self.reports],
+            "seconds": round(self.seconds, 3),
+        }
+
 
 def resolve_source(path: str | Path) -> Path:
     """A model directory with the standard graph names, or a bundle (dir or .ekb) whose graphs are used."""

@@ -51,7 +51,7 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
         say(f"passes: {spec}")
         graphs = work / INT4_DIR
         result = run_pipeline(inputs.graphs, graphs, [make_pass(spec)], overwrite=True)
-        steps = [{"name": "int4", "params": {"block": block, "target": "x1"}, "seconds": round(result.seconds, 3)}]
+        steps = [result.step("int4", {"block": block, "target": "x1"})]
         compiled_from = "the INT4 graphs"
     else:
         graphs, steps, compiled_from = inputs.graphs, [], f"the graphs of recipe {inputs.recipe}"
