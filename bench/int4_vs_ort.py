@@ -2,9 +2,10 @@
 
 ORT's side (onnxruntime.quantization.matmul_nbits_quantizer, whatever the installed version offers): its default
 algorithm symmetric and asymmetric (round to nearest, C++ kernels), HQQ (data-free, asymmetric with float zero
-points; needs torch, skipped without it) and GPTQ (its vendored Neural Compressor code, fed the same calibration
-feeds as edgekit), symmetric and asymmetric. ORT's GPTQ as shipped pushes no rounding error onward (see
-`_GPTQ_FIX`), so its codes are its RTN's; one more row, not counted in ORT's best, runs it with that fixed.
+points; needs torch, skipped without it), k-quant (llama.cpp's scale search, data-free, with zero points) and GPTQ
+(its vendored Neural Compressor code, fed the same calibration feeds as edgekit), symmetric and asymmetric. ORT's
+GPTQ as shipped pushes no rounding error onward (see `_GPTQ_FIX`), so its codes are its RTN's; one more row, not
+counted in ORT's best, runs it with that fixed.
 edgekit's side: each `int4` method, and the pass's default.
 
 Models, none of them written for this bench's methods:
@@ -233,6 +234,8 @@ def ort_int4(proto: onnx.ModelProto, block: int, algo: str, symmetric: bool, cal
     config = None
     if algo == "hqq":
         config = mnq.HQQWeightOnlyQuantConfig(block_size=block, bits=4)
+    elif algo == "k_quant":  # llama.cpp's k-quant scale search (Neural Compressor's port); always with zero points
+        config = mnq.KQuantWeightOnlyQuantConfig()
     elif algo == "gptq":
         config = mnq.GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), block_size=128)
     q = mnq.MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=symmetric, algo_config=config)
@@ -241,6 +244,8 @@ def ort_int4(proto: onnx.ModelProto, block: int, algo: str, symmetric: bool, cal
 
 
 def ort_rows() -> list[tuple[str, str, bool]]:
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnq
+
     rows = [("ort rtn sym", "default", True), ("ort rtn asym", "default", False)]
     try:
         import torch  # noqa: F401
@@ -248,6 +253,8 @@ def ort_rows() -> list[tuple[str, str, bool]]:
         rows.append(("ort hqq asym", "hqq", False))
     except ImportError:
         print("ORT HQQ skipped: it needs torch")
+    if hasattr(mnq, "KQuantWeightOnlyQuantConfig"):
+        rows.append(("ort k-quant asym", "k_quant", False))
     rows += [("ort gptq sym", "gptq", True), ("ort gptq asym", "gptq", False)]
     return rows
 
