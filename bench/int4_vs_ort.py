@@ -243,6 +243,20 @@ def ort_int4(proto: onnx.ModelProto, block: int, algo: str, symmetric: bool, cal
     return q.model.model.SerializeToString()
 
 
+def nbits_weights(data: bytes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each MatMulNBits' packed codes and scales, by its output (ORT's quantizers name initializers differently)."""
+    model = onnx.load_from_string(data)
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return {n.output[0]: (init[n.input[1]], init[n.input[2]]) for n in model.graph.node if n.op_type == "MatMulNBits"}
+
+
+def same_weights(a: dict[str, tuple[np.ndarray, np.ndarray]], b: dict[str, tuple[np.ndarray, np.ndarray]]) -> bool:
+    """The same codes, and scales equal to float32 rounding (the two paths compute them in different orders)."""
+    return a.keys() == b.keys() and all(
+        np.array_equal(a[k][0], b[k][0]) and np.allclose(a[k][1], b[k][1], rtol=1e-6, atol=0) for k in a
+    )
+
+
 def ort_rows() -> list[tuple[str, str, bool]]:
     from onnxruntime.quantization import matmul_nbits_quantizer as mnq
 
@@ -284,6 +298,7 @@ def measure(label: str, proto: onnx.ModelProto, calib, evals, output: str, block
         (f"edgekit default ({DEFAULT_METHOD})", "edgekit", lambda: edgekit_int4(proto, f"int4:block={block}", calib))
     )
     rows = []
+    written: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
     for name, who, make in todo:
         t = time.perf_counter()
         try:
@@ -313,6 +328,12 @@ def measure(label: str, proto: onnx.ModelProto, calib, evals, output: str, block
             }
         )
         print(f"  {name:<52} {err.rel_l2:.4f}  {seconds:6.1f} s", flush=True)
+        if who == "ort" and name in ("ort rtn asym", "ort gptq asym"):
+            written[name] = nbits_weights(data)
+    if len(written) == 2:  # the GPTQ bug's signature (_GPTQ_FIX): the same codes and scales as its RTN
+        same = same_weights(written["ort rtn asym"], written["ort gptq asym"])
+        next(r for r in rows if r["method"] == "ort gptq asym")["same_codes_and_scales_as_ort_rtn_asym"] = same
+        print(f"  ORT's GPTQ asym wrote {'the same' if same else 'other'} codes and scales as its RTN asym")
     ort_ok = [r for r in rows if r["by"] == "ort" and "rel_l2" in r]
     best = min(ort_ok, key=lambda r: r["rel_l2"]) if ort_ok else None
     rtn = {s: next((r["rel_l2"] for r in ort_ok if r["method"] == f"ort rtn {s}"), None) for s in ("sym", "asym")}
