@@ -60,6 +60,7 @@ def test_default_x1_build_still_quantizes_itself(tmp_path):
     decoder = next(r for r in int4["passes"] if r["graph"] == "decoder_model_merged.onnx")
     assert decoder["pass_name"] == "int4" and decoder["config"]["target"] == "x1" and decoder["config"]["block"] == 32
     assert decoder["notes"]["sequential_waves"] > 0 and decoder["check"] and decoder["check_samples"] > 0
+    assert decoder["config"]["retarget"] is None and decoder["notes"]["retarget"] == 0.35  # what ran, on record
     assert "on the INT4 graphs" in res.figures["x1_compile"]["source"]
 
 

@@ -216,6 +216,11 @@ class Int4Pass(GraphPass):
         """On for the GPTQ methods unless set false (validate refuses it for the others)."""
         return self.config.method in GPTQ_METHODS and self.config.sequential is not False
 
+    @property
+    def retarget(self) -> float:
+        """`retarget` as set, or RETARGET (validate refuses it where nothing is sequential)."""
+        return RETARGET if self.config.retarget is None else self.config.retarget
+
     def block_for(self, k: int) -> int:
         """`block`, or with `fit_block` the largest allowed block <= it that divides K (checked by the caller)."""
         if self.config.fit_block:
@@ -290,8 +295,7 @@ class Int4Pass(GraphPass):
                     moments[act] = input_moments(acts[act], live if s is None else live * s[None, :])
                 h, cross = moments[act]
                 ridge = self.shrink_for(m.k, acts[act].shape[0])
-                beta = RETARGET if cfg.retarget is None else cfg.retarget
-                w = retarget_weight(w, h, cross, ridge=ridge, damp=cfg.damp, beta=beta)
+                w = retarget_weight(w, h, cross, ridge=ridge, damp=cfg.damp, beta=self.retarget)
             elif act in acts and cfg.method in DATA_METHODS:
                 h = act_hessian(act)
             if s is not None:  # the weight times s, the Hessian of x / s
@@ -365,6 +369,7 @@ class Int4Pass(GraphPass):
             "matmuls": dict(counts),
             "float_zero_points": float_zero_points,
             "sequential_waves": len(waves) if sequential else 0,
+            "retarget": self.retarget if sequential else None,  # the value that ran (the config says None if unset)
             "kept": sorted(kept),
             "sensitivity_top": {n: round(sensitivity[n], 6) for n in ranked[: max(cfg.mixed, 5)]},
             "awq_groups": len(scales),
