@@ -52,6 +52,7 @@ import argparse
 import contextlib
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -371,6 +372,8 @@ def headroom(label: str, proto: onnx.ModelProto, calib, evals, output: str, bloc
     mms = require_weight_matmuls(model, "int4", DECODER)
     acts = capture_values(model, sorted({m.activation.name for m in mms}), calib)
     sums = {"rtn float zeros": 0.0, "gptq float zeros + refit": 0.0, "hqq": 0.0}
+    first = dict.fromkeys(sums, 0.0)  # the same, on layer 0's q_proj and k_proj alone
+    first_qk = re.compile(r"layers\.0\.self_attn\.[qk]_proj")  # the first attention's queries and keys
     dw = {"gptq": 0.0, "hqq": 0.0}
     gm_am = []
     for m in mms:
@@ -386,25 +389,39 @@ def headroom(label: str, proto: onnx.ModelProto, calib, evals, output: str, bloc
         for key, wq in (("hqq", w_hqq), ("rtn float zeros", w_rtn.dequantize()), ("gptq float zeros + refit", None)):
             wq = w_gptq.dequantize() if wq is None else wq
             sums[key] += float(((val @ wq.T - y) ** 2).sum() / (y**2).sum())
+            if first_qk.search(m.name):
+                first[key] += float(((val @ wq.T - y) ** 2).sum())
         dw["gptq"] += float(((w_gptq.dequantize() - w) ** 2).sum())
         dw["hqq"] += float(((w_hqq - w) ** 2).sum())
         hd = h + 0.01 * np.mean(np.diag(h)) * np.eye(len(h))
         gm_am.append(float(np.exp(np.mean(np.log(np.linalg.eigvalsh(hd)))) / np.mean(np.diag(hd))))
     ref = run_all(session(proto.SerializeToString()), evals)
-    scaled = {}
-    for a in (1.0, 0.9, 0.8, 0.7, 0.6):
+
+    def hqq_scaled(a: float, a_first_qk: float | None = None) -> float:
+        """End-to-end error with HQQ's weight error times `a`, and times `a_first_qk` on layer 0's q/k_proj."""
         mm = ir.from_proto(proto)
         for m in require_weight_matmuls(mm, "int4", DECODER):
             w = m.kn().T.astype(np.float64)
-            wq = w + a * (hqq[m.node.outputs[0].name] - w)
+            f = a if a_first_qk is None or not first_qk.search(m.name) else a_first_qk
+            wq = w + f * (hqq[m.node.outputs[0].name] - w)
             m.node.replace_input_with(1, add_initializer(mm.graph, np.ascontiguousarray(wq.T, np.float32), m.name))
-        scaled[a] = compare_outputs(ref, run_all(session(ir.to_proto(mm).SerializeToString()), evals), [output])[0]
+        return compare_outputs(ref, run_all(session(ir.to_proto(mm).SerializeToString()), evals), [output])[0].rel_l2
+
+    # the first attention's queries and keys apart from the rest: how much of each one's error reaches the logits
+    scaled = {a: hqq_scaled(a) for a in (1.0, 0.9, 0.8, 0.7, 0.6)}
+    split = {
+        f"first_qk {q} / rest {r}": round(hqq_scaled(r, q) / scaled[1.0], 3)
+        for q in (1.0, 0.85, 0.7, 0.4, 0.0)
+        for r in (1.0, 0.8, 0.6, 0.0)
+    }
     out = {
         "model": label,
         "per_layer_sq_error_over_hqq": {k: round(v / sums["hqq"], 3) for k, v in sums.items()},
+        "first_qk_sq_error_over_hqq": {k: round(v / max(first["hqq"], 1e-30), 3) for k, v in first.items()},
         "weight_error_gptq_over_hqq": round(dw["gptq"] / dw["hqq"], 3),
         "hessian_gm_over_am": {"median": round(float(np.median(gm_am)), 3), "min": round(min(gm_am), 3)},
-        "e2e_with_hqq_error_scaled": {a: round(e.rel_l2 / scaled[1.0].rel_l2, 3) for a, e in scaled.items()},
+        "e2e_with_hqq_error_scaled": {a: round(e / scaled[1.0], 3) for a, e in scaled.items()},
+        "e2e_with_hqq_error_scaled_first_qk_apart": split,
     }
     print(f"  {json.dumps(out)}", flush=True)
     return out

@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.build import build
 from edgekit.errors import ConfigError
+from edgekit.passes.int4 import RETARGET
 from edgekit.plugins import get_model_family
 from edgekit.targets.x1.compiler import compile_graph
 from edgekit.targets.x1.emulator import Emulator
@@ -60,7 +61,7 @@ def test_default_x1_build_still_quantizes_itself(tmp_path):
     decoder = next(r for r in int4["passes"] if r["graph"] == "decoder_model_merged.onnx")
     assert decoder["pass_name"] == "int4" and decoder["config"]["target"] == "x1" and decoder["config"]["block"] == 32
     assert decoder["notes"]["sequential_waves"] > 0 and decoder["check"] and decoder["check_samples"] > 0
-    assert decoder["config"]["retarget"] is None and decoder["notes"]["retarget"] == 0.35  # what ran, on record
+    assert decoder["config"]["retarget"] is None and decoder["notes"]["retarget"] == RETARGET  # what ran, on record
     assert "on the INT4 graphs" in res.figures["x1_compile"]["source"]
 
 

@@ -35,7 +35,7 @@ from .config import PassConfig, param
 from .gptq import block_hessians, gptq_quantize, hessian
 from .hqq import hqq_quantize
 from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
-from .int4_sequential import input_moments, matmul_waves, retarget_weight
+from .int4_sequential import InputMoments, input_moments, matmul_waves, retarget_weight
 from .patterns import WeightMatMul, add_initializer, matches_any, remove_if_unused, require_weight_matmuls
 
 AWQ_MAX_TOKENS = 512  # tokens the alpha search multiplies through (the Hessians use up to HESSIAN_MAX_TOKENS)
@@ -48,10 +48,10 @@ AWQ_CHECK_MARGIN = 1.15
 # channel by its own energy, so outlier channels do not swamp the rest as a mean-diagonal damping would) moves
 # GPTQ towards RTN with the activation-weighted scale search as the estimate gets noisier.
 SHRINK_PER_CHANNEL_PER_TOKEN = 0.5
-# sequential GPTQ moves each weight this far towards the float output's least-squares target on its quantized
-# inputs (int4_sequential.retarget_weight); chosen on the tuning models the bench does not score (the lowest mean
-# ratio to ORT's best of 0.2..0.75: docs/passes-int4.md)
-RETARGET = 0.35
+# sequential GPTQ takes the isotropic gain of each input's least-squares target in full and this share of each
+# row's James-Stein-corrected rest (int4_sequential.retarget_weight); chosen on the tuning models the bench does not
+# score (the lowest mean ratio to ORT's best of 0.5, 0.7 and 1: docs/passes-int4.md)
+RETARGET = 0.5
 METHODS = ("rtn", "hqq", "awq", "gptq", "awq-gptq")
 GPTQ_METHODS = ("gptq", "awq-gptq")
 DATA_METHODS = ("awq", "gptq", "awq-gptq")  # the ones that read calibration activations
@@ -89,9 +89,9 @@ class Int4Config(PassConfig):
         None,
         min=0.0,
         max=1.0,
-        help="sequential: how far each weight moves towards the least-squares target W X X_q^T (X_q X_q^T)^-1 "
-        f"that fits the float output from the quantized inputs (0: GPTQ on the quantized inputs alone); unset: "
-        f"{RETARGET}",
+        help="sequential: the least-squares target W X X_q^T (X_q X_q^T)^-1 fits the float output from the "
+        "quantized inputs; its isotropic gain is always taken, and this share of each row's rest, scaled by its "
+        f"James-Stein factor against the calibration noise (0: the gain alone); unset: {RETARGET}",
     )
     code_sweeps: int = param(
         1,
@@ -273,7 +273,7 @@ class Int4Pass(GraphPass):
         clip = cfg.clip or (10 if cfg.method in DATA_METHODS else 0)
         signed = cfg.target == "cpu"  # MatMulNBits takes negative scales; TensorRT's DequantizeLinear does not
         hessians: dict[str, np.ndarray] = {}
-        moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # sequential: the current wave's (H_q, E[x xq^T])
+        moments: dict[str, InputMoments] = {}  # sequential: the current wave's, per input
 
         def act_hessian(name: str) -> np.ndarray:
             if name not in hessians:
@@ -293,9 +293,10 @@ class Int4Pass(GraphPass):
             if live is not None:  # GPTAQ: fit the float output from the quantized inputs
                 if act not in moments:  # once per input of the wave (q/k/v, gate/up share theirs)
                     moments[act] = input_moments(acts[act], live if s is None else live * s[None, :])
-                h, cross = moments[act]
+                mom = moments[act]
                 ridge = self.shrink_for(m.k, acts[act].shape[0])
-                w = retarget_weight(w, h, cross, ridge=ridge, damp=cfg.damp, beta=self.retarget)
+                w = retarget_weight(w, mom, ridge=ridge, damp=cfg.damp, beta=self.retarget)
+                h = mom.hq
             elif act in acts and cfg.method in DATA_METHODS:
                 h = act_hessian(act)
             if s is not None:  # the weight times s, the Hessian of x / s

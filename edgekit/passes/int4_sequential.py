@@ -1,26 +1,32 @@
-"""Sequential INT4 with asymmetric calibration (GPTAQ, Li et al. 2025): the two pieces the `int4` pass needs.
+"""Sequential INT4 with asymmetric calibration (GPTAQ, Li et al. 2025): the pieces the `int4` pass needs.
 
 Why: GPTQ fitted on the float model's activations X minimises each layer's error on inputs it will never see;
 once the MatMuls before it are quantized, its inputs are X_q. Quantizing in topological waves and capturing X_q
 from the model with the earlier waves already quantized lets each layer be fitted to what it will be fed, and
 against the FLOAT model's output: minimise ||W X - Q X_q||^2. Expanding, that is a constant plus
 ||(W* - Q) X_q||^2 with the least-squares target W* = W X X_q^T (X_q X_q^T)^-1, so the fit is "move W to W*,
-then GPTQ with H_q = X_q^T X_q" (`retarget_weight`, the identity is tested). W* lets a layer undo the part of
-the upstream error that is linear in its inputs.
+then GPTQ with H_q = X_q^T X_q" (`least_squares_target`, the identity is tested). W* lets a layer undo the part
+of the upstream error that is linear in its inputs.
 
 - `matmul_waves`: weight MatMuls grouped by how many weight MatMuls lie on the longest path to their input
   (q/k/v of a layer share one wave, o_proj the next, gate/up, down, then the next layer's q/k/v ...): one
   calibration run of the partly quantized model per wave captures every input the wave needs.
-- `input_moments`: H_q and E[x x_q^T], once per input of a wave.
-- `retarget_weight`: W*, ridge-regularised towards W (a calibration set of T tokens fits K channels with noise
-  about K / T), and only `beta` of the way (the upstream error is partly nonlinear, e.g. through softmax, and a
-  full move chases what a linear layer cannot undo; the pass takes 0.35, the lowest mean on the tuning models, see
-  docs/passes-int4.md).
+- `input_moments`: H_q, E[x x_q^T] and E[x x^T], once per input of a wave.
+- `retarget_weight`: how far to move towards W*. W* is fitted from T calibration tokens, K coefficients per
+  output row, so its move W* - W carries noise of about K / T of each row's unexplained energy, and with 64 x 32
+  tokens most of a row's move can be noise. The move is W M (M = E[(x - x_q) x_q^T] H_q^-1, shared by the
+  MatMuls of one input). Its isotropic part, m = tr(M) / K, is the gain that noisy inputs put on a least-squares
+  fit (errors in variables: the output from x_q is shrunk towards what x would give); it is one number from every
+  token and channel, so it is taken in full. The rest is taken per output row by the positive-part James-Stein
+  factor 1 - K_eff s^2 / (T e): e the row's fitted energy, s^2 the energy it leaves unexplained; both are read
+  from the moments. `beta` (the pass's `retarget`, 0.5: the lowest mean on the tuning models) takes that share of
+  the corrected rest, 0 the gain alone. Before, a fixed 0.35 of the whole move was taken (docs/passes-int4.md).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -46,24 +52,58 @@ def matmul_waves(model: ir.Model, mms: list[WeightMatMul]) -> list[list[WeightMa
     return [waves[d] for d in sorted(waves)]
 
 
-def input_moments(x: np.ndarray, xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """H_q = X_q^T X_q / T (GPTQ's Hessian on the quantized inputs) and the cross moment X^T X_q / T, over the same
-    tokens (rows of x, xq: through the float and the partly quantized model). Computed once per input: the
-    MatMuls that share it (q/k/v, gate/up) share both, and GPTQ takes H_q as it is."""
+@dataclass(frozen=True)
+class InputMoments:
+    """One input's second moments over the same calibration tokens, through the float model (x) and the partly
+    quantized one (x_q)."""
+
+    hq: np.ndarray  # E[x_q x_q^T]: GPTQ's Hessian on the quantized inputs
+    cross: np.ndarray  # E[x x_q^T]
+    hx: np.ndarray  # E[x x^T]
+    tokens: int
+
+
+def input_moments(x: np.ndarray, xq: np.ndarray) -> InputMoments:
+    """The moments of x and x_q (rows: tokens through the float and the partly quantized model). Computed once per
+    input: the MatMuls that share it (q/k/v, gate/up) share them, and GPTQ takes H_q as it is."""
     x, xq = np.asarray(x, np.float64), np.asarray(xq, np.float64)
-    return hessian(xq), x.T @ xq / max(x.shape[0], 1)
+    tokens = max(x.shape[0], 1)
+    return InputMoments(hessian(xq), x.T @ xq / tokens, hessian(x), tokens)
 
 
-def retarget_weight(
-    w: np.ndarray, hq: np.ndarray, cross: np.ndarray, *, ridge: float, damp: float, beta: float = 1.0
-) -> np.ndarray:
-    """The (N, K) weight minimising ||W X - W' X_q||^2 over the tokens (`input_moments`: hq = E[xq xq^T], cross =
-    E[x xq^T]) + ||(W' - W) R^(1/2)||^2, R = ridge diag(H_q) + damp mean(diag H_q) I (towards W where the tokens
-    say little), moved `beta` of the way from W. With xq == x it is W."""
-    w = np.asarray(w, np.float64)
+def _ridge(hq: np.ndarray, ridge: float, damp: float) -> tuple[np.ndarray, np.ndarray]:
+    """R = ridge diag(H_q) + damp mean(diag H_q) I, and H_q + R (solvable with a dead channel too)."""
     d = np.diag(hq)
     reg = np.diag(ridge * d + damp * float(np.mean(d)))
     a = hq + reg
     a[np.diag_indices_from(a)] += 1e-12 * (float(np.max(d)) or 1.0)  # a dead channel (diag 0) stays solvable
-    w_star = np.linalg.solve(a, (w @ (cross + reg)).T).T  # A symmetric: (W (C + R)) A^-1
-    return w + beta * (w_star - w)
+    return reg, a
+
+
+def least_squares_target(w: np.ndarray, mom: InputMoments, *, ridge: float, damp: float) -> np.ndarray:
+    """W*: the (N, K) weight minimising ||W X - W' X_q||^2 over the tokens + ||(W' - W) R^(1/2)||^2 (`_ridge`:
+    towards W where the tokens say little). With x_q == x it is W."""
+    w = np.asarray(w, np.float64)
+    reg, a = _ridge(mom.hq, ridge, damp)
+    return np.linalg.solve(a, (w @ (mom.cross + reg)).T).T  # A symmetric: (W (C + R)) A^-1
+
+
+def retarget_weight(w: np.ndarray, mom: InputMoments, *, ridge: float, damp: float, beta: float = 1.0) -> np.ndarray:
+    """W moved towards `least_squares_target` by what the tokens tell apart from noise (module docstring): the
+    isotropic gain in full, and `beta` of each row's rest scaled by its James-Stein factor."""
+    w = np.asarray(w, np.float64)
+    hq = mom.hq
+    _, a = _ridge(hq, ridge, damp)
+    g = mom.cross - hq  # E[(x - x_q) x_q^T]
+    move = np.linalg.solve(a, (w @ g).T).T  # W* - W = W G A^-1
+    k = hq.shape[0]
+    gain = float(np.trace(np.linalg.solve(a, g.T))) / k  # tr(G A^-1) / K
+    rest = move - gain * w
+    # per row: the output error from the quantized inputs, E|w (x - x_q)|^2, and what the full move leaves of it
+    hd = mom.hx - mom.cross - mom.cross.T + hq
+    total = np.einsum("nk,kl,nl->n", w, hd, w)
+    left = total - 2 * np.einsum("nk,kl,nl->n", move, g.T, w) + np.einsum("nk,kl,nl->n", move, hq, move)
+    fitted = np.einsum("nk,kl,nl->n", rest, hq, rest)
+    k_eff = float(np.trace(np.linalg.solve(a, hq)))  # the fit's degrees of freedom (K without the ridge)
+    stein = np.clip(1.0 - np.maximum(left, 0.0) * k_eff / (mom.tokens * np.maximum(fitted, 1e-30)), 0.0, 1.0)
+    return w + gain * w + beta * stein[:, None] * rest
