@@ -32,7 +32,8 @@ outputs, GPTAQ) with one code sweep; the rows marked "not sequential" / "no code
 `--headroom` prints, instead, why a model misses: per weight MatMul on a held-out quarter of the calibration
 tokens, the squared output error of float-zero RTN and of edgekit's GPTQ (float zero points, refit) over ORT's
 HQQ, the Hessian's GM/AM of eigenvalues (GPTQ's gain over rounding on one grid), the weight-error ratio, and the
-end-to-end error with HQQ's weight error scaled by 0.9..0.6 (what a quantizer that far below HQQ everywhere gets).
+end-to-end error with HQQ's weight error scaled by 0.9..0.6 (what a quantizer that far below HQQ everywhere gets),
+and scaled apart on layer 0's q_proj/k_proj and on the rest (where the factory-init LLaVA decoder's error sits).
 
     python bench/int4_vs_ort.py [--model-dir DIR] [--block 32] [--calib 64] [--models a,b] [--json OUT.json]
     python bench/int4_vs_ort.py --headroom --models llava-qwen2,llava-qwen2-hfinit
