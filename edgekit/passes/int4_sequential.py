@@ -26,7 +26,7 @@ of the upstream error that is linear in its inputs.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -61,6 +61,33 @@ class InputMoments:
     cross: np.ndarray  # E[x x_q^T]
     hx: np.ndarray  # E[x x^T]
     tokens: int
+    _solved: dict = field(default_factory=dict, compare=False, repr=False)  # (ridge, damp) -> _InputFit
+
+    def fit(self, ridge: float, damp: float) -> _InputFit:
+        """The per-input pieces of the retarget (one K x K inverse), shared by the MatMuls of this input."""
+        key = (ridge, damp)
+        if key not in self._solved:
+            _, a = _ridge(self.hq, ridge, damp)
+            a_inv = np.linalg.inv(a)
+            g = self.cross - self.hq  # E[(x - x_q) x_q^T]
+            m = g @ a_inv  # W* - W = W M
+            self._solved[key] = _InputFit(
+                m=m,
+                gain=float(np.trace(m)) / m.shape[0],
+                g=g,
+                hd=self.hx - self.cross - self.cross.T + self.hq,  # E[(x - x_q)(x - x_q)^T]
+                k_eff=float((a_inv * self.hq).sum()),  # tr(A^-1 H_q): the fit's degrees of freedom, K without ridge
+            )
+        return self._solved[key]
+
+
+@dataclass(frozen=True)
+class _InputFit:
+    m: np.ndarray
+    gain: float
+    g: np.ndarray
+    hd: np.ndarray
+    k_eff: float
 
 
 def input_moments(x: np.ndarray, xq: np.ndarray) -> InputMoments:
@@ -92,18 +119,18 @@ def retarget_weight(w: np.ndarray, mom: InputMoments, *, ridge: float, damp: flo
     """W moved towards `least_squares_target` by what the tokens tell apart from noise (module docstring): the
     isotropic gain in full, and `beta` of each row's rest scaled by its James-Stein factor."""
     w = np.asarray(w, np.float64)
-    hq = mom.hq
-    _, a = _ridge(hq, ridge, damp)
-    g = mom.cross - hq  # E[(x - x_q) x_q^T]
-    move = np.linalg.solve(a, (w @ g).T).T  # W* - W = W G A^-1
-    k = hq.shape[0]
-    gain = float(np.trace(np.linalg.solve(a, g.T))) / k  # tr(G A^-1) / K
-    rest = move - gain * w
+    fit = mom.fit(ridge, damp)
+    move = w @ fit.m
+    rest = move - fit.gain * w
     # per row: the output error from the quantized inputs, E|w (x - x_q)|^2, and what the full move leaves of it
-    hd = mom.hx - mom.cross - mom.cross.T + hq
-    total = np.einsum("nk,kl,nl->n", w, hd, w)
-    left = total - 2 * np.einsum("nk,kl,nl->n", move, g.T, w) + np.einsum("nk,kl,nl->n", move, hq, move)
-    fitted = np.einsum("nk,kl,nl->n", rest, hq, rest)
-    k_eff = float(np.trace(np.linalg.solve(a, hq)))  # the fit's degrees of freedom (K without the ridge)
-    stein = np.clip(1.0 - np.maximum(left, 0.0) * k_eff / (mom.tokens * np.maximum(fitted, 1e-30)), 0.0, 1.0)
-    return w + gain * w + beta * stein[:, None] * rest
+    total = _row_quadratic(w, fit.hd, w)
+    left = total - 2 * _row_quadratic(move, fit.g.T, w) + _row_quadratic(move, mom.hq, move)
+    fitted = _row_quadratic(rest, mom.hq, rest)
+    noise = np.maximum(left, 0.0) * fit.k_eff / mom.tokens
+    stein = np.clip(1.0 - noise / np.maximum(fitted, 1e-30), 0.0, 1.0)
+    return w + fit.gain * w + beta * stein[:, None] * rest
+
+
+def _row_quadratic(a: np.ndarray, m: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a_n M b_n^T for every row n, through one matrix product (a 3-operand einsum would loop in numpy)."""
+    return ((a @ m) * b).sum(axis=1)
