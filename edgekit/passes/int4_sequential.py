@@ -83,6 +83,9 @@ class InputMoments:
 
 @dataclass(frozen=True)
 class _InputFit:
+    """What `retarget_weight` needs of one input: M (W* - W = W M), its isotropic gain tr(M) / K,
+    G = E[(x - x_q) x_q^T], the input error's covariance, and the fit's degrees of freedom."""
+
     m: np.ndarray
     gain: float
     g: np.ndarray
