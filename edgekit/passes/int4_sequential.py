@@ -67,8 +67,7 @@ class InputMoments:
         """The per-input pieces of the retarget (one K x K inverse), shared by the MatMuls of this input."""
         key = (ridge, damp)
         if key not in self._solved:
-            _, a = _ridge(self.hq, ridge, damp)
-            a_inv = np.linalg.inv(a)
+            a_inv = np.linalg.inv(_ridged(self.hq, ridge, damp))
             g = self.cross - self.hq  # E[(x - x_q) x_q^T]
             m = g @ a_inv  # W* - W = W M
             self._solved[key] = _InputFit(
@@ -101,21 +100,19 @@ def input_moments(x: np.ndarray, xq: np.ndarray) -> InputMoments:
     return InputMoments(hessian(xq), x.T @ xq / tokens, hessian(x), tokens)
 
 
-def _ridge(hq: np.ndarray, ridge: float, damp: float) -> tuple[np.ndarray, np.ndarray]:
-    """R = ridge diag(H_q) + damp mean(diag H_q) I, and H_q + R (solvable with a dead channel too)."""
+def _ridged(hq: np.ndarray, ridge: float, damp: float) -> np.ndarray:
+    """H_q + R, R = ridge diag(H_q) + damp mean(diag H_q) I (solvable with a dead channel too)."""
     d = np.diag(hq)
-    reg = np.diag(ridge * d + damp * float(np.mean(d)))
-    a = hq + reg
+    a = hq + np.diag(ridge * d + damp * float(np.mean(d)))
     a[np.diag_indices_from(a)] += 1e-12 * (float(np.max(d)) or 1.0)  # a dead channel (diag 0) stays solvable
-    return reg, a
+    return a
 
 
 def least_squares_target(w: np.ndarray, mom: InputMoments, *, ridge: float, damp: float) -> np.ndarray:
-    """W*: the (N, K) weight minimising ||W X - W' X_q||^2 over the tokens + ||(W' - W) R^(1/2)||^2 (`_ridge`:
-    towards W where the tokens say little). With x_q == x it is W."""
+    """W*: the (N, K) weight minimising ||W X - W' X_q||^2 over the tokens + ||(W' - W) R^(1/2)||^2 (`_ridged`:
+    towards W where the tokens say little), W + W M. With x_q == x it is W."""
     w = np.asarray(w, np.float64)
-    reg, a = _ridge(mom.hq, ridge, damp)
-    return np.linalg.solve(a, (w @ (mom.cross + reg)).T).T  # A symmetric: (W (C + R)) A^-1
+    return w + w @ mom.fit(ridge, damp).m
 
 
 def retarget_weight(w: np.ndarray, mom: InputMoments, *, ridge: float, damp: float, beta: float = 1.0) -> np.ndarray:
