@@ -96,6 +96,8 @@ EDGEKIT = [  # (row label, pass spec after `int4:block=B,`)
     ("awq-gptq, not sequential, no sweep (before)", "sequential=false,code_sweeps=0"),
     ("awq-gptq, not sequential", "sequential=false"),
     ("awq-gptq, no code sweep", "code_sweeps=0"),
+    # mixed precision, so not the bar's "same bits": what keeping the first attention's queries and keys costs
+    ("awq-gptq, layer 0's q/k at int8 (mixed)", "keep=*layers.0.self_attn.q_proj;*layers.0.self_attn.k_proj"),
 ]
 
 
@@ -327,9 +329,10 @@ def measure(label: str, proto: onnx.ModelProto, calib, evals, output: str, block
                 "rel_l2": err.rel_l2,
                 "max_abs": err.max_abs,
                 "quantize_s": round(seconds, 2),
+                "onnx_bytes": len(data),  # the serialized model, weights included: what mixed precision costs
             }
         )
-        print(f"  {name:<52} {err.rel_l2:.4f}  {seconds:6.1f} s", flush=True)
+        print(f"  {name:<52} {err.rel_l2:.4f}  {seconds:6.1f} s  {len(data):>10,} B", flush=True)
         if who == "ort" and name in ("ort rtn asym", "ort gptq asym"):
             written[name] = nbits_weights(data)
     if len(written) == 2:  # the GPTQ bug's signature (_GPTQ_FIX): the same codes and scales as its RTN
