@@ -50,7 +50,7 @@ import int4_vs_ort as bench  # noqa: E402  (the models, ORT's quantizer and the 
 from edgekit.names import DECODER  # noqa: E402
 from edgekit.passes.calibration import embedding_table, sample_feeds  # noqa: E402
 from edgekit.passes.check import compare_outputs, run_all, session  # noqa: E402
-from edgekit.passes.int4_encode import pack_nibbles, unpack_nibbles  # noqa: E402
+from edgekit.passes.int4_encode import pack_nibbles, quantize_blocks, unpack_nibbles  # noqa: E402
 
 LAYER = "model.language_model.layers.0.self_attn"
 SCOPE = "/model/language_model/layers.0"
@@ -378,10 +378,8 @@ ROTATION_ANGLES = np.linspace(0.0, np.pi / 2, 17)[:-1]  # a quarter turn: a pair
 
 def _rtn_error(rows: np.ndarray, block: int = 32) -> float:
     """Squared error of float-zero round-to-nearest (the default's asymmetric grid before its searches)."""
-    x = rows.reshape(rows.shape[0], -1, block)
-    lo, hi = x.min(-1, keepdims=True), x.max(-1, keepdims=True)
-    step = (hi - lo) / 15
-    return float(((x - (np.round((x - lo) / step) * step + lo)) ** 2).sum())
+    q = quantize_blocks(rows.astype(np.float32), block, symmetric=False, float_zeros=True)
+    return float(((q.dequantize() - rows) ** 2).sum())
 
 
 def _turned(w: np.ndarray, first: list[int], second: list[int], phi: float) -> np.ndarray:
