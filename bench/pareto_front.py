@@ -6,7 +6,8 @@ heads38 with video frame skipping (`--frames`: video_max_frames below the model'
 energy is this machine's best meter, here the CPU-time estimate): FP32, INT8, INT4 RTN, INT4 AWQ, and FP32 at the
 same caps and frames. Each is measured on the same studies of the test split (one child process per point), F1 on
 its DICOM studies and video F1 on its cine clips. Fronts are never mixed across energy sources, and points equal
-on energy, F1, video F1 and latency count once ("distinct"). A cached bundle built from other weights is rebuilt.
+on energy, F1, video F1 and latency count once ("distinct"). A cached bundle built from other weights or by
+other edgekit code is rebuilt.
 
 The orin bundle (FP16 graphs, as TensorRT would take them) has no device here: its graphs run in ONNX Runtime and
 each report is billed by the Orin cost model at a few devices and power modes (`--orin-estimate`, labelled
@@ -48,26 +49,49 @@ X1_VARIANTS = {
 ORIN_MODES = ["agx-orin-64:MAXN", "agx-orin-64:30W", "orin-nano-8:15W"]
 
 
+def edgekit_code_sha256() -> str:
+    """One hash of the installed edgekit's Python files (targets and models included): a cached bundle built by
+    other code (a pass's default changed, say) is not the bundle this code would build."""
+    import hashlib
+    from importlib import resources
+
+    digest = hashlib.sha256()
+    stack = [resources.files("edgekit")]
+    while stack:
+        node = stack.pop()
+        for child in sorted(node.iterdir(), key=lambda c: c.name):
+            if child.is_dir() and child.name != "__pycache__":
+                stack.append(child)
+            elif child.name.endswith(".py"):
+                digest.update(child.name.encode() + b"\0" + child.read_bytes())
+    return digest.hexdigest()
+
+
 def fresh_bundle(target: str, path: Path, recipe: str | None) -> Path:
-    """`path`, built for `target` with `recipe` unless it holds a bundle of the current default weights (a cache
-    from before a retrain would otherwise be measured as if it were the current model)."""
+    """`path`, built for `target` with `recipe` unless it holds a bundle of the current default weights built by
+    this code (a cache from before a retrain or a pass change would otherwise be measured as if it were current).
+    The code's hash sits beside the bundle (`PATH.code-sha256`), outside its checksummed files."""
     from edgekit.bundle import load_bundle, sha256_file
     from edgekit.errors import BundleError
 
     weights = default_model_dir() / "model.safetensors"
+    stamp = path.with_name(path.name + ".code-sha256")
+    code = edgekit_code_sha256()
     if (path / "manifest.json").is_file():
         try:
-            if load_bundle(path).manifest.provenance.get("source_weights_sha256") == sha256_file(weights):
+            same_weights = load_bundle(path).manifest.provenance.get("source_weights_sha256") == sha256_file(weights)
+            if same_weights and stamp.is_file() and stamp.read_text().strip() == code:
                 return path
         except BundleError:
             pass
-        print(f"{path}: built from other weights; rebuilding")
+        print(f"{path}: built from other weights or by other edgekit code; rebuilding")
     build(target, path, parity=False, recipe=recipe)
+    stamp.write_text(code + "\n")
     return path
 
 
 def bundles(cache: Path, x1_only: bool = False) -> dict[str, list[Path]]:
-    """The variants' bundles by target, built once into `cache` (rebuilt when missing or of other weights)."""
+    """The variants' bundles by target, built once into `cache` (see `fresh_bundle`)."""
     wanted = {
         "cpu": [(f"cpu-{k}", v) for k, v in CPU_VARIANTS.items()],
         "x1": [(f"x1-{k}", v) for k, v in X1_VARIANTS.items()],

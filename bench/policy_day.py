@@ -84,7 +84,7 @@ class Board:
 
 
 def _bundles(cache: Path) -> dict[str, Path]:
-    """The variants' x1 bundles in `cache`, (re)built unless they hold the current default weights."""
+    """The variants' x1 bundles in `cache`, (re)built as `fresh_bundle` says."""
     return {name: fresh_bundle("x1", cache / f"radreport-tiny-x1-{name}", recipe) for name, recipe in VARIANTS.items()}
 
 
