@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.compat import tomllib  # tomli on JetPack 6's Python 3.10
+from edgekit.decoder_shape import DecoderShape
 from edgekit.errors import ConfigError
 
 DATA_FILE = "devices.toml"
@@ -268,37 +269,10 @@ class VisionShape:
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class ModelShape(DecoderShape):
     """A LLaMA-style decoder (RMSNorm, RoPE, GQA, SwiGLU) with an optional vision encoder."""
 
-    name: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied_embeddings: bool = False
     vision: VisionShape | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
-            _positive_int(name, getattr(self, name))
-        if self.heads % self.kv_heads:
-            raise ConfigError(f"model shape field 'kv_heads': {self.heads} heads do not split into {self.kv_heads}")
-
-    def layer_params(self, head_keep: float = 1.0) -> float:
-        """Matmul weights of one decoder layer; pruned heads remove their Q columns and O rows."""
-        q = self.hidden * self.heads * self.head_dim * head_keep
-        kv = self.hidden * self.kv_heads * self.head_dim
-        return 2 * q + 2 * kv + 3 * self.hidden * self.intermediate
-
-    def decoder_params(self, head_keep: float = 1.0) -> float:
-        return self.layers * self.layer_params(head_keep)
-
-    def lm_head_params(self) -> int:
-        return self.hidden * self.vocab
 
     def embedding_params(self) -> int:
         return 0 if self.tied_embeddings else self.vocab * self.hidden

@@ -1,60 +1,17 @@
 """Decoder shapes the X1 cost model reads: everything it needs to count bytes and MACs, and nothing else.
 
-The analytic mode budgets a model before any weights exist, so a shape is just numbers: the calibration target
-(Qwen2-7B), the default model (radreport-tiny, from its `ModelConfig`) and a small public LLM (SmolLM2-135M).
-A Hugging Face `config.json` (LLaMA/Qwen2 keys, read by `edgekit.hf.config`) or edgekit's own `config.json` is
-read too.
+The analytic mode budgets a model before any weights exist, so a shape is just numbers (`edgekit.decoder_shape`,
+shared with the Orin estimate): the calibration target (Qwen2-7B), the default model (radreport-tiny, from its
+`ModelConfig`) and a small public LLM (SmolLM2-135M). A Hugging Face `config.json` (LLaMA/Qwen2 keys, read by
+`edgekit.hf.config`) or edgekit's own `config.json` is read too.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from edgekit.decoder_shape import DecoderShape
 from edgekit.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class DecoderShape:
-    """A LLaMA-style decoder (RMSNorm, RoPE, GQA, SwiGLU MLP) as the cost model sees it."""
-
-    name: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        for field_name in ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
-            value = getattr(self, field_name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"model shape field '{field_name}' must be a positive integer, got {value!r}")
-        if self.heads % self.kv_heads:
-            raise ConfigError(
-                f"model shape field 'kv_heads': {self.heads} heads do not split into {self.kv_heads} KV groups"
-            )
-
-    @property
-    def group_size(self) -> int:
-        """Query heads sharing one K/V head (GQA); 1 for multi-head attention."""
-        return self.heads // self.kv_heads
-
-    def linear_params(self) -> int:
-        """Weights of every matmul run per token (decoder layers + LM head), which decode streams once each."""
-        per_layer = (
-            self.hidden * self.heads * self.head_dim * 2
-            + self.hidden * self.kv_heads * self.head_dim * 2
-            + self.hidden * self.intermediate * 3
-        )
-        return per_layer * self.layers + self.hidden * self.vocab
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 QWEN2_7B = DecoderShape(
     name="qwen2-7b",
