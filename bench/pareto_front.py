@@ -50,20 +50,21 @@ ORIN_MODES = ["agx-orin-64:MAXN", "agx-orin-64:30W", "orin-nano-8:15W"]
 
 
 def edgekit_code_sha256() -> str:
-    """One hash of the installed edgekit's Python files (targets and models included): a cached bundle built by
-    other code (a pass's default changed, say) is not the bundle this code would build."""
+    """One hash of the installed edgekit's Python files, its core and the packages installed under its namespace
+    (targets, models, daemon; an editable install keeps those outside `edgekit/`): a cached bundle built by other
+    code (a pass's default changed, say) is not the bundle this code would build."""
     import hashlib
-    from importlib import resources
+    import importlib.util
 
+    files: dict[Path, str] = {}
+    for package in ("edgekit", "edgekit.targets", "edgekit.models", "edgekit.daemon"):
+        spec = importlib.util.find_spec(package)
+        for root in map(Path, (spec and spec.submodule_search_locations) or []):
+            for path in root.rglob("*.py"):
+                files.setdefault(path.resolve(), f"{package}/{path.relative_to(root)}")
     digest = hashlib.sha256()
-    stack = [resources.files("edgekit")]
-    while stack:
-        node = stack.pop()
-        for child in sorted(node.iterdir(), key=lambda c: c.name):
-            if child.is_dir() and child.name != "__pycache__":
-                stack.append(child)
-            elif child.name.endswith(".py"):
-                digest.update(child.name.encode() + b"\0" + child.read_bytes())
+    for path, label in sorted(files.items(), key=lambda item: item[1]):
+        digest.update(label.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
