@@ -15,7 +15,7 @@ from edgekit.export.model_config import ModelConfig
 from edgekit.names import DECODER
 from edgekit.passes import PassContext, make_pass
 from edgekit.passes.check import compare_outputs, run_all, session
-from edgekit.passes.int4_sequential import input_moments, least_squares_target, matmul_waves, retarget_weight
+from edgekit.passes.int4_sequential import input_fit, least_squares_target, matmul_waves, retarget_weight
 from edgekit.passes.patterns import require_weight_matmuls
 
 K = 64
@@ -52,7 +52,7 @@ def test_retarget_identity():
     x = rng.standard_normal((500, 16))
     xq = x + 0.3 * rng.standard_normal(x.shape) @ rng.standard_normal((16, 16)) / 4  # correlated input error
     w = rng.standard_normal((8, 16))
-    w_star = least_squares_target(w, input_moments(x, xq), ridge=0.0, damp=0.0)
+    w_star = least_squares_target(w, input_fit(x, xq, ridge=0.0, damp=0.0))
 
     def lhs(q):
         return float(((x @ w.T - xq @ q.T) ** 2).sum())
@@ -68,10 +68,10 @@ def test_retarget_identity():
 def test_retarget_keeps_w_where_the_inputs_did_not_change_and_takes_beta_of_the_rest():
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((300, 12)), rng.standard_normal((5, 12))
-    np.testing.assert_allclose(retarget_weight(w, input_moments(x, x), ridge=0.1, damp=0.01), w, atol=1e-10)
+    np.testing.assert_allclose(retarget_weight(w, input_fit(x, x, ridge=0.1, damp=0.01)), w, atol=1e-10)
     xq = x @ (np.eye(12) + 0.2 * rng.standard_normal((12, 12))) + 0.1 * rng.standard_normal(x.shape)
-    mom = input_moments(x, xq)
-    gain_only, half, full = (retarget_weight(w, mom, ridge=0.05, damp=0.01, beta=b) for b in (0.0, 0.5, 1.0))
+    fit = input_fit(x, xq, ridge=0.05, damp=0.01)
+    gain_only, half, full = (retarget_weight(w, fit, beta=b) for b in (0.0, 0.5, 1.0))
     np.testing.assert_allclose(half, (gain_only + full) / 2, atol=1e-12)
     cosine = float((gain_only * w).sum() / np.linalg.norm(gain_only) / np.linalg.norm(w))
     assert cosine == pytest.approx(1.0) and not np.allclose(gain_only, w)  # the gain alone: W scaled
@@ -84,7 +84,7 @@ def test_retarget_takes_the_gain_of_noisy_inputs_in_full():
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal((2048, 64)), rng.standard_normal((32, 64))
     xq = x + np.sqrt(0.25) * rng.standard_normal(x.shape)
-    moved = retarget_weight(w, input_moments(x, xq), ridge=0.0, damp=0.0)
+    moved = retarget_weight(w, input_fit(x, xq, ridge=0.0, damp=0.0))
     gain = float((moved * w).sum() / (w * w).sum())
     assert gain == pytest.approx(1 / 1.25, abs=0.02)
     assert np.linalg.norm(moved - gain * w) < 0.05 * np.linalg.norm(w)  # the noisy rest left out
@@ -98,10 +98,8 @@ def test_retarget_takes_a_well_measured_linear_error_in_full_and_shrinks_a_noisy
     w = rng.standard_normal((16, 32))
     mix = np.eye(32) + 0.3 * rng.standard_normal((32, 32)) / np.sqrt(32)
     x = rng.standard_normal((4096, 32))
-    mom = input_moments(x, x @ mix)
-    np.testing.assert_allclose(
-        retarget_weight(w, mom, ridge=0.0, damp=0.0), least_squares_target(w, mom, ridge=0.0, damp=0.0), atol=1e-6
-    )
+    fit = input_fit(x, x @ mix, ridge=0.0, damp=0.0)
+    np.testing.assert_allclose(retarget_weight(w, fit), least_squares_target(w, fit), atol=1e-6)
     x, val = rng.standard_normal((96, 32)), rng.standard_normal((4096, 32))
 
     def quantized(v):
@@ -110,10 +108,10 @@ def test_retarget_takes_a_well_measured_linear_error_in_full_and_shrinks_a_noisy
     def held_out(wp):
         return float(((val @ w.T - quantized(val) @ wp.T) ** 2).mean())
 
-    mom = input_moments(x, quantized(x))
-    full = least_squares_target(w, mom, ridge=0.0, damp=0.0)
+    fit = input_fit(x, quantized(x), ridge=0.0, damp=0.0)
+    full = least_squares_target(w, fit)
     assert held_out(full) > held_out(w)  # 32 coefficients per row from 96 tokens: W* fits their noise
-    assert held_out(retarget_weight(w, mom, ridge=0.0, damp=0.0)) < 0.8 * held_out(w)
+    assert held_out(retarget_weight(w, fit)) < 0.8 * held_out(w)
 
 
 def test_waves_follow_the_decoder_layers():

@@ -35,7 +35,7 @@ from .config import PassConfig, param
 from .gptq import block_hessians, gptq_quantize, hessian
 from .hqq import hqq_quantize
 from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
-from .int4_sequential import InputMoments, input_moments, matmul_waves, retarget_weight
+from .int4_sequential import InputFit, input_fit, matmul_waves, retarget_weight
 from .patterns import WeightMatMul, add_initializer, matches_any, remove_if_unused, require_weight_matmuls
 
 AWQ_MAX_TOKENS = 512  # tokens the alpha search multiplies through (the Hessians use up to HESSIAN_MAX_TOKENS)
@@ -273,7 +273,7 @@ class Int4Pass(GraphPass):
         clip = cfg.clip or (10 if cfg.method in DATA_METHODS else 0)
         signed = cfg.target == "cpu"  # MatMulNBits takes negative scales; TensorRT's DequantizeLinear does not
         hessians: dict[str, np.ndarray] = {}
-        moments: dict[str, InputMoments] = {}  # sequential: the current wave's, per input
+        fits: dict[str, InputFit] = {}  # sequential: the current wave's, per input
 
         def act_hessian(name: str) -> np.ndarray:
             if name not in hessians:
@@ -291,12 +291,12 @@ class Int4Pass(GraphPass):
             fz = {} if cfg.method == "hqq" else {"float_zeros": self.float_zeros and bits == 4}
             h = None
             if live is not None:  # GPTAQ: fit the float output from the quantized inputs
-                if act not in moments:  # once per input of the wave (q/k/v, gate/up share theirs)
-                    moments[act] = input_moments(acts[act], live if s is None else live * s[None, :])
-                mom = moments[act]
-                ridge = self.shrink_for(m.k, acts[act].shape[0])
-                w = retarget_weight(w, mom, ridge=ridge, damp=cfg.damp, beta=self.retarget)
-                h = mom.hq
+                if act not in fits:  # once per input of the wave (q/k/v, gate/up share theirs, and its K)
+                    ridge = self.shrink_for(m.k, acts[act].shape[0])
+                    xq = live if s is None else live * s[None, :]
+                    fits[act] = input_fit(acts[act], xq, ridge=ridge, damp=cfg.damp)
+                w = retarget_weight(w, fits[act], beta=self.retarget)
+                h = fits[act].hq
             elif act in acts and cfg.method in DATA_METHODS:
                 h = act_hessian(act)
             if s is not None:  # the weight times s, the Hessian of x / s
@@ -337,7 +337,7 @@ class Int4Pass(GraphPass):
                 wanted = sorted({m.activation.name for m in wave})  # as the graph now feeds them
                 got = capture_values(model, wanted, feeds)
                 live = {k: _subsample(v, ctx.seed, HESSIAN_MAX_TOKENS) for k, v in got.items()}
-                moments.clear()
+                fits.clear()
             for m in wave:
                 transpose = m.transpose
                 if m.name in kept and cfg.keep_bits == 32:

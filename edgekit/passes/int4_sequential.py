@@ -11,7 +11,7 @@ of the upstream error that is linear in its inputs.
 - `matmul_waves`: weight MatMuls grouped by how many weight MatMuls lie on the longest path to their input
   (q/k/v of a layer share one wave, o_proj the next, gate/up, down, then the next layer's q/k/v ...): one
   calibration run of the partly quantized model per wave captures every input the wave needs.
-- `input_moments`: H_q, E[x x_q^T] and E[x x^T], once per input of a wave.
+- `input_fit`: H_q and the ridged fit of x from x_q (M below), once per input of a wave.
 - `retarget_weight`: how far to move towards W*. W* is fitted from T calibration tokens, K coefficients per
   output row, so its move W* - W carries noise of about K / T of each row's unexplained energy, and with 64 x 32
   tokens most of a row's move can be noise. The move is W M (M = E[(x - x_q) x_q^T] H_q^-1, shared by the
@@ -26,7 +26,7 @@ of the upstream error that is linear in its inputs.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -53,51 +53,38 @@ def matmul_waves(model: ir.Model, mms: list[WeightMatMul]) -> list[list[WeightMa
 
 
 @dataclass(frozen=True)
-class InputMoments:
-    """One input's second moments over the same calibration tokens, through the float model (x) and the partly
-    quantized one (x_q)."""
+class InputFit:
+    """One input's least-squares fit of the float values from the quantized ones, over the same calibration tokens
+    (through the float model: x; the partly quantized one: x_q). Built once per input of a wave: the MatMuls that
+    read it (q/k/v, gate/up) share it, and GPTQ takes `hq` as it is."""
 
     hq: np.ndarray  # E[x_q x_q^T]: GPTQ's Hessian on the quantized inputs
-    cross: np.ndarray  # E[x x_q^T]
-    hx: np.ndarray  # E[x x^T]
+    m: np.ndarray  # W* - W = W M
+    gain: float  # tr(M) / K, the isotropic part of M
+    g: np.ndarray  # E[(x - x_q) x_q^T]
+    hd: np.ndarray  # E[(x - x_q)(x - x_q)^T]: the input error's covariance
+    k_eff: float  # tr(A^-1 H_q): the fit's degrees of freedom, K without ridge
     tokens: int
-    _solved: dict = field(default_factory=dict, compare=False, repr=False)  # (ridge, damp) -> _InputFit
-
-    def fit(self, ridge: float, damp: float) -> _InputFit:
-        """The per-input pieces of the retarget (one K x K inverse), shared by the MatMuls of this input."""
-        key = (ridge, damp)
-        if key not in self._solved:
-            a_inv = np.linalg.inv(_ridged(self.hq, ridge, damp))
-            g = self.cross - self.hq  # E[(x - x_q) x_q^T]
-            m = g @ a_inv  # W* - W = W M
-            self._solved[key] = _InputFit(
-                m=m,
-                gain=float(np.trace(m)) / m.shape[0],
-                g=g,
-                hd=self.hx - self.cross - self.cross.T + self.hq,  # E[(x - x_q)(x - x_q)^T]
-                k_eff=float((a_inv * self.hq).sum()),  # tr(A^-1 H_q): the fit's degrees of freedom, K without ridge
-            )
-        return self._solved[key]
 
 
-@dataclass(frozen=True)
-class _InputFit:
-    """What `retarget_weight` needs of one input: M (W* - W = W M), its isotropic gain tr(M) / K,
-    G = E[(x - x_q) x_q^T], the input error's covariance, and the fit's degrees of freedom."""
-
-    m: np.ndarray
-    gain: float
-    g: np.ndarray
-    hd: np.ndarray
-    k_eff: float
-
-
-def input_moments(x: np.ndarray, xq: np.ndarray) -> InputMoments:
-    """The moments of x and x_q (rows: tokens through the float and the partly quantized model). Computed once per
-    input: the MatMuls that share it (q/k/v, gate/up) share them, and GPTQ takes H_q as it is."""
+def input_fit(x: np.ndarray, xq: np.ndarray, *, ridge: float, damp: float) -> InputFit:
+    """The moments of x and x_q (rows: tokens) and the ridged fit between them (`_ridged`: towards W where the
+    tokens say little), with its one K x K inverse."""
     x, xq = np.asarray(x, np.float64), np.asarray(xq, np.float64)
     tokens = max(x.shape[0], 1)
-    return InputMoments(hessian(xq), x.T @ xq / tokens, hessian(x), tokens)
+    hq, cross = hessian(xq), x.T @ xq / tokens
+    a_inv = np.linalg.inv(_ridged(hq, ridge, damp))
+    g = cross - hq
+    m = g @ a_inv
+    return InputFit(
+        hq=hq,
+        m=m,
+        gain=float(np.trace(m)) / m.shape[0],
+        g=g,
+        hd=hessian(x) - cross - cross.T + hq,
+        k_eff=float((a_inv * hq).sum()),
+        tokens=tokens,
+    )
 
 
 def _ridged(hq: np.ndarray, ridge: float, damp: float) -> np.ndarray:
@@ -108,25 +95,24 @@ def _ridged(hq: np.ndarray, ridge: float, damp: float) -> np.ndarray:
     return a
 
 
-def least_squares_target(w: np.ndarray, mom: InputMoments, *, ridge: float, damp: float) -> np.ndarray:
-    """W*: the (N, K) weight minimising ||W X - W' X_q||^2 over the tokens + ||(W' - W) R^(1/2)||^2 (`_ridged`:
-    towards W where the tokens say little), W + W M. With x_q == x it is W."""
+def least_squares_target(w: np.ndarray, fit: InputFit) -> np.ndarray:
+    """W*: the (N, K) weight minimising ||W X - W' X_q||^2 over the tokens + ||(W' - W) R^(1/2)||^2 (`_ridged`),
+    W + W M. With x_q == x it is W."""
     w = np.asarray(w, np.float64)
-    return w + w @ mom.fit(ridge, damp).m
+    return w + w @ fit.m
 
 
-def retarget_weight(w: np.ndarray, mom: InputMoments, *, ridge: float, damp: float, beta: float = 1.0) -> np.ndarray:
+def retarget_weight(w: np.ndarray, fit: InputFit, *, beta: float = 1.0) -> np.ndarray:
     """W moved towards `least_squares_target` by what the tokens tell apart from noise (module docstring): the
     isotropic gain in full, and `beta` of each row's rest scaled by its James-Stein factor."""
     w = np.asarray(w, np.float64)
-    fit = mom.fit(ridge, damp)
     move = w @ fit.m
     rest = move - fit.gain * w
     # per row: the output error from the quantized inputs, E|w (x - x_q)|^2, and what the full move leaves of it
     total = _row_quadratic(w, fit.hd, w)
-    left = total - 2 * _row_quadratic(move, fit.g.T, w) + _row_quadratic(move, mom.hq, move)
-    fitted = _row_quadratic(rest, mom.hq, rest)
-    noise = np.maximum(left, 0.0) * fit.k_eff / mom.tokens
+    left = total - 2 * _row_quadratic(move, fit.g.T, w) + _row_quadratic(move, fit.hq, move)
+    fitted = _row_quadratic(rest, fit.hq, rest)
+    noise = np.maximum(left, 0.0) * fit.k_eff / fit.tokens
     stein = np.clip(1.0 - noise / np.maximum(fitted, 1e-30), 0.0, 1.0)
     return w + fit.gain * w + beta * stein[:, None] * rest
 
