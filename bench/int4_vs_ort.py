@@ -392,9 +392,10 @@ def headroom(label: str, proto: onnx.ModelProto, calib, evals, output: str, bloc
         w_gptq = gptq_quantize(w, h, block, symmetric=False, clip_grid=10, signed_scales=True, float_zeros=True)
         for key, wq in (("hqq", w_hqq), ("rtn float zeros", w_rtn.dequantize()), ("gptq float zeros + refit", None)):
             wq = w_gptq.dequantize() if wq is None else wq
-            sums[key] += float(((val @ wq.T - y) ** 2).sum() / (y**2).sum())
+            err = float(((val @ wq.T - y) ** 2).sum())
+            sums[key] += err / float((y**2).sum())
             if first_qk.search(m.name):
-                first[key] += float(((val @ wq.T - y) ** 2).sum())
+                first[key] += err
         dw["gptq"] += float(((w_gptq.dequantize() - w) ** 2).sum())
         dw["hqq"] += float(((w_hqq - w) ** 2).sum())
         hd = h + 0.01 * np.mean(np.diag(h)) * np.eye(len(h))

@@ -23,6 +23,7 @@ each report is billed by the Orin cost model at a few devices and power modes (`
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -49,6 +50,7 @@ X1_VARIANTS = {
 ORIN_MODES = ["agx-orin-64:MAXN", "agx-orin-64:30W", "orin-nano-8:15W"]
 
 
+@functools.cache  # one walk over the package per run, not one per bundle
 def edgekit_code_sha256() -> str:
     """One hash of the installed edgekit's Python files, its core and the packages installed under its namespace
     (targets, models, daemon; an editable install keeps those outside `edgekit/`): a cached bundle built by other
