@@ -111,10 +111,10 @@ def test_a_folder_of_graphs(tmp_path):
 
 def test_int4_calibration_size_on_a_file_is_the_pass_own(tmp_path):
     """Feeds generated for a file are as many and as long as int4's `calib` and `seq` say (before, a fixed
-    16 x 32 replaced them silently): the default 64 x 32 tokens, and what a spec sets."""
+    16 x 32 replaced them silently): the default 128 x 32 tokens, and what a spec sets."""
     src = tmp_path / "mlp.onnx"
     onnx.save(mlp(), src)
-    for spec, tokens in (("int4:block=32", 64 * 32), ("int4:block=32,method=gptq,calib=3,seq=8", 3 * 8)):
+    for spec, tokens in (("int4:block=32", 128 * 32), ("int4:block=32,method=gptq,calib=3,seq=8", 3 * 8)):
         res = optimize_onnx_file(src, tmp_path / "out.onnx", [make_pass(spec)], overwrite=True)
         assert set(res.reports[0].notes["calibration_tokens"].values()) == {tokens}, spec
 
