@@ -55,7 +55,8 @@ SHRINK_PER_CHANNEL_PER_TOKEN = 0.5
 RETARGET = 0.7
 # Generated calibration samples when none are given: the sample count of GPTQ's paper and the default of AutoAWQ
 # (max_calib_samples) and NNCF (subset_size). At 64 x 32 tokens the sequential target is noise-limited (the tuning
-# models' mean ratio to ORT's best 0.758 against 0.722 at 128, for 1.6x the pass's time: docs/passes-int4.md).
+# models' mean ratio to ORT's best 0.758 at 64, 0.737 at 128 with retarget 0.5, 0.722 with 0.7; for 1.1-1.6x the
+# pass's time: docs/passes-int4.md).
 CALIB_SAMPLES = 128
 METHODS = ("rtn", "hqq", "awq", "gptq", "awq-gptq")
 GPTQ_METHODS = ("gptq", "awq-gptq")

@@ -12,15 +12,16 @@ of the upstream error that is linear in its inputs.
   (q/k/v of a layer share one wave, o_proj the next, gate/up, down, then the next layer's q/k/v ...): one
   calibration run of the partly quantized model per wave captures every input the wave needs.
 - `input_fit`: H_q and the ridged fit of x from x_q (M below), once per input of a wave.
-- `retarget_weight`: how far to move towards W*. W* is fitted from T calibration tokens, K coefficients per
-  output row, so its move W* - W carries noise of about K / T of each row's unexplained energy, and with 64 x 32
-  tokens most of a row's move can be noise. The move is W M (M = E[(x - x_q) x_q^T] H_q^-1, shared by the
-  MatMuls of one input). Its isotropic part, m = tr(M) / K, is the gain that noisy inputs put on a least-squares
-  fit (errors in variables: the output from x_q is shrunk towards what x would give); it is one number from every
-  token and channel, so it is taken in full. The rest is taken per output row by the positive-part James-Stein
-  factor 1 - K_eff s^2 / (T e): e the row's fitted energy, s^2 the energy it leaves unexplained; both are read
-  from the moments. `beta` (the pass's `retarget`, 0.5: the lowest mean on the tuning models) takes that share of
-  the corrected rest, 0 the gain alone. Before, a fixed 0.35 of the whole move was taken (docs/passes-int4.md).
+- `retarget_weight`: how far to move towards W*. W* is fitted from T calibration tokens, K coefficients per output
+  row, so its move W* - W carries noise of about K / T of each row's unexplained energy, and at the default 128 x 32
+  tokens (K = 128-256 on the bench's LLaVA decoders) much of a row's move can still be noise. The move is W M (M =
+  E[(x - x_q) x_q^T] H_q^-1, shared by the MatMuls of one input). Its isotropic part, m = tr(M) / K, is the gain
+  that noisy inputs put on a least-squares fit (errors in variables: the output from x_q is shrunk towards what x
+  would give); it is one number from every token and channel, so it is taken in full. The rest is taken per output
+  row by the positive-part James-Stein factor 1 - K_eff s^2 / (T e): e the row's fitted energy, s^2 the energy it
+  leaves unexplained; both are read from the moments. `beta` (the pass's `retarget`, 0.7: the lowest mean on the
+  tuning models) takes that share of the corrected rest, 0 the gain alone. Before, a fixed 0.35 of the whole move
+  was taken (docs/passes-int4.md).
 """
 
 from __future__ import annotations
