@@ -64,6 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--check-config", action="store_true", help="validate the config, print it, exit")
+    p.add_argument(
+        "--print-dicom-dropin",
+        action="store_true",
+        help="print the edgekitd.service drop-in that opens the network the config's DICOM settings need, exit",
+    )
     return p.parse_args(argv)
 
 
@@ -104,6 +109,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"edgekitd: error: {err}", file=sys.stderr)
             return 2
         print(cfg)
+        return 0
+    if args.print_dicom_dropin:
+        from .unit_dropin import render
+
+        try:
+            print(render(cfg), end="")
+        except EdgekitError as err:
+            print(f"edgekitd: error: {err}", file=sys.stderr)
+            return 2
         return 0
     missing = missing_serve_module()
     if missing is not None:

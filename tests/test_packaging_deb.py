@@ -67,9 +67,24 @@ def test_the_changelog_is_at_the_version_pyproject_declares():
 
 
 def test_every_file_the_package_installs_from_the_tree_exists():
-    for line in (DEBIAN / "edgekit.install").read_text().splitlines():
-        if line.strip():
-            assert (REPO / line.split()[0]).is_file(), line
+    for name in ("edgekit.install", "edgekit.examples"):
+        for line in (DEBIAN / name).read_text().splitlines():
+            if line.strip():
+                assert (REPO / line.split()[0]).is_file(), line
+
+
+def test_the_shipped_dicom_dropin_is_what_the_generator_prints_for_the_docs_example(tmp_path):
+    """packaging/systemd/edgekitd-dicom.conf and the drop-in docs/dicom-networking.md shows are both the generator's
+    output for the docs' worked example config: none of the three can change without the others."""
+    doc = (REPO / "docs" / "dicom-networking.md").read_text()
+    toml = re.search(r"\*\*edgekitd\*\* \(`/etc/edgekit/edgekitd.toml`\):\n\n```toml\n(.*?)```", doc, re.S).group(1)
+    config = tmp_path / "edgekitd.toml"
+    config.write_text(toml)
+    args = [sys.executable, "-m", "edgekit.daemon", "--config", str(config), "--print-dicom-dropin"]
+    printed = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert "IPAddressAllow=localhost" in printed and "PrivateNetwork=no" in printed
+    assert (PKG / "systemd" / "edgekitd-dicom.conf").read_text() == printed
+    assert f"```ini\n{printed}```" in doc
 
 
 def test_the_gpu_dropin_keeps_the_exposure_at_most_2(tmp_path):
@@ -183,6 +198,7 @@ def test_the_deb_has_the_layout_debian_expects_and_lintian_passes_it(built):
         "./usr/share/man/man1/edgekitd.1.gz",
         "./usr/share/doc/edgekit/copyright",
         "./usr/share/doc/edgekit/changelog.Debian.gz",
+        "./usr/share/doc/edgekit/examples/edgekitd-dicom.conf",
     ):
         assert path in listing, path
     assert "./opt/" not in listing and "torch/" not in listing
