@@ -39,6 +39,13 @@ class StudyError(EdgekitError):
     code = "invalid_study"
 
 
+class StudyTooLargeError(StudyError):
+    """A study that would take more memory to decode than the ingest budget allows; refused before decoding."""
+
+    code = "study_too_large"
+    http_status = 413
+
+
 class UnsupportedTransferSyntaxError(StudyError):
     code = "unsupported_transfer_syntax"
     http_status = 415

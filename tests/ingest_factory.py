@@ -179,3 +179,34 @@ def cut(path: Path, keep: float = 0.5) -> Path:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
     return path
+
+
+def rle_zero_frames(rows: int, cols: int, frames: int) -> bytes:
+    """Encapsulated RLE Lossless pixel data of `frames` all-zero 8-bit frames, written as PackBits runs by hand: a
+    4096x4096 frame takes 256 KiB instead of pydicom's minutes of pure-Python encoding (a decompression bomb)."""
+    count = rows * cols
+    runs = b"\x81\x00" * (count // 128) + (bytes([257 - count % 128, 0]) if count % 128 > 1 else b"")
+    runs += b"\x00\x00" if count % 128 == 1 else b""
+    header = np.zeros(16, dtype="<u4")
+    header[0], header[1] = 1, 64
+    frame = header.tobytes() + runs
+    return encapsulate([frame + b"\x00" * (len(frame) % 2)] * frames)
+
+
+def rle_bomb(path: Path, rows: int = 4096, cols: int = 4096, frames: int = 12) -> Path:
+    """A few MB of RLE Lossless DICOM that decodes to rows x cols x frames bytes of zeros."""
+    ds = make_dataset(np.zeros((2, 2), dtype=np.uint8))
+    ds.Rows, ds.Columns, ds.NumberOfFrames = rows, cols, frames
+    ds.PixelData = rle_zero_frames(rows, cols, frames)
+    ds["PixelData"].VR = "OB"
+    return save(ds, path, RLELossless)
+
+
+def deflated_zeros(path: Path, rows: int, cols: int, frames: int) -> Path:
+    """A Deflated Explicit VR Little Endian object of 16-bit zero frames: ~1000:1, so a small file inflates big."""
+    from pydicom.uid import DeflatedExplicitVRLittleEndian
+
+    ds = make_dataset(np.zeros((2, 2), dtype=np.uint16))
+    ds.Rows, ds.Columns, ds.NumberOfFrames = rows, cols, frames
+    ds.PixelData = bytes(rows * cols * frames * 2)
+    return save(ds, path, DeflatedExplicitVRLittleEndian)

@@ -1,14 +1,16 @@
-"""Decoding one DICOM image's pixel data into stored values, with the modality LUT and VOI to apply.
+"""Decoding one DICOM image's pixel data into stored values, frame by frame, with the modality LUT and VOI to apply.
 
 Split from header reading (`dicom.py`) because decoding is where transfer syntaxes, decoder plug-ins (pydicom's,
 GDCM for 12-bit JPEG) and truncation inside pixel data are handled; a series is checked from headers first and
-decoded only when it is consistent.
+decoded only when it is consistent. Frames come one at a time (`Decoded.frames`), so a multi-frame object never
+exists whole in memory: the series assembler writes each into the study's display array (`budget.py`).
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 import pydicom
@@ -21,16 +23,32 @@ from edgekit.ingest.dicom import DicomImage, SliceError, as_float, functional_at
 
 
 @dataclass
-class Decoded:
-    """Stored values of one object (n, H, W) plus what turns them into display values."""
+class Window:
+    """How one object's stored values become display values, read from its headers alone (no pixel decoded)."""
 
-    stored: np.ndarray
     slope: float
     intercept: float
     center: float | None
     width: float | None
-    photometric: str
-    voi_lut: bool  # stored values already went through the object's VOI LUT and are scaled to [0, 1]
+    photometric: str  # after decoding: colour objects are RGB
+    voi_lut: bool  # its VOI LUT is applied while decoding; values then come scaled to [0, 1]
+    modality_lut: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def per_object(self) -> bool:
+        """The object carries its own rendering (a window or a VOI LUT)."""
+        return self.center is not None or self.voi_lut
+
+
+@dataclass
+class Decoded:
+    """An object's stored values, one (H, W[, 3]) frame at a time, and what turns them into display values.
+
+    `notes` (decoder fallbacks taken, values changed) is complete once `frames` is exhausted."""
+
+    frames: Iterator[np.ndarray]
+    window: Window
     notes: list[str]
 
 
@@ -52,23 +70,27 @@ def _j2k_size(ds: Dataset) -> tuple[int, int] | None:
     return xsiz - xosiz, ysiz - yosiz
 
 
-def _gdcm_12bit(img: DicomImage) -> np.ndarray | None:
+def _gdcm_available(img: DicomImage) -> bool:
+    if img.samples != 1:
+        return False
+    try:
+        import gdcm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _gdcm_12bit(img: DicomImage, ds: Dataset) -> Iterator[np.ndarray]:
     """12-bit JPEG Extended (1.2.840.10008.1.2.4.51) decoded by python-gdcm, frame by frame.
 
     pydicom's GDCM plugin declines 12-bit precision outright, and its only other decoder for it (pylibjpeg-libjpeg)
-    is GPL, which we do not ship. GDCM itself decodes these (its IJG 12-bit codec). Greyscale only; None when
-    GDCM is missing or the object is colour, so pydicom's refusal stands.
+    is GPL, which we do not ship. GDCM itself decodes these (its IJG 12-bit codec). Greyscale only (the caller
+    checks `_gdcm_available`), so pydicom's refusal stands for colour.
     """
-    try:
-        import gdcm
-    except ImportError:
-        return None
-    ds = img.ds
-    if img.samples != 1:
-        return None
+    import gdcm
+
     signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
     bits_stored = int(ds.get("BitsStored", 12) or 12)
-    out = np.empty((img.frames, img.rows, img.columns), dtype=np.int16 if signed else np.uint16)
     for k, frame in enumerate(pydicom.encaps.generate_frames(ds.PixelData, number_of_frames=img.frames)):
         if k >= img.frames:
             break
@@ -89,18 +111,49 @@ def _gdcm_12bit(img: DicomImage) -> np.ndarray | None:
         raw = image.GetBuffer().encode("utf-8", "surrogateescape")  # GDCM hands back char* as str
         if len(raw) != img.rows * img.columns * 2:
             raise StudyError(f"GDCM decoded {len(raw)} bytes, the header implies {img.rows * img.columns * 2}")
-        out[k] = np.frombuffer(raw, dtype="<i2" if signed else "<u2").reshape(img.rows, img.columns)
-    return out[0] if img.frames == 1 else out  # pydicom's shape convention, which the caller expects
+        yield np.frombuffer(raw, dtype="<i2" if signed else "<u2").reshape(img.rows, img.columns)
 
 
-def decode_image(img: DicomImage) -> Decoded:
-    """Decode pixels and collect the modality LUT and VOI to apply; undecodable data is a SliceError.
+def display_window(img: DicomImage, ds: Dataset) -> Window:
+    """The modality LUT and VOI of one object, from its headers: decided before any frame is decoded, so a series
+    knows up front whether every object renders itself or the series shares one min-max."""
+    notes: list[str] = []
+    photometric = "RGB" if img.photometric == "PALETTE COLOR" or img.samples == 3 else img.photometric
+    slope = as_float(functional_attr(ds, "PixelValueTransformationSequence", "RescaleSlope"))
+    intercept = as_float(functional_attr(ds, "PixelValueTransformationSequence", "RescaleIntercept"))
+    slope = 1.0 if slope is None or slope == 0 else slope
+    intercept = 0.0 if intercept is None else intercept
+    modality_lut = "ModalityLUTSequence" in ds and photometric != "RGB"
+    if modality_lut:
+        slope, intercept = 1.0, 0.0
+    center = as_float(functional_attr(ds, "FrameVOILUTSequence", "WindowCenter"))
+    width = as_float(functional_attr(ds, "FrameVOILUTSequence", "WindowWidth"))
+    if center is not None and width is not None and width < 1:
+        notes.append("ignored a window width below 1")
+        center = width = None
+    if center is None or width is None:
+        center = width = None
+    voi_lut = False
+    if center is None and "VOILUTSequence" in ds and photometric != "RGB":
+        try:  # the LUT applied to one value: a malformed one fails here, before any frame is decoded
+            px.apply_voi(np.zeros((1, 1), dtype=np.float32), ds, index=0)
+            int(ds.VOILUTSequence[0].LUTDescriptor[2])
+            voi_lut = True
+        except Exception as err:
+            notes.append(f"ignored an unusable VOI LUT: {short_reason(err, img.label)}")
+    return Window(slope, intercept, center, width, photometric, voi_lut, modality_lut, notes)
+
+
+def decode_image(img: DicomImage, ds: Dataset) -> Decoded:
+    """Check the pixel data against the header and set up frame-by-frame decoding of `ds` (the object `img`
+    describes, with its pixel data); undecodable data is a SliceError, raised here or while iterating `frames`.
 
     `notes` are the decoder fallbacks taken and values changed, as reasons without the slice's name: the series
     assembler groups them per reason and names the slices.
     """
-    ds, ts, label = img.ds, img.transfer_syntax, img.label
-    notes: list[str] = []
+    ts, label = img.transfer_syntax, img.label
+    window = display_window(img, ds)
+    notes = list(window.notes)
 
     def fail(reason: str) -> SliceError:
         return SliceError(reason, label, instance=img.instance_number)
@@ -118,78 +171,66 @@ def decode_image(img: DicomImage) -> Decoded:
                 f"corrupt JPEG 2000 codestream: it declares a {size[0]}x{size[1]} image, the header "
                 f"{img.columns}x{img.rows}"
             )
-    arr = None
     twelve_bit = ts == JPEGExtended12Bit and int(ds.get("BitsStored", 8) or 8) > 8
-    if twelve_bit:
-        try:
-            arr = _gdcm_12bit(img)
-        except MemoryError:
-            raise
-        except Exception as err:
-            raise fail(
-                f"cannot decode 12-bit {ts.name} ({ts}) pixel data with GDCM: {short_reason(err, label)}"
-            ) from None
-        if arr is not None:
-            notes.append("12-bit JPEG Extended decoded by GDCM directly (pydicom's GDCM plugin declines 12-bit)")
-    if arr is None:
-        try:
-            arr = ds.pixel_array
-        except MemoryError:
-            raise
-        except Exception as err:  # decoders raise anything from ValueError to RuntimeError on bad data
-            reason = f"cannot decode {ts.name} ({ts}) pixel data: {short_reason(err, label)}"
-            if twelve_bit:
-                reason += " (12-bit colour JPEG needs pylibjpeg-libjpeg, which is GPL and not used here)"
-            raise fail(reason) from None
-    arr = np.asarray(arr)
-    if img.frames == 1:  # pydicom drops the frame axis of a single frame
-        arr = arr[None]
-    if arr.ndim != 3 + (img.samples > 1):
-        raise fail(f"decoded pixel data has an unexpected shape {arr.shape}")
-    photometric = img.photometric
-    if photometric == "PALETTE COLOR":
-        try:
-            arr = px.apply_color_lut(arr, ds)
-        except Exception as err:
-            raise fail(f"cannot apply the palette colour LUT: {short_reason(err, label)}") from None
-        photometric = "RGB"
-    elif img.samples == 3:
-        photometric = "RGB"  # pydicom converts YBR to RGB while decoding
-    if arr.shape[1:3] != (img.rows, img.columns):
-        raise fail(f"decoded pixel data is {arr.shape[1]}x{arr.shape[2]}, header says {img.rows}x{img.columns}")
+    use_gdcm = twelve_bit and _gdcm_available(img)
+    if use_gdcm:
+        notes.append("12-bit JPEG Extended decoded by GDCM directly (pydicom's GDCM plugin declines 12-bit)")
 
-    slope = as_float(functional_attr(ds, "PixelValueTransformationSequence", "RescaleSlope"))
-    intercept = as_float(functional_attr(ds, "PixelValueTransformationSequence", "RescaleIntercept"))
-    slope = 1.0 if slope is None or slope == 0 else slope
-    intercept = 0.0 if intercept is None else intercept
-    if "ModalityLUTSequence" in ds and photometric != "RGB":
-        arr = px.apply_modality_lut(arr, ds).astype(np.float32)
-        slope, intercept = 1.0, 0.0
+    def decoder_error(err: Exception) -> SliceError:
+        if use_gdcm:
+            return fail(f"cannot decode 12-bit {ts.name} ({ts}) pixel data with GDCM: {short_reason(err, label)}")
+        reason = f"cannot decode {ts.name} ({ts}) pixel data: {short_reason(err, label)}"
+        if twelve_bit:
+            reason += " (12-bit colour JPEG needs pylibjpeg-libjpeg, which is GPL and not used here)"
+        return fail(reason)
 
-    center = as_float(functional_attr(ds, "FrameVOILUTSequence", "WindowCenter"))
-    width = as_float(functional_attr(ds, "FrameVOILUTSequence", "WindowWidth"))
-    if center is not None and width is not None and width < 1:
-        notes.append("ignored a window width below 1")
-        center = width = None
-    if center is None or width is None:
-        center = width = None
-    voi_lut = False
-    if center is None and "VOILUTSequence" in ds and photometric != "RGB":
-        try:
-            values = arr.astype(np.float32) * np.float32(slope) + np.float32(intercept)
-            out = px.apply_voi(values, ds, index=0)
+    def frames() -> Iterator[np.ndarray]:
+        source = _gdcm_12bit(img, ds) if use_gdcm else px.iter_pixels(ds)
+        count = clamped = non_finite = 0
+        while True:
+            try:
+                arr = next(source, None)
+            except MemoryError:
+                raise
+            except StudyError as err:
+                raise fail(err.reason) from None
+            except Exception as err:  # decoders raise anything from ValueError to RuntimeError on bad data
+                raise decoder_error(err) from None
+            if arr is None:
+                break
+            count += 1
+            if count > img.frames:
+                break
+            arr = np.asarray(arr)
+            if arr.ndim != 2 + (img.samples > 1):
+                raise fail(f"decoded pixel data has an unexpected shape {arr.shape}")
+            if img.photometric == "PALETTE COLOR":
+                try:
+                    arr = px.apply_color_lut(arr, ds)
+                except Exception as err:
+                    raise fail(f"cannot apply the palette colour LUT: {short_reason(err, label)}") from None
+            if arr.shape[:2] != (img.rows, img.columns):
+                raise fail(f"decoded pixel data is {arr.shape[0]}x{arr.shape[1]}, header says {img.rows}x{img.columns}")
+            if window.modality_lut:
+                arr = px.apply_modality_lut(arr, ds).astype(np.float32)
+            if window.voi_lut:
+                values = arr.astype(np.float32) * np.float32(window.slope) + np.float32(window.intercept)
+                lut_bits = int(ds.VOILUTSequence[0].LUTDescriptor[2])
+                scaled = px.apply_voi(values, ds, index=0).astype(np.float32) / np.float32(2**lut_bits - 1)
+                clamped += int(np.count_nonzero((scaled < 0) | (scaled > 1)))
+                arr = np.clip(scaled, 0, 1, out=scaled)
+            if arr.dtype.kind == "f":
+                bad = int(np.count_nonzero(~np.isfinite(arr)))
+                if bad:  # to_display would map them to 0 without a word
+                    arr = np.nan_to_num(arr, nan=0.0, posinf=0.0, neginf=0.0)
+                    non_finite += bad
+            yield arr
+        if count < img.frames:
+            raise fail(f"decoded {count} of the {img.frames} frames the header announces")
+        if clamped:
             lut_bits = int(ds.VOILUTSequence[0].LUTDescriptor[2])
-            scaled = out.astype(np.float32) / np.float32(2**lut_bits - 1)
-            outside = int(np.count_nonzero((scaled < 0) | (scaled > 1)))
-            arr = np.clip(scaled, 0, 1)
-            slope, intercept, voi_lut = 1.0, 0.0, True
-            if outside:
-                notes.append(f"clamped {outside} VOI LUT output value(s) beyond the LUT's {lut_bits}-bit range")
-        except Exception as err:
-            notes.append(f"ignored an unusable VOI LUT: {short_reason(err, label)}")
-    if arr.dtype.kind == "f":
-        bad = int(np.count_nonzero(~np.isfinite(arr)))
-        if bad:  # to_display would map them to 0 without a word
-            arr = np.nan_to_num(arr, nan=0.0, posinf=0.0, neginf=0.0)
-            notes.append(f"replaced {bad} non-finite (NaN or infinite) pixel value(s) with 0")
-    return Decoded(arr, slope, intercept, center, width, photometric, voi_lut, notes)
+            notes.append(f"clamped {clamped} VOI LUT output value(s) beyond the LUT's {lut_bits}-bit range")
+        if non_finite:
+            notes.append(f"replaced {non_finite} non-finite (NaN or infinite) pixel value(s) with 0")
+
+    return Decoded(frames(), window, notes)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import struct
 import warnings
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -20,14 +22,16 @@ from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 from pydicom.uid import (
     UID,
+    DeflatedExplicitVRLittleEndian,
     ExplicitVRBigEndian,
     ExplicitVRLittleEndian,
     ImplicitVRLittleEndian,
     MediaStorageDirectoryStorage,
 )
 
-from edgekit.errors import StudyError, UnsupportedTransferSyntaxError
-from edgekit.ingest.phi import held_log_messages, scrub
+from edgekit.errors import StudyError, StudyTooLargeError, UnsupportedTransferSyntaxError
+from edgekit.ingest.budget import inflate_limit, mib
+from edgekit.ingest.phi import captured_warnings, held_log_messages, scrub
 from edgekit.ingest.study import IngestLimits
 
 _PIXEL_TAGS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
@@ -78,8 +82,10 @@ def _instance_of(ds: Dataset | None) -> int | None:
         return None
 
 
-def read_dataset(source: Path | bytes, label: str) -> Dataset:
-    """Parse a whole DICOM object; `label` names it in errors. Raises NotDicom / DicomDirectory / SliceError.
+def read_dataset(source: Path | bytes, label: str, *, max_inflated: int | None = None) -> Dataset:
+    """Parse a whole DICOM object; `label` names it in errors. Raises NotDicom / DicomDirectory / SliceError, and
+    StudyTooLargeError for a Deflated object that inflates past `max_inflated` bytes (default: a quarter of the
+    default ingest budget), counted before pydicom inflates it.
 
     pydicom meets a file cut short inside encapsulated pixel data with a warning and an empty dataset; the header
     is then read again on its own, so the error says "truncated" and which slice, not "no pixel data".
@@ -92,17 +98,18 @@ def read_dataset(source: Path | bytes, label: str) -> Dataset:
         raise StudyError("permission denied", label) from None
     except OSError as err:
         raise StudyError(f"cannot read the file ({type(err).__name__})", label) from None
-    with held_log_messages() as logged, warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    _check_inflated_size(data, inflate_limit(None) if max_inflated is None else max_inflated, label)
+    with held_log_messages() as logged, captured_warnings() as caught:
         try:
             ds = pydicom.dcmread(io.BytesIO(data))
+            ds.buffer = None  # pydicom keeps the file's bytes for deferred reads (none here): a second copy
             failure = None
         except InvalidDicomError:
             raise NotDicom(label) from None
         except (EOFError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError) as err:
             ds, failure = None, err
     messages = list(
-        dict.fromkeys([short_reason(w.message, label) for w in caught] + [short_reason(m, label) for m in logged])
+        dict.fromkeys([short_reason(w, label) for w in caught.raw] + [short_reason(m, label) for m in logged])
     )
     eof = any("End of file reached" in m for m in messages)
     if failure is not None or eof or (ds is not None and not any(tag in ds for tag in _PIXEL_TAGS)):
@@ -122,12 +129,48 @@ def read_dataset(source: Path | bytes, label: str) -> Dataset:
     return ds
 
 
+_DEFLATED = str(DeflatedExplicitVRLittleEndian).encode("ascii")
+
+
+def _check_inflated_size(data: bytes, limit: int, label: str) -> None:
+    """A Deflated Explicit VR Little Endian object inflated in 1 MiB steps and counted, nothing kept: pydicom would
+    inflate the whole dataset before any check (a 1 MB part can hold a gibibyte). Past `limit` it is refused."""
+    if _DEFLATED not in data[:2048]:
+        return
+    fp = io.BytesIO(data)
+    try:
+        pydicom.filereader.read_preamble(fp, False)
+        meta = pydicom.filereader._read_file_meta_info(fp)
+    except Exception:  # not a Part 10 file: pydicom's own read says what is wrong
+        return
+    if meta.get("TransferSyntaxUID") != DeflatedExplicitVRLittleEndian:
+        return
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    view, pos, total = memoryview(data), fp.tell(), 0
+    try:
+        while not inflater.eof:
+            if inflater.unconsumed_tail:
+                chunk = inflater.unconsumed_tail
+            elif pos < len(data):
+                chunk, pos = view[pos : pos + (1 << 16)], pos + (1 << 16)
+            else:
+                break
+            total += len(inflater.decompress(chunk, 1 << 20))
+            if total > limit:
+                raise StudyTooLargeError(
+                    f"its Deflated dataset inflates past {mib(limit)}, more than a quarter of the ingest memory "
+                    "budget ([limits] ingest_memory_bytes)",
+                    label,
+                )
+    except zlib.error:
+        return  # corrupt: pydicom's read fails on it and says so
+
+
 def _pixel_truncation(data: bytes) -> tuple[Dataset | None, str | None]:
     """Read the header alone; when the file holds a pixel data element cut short, say how (else None)."""
     fp = io.BytesIO(data)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with captured_warnings():  # the first read already reported what pydicom had to say
             header = pydicom.dcmread(fp, stop_before_pixels=True)
     except Exception:
         return None, None
@@ -231,8 +274,13 @@ class DicomImage:
     instance_number: int | None
     orientation: np.ndarray | None  # (6,) row and column direction cosines
     position: np.ndarray | None  # (3,) ImagePositionPatient of the first frame
+    bits_allocated: int = 8
+    encoded_bytes: int = 0  # the pixel data element's length, held while the object decodes
     ordinal: int | None = None  # 1-based place among the DICOM files of a folder or zip (None: a single file)
     of: int | None = None  # how many DICOM files that folder or zip held
+    # Reads the whole object again for decoding, when `ds` holds only its header (a folder's or zip's objects are
+    # checked and costed from headers; their pixel data is read back one object at a time): None, `ds` is whole.
+    reload: Callable[[], Dataset] | None = None
 
     @property
     def slice_name(self) -> str:
@@ -293,7 +341,24 @@ def inspect_image(ds: Dataset, label: str, limits: IngestLimits) -> DicomImage:
         instance_number=instance,
         orientation=_vector(orientation, 6),
         position=_vector(position, 3),
+        bits_allocated=_bits_allocated(ds),
+        encoded_bytes=max(len(ds[tag].value or b"") for tag in _PIXEL_TAGS if tag in ds),
     )
+
+
+def _bits_allocated(ds: Dataset) -> int:
+    try:
+        return max(1, int(ds.get("BitsAllocated", 8) or 8))
+    except (TypeError, ValueError):
+        return 8
+
+
+def drop_pixels(img: DicomImage, reload: Callable[[], Dataset]) -> None:
+    """Keep only `img`'s header in memory; `reload` reads the object again when it is its turn to decode."""
+    for tag in _PIXEL_TAGS:
+        if tag in img.ds:
+            del img.ds[tag]
+    img.reload = reload
 
 
 def _vector(value: Any, n: int) -> np.ndarray | None:

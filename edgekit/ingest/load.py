@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from edgekit.errors import StudyError
-from edgekit.ingest.dicom import DicomDirectory, DicomImage, NotDicom, inspect_image, read_dataset
+from edgekit.ingest import budget
+from edgekit.ingest.dicom import DicomDirectory, DicomImage, NotDicom, drop_pixels, inspect_image, read_dataset
 from edgekit.ingest.phi import phi_guard, scrub
 from edgekit.ingest.series import SKIPPABLE, Skipped, assemble
 from edgekit.ingest.study import IngestLimits, Study
@@ -22,8 +23,13 @@ _SILENT = {"DICOMDIR", "Thumbs.db"}
 _DICOM_SUFFIXES = {".dcm", ".dicom", ".dic", ".ima"}
 
 
-def load_study(path: str | os.PathLike, *, limits: IngestLimits | None = None) -> Study:
-    """Read one study; any problem with the input is a `StudyError` naming the file and the reason."""
+def load_study(
+    path: str | os.PathLike, *, limits: IngestLimits | None = None, admit: budget.Admit | None = None
+) -> Study:
+    """Read one study; any problem with the input is a `StudyError` naming the file and the reason.
+
+    Its memory is costed from headers and refused over `limits.memory_bytes` before any pixel is decoded
+    (`budget.py`); `admit`, when given, hears that cost first and may refuse it too (the daemon's pool)."""
     t0 = time.perf_counter()
     limits = limits or IngestLimits()
     path = Path(path)
@@ -31,26 +37,26 @@ def load_study(path: str | os.PathLike, *, limits: IngestLimits | None = None) -
         raise StudyError("no such file or directory", path)
     with phi_guard() as captured:
         if path.is_dir():
-            study = _load_entries(_folder_entries(path, limits), path, limits)
+            study = _load_entries(_folder_entries(path, limits), path, limits, admit)
         elif path.suffix.lower() == ".zip":
-            study = _load_zip(path, limits)
+            study = _load_zip(path, limits, admit)
         elif path.suffix.lower() in VIDEO_SUFFIXES:
-            study = load_video(path, limits)
+            study = load_video(path, limits, admit)
         else:
-            study = _load_file(path, limits)
+            study = _load_file(path, limits, admit)
     study.warnings.extend(captured.unique())
     study.ingest_ms = (time.perf_counter() - t0) * 1e3
     return study
 
 
-def _load_file(path: Path, limits: IngestLimits) -> Study:
+def _load_file(path: Path, limits: IngestLimits, admit: budget.Admit | None) -> Study:
     try:
-        ds = read_dataset(path, str(path))
+        ds = read_dataset(path, str(path), max_inflated=budget.inflate_limit(limits))
     except NotDicom:
         raise StudyError("not a DICOM file (no DICM preamble)", path) from None
     except DicomDirectory:
         raise StudyError("is a DICOMDIR media index, not an image; pass the series folder", path) from None
-    return assemble([inspect_image(ds, str(path), limits)], str(path), limits, [])
+    return assemble([inspect_image(ds, str(path), limits)], str(path), limits, [], admit=admit)
 
 
 Entry = tuple[str, Callable[[], "Path | bytes"]]
@@ -64,12 +70,24 @@ def _folder_entries(folder: Path, limits: IngestLimits) -> Iterator[Entry]:
     if total > limits.max_bytes:
         raise StudyError(f"{total} bytes exceed the limit of {limits.max_bytes}", folder)
     for p in files:
+        check_entry_size(p.stat().st_size, limits, p)
         yield str(p), (lambda p=p: p)
 
 
-def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits) -> Study:
+def check_entry_size(size: int, limits: IngestLimits, label: str | Path) -> None:
+    """One file of a folder or zip is read whole to parse it: one larger than the budget is refused unread."""
+    budget.check(size, limits, label, "reading this file")
+
+
+def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits, admit: budget.Admit | None) -> Study:
     """A folder's or zip's files -> one series. A broken slice is left out with a warning naming it by
-    InstanceNumber (else by its place among the DICOM files); stray files are named by their own name."""
+    InstanceNumber (else by its place among the DICOM files); stray files are named by their own name.
+
+    Each object is parsed, checked and costed, then only its header is kept (its pixel data is read again when it
+    decodes): the display frames the series would need are added up as the files come, and the study is refused
+    as soon as they pass the budget, not after every file was read."""
+    max_inflated = budget.inflate_limit(limits)
+    frames_bytes = 0
     images: list[DicomImage] = []
     warnings: list[str] = []
     skipped: list[Skipped] = []
@@ -83,7 +101,7 @@ def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits) -
             warnings.append(f"skipped hidden file {scrub(base)}")
             continue
         try:
-            ds = read_dataset(opener(), name)
+            ds = read_dataset(opener(), name, max_inflated=max_inflated)
         except DicomDirectory:
             continue
         except NotDicom:
@@ -105,7 +123,10 @@ def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits) -
             skipped.append(Skipped(err, getattr(err, "instance", None), candidates))
             continue
         img.ordinal = candidates
+        drop_pixels(img, lambda opener=opener, name=name: read_dataset(opener(), name, max_inflated=max_inflated))
         images.append(img)
+        frames_bytes += budget.display_bytes(img.frames, img.rows, img.columns)
+        budget.check(frames_bytes, limits, label, f"decoding the {len(images)} images read so far")
     if seen == 0:
         raise StudyError("is empty", label)
     if not images and not skipped:
@@ -114,10 +135,10 @@ def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits) -
         img.of = candidates
     if not images:
         raise skipped[0].error
-    return assemble(images, str(label), limits, warnings, skipped)
+    return assemble(images, str(label), limits, warnings, skipped, admit)
 
 
-def _load_zip(path: Path, limits: IngestLimits) -> Study:
+def _load_zip(path: Path, limits: IngestLimits, admit: budget.Admit | None) -> Study:
     try:
         archive = zipfile.ZipFile(path)
     except zipfile.BadZipFile:
@@ -134,6 +155,8 @@ def _load_zip(path: Path, limits: IngestLimits) -> Study:
         total = sum(m.file_size for m in members)
         if total > limits.max_bytes:
             raise StudyError(f"{total} uncompressed bytes exceed the limit of {limits.max_bytes}", path)
+        for m in members:  # the sizes zipfile enforces while inflating, read from the central directory
+            check_entry_size(m.file_size, limits, f"{path}!{m.filename}")
 
         def read(m: zipfile.ZipInfo) -> bytes:
             try:
@@ -145,4 +168,4 @@ def _load_zip(path: Path, limits: IngestLimits) -> Study:
             return data
 
         entries = ((f"{path}!{m.filename}", (lambda m=m: read(m))) for m in sorted(members, key=lambda m: m.filename))
-        return _load_entries(entries, path, limits)
+        return _load_entries(entries, path, limits, admit)

@@ -26,10 +26,12 @@ _LONG_NUMBER = re.compile(r"\b\d{8,}\b")
 # patient names. An absolute POSIX or Windows path with at least one separator inside it.
 _PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[/\\](?:[^\s/\\'\"]+[/\\])+[^\s/\\'\",;)]*")
 
-# catch_warnings() swaps process-wide state; serialise guarded sections so two threads cannot interleave them.
-_LOCK = threading.RLock()
-# Where `held_log_messages()` diverts this thread's pydicom log messages (None: to the guard, as usual).
-_HELD = threading.local()
+# What this thread is capturing: a stack of `Captured` (innermost last), and where `held_log_messages()` diverts
+# pydicom's log warnings (None: to the innermost capture, as usual). Thread-local, so ingests run side by side: the
+# guard no longer swaps process-wide warning state under a lock that serialised every ingest.
+_TLS = threading.local()
+# Libraries whose log records quote element values: their messages are scrubbed whoever logs them.
+THIRD_PARTY_LOGGERS = ("pydicom", "highdicom", "pynetdicom")
 
 
 def hash_uid(uid: str | bytes | None) -> str:
@@ -64,11 +66,9 @@ def scrub(text: str, known_values: tuple[str, ...] = ()) -> str:
 
 
 class ScrubFilter(logging.Filter):
-    """A logging filter that rewrites each record's message through `scrub` (and keeps a copy)."""
+    """Rewrites each record's message through `scrub`; warnings go to this thread's capture as well, if any.
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
+    Installed once, for good, on the libraries' loggers (`install`); outside a guarded section it still scrubs."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -81,9 +81,74 @@ class ScrubFilter(logging.Filter):
         record.exc_info = None  # exception text can carry element values too
         record.exc_text = None
         if record.levelno >= logging.WARNING:
-            held = getattr(_HELD, "messages", None)
-            (held if held is not None else self.messages).append(clean)
+            held = getattr(_TLS, "held", None)
+            stack = getattr(_TLS, "stack", None)
+            if held is not None:
+                held.append(clean)
+            elif stack:
+                stack[-1].logged.append(clean)
         return True
+
+
+class ScrubExceptions(logging.Filter):
+    """For a handler: the message line of any logged exception goes through `scrub` (a library's error text can
+    quote a patient's name or date), the frames stay readable; records of `THIRD_PARTY_LOGGERS` are scrubbed whole,
+    so a child logger (highdicom.sr.templates) is covered too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.split(".", 1)[0] in THIRD_PARTY_LOGGERS:
+            try:
+                message = record.getMessage()
+            except Exception:
+                message = str(record.msg)
+            record.msg, record.args = scrub(message), None
+        if record.exc_info and record.exc_info[0] is not None:
+            import traceback
+
+            lines = traceback.format_exception(*record.exc_info)
+            text = "".join(line if line.startswith((" ", "Traceback")) else scrub(line) for line in lines)
+            record.exc_text = text.rstrip("\n")
+            record.exc_info = None
+        return True
+
+
+_FILTER = ScrubFilter()
+_ORIGINAL_SHOWWARNING = warnings.showwarning
+
+
+def _showwarning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 - warnings' API
+    """The process's `warnings.showwarning`: into this thread's capture when it has one, else shown scrubbed."""
+    stack = getattr(_TLS, "stack", None)
+    if stack:
+        stack[-1].raw.append(str(message))
+        return
+    clean = warnings.WarningMessage(scrub(str(message)), category, filename, lineno, file, line)
+    warnings._showwarnmsg_impl(clean)  # what the default showwarning (or a recording catch_warnings) does
+
+
+def install() -> None:
+    """Process-wide, idempotent: scrub the libraries' log records and every warning whoever raises it.
+
+    Called at each guarded section too, because `warnings.catch_warnings()` (pytest wraps every test in one)
+    restores the previous hook on exit. Repeated warnings are always shown (a study's second slice with the same
+    bad value still counts): a filter inserted once at the front, never a process-wide swap per call."""
+    if warnings.showwarning is not _showwarning:
+        warnings.showwarning = _showwarning
+    first = warnings.filters[0] if warnings.filters else None
+    if first is None or first[0] != "always" or first[2] is not UserWarning:
+        warnings.filterwarnings("always", category=UserWarning)
+    for name in THIRD_PARTY_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+def install_handlers(handlers: list[logging.Handler]) -> None:
+    """Add `ScrubExceptions` to log handlers (the daemon's root handlers), so nothing reaches a log unscrubbed."""
+    install()
+    for handler in handlers:
+        if not any(isinstance(f, ScrubExceptions) for f in handler.filters):
+            handler.addFilter(ScrubExceptions())
 
 
 @contextmanager
@@ -93,23 +158,21 @@ def held_log_messages() -> Iterator[list[str]]:
     For a reader that replaces pydicom's message with its own ("truncated inside its pixel data" for "End of
     file reached before delimiter"): it drops what it replaced and passes the rest on with `warnings.warn`.
     """
-    previous = getattr(_HELD, "messages", None)
-    _HELD.messages = held = []
+    previous = getattr(_TLS, "held", None)
+    _TLS.held = held = []
     try:
         yield held
     finally:
-        _HELD.messages = previous
-
-
-def _pydicom_loggers() -> list[logging.Logger]:
-    names = ["pydicom"] + [n for n in logging.Logger.manager.loggerDict if n.startswith("pydicom.")]
-    return [logging.getLogger(n) for n in names]
+        _TLS.held = previous
 
 
 class Captured:
-    """What a guarded section produced, already scrubbed: pydicom warnings and warning-level log records."""
+    """What a guarded section produced: `raw` warning texts (only ever scrubbed before they leave), scrubbed log
+    records, and `messages`, both scrubbed, once the section ends."""
 
     def __init__(self) -> None:
+        self.raw: list[str] = []
+        self.logged: list[str] = []
         self.messages: list[str] = []
 
     def unique(self, limit: int = 20) -> list[str]:
@@ -121,27 +184,34 @@ class Captured:
 
 
 @contextmanager
+def captured_warnings() -> Iterator[Captured]:
+    """This thread's warnings and library log warnings in the yielded `Captured`, nothing shown; no lock, no
+    process-wide state swapped (see `install`)."""
+    install()
+    captured = Captured()
+    stack = getattr(_TLS, "stack", None)
+    if stack is None:
+        stack = _TLS.stack = []
+    stack.append(captured)
+    try:
+        yield captured
+    finally:
+        stack.remove(captured)
+
+
+@contextmanager
 def phi_guard() -> Iterator[Captured]:
     """Run a block with warnings captured and pydicom's log records scrubbed; yields the scrubbed messages.
 
     Captured warnings are not re-raised: the caller reports them (e.g. in `Study.warnings`) where it chooses.
     """
-    captured = Captured()
-    log_filter = ScrubFilter()
-    with _LOCK:
-        loggers = _pydicom_loggers()
-        for lg in loggers:
-            lg.addFilter(log_filter)
+    with captured_warnings() as captured:
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                yield captured
+            yield captured
         finally:
-            for lg in loggers:
-                lg.removeFilter(log_filter)
             # pydicom's warn_and_log() sends each message down both channels: keep one copy.
-            for w in caught:
-                captured.messages.append(scrub(str(w.message)))
-            for m in log_filter.messages:
+            for w in captured.raw:
+                captured.messages.append(scrub(w))
+            for m in captured.logged:
                 if m not in captured.messages:
                     captured.messages.append(m)

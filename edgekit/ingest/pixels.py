@@ -76,3 +76,16 @@ def to_display(
     if photometric == "MONOCHROME1":
         y = np.float32(1.0) - y
     return y.astype(np.float32, copy=False)
+
+
+def min_max_in_place(frames: np.ndarray) -> None:
+    """`to_display`'s min-max without a window, in place on float32 values: for a whole study's array, which must
+    not be copied (ingest's memory budget counts it once)."""
+    if not frames.size:
+        return
+    lo, hi = float(frames.min()), float(frames.max())
+    if hi > lo:
+        frames -= np.float32(lo)
+        frames /= np.float32(hi - lo)
+    else:
+        frames[...] = 0.0

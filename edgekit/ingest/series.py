@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.errors import StudyError, UnsupportedTransferSyntaxError
-from edgekit.ingest.decode import decode_image
+from edgekit.ingest import budget
+from edgekit.ingest.decode import Window, decode_image, display_window
 from edgekit.ingest.dicom import DicomImage, SliceError, header_meta, slice_name
 from edgekit.ingest.phi import hash_uid
-from edgekit.ingest.pixels import luminance, to_display
+from edgekit.ingest.pixels import luminance, min_max_in_place, to_display
 from edgekit.ingest.study import IngestLimits, Study
 
 # Per-object failures a series goes on without; limits and series-level problems still fail the whole study.
@@ -80,100 +81,131 @@ def _check_sizes(images: list[DicomImage], limits: IngestLimits, label: str) -> 
         raise StudyError(f"{total_pixels} pixels in all exceed the limit of {limits.max_total_pixels}", label)
 
 
+def study_cost(images: list[DicomImage]) -> int:
+    """Bytes decoding the series costs at most: its display frames, plus the costliest object's frame working set
+    and encoded bytes (objects decode one at a time)."""
+    first = images[0]
+    frames = budget.display_bytes(sum(img.frames for img in images), first.rows, first.columns)
+    working = max(
+        budget.frame_working_bytes(img.rows, img.columns, img.samples, img.bits_allocated) + img.encoded_bytes
+        for img in images
+    )
+    return frames + working
+
+
 def assemble(
     images: list[DicomImage],
     label: str,
     limits: IngestLimits,
     warnings: list[str],
     skipped: list[Skipped] | None = None,
+    admit: budget.Admit | None = None,
 ) -> Study:
-    """Order, decode and window the objects of one series into display frames.
+    """Order, decode and window the objects of one series into display frames, frame by frame.
 
-    With `skipped` (a folder or zip), an object that fails to decode joins the skipped ones and the series goes
-    on; every skipped object gets one warning, first in `warnings`. Without it (one file) the failure is the error.
-    When no object is left, the first failure is the error, so its code and reason reach the caller.
+    The series is costed from its headers first (`budget.py`) and refused over the budget; `admit` then hears the
+    cost (the daemon's pool). With `skipped` (a folder or zip), an object that fails to decode joins the skipped
+    ones and the series goes on; every skipped object gets one warning, first in `warnings`. Without it (one
+    file) the failure is the error. When no object is left, the first failure is the error, so its code and
+    reason reach the caller.
     """
     if not images and not skipped:
         raise StudyError("no DICOM image found", label)
-    if images:
-        check_one_series(images, label)
-        images = order_images(images)
-        _check_sizes(images, limits, label)
-    of = images[0].of if images and images[0].of else None
+    if not images:
+        raise skipped[0].error
+    check_one_series(images, label)
+    images = order_images(images)
+    _check_sizes(images, limits, label)
+    cost = study_cost(images)
+    budget.check(cost, limits, label)
+    if admit is not None:
+        admit(cost)
+    of = images[0].of or None
+    first = images[0]
+    out = np.empty((sum(img.frames for img in images), first.rows, first.columns), dtype=np.float32)
+    windows = [display_window(img, img.ds) for img in images]
+    # Each object's own window is the faithful rendering; without one everywhere, one min-max over the whole
+    # series keeps slices comparable (a per-slice min-max would flicker in brightness).
+    per_object = all(w.per_object for w in windows)
 
-    decoded, kept = [], []
+    kept: list[DicomImage] = []
+    spans: list[tuple[int, int, str]] = []  # (start, stop, photometric) of each kept object in `out`
     notes: dict[str, list[str]] = {}
-    meta = None
+    meta = uid = None
+    start = 0
     for img in images:
         try:
-            d = decode_image(img)
+            ds = img.reload() if img.reload is not None else img.ds
+            decoded = decode_image(img, ds)
+            stop = start
+            for frame in decoded.frames:
+                _write_display(out[stop], frame, decoded.window, per_object)
+                stop += 1
         except SKIPPABLE as err:
             if skipped is None:
                 raise
             skipped.append(Skipped(err, img.instance_number, img.ordinal))
             img.ds = None
-            continue
+            continue  # its frames, if any, are overwritten by the next object's
         if meta is None:
-            meta = header_meta(img)  # before the dataset is released below
+            meta = header_meta(img)
             uid = img.study_uid or img.series_uid or str(img.ds.get("SOPInstanceUID", "") or "")
-        for note in d.notes:
+        for note in decoded.notes:
             notes.setdefault(note, []).append(img.slice_name)
-        decoded.append(d)
+        spans.append((start, stop, decoded.window.photometric))
         kept.append(img)
+        start = stop
         img.ds = None  # the raw bytes are no longer needed; free them as we go
+        del ds, decoded
     if skipped:
         skipped.sort(key=lambda s: (s.ordinal is None, s.ordinal or 0))
         warnings[:0] = [s.warning(of or len(skipped) + len(kept)) for s in skipped]
-    if not decoded:
+    if not kept:
         raise skipped[0].error
     warnings.extend(_note_warnings(notes, len(kept)))
-    images = kept
-    first = images[0]
-
-    n = sum(d.stored.shape[0] for d in decoded)
-    frames = np.empty((n, first.rows, first.columns), dtype=np.float32)
-    # Each object's own window is the faithful rendering; without one everywhere, one min-max over the whole
-    # series keeps slices comparable (a per-slice min-max would flicker in brightness).
-    per_object = all(d.center is not None or d.voi_lut for d in decoded)
-    start = 0
-    for d in decoded:
-        stop = start + d.stored.shape[0]
-        if d.voi_lut:
-            frames[start:stop] = 1.0 - d.stored if d.photometric == "MONOCHROME1" else d.stored
-        elif per_object:
-            frames[start:stop] = to_display(
-                d.stored,
-                slope=d.slope,
-                intercept=d.intercept,
-                center=d.center,
-                width=d.width,
-                photometric=d.photometric,
-            )
-        else:
-            values = luminance(d.stored) if d.photometric == "RGB" else d.stored.astype(np.float32)
-            frames[start:stop] = values * np.float32(d.slope) + np.float32(d.intercept)
-        start = stop
+    frames = out[:start]
     if not per_object:
-        frames = to_display(frames)
-        start = 0
-        for d in decoded:
-            stop = start + d.stored.shape[0]
-            if d.photometric == "MONOCHROME1":
-                frames[start:stop] = 1.0 - frames[start:stop]
-            start = stop
+        min_max_in_place(frames)
+        for a, b, photometric in spans:
+            if photometric == "MONOCHROME1":
+                np.subtract(np.float32(1.0), frames[a:b], out=frames[a:b])
 
-    meta["number_of_frames"] = int(n)
-    meta["number_of_files"] = len(images)
+    meta["number_of_frames"] = int(start)
+    meta["number_of_files"] = len(kept)
     meta["series_uid_hash"] = hash_uid(first.series_uid) if first.series_uid else None
-    meta["slice_spacing"] = _slice_spacing(images)
+    meta["slice_spacing"] = _slice_spacing(kept)
     return Study(
         frames=frames,
-        modality=first.modality,
+        modality=kept[0].modality,
         uid_hash=hash_uid(uid),
         source="dicom",
         meta=meta,
         warnings=warnings,
     )
+
+
+def _write_display(dest: np.ndarray, frame: np.ndarray, window: Window, per_object: bool) -> None:
+    """One decoded frame into its place in the study: display values when the series renders per object, else
+    modality values (luminance for colour), which `_min_max_in_place` maps once the whole series is in."""
+    if window.voi_lut:
+        dest[...] = 1.0 - frame if window.photometric == "MONOCHROME1" else frame
+    elif per_object:
+        dest[...] = to_display(
+            frame,
+            slope=window.slope,
+            intercept=window.intercept,
+            center=window.center,
+            width=window.width,
+            photometric=window.photometric,
+        )
+    else:
+        dest[...] = luminance(frame) if window.photometric == "RGB" else frame
+        if window.slope != 1.0:
+            dest *= np.float32(window.slope)
+        if window.intercept != 0.0:
+            dest += np.float32(window.intercept)
+        if not np.isfinite(dest).all():
+            np.nan_to_num(dest, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _note_warnings(notes: dict[str, list[str]], kept: int) -> list[str]:

@@ -43,9 +43,19 @@ class IngestLimits:
     max_total_pixels: int = 256 * 1024 * 1024  # all frames together (1 GiB as float32)
     max_bytes: int = 4 * 1024**3  # uncompressed bytes read from a zip or folder
     video_max_frames: int = 64
+    # What decoding one study may cost (edgekit.ingest.budget): its display frames, one frame's working set and
+    # the encoded object being decoded. Well under edgekitd's MemoryMax=4G.
+    memory_bytes: int = 1024**3
+    video_max_source_frames: int = 20_000  # frames a video may hold (decoded up to the last one sampled)
+    video_decode_s: float = 120.0  # wall time one video's decode may take
 
     def __post_init__(self) -> None:
-        for name in ("max_files", "max_frames", "max_pixels", "max_total_pixels", "max_bytes", "video_max_frames"):
+        names = ("max_files", "max_frames", "max_pixels", "max_total_pixels", "max_bytes", "video_max_frames")
+        for name in (*names, "memory_bytes", "video_max_source_frames"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"IngestLimits.{name} must be a positive integer, got {value!r}")
+        if isinstance(self.video_decode_s, bool) or not (
+            isinstance(self.video_decode_s, (int, float)) and self.video_decode_s > 0
+        ):
+            raise ConfigError(f"IngestLimits.video_decode_s must be > 0 seconds, got {self.video_decode_s!r}")

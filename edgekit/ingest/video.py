@@ -8,13 +8,16 @@ the reporter then feeds the vision encoder that many frames instead of repeating
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import numpy as np
 
 from edgekit.errors import StudyError
+from edgekit.ingest import budget
+from edgekit.ingest.budget import Admit
 from edgekit.ingest.phi import hash_bytes, scrub
-from edgekit.ingest.pixels import luminance, to_display
+from edgekit.ingest.pixels import luminance, min_max_in_place
 from edgekit.ingest.study import IngestLimits, Study
 from edgekit.preprocess import sample_indices
 
@@ -29,21 +32,38 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _count_frames(path: Path) -> int:
-    """Frames in the first video stream: the header's count if it has one, else packets demuxed (no decode)."""
+def _count_frames(path: Path, limits: IngestLimits, deadline: float) -> int:
+    """Frames in the first video stream: the header's count if it has one, else packets demuxed (no decode),
+    stopping once past the source-frame cap."""
     import av
 
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         if stream.frames and stream.frames > 0:
             return int(stream.frames)
-        return sum(1 for packet in container.demux(stream) if packet.size)
+        n = 0
+        for packet in container.demux(stream):
+            n += bool(packet.size)
+            if n > limits.video_max_source_frames:
+                break
+            if n % 256 == 0:
+                _check_deadline(deadline, limits, path)
+        return n
 
 
-def load_video(path: Path, limits: IngestLimits) -> Study:
-    """Decode a video, keeping at most `limits.video_max_frames` evenly spaced frames as display values."""
+def _check_deadline(deadline: float, limits: IngestLimits, path: Path) -> None:
+    if time.monotonic() > deadline:
+        raise StudyError(f"decoding the video took longer than {limits.video_decode_s:.0f} s; refused", path)
+
+
+def load_video(path: Path, limits: IngestLimits, admit: Admit | None = None) -> Study:
+    """Decode a video, keeping at most `limits.video_max_frames` evenly spaced frames as display values.
+
+    Costed from its stream header before decoding (the kept frames plus one decoded frame), capped at
+    `video_max_source_frames` and `video_decode_s`: decoding runs up to the last kept frame."""
     import av  # imported here: PyAV is heavy and only video ingest needs it
 
+    deadline = time.monotonic() + limits.video_decode_s
     warnings: list[str] = []
     try:
         with av.open(str(path)) as container:
@@ -55,40 +75,53 @@ def load_video(path: Path, limits: IngestLimits) -> Study:
             width, height = stream.codec_context.width, stream.codec_context.height
         if width and height and width * height > limits.max_pixels:
             raise StudyError(f"frame of {height}x{width} pixels exceeds the limit of {limits.max_pixels}", path)
-        n = _count_frames(path)
+        n = _count_frames(path, limits, deadline)
         if n < 1:
             raise StudyError("video holds no frames", path)
+        if n > limits.video_max_source_frames:
+            raise StudyError(
+                f"the video holds more than {limits.video_max_source_frames} frames (video_max_source_frames)", path
+            )
         keep = limits.video_max_frames
         wanted = sample_indices(n, keep).tolist() if n > keep else list(range(n))
-        wanted_set = set(wanted)
-        kept: dict[int, np.ndarray] = {}
+        slot = {index: k for k, index in enumerate(dict.fromkeys(wanted))}
+        if not (width and height):
+            raise StudyError("the video stream does not state its frame size", path)
+        cost = budget.display_bytes(len(slot), height, width) + budget.frame_working_bytes(height, width, 3, 8)
+        budget.check(cost, limits, path, "decoding this video")
+        if admit is not None:
+            admit(cost)
+        out = np.empty((len(slot), height, width), dtype=np.float32)
+        filled: list[int] = []
         decoded = 0
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
             for index, frame in enumerate(container.decode(stream)):
                 decoded += 1
-                if index in wanted_set:
-                    rgb = frame.to_ndarray(format="rgb24")
-                    if rgb.shape[0] * rgb.shape[1] > limits.max_pixels:
-                        raise StudyError(f"frame of {rgb.shape[0]}x{rgb.shape[1]} pixels exceeds the limit", path)
-                    kept[index] = luminance(rgb)
-                if len(kept) == len(wanted_set):
+                if index in slot:
+                    if (frame.height, frame.width) != (height, width):
+                        raise StudyError(
+                            f"inconsistent frame sizes in the video: {frame.height}x{frame.width} after "
+                            f"{height}x{width}",
+                            path,
+                        )
+                    out[slot[index]] = luminance(frame.to_ndarray(format="rgb24"))
+                    filled.append(slot[index])
+                if len(filled) == len(slot):
                     break
+                if decoded % 16 == 0:
+                    _check_deadline(deadline, limits, path)
     except StudyError:
         raise
     except (av.error.FFmpegError, ValueError, IndexError, OSError, EOFError) as err:
         detail = getattr(err, "strerror", None) or str(err)[:200]  # FFmpeg's text without errno or path
         raise StudyError(f"undecodable video ({type(err).__name__}: {scrub(detail)})", path) from None
-    if not kept:
+    if not filled:
         raise StudyError("undecodable video: no frame could be decoded", path)
-    if len(kept) < len(wanted_set):
+    if len(filled) < len(slot):
         warnings.append(f"video held {decoded} decodable frames, not the {n} its header announced")
-    order = sorted(kept)
-    shapes = {kept[i].shape for i in order}
-    if len(shapes) > 1:
-        raise StudyError(f"inconsistent frame sizes in the video: {sorted(shapes)}", path)
-    stack = np.stack([kept[i] for i in order])
-    frames = to_display(stack)  # min-max over the kept frames, as for a DICOM series without a window
+    frames = out[: len(filled)]  # slots fill in order, so the decoded ones are the first
+    min_max_in_place(frames)  # as for a DICOM series without a window: one min-max over the kept frames
     return Study(
         frames=frames,
         modality="XC",
