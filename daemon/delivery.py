@@ -7,29 +7,36 @@ the metrics, retried only when an operator asks (`POST /v1/jobs/{id}/deliveries/
 stay readable whatever happens to its deliveries.
 
 The SR is built once per job and kept beside it, so a retry sends the same SOP instance (a PACS stores it once)
-and `GET /v1/jobs/{id}/sr` serves what the PACS got. Errors kept and logged name the destination and the HTTP
-status or DIMSE status, never a patient value.
+and `GET /v1/jobs/{id}/sr` serves what the PACS got. Errors kept and logged name the destination (as
+`Destination.describe()` gives it: no user:password@, no query string) and the HTTP or DIMSE status, never a patient
+value nor an exception's own text (pydicom/highdicom quote element values, httpx quotes the full URL).
+
+HTTP goes out through httpx with redirects off: a 3xx is a failed attempt, so a POST never becomes a GET and a
+bearer token never follows a `Location` to another host.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from edgekit import __version__ as edgekit_version
 from edgekit.errors import EdgekitError
+from edgekit.ingest.phi import phi_guard
 
 from .dicom_config import Destination, DicomSettings, read_destination_token
 from .jobs import DEAD, FAILED, Delivery, DeliveryStore, JobStore
 from .metrics import Metrics
-from .sr import build_sr, sr_bytes
+from .sr import SrUnavailableError, build_sr, sr_bytes
 
 log = logging.getLogger("edgekitd")
 
@@ -48,7 +55,7 @@ def stow(dest: Destination, data: bytes) -> None:
         "Content-Type": f'multipart/related; type="application/dicom"; boundary={boundary}',
         "Accept": "application/dicom+json",
     }
-    answer = _post(dest, dest.url.rstrip("/") + "/studies", body, headers)
+    answer = _post(dest, "/studies", body, headers)
     if answer is not None:
         failed = answer.get("00081198", {}).get("Value") or []  # FailedSOPSequence
         if failed:
@@ -57,28 +64,71 @@ def stow(dest: Destination, data: bytes) -> None:
 
 
 def webhook(dest: Destination, payload: dict[str, Any]) -> None:
-    _post(dest, dest.url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    _post(dest, "", json.dumps(payload).encode(), {"Content-Type": "application/json"})
 
 
-def _post(dest: Destination, url: str, body: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
+def _post(dest: Destination, below: str, body: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
+    """One POST to `below` under the URL's path (its query kept), redirects off; the answer's JSON (first MiB) on a
+    200/202/204, else a DeliveryError."""
+    for name in ("httpx", "httpcore"):  # at INFO and DEBUG they log each request's full URL (userinfo, query)
+        logging.getLogger(name).setLevel(logging.WARNING)
     token = read_destination_token(dest)
-    if token:
-        headers = {**headers, "Authorization": f"Bearer {token}"}
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    # certificates checked against the system's CA store, where a hospital installs its own CA (as urllib did;
+    # httpx's default is certifi's bundle alone)
+    tls = ssl.create_default_context()
     try:
-        with urllib.request.urlopen(request, timeout=dest.timeout_s) as resp:
-            status, raw = resp.status, resp.read(1 << 20)
-    except urllib.error.HTTPError as err:
-        raise DeliveryError(f"HTTP {err.code} from {dest.describe()}") from None
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise DeliveryError(f"cannot reach {dest.describe()}: {type(reason).__name__} {reason}"[:300]) from None
+        url = httpx.URL(dest.url or "")
+        url = url.copy_with(path=url.path.rstrip("/") + below) if below else url
+        with (
+            httpx.Client(timeout=httpx.Timeout(dest.timeout_s), verify=tls, follow_redirects=False) as client,
+            client.stream("POST", url, content=body, headers=headers, auth=_bearer(token) if token else None) as resp,
+        ):
+            status = resp.status_code
+            raw = _head(resp, 1 << 20) if status in (200, 202, 204) else b""
+    except httpx.TransportError as exc:
+        raise DeliveryError(f"cannot reach {dest.describe()}: {type(exc).__name__}{_reason(exc)}") from None
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise DeliveryError(f"request to {dest.describe()} failed: {type(exc).__name__}") from None
+    if 300 <= status < 400:
+        raise DeliveryError(f"HTTP {status} from {dest.describe()}: redirects are not followed")
     if status not in (200, 202, 204):
         raise DeliveryError(f"HTTP {status} from {dest.describe()}")
     try:
         return json.loads(raw) if raw else None
     except ValueError:
         return None
+
+
+def _bearer(token: str) -> Callable[[httpx.Request], httpx.Request]:
+    """The token as httpx auth: it takes precedence over a user:password@ in the URL (httpx's Basic auth)."""
+
+    def add(request: httpx.Request) -> httpx.Request:
+        request.headers["Authorization"] = f"Bearer {token}"
+        return request
+
+    return add
+
+
+def _head(resp: httpx.Response, limit: int) -> bytes:
+    """The first `limit` bytes of an answer, without reading the rest."""
+    out = bytearray()
+    for chunk in resp.iter_bytes():
+        out += chunk
+        if len(out) >= limit:
+            break
+    return bytes(out[:limit])
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS's words for a transport failure ("Connection refused"), found down the exception chain; never the
+    exception's own text, which can hold the URL."""
+    while exc is not None:
+        if isinstance(exc, ssl.SSLError):
+            return f" ({exc.reason})" if isinstance(exc.reason, str) else ""
+        if isinstance(exc, OSError):
+            return f" ({exc.strerror})" if isinstance(exc.strerror, str) else ""
+        exc = exc.__cause__ or exc.__context__
+    return ""
 
 
 def cstore(dest: Destination, data: bytes, calling_ae: str) -> None:
@@ -163,27 +213,8 @@ class DeliveryWorker:
             if dest is None:
                 raise DeliveryError(f"destination {d.destination!r} is no longer configured")
             self._send(dest, d.job_id)
-        except (DeliveryError, EdgekitError) as err:
-            text = str(err)
-            wait = min(settings.max_backoff_s, settings.backoff_s * (2**d.attempts))
-            last = d.attempts + 1 >= settings.max_attempts
-            state = self.deliveries.failed(d, text, None if last else time.time() + wait)
-            self.metrics.deliveries.labels(d.destination, "dead" if state == DEAD else "retry").inc()
-            log.warning(
-                "delivery of job %s to %s failed (attempt %d): %s%s",
-                d.job_id,
-                d.destination,
-                d.attempts + 1,
-                text,
-                "; dead letter" if state == DEAD else f"; retry in {wait:.1f} s",
-            )
-            self.refresh_gauges()
-            return state
-        except Exception as exc:  # a bug in a sender: count it as a failed attempt, keep the traceback
-            log.exception("delivery of job %s to %s crashed", d.job_id, d.destination)
-            state = self.deliveries.failed(d, f"internal error ({type(exc).__name__})", time.time() + 60)
-            self.refresh_gauges()
-            return state
+        except Exception as exc:  # every failure counts toward max_attempts, whatever raised it
+            return self._failed(d, exc, settings)
         self.deliveries.delivered(d)
         self.metrics.deliveries.labels(d.destination, "delivered").inc()
         job = self.store.get(d.job_id)
@@ -192,6 +223,29 @@ class DeliveryWorker:
         log.info("delivered job %s to %s", d.job_id, d.destination)
         self.refresh_gauges()
         return "delivered"
+
+    def _failed(self, d: Delivery, exc: Exception, settings: DicomSettings) -> str:
+        """Record one failed attempt: retried after the backoff, a dead letter after `max_attempts`."""
+        if isinstance(exc, (DeliveryError, EdgekitError)):
+            text = str(exc)
+        else:  # a bug in a sender: keep where it happened, not its message (it may quote a patient value)
+            text = f"internal error ({type(exc).__name__})"
+            stack = "".join(traceback.format_tb(exc.__traceback__))
+            log.error("delivery of job %s to %s crashed: %s\n%s", d.job_id, d.destination, text, stack.rstrip())
+        wait = min(settings.max_backoff_s, settings.backoff_s * (2**d.attempts))
+        last = d.attempts + 1 >= settings.max_attempts
+        state = self.deliveries.failed(d, text, None if last else time.time() + wait)
+        self.metrics.deliveries.labels(d.destination, "dead" if state == DEAD else "retry").inc()
+        log.warning(
+            "delivery of job %s to %s failed (attempt %d): %s%s",
+            d.job_id,
+            d.destination,
+            d.attempts + 1,
+            text,
+            "; dead letter" if state == DEAD else f"; retry in {wait:.1f} s",
+        )
+        self.refresh_gauges()
+        return state
 
     def _send(self, dest: Destination, job_id: str) -> None:
         job = self.store.get(job_id)
@@ -207,32 +261,45 @@ class DeliveryWorker:
             cstore(dest, data, self.calling_ae)
 
     def sr_for(self, job_id: str) -> bytes:
-        """The job's SR: the one kept beside it, else built now and kept."""
+        """The job's SR: the one kept beside it, else built now and kept. A study whose headers highdicom refuses
+        (an invalid date, a missing type 2 attribute) is an SrUnavailableError naming only the exception type;
+        pydicom's warnings while building, which quote values, are scrubbed by `phi_guard`."""
         data = self.store.stored_sr(job_id)
         if data is None:
             job = self.store.get(job_id)
-            assert job is not None and job.result is not None
-            ds = build_sr(job.result, self.store.evidence(job_id), algorithm_version=edgekit_version)
-            data = sr_bytes(ds)
+            if job is None or job.result is None:
+                raise DeliveryError("the job or its report is gone (past its retention?)")
+            with phi_guard():
+                try:
+                    ds = build_sr(job.result, self.store.evidence(job_id), algorithm_version=edgekit_version)
+                    data = sr_bytes(ds)
+                except EdgekitError:
+                    raise
+                except Exception as exc:
+                    raise SrUnavailableError(
+                        f"the SR cannot be built from the study's headers ({type(exc).__name__})"
+                    ) from None
             self.store.save_sr(job_id, data)
         return data
 
     def webhook_payload(self, job_id: str) -> dict[str, Any]:
-        """The job as `GET /v1/jobs/{id}` shows it, with the study and SR identifiers a receiver files it under."""
+        """The job as `GET /v1/jobs/{id}` shows it, with the study and SR identifiers a receiver files it under;
+        without them when there is no SR (a video study, headers an SR cannot be built from): a webhook needs none."""
         import io
 
         import pydicom
 
         job = self.store.get(job_id)
-        assert job is not None
+        if job is None:
+            raise DeliveryError("the job is gone (past its retention?)")
         out: dict[str, Any] = {"event": "report.finished", "job": job.public()}
         try:
-            ds = pydicom.dcmread(io.BytesIO(self.sr_for(job_id)), stop_before_pixels=True)
-            out["study_instance_uid"] = str(ds.StudyInstanceUID)
-            out["sr_sop_instance_uid"] = str(ds.SOPInstanceUID)
-        except (EdgekitError, AssertionError):  # a video study has no SR: the JSON goes alone
-            pass
-        return out
+            with phi_guard():
+                ds = pydicom.dcmread(io.BytesIO(self.sr_for(job_id)), stop_before_pixels=True)
+                ids = {"study_instance_uid": str(ds.StudyInstanceUID), "sr_sop_instance_uid": str(ds.SOPInstanceUID)}
+        except Exception:  # whatever keeps the SR from being built or read: the JSON goes alone
+            ids = {}
+        return {**out, **ids}
 
     def refresh_gauges(self) -> None:
         counts = self.deliveries.counts()

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from edgekit.errors import ConfigError
 
@@ -46,10 +47,23 @@ class Destination:
     timeout_s: float = 30.0
 
     def describe(self) -> str:
-        """A log- and API-safe name of the target (no token)."""
+        """A log- and API-safe name of the target: the URL as scheme://host[:port]/path, without the user:password@
+        and the query string a URL can carry credentials in (`last_error` is served by the API and logged)."""
         if self.kind == "cstore":
             return f"{self.name} (C-STORE {self.ae_title}@{self.host}:{self.port})"
-        return f"{self.name} ({self.kind} {self.url})"
+        return f"{self.name} ({self.kind} {_safe_url(self.url or '')})"
+
+
+def _safe_url(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # not a number: left out rather than echoed
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 @dataclass(frozen=True)
