@@ -1,7 +1,9 @@
 """STOW-RS in: a `multipart/related; type="application/dicom"` body into the inbox, and the store response.
 
-The body is split here (not by a form parser: STOW-RS parts are not form fields), each part is checked on its own
-(`instances.parse_part`) and stored or refused with its own failure reason, so one bad part never costs the others.
+The body is spooled to disk as it arrives and split there (`stow_spool`; not by a form parser: STOW-RS parts are
+not form fields), then each part is read back, checked on its own (`instances.parse_part`) and stored or refused
+with its own failure reason, so one bad part never costs the others. Memory holds one part at a time (with
+pydicom's copy of its pixel data while it is parsed), never the body.
 The answer is the standard store response (PS3.18 10.5.3): a DICOM JSON dataset with ReferencedSOPSequence and
 FailedSOPSequence (FailureReason per instance); 200 when every instance was stored, 202 when some were, 409 when
 none was, 400 for a body that is not multipart at all, 415 for another media type.
@@ -9,34 +11,33 @@ none was, 400 for a body that is not multipart at all, 415 for another media typ
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections import Counter
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from edgekit.errors import EdgekitError
 from edgekit.ingest.phi import hash_uid
 
-from .instances import CANNOT_UNDERSTAND, DATASET_MISMATCH, OUT_OF_RESOURCES, Refusal, parse_part
+from .instances import CANNOT_UNDERSTAND, DATASET_MISMATCH, OUT_OF_RESOURCES, Refusal, is_uid, parse_part
 from .metrics import Metrics
+from .stow_spool import MultipartError, PartFinder, SpooledBody, spool
 from .studies import StudyInbox
 
 log = logging.getLogger("edgekitd")
 
 DICOM_JSON = "application/dicom+json"
-MAX_PARTS = 10000
-_UID = re.compile(r"^[0-9.]{1,64}$")
+BodyChunks = AsyncGenerator[bytes, None]  # a request body as it arrives (starlette's `Request.stream()`)
 _TOKEN_PARAM = re.compile(r';\s*([A-Za-z0-9_.-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)')
 
 
 class UnsupportedMediaTypeError(EdgekitError):
     code = "unsupported_media_type"
     http_status = 415
-
-
-class MultipartError(EdgekitError):
-    code = "invalid_multipart"
 
 
 @dataclass
@@ -80,32 +81,10 @@ def boundary_of(content_type: str | None) -> bytes:
 
 
 def split_parts(body: bytes, boundary: bytes) -> list[Part]:
-    """The parts of a multipart body (RFC 2046). A body that ends inside a part keeps that part, marked, so that
-    the parts before it are still stored."""
-    delim = b"--" + boundary
-    start = body.find(delim)
-    if start < 0:
-        raise MultipartError("the body holds no part (the boundary never appears)")
-    pos = start + len(delim)
-    parts: list[Part] = []
-    while True:
-        if body.startswith(b"--", pos):  # the close delimiter
-            break
-        eol = body.find(b"\r\n", pos)
-        if eol < 0:
-            break  # a delimiter at the very end without "--": nothing follows
-        pos = eol + 2
-        nxt = body.find(b"\r\n" + delim, pos)
-        end = nxt if nxt >= 0 else len(body)
-        parts.append(_part(body[pos:end], None if nxt >= 0 else "the body ends inside this part"))
-        if nxt < 0 or len(parts) > MAX_PARTS:
-            break
-        pos = nxt + 2 + len(delim)
-    if not parts:
-        raise MultipartError("the body holds no part")
-    if len(parts) > MAX_PARTS:
-        raise MultipartError(f"more than {MAX_PARTS} parts in one request")
-    return parts
+    """The parts of a body already in memory (the route spools instead: `StowService.store`)."""
+    finder = PartFinder(boundary)
+    finder.feed(body)
+    return [_part(body[s.start : s.end], s.problem) for s in finder.finish()]
 
 
 def _part(raw: bytes, problem: str | None) -> Part:
@@ -148,17 +127,31 @@ class StowService:
     def __init__(self, inbox: StudyInbox, metrics: Metrics):
         self.inbox, self.metrics = inbox, metrics
 
-    def store(self, body: bytes, content_type: str | None, target_study: str | None, complete: bool) -> StoreResult:
-        """Blocking (parsing, fsync): run in a thread."""
-        if target_study is not None and not _UID.match(target_study):
+    async def store(
+        self,
+        chunks: BodyChunks,
+        content_type: str | None,
+        target_study: str | None,
+        complete: bool,
+        spool_dir: Path,
+    ) -> StoreResult:
+        """Read the body (async) into a spool file under `spool_dir`, then store its parts (blocking: in a thread).
+        Nothing is stored unless the whole body arrived and is multipart; the spool file is gone on every return."""
+        if target_study is not None and not is_uid(target_study):
             raise EdgekitError("the StudyInstanceUID in the URL is not a UID", code="invalid_uid")
-        parts = split_parts(body, boundary_of(content_type))
+        body = await spool(chunks, boundary_of(content_type), spool_dir)
+        try:
+            return await asyncio.to_thread(self._store_parts, body, target_study, complete)
+        finally:
+            body.close()
+
+    def _store_parts(self, body: SpooledBody, target_study: str | None, complete: bool) -> StoreResult:
         stored: list[dict[str, Any]] = []
         failed: list[dict[str, Any]] = []
         studies: set[str] = set()
         outcomes: Counter[str] = Counter()
-        for part in parts:
-            result = self._one(part, target_study)
+        for span in body.spans:  # one part in memory at a time: each is garbage once `_one` returns
+            result = self._one(_part(body.read(span), span.problem), target_study)
             if isinstance(result, Refusal):
                 failed.append(_item(result.sop_class, result.sop_instance, result.reason))
                 outcomes[f"{result.reason:#06x}"] += 1

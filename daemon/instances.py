@@ -9,6 +9,7 @@ of bad input has its own.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 from pydicom.dataset import Dataset
@@ -44,6 +45,17 @@ IMAGE_STORAGE = {
     "1.2.840.10008.5.1.4.1.1.20": "Nuclear Medicine Image Storage",
     "1.2.840.10008.5.1.4.1.1.128": "Positron Emission Tomography Image Storage",
 }
+
+
+# PS3.5 9.1: components of digits, no leading zero (a lone "0" is one), separated by single dots; at most 64 chars
+_UID = re.compile(r"(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*", re.ASCII)
+MAX_UID_CHARS = 64
+
+
+def is_uid(value: str) -> bool:
+    """Whether `value` is a valid DICOM UID. UIDs become file names (hashed), log fields (hashed) and are echoed
+    back to the sender, so anything else (a 10 KB string, a path) is refused before it is used as one."""
+    return len(value) <= MAX_UID_CHARS and _UID.fullmatch(value) is not None
 
 
 @functools.cache
@@ -95,9 +107,20 @@ def check_dataset(ds: Dataset, transfer_syntax: str | None, target_study: str | 
     sop_class = _uid(ds, "SOPClassUID") or _uid(getattr(ds, "file_meta", Dataset()), "MediaStorageSOPClassUID")
     sop_instance = _uid(ds, "SOPInstanceUID") or _uid(getattr(ds, "file_meta", Dataset()), "MediaStorageSOPInstanceUID")
     study, series = _uid(ds, "StudyInstanceUID"), _uid(ds, "SeriesInstanceUID")
+    # a refusal echoes the SOP UIDs back to the sender (FailedSOPSequence): only values that are UIDs
+    echo_class, echo_instance = (u if is_uid(u) else "" for u in (sop_class, sop_instance))
     if not (sop_class and sop_instance and study and series):
         return Refusal(
-            DATASET_MISMATCH, "missing SOP Class, SOP Instance, Study or Series Instance UID", sop_class, sop_instance
+            DATASET_MISMATCH, "missing SOP Class, SOP Instance, Study or Series Instance UID", echo_class, echo_instance
+        )
+    named = {"SOP Class": sop_class, "SOP Instance": sop_instance, "Study Instance": study, "Series Instance": series}
+    invalid = [f"{name} UID" for name, uid in named.items() if not is_uid(uid)]
+    if invalid:  # named, never quoted: the value is the sender's and may be anything
+        return Refusal(
+            DATASET_MISMATCH,
+            f"not a valid UID (PS3.5 9.1: 1-64 digits and dots, no leading zeros): {', '.join(invalid)}",
+            echo_class,
+            echo_instance,
         )
     if sop_class not in IMAGE_STORAGE:
         return Refusal(

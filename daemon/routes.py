@@ -251,9 +251,9 @@ class Routes:
         return await self._stow(request, study_uid, complete)
 
     async def _stow(self, request: Request, study_uid: str | None, complete: bool) -> Response:
-        body = await request.body()
-        result = await asyncio.to_thread(
-            self.daemon.store_instances, body, request.headers.get("content-type"), study_uid, complete
+        """The body is streamed to the service (spooled to disk as it arrives), never read whole into memory."""
+        result = await self.daemon.store_instances(
+            request.stream(), request.headers.get("content-type"), study_uid, complete
         )
         return JSONResponse(result.body, status_code=result.status, media_type=DICOM_JSON)
 

@@ -28,7 +28,7 @@ from edgekit.ingest.entropy import display_entropy_bits
 
 from .config import DaemonConfig, load_config
 from .delivery import DeliveryWorker
-from .dicomweb import StoreResult, StowService
+from .dicomweb import BodyChunks, StoreResult, StowService
 from .dimse import StorageScp
 from .forms import ReportForm
 from .intake import Ingestor, Intake
@@ -435,13 +435,15 @@ class Daemon:
         )
 
     # --- DICOM networking -----------------------------------------------------------------------------------------
-    def store_instances(
-        self, body: bytes, content_type: str | None, study_uid: str | None, complete: bool
+    async def store_instances(
+        self, body: BodyChunks, content_type: str | None, study_uid: str | None, complete: bool
     ) -> StoreResult:
-        """STOW-RS: blocking (parsing, fsync); instances are kept even while the model loads."""
+        """STOW-RS: the body is spooled under state_dir/stow-spool (not in the inbox, whose every folder is a study)
+        and its parts stored off the event loop; instances are kept even while the model loads."""
         if not self.cfg.dicom.stow:
             raise StowDisabledError("STOW-RS is off in this daemon's config (dicom.stow = false)")
-        return self.stow.store(body, content_type, study_uid, complete)
+        spool_dir = Path(self.cfg.state_dir) / "stow-spool"
+        return await self.stow.store(body, content_type, study_uid, complete, spool_dir)
 
     def receive_study(self, folder: Path) -> None:
         """The inbox's hand-over (blocking, in its thread): a complete received study becomes a durable job, with
