@@ -4,7 +4,9 @@ It answers C-ECHO, and C-STORE for the image storage SOP classes ingest reports 
 offered only in the transfer syntaxes this install can decode, so a modality sending another syntax has it
 negotiated away (it converts, or its context is rejected) instead of a study failing later. Only the configured
 calling AE titles, each from its host, get an association; anyone else is rejected (permanent, "calling AE title
-not recognised"). It binds to loopback unless `dimse.host` says otherwise.
+not recognised"), and so is an association addressed to another AE title than this SCP's ("called AE title not
+recognised": pynetdicom accepts any unless told). Every rejection is logged and counted. It binds to loopback
+unless `dimse.host` says otherwise.
 
 A dataset that cannot be decoded or lacks its identifiers is answered with a failure status (0xC000 / 0xA900);
 one that cannot be stored with 0xA700. Logs name the calling AE and hashed study UIDs, never patient values.
@@ -37,6 +39,8 @@ log = logging.getLogger("edgekitd")
 VERIFICATION = "1.2.840.10008.1.1"
 # A-ASSOCIATE-RJ: rejected-permanent, service-user, calling AE title not recognised (PS3.8 9.3.4)
 REJECT_CALLING_AE = (0x01, 0x01, 0x03)
+# ... called AE title not recognised (sent by pynetdicom: `require_called_aet`)
+REJECT_CALLED_AE = (0x01, 0x01, 0x07)
 
 
 class StorageScp:
@@ -62,6 +66,7 @@ class StorageScp:
         ae = AE(ae_title=s.ae_title)
         ae.maximum_associations = s.max_associations
         ae.require_calling_aet = sorted({p.ae_title for p in s.allowed})
+        ae.require_called_aet = True
         syntaxes = list(decodable_transfer_syntaxes())
         ae.add_supported_context(VERIFICATION)
         for uid in IMAGE_STORAGE:
@@ -70,6 +75,7 @@ class StorageScp:
             (evt.EVT_REQUESTED, self._requested),
             (evt.EVT_C_ECHO, lambda _event: 0x0000),
             (evt.EVT_C_STORE, self._store),
+            (evt.EVT_REJECTED, self._rejected),
             (evt.EVT_ESTABLISHED, lambda _e: self.metrics.dicom_associations.labels("accepted").inc()),
         ]
         try:
@@ -89,11 +95,28 @@ class StorageScp:
         calling = str(assoc.requestor.primitive.calling_ae_title or "").strip()
         address = str(assoc.requestor.address)
         if not any(p.admits(calling, address) for p in self.settings.allowed):
-            log.warning("DICOM association refused: calling AE %r from %s is not allowed", calling[:16], address)
+            log.warning("DICOM association refused: calling AE %r from %s is not allowed", _title(calling), address)
             self.metrics.dicom_associations.labels("rejected").inc()
             assoc.acse.send_reject(*REJECT_CALLING_AE)
             assoc.is_rejected = True
             assoc.kill()
+
+    def _rejected(self, event: Any) -> None:
+        """pynetdicom's own rejections (the called AE title; too many associations): logged with the calling AE and
+        counted, as `_requested`'s are."""
+        assoc = event.assoc
+        rq, rj = assoc.requestor.primitive, assoc.acceptor.primitive
+        if (rj.result, rj.result_source, rj.diagnostic) == REJECT_CALLED_AE:
+            why = f"called AE {_title(rq.called_ae_title)!r} is not this SCP's"
+        else:
+            why = f"rejected (source {rj.result_source}, diagnostic {rj.diagnostic})"
+        log.warning(
+            "DICOM association refused: calling AE %r from %s: %s",
+            _title(rq.calling_ae_title),
+            assoc.requestor.address,
+            why,
+        )
+        self.metrics.dicom_associations.labels("rejected").inc()
 
     def _store(self, event: Any) -> int:
         """One C-STORE: the dataset's bytes as received, as a Part 10 file, checked as a STOW-RS part is (the same
@@ -125,4 +148,9 @@ class StorageScp:
 
     @staticmethod
     def _calling(event: Any) -> str:
-        return str(event.assoc.requestor.ae_title or "").strip()[:16]
+        return _title(event.assoc.requestor.ae_title)
+
+
+def _title(ae_title: object) -> str:
+    """An AE title from the peer, for the log: at most the 16 characters a valid one has."""
+    return str(ae_title or "").strip()[:16]
