@@ -14,13 +14,14 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from edgekit import __version__ as edgekit_version
 from edgekit.errors import EdgekitError
 
-from .middleware import AccessLog, Guard
+from .middleware import AccessLog, Guard, route_template
 from .responses import error_json, error_response
 from .routes import Routes
 from .service import Daemon
@@ -50,7 +51,7 @@ def create_app(daemon: Daemon, *, token: str | None = None) -> FastAPI:
     app.state.daemon = daemon
     install_docs(app)
     install_error_handlers(app, daemon)
-    app.add_middleware(Guard, token=token, max_upload_bytes=lambda: daemon.cfg.max_upload_bytes)
+    app.add_middleware(Guard, token=token, limits=lambda: daemon.cfg, metrics=daemon.metrics)
     app.add_middleware(AccessLog, metrics=daemon.metrics)  # added last: outermost, so it sees the guard's refusals
     for route in Routes(daemon).table():
         app.add_api_route(route.path, route.endpoint, methods=[route.method], response_model=None, **route.options)
@@ -93,17 +94,26 @@ def install_error_handlers(app: FastAPI, daemon: Daemon) -> None:
     async def http_error(_request: Request, err: StarletteHTTPException) -> JSONResponse:
         """Starlette's own refusals (404, 405, a body it cannot parse); one caused by our error keeps its code."""
         cause = err.__cause__
-        while cause is not None and not isinstance(cause, EdgekitError):
+        while cause is not None and not isinstance(cause, (EdgekitError, ClientDisconnect)):
             cause = cause.__cause__ or cause.__context__
         if isinstance(cause, EdgekitError):
-            return error_response(cause)
+            return error_response(cause, daemon.cfg.retry_after_s)
+        if isinstance(cause, ClientDisconnect):  # FastAPI wraps a failed form read in a 400
+            return await disconnected(_request, cause)
         return error_json(err.status_code, HTTP_CODES.get(err.status_code, "http_error"), str(err.detail))
 
+    async def disconnected(request: Request, _err: ClientDisconnect) -> Response:
+        """The client went away mid-request (an aborted upload): one quiet line, nobody to answer."""
+        log.info("client disconnected during %s %s", request.method, route_template(request.scope))
+        return Response(status_code=499)  # nginx's "client closed request"; never sent, but the access log says it
+
     async def bug(request: Request, _err: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
+        # the route's template, never the concrete path: it can hold a Study Instance UID or a job id
+        log.exception("unhandled error on %s %s", request.method, route_template(request.scope))
         return error_json(500, "internal_error", "internal error; the daemon logged it")
 
     app.add_exception_handler(EdgekitError, edgekit_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ClientDisconnect, disconnected)
     app.add_exception_handler(Exception, bug)

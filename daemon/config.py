@@ -65,11 +65,23 @@ class DaemonConfig:
     sync_timeout_s: float = 300.0
     drain_timeout_s: float = 30.0
     job_retention_s: float = 7 * 24 * 3600.0
+    max_attempts: int = 3  # a job or received study started this many times without finishing is quarantined
     max_upload_bytes: int = 512 * 1024 * 1024
     max_files: int = 4000
     max_frames: int = 4000
     max_pixels: int = 4096 * 4096
     video_max_frames: int = 64
+    # One pool for the studies in memory (being decoded, or ingested and waiting for a worker): see memory.py
+    ingest_memory_bytes: int = 1024**3
+    video_max_source_frames: int = 20_000
+    video_decode_timeout_s: float = 120.0
+    # Slow or stalled clients (middleware.Guard): request bodies being read at once, the time a body may take to
+    # start and the rate it must keep after that; connections in all (uvicorn's limit_concurrency)
+    max_uploads: int = 32
+    body_timeout_s: float = 10.0
+    min_body_rate: int = 64 * 1024
+    max_connections: int = 1024
+    min_free_bytes: int = 256 * 1024 * 1024  # state dir free space below which uploads get 507, readiness 503
     max_new_tokens_limit: int = 512
     log_level: str = "info"
     # [policy]: None = no policy, the active variant changes only when told (PUT /v1/variants/active)
@@ -104,7 +116,16 @@ _KEYS: dict[tuple[str, str], tuple[str, type | tuple[type, ...]]] = {
     ("scheduler", "sync_timeout_s"): ("sync_timeout_s", (int, float)),
     ("scheduler", "drain_timeout_s"): ("drain_timeout_s", (int, float)),
     ("jobs", "retention_s"): ("job_retention_s", (int, float)),
+    ("jobs", "max_attempts"): ("max_attempts", int),
     ("limits", "max_upload_bytes"): ("max_upload_bytes", int),
+    ("limits", "ingest_memory_bytes"): ("ingest_memory_bytes", int),
+    ("limits", "video_max_source_frames"): ("video_max_source_frames", int),
+    ("limits", "video_decode_timeout_s"): ("video_decode_timeout_s", (int, float)),
+    ("limits", "max_uploads"): ("max_uploads", int),
+    ("limits", "body_timeout_s"): ("body_timeout_s", (int, float)),
+    ("limits", "min_body_rate"): ("min_body_rate", int),
+    ("limits", "max_connections"): ("max_connections", int),
+    ("limits", "min_free_bytes"): ("min_free_bytes", int),
     ("limits", "max_files"): ("max_files", int),
     ("limits", "max_frames"): ("max_frames", int),
     ("limits", "max_pixels"): ("max_pixels", int),
@@ -119,6 +140,12 @@ _PATHS = {"state_dir", "socket", "tcp_token_file", "default_model_dir", "policy_
 _POLICY_CONSTRAINTS = ("power_budget_w", "energy_budget_j", "quality_floor_f1", "latency_slo_ms")
 _POLICY_NUMBERS = ("window_s", "margin", "balanced_f1_slack", "battery_low_pct", "thermal_margin_c")
 _POSITIVE = {
+    "max_attempts",
+    "ingest_memory_bytes",
+    "video_max_source_frames",
+    "max_uploads",
+    "min_body_rate",
+    "max_connections",
     "workers",
     "max_queue",
     "max_upload_bytes",
@@ -277,7 +304,9 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}", path)
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"threads must be >= 1, got {cfg.threads}", path)
-    for name in ("sync_timeout_s", "drain_timeout_s", "job_retention_s"):
+    if isinstance(cfg.min_free_bytes, bool) or not isinstance(cfg.min_free_bytes, int) or cfg.min_free_bytes < 0:
+        raise ConfigError(f"min_free_bytes must be a whole number of bytes >= 0, got {cfg.min_free_bytes!r}", path)
+    for name in ("sync_timeout_s", "drain_timeout_s", "job_retention_s", "video_decode_timeout_s", "body_timeout_s"):
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name} must be > 0", path)
     if not (math.isfinite(cfg.policy_tick_s) and cfg.policy_tick_s > 0):

@@ -36,7 +36,7 @@ from edgekit.ingest.phi import phi_guard
 from .dicom_config import Destination, DicomSettings, read_destination_token
 from .jobs import DEAD, FAILED, Delivery, DeliveryStore, JobStore
 from .metrics import Metrics
-from .sr import SrUnavailableError, build_sr, sr_bytes
+from .sr import render_sr
 
 log = logging.getLogger("edgekitd")
 
@@ -261,24 +261,14 @@ class DeliveryWorker:
             cstore(dest, data, self.calling_ae)
 
     def sr_for(self, job_id: str) -> bytes:
-        """The job's SR: the one kept beside it, else built now and kept. A study whose headers highdicom refuses
-        (an invalid date, a missing type 2 attribute) is an SrUnavailableError naming only the exception type;
-        pydicom's warnings while building, which quote values, are scrubbed by `phi_guard`."""
+        """The job's SR: the one kept beside it, else built now and kept (`sr.render_sr`: a study whose headers
+        highdicom refuses is an SrUnavailableError naming only the exception type, built under `phi_guard`)."""
         data = self.store.stored_sr(job_id)
         if data is None:
             job = self.store.get(job_id)
             if job is None or job.result is None:
                 raise DeliveryError("the job or its report is gone (past its retention?)")
-            with phi_guard():
-                try:
-                    ds = build_sr(job.result, self.store.evidence(job_id), algorithm_version=edgekit_version)
-                    data = sr_bytes(ds)
-                except EdgekitError:
-                    raise
-                except Exception as exc:
-                    raise SrUnavailableError(
-                        f"the SR cannot be built from the study's headers ({type(exc).__name__})"
-                    ) from None
+            data = render_sr(job.result, self.store.evidence(job_id), algorithm_version=edgekit_version)
             self.store.save_sr(job_id, data)
         return data
 

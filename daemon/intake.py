@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from edgekit.errors import EdgekitError
 
 from .config import DaemonConfig
+from .memory import MemoryPool, Reservation
 from .sr import collect_evidence
 from .uploads import SavedStudy, save_uploads
 
@@ -29,18 +30,22 @@ if TYPE_CHECKING:
 
 @dataclass
 class Intake:
-    """What one upload became: its files on disk, the study, and (for SR output) the source headers."""
+    """What one upload became: its files on disk, the study, its bytes in the memory pool, and (for SR output) the
+    source headers."""
 
     saved: SavedStudy
     study: Study
+    reservation: Reservation
     evidence: list[dict[str, Any]] | None
 
 
 class Ingestor:
-    """Owns the ingest threads and the limits from the config (reloaded with it)."""
+    """Owns the ingest threads, the memory pool and the limits from the config (reloaded with it; the pool keeps
+    the size it started with)."""
 
-    def __init__(self, cfg: DaemonConfig):
+    def __init__(self, cfg: DaemonConfig, on_memory=None):  # noqa: ANN001 - a callable of one int (a gauge)
         self.cfg = cfg
+        self.memory = MemoryPool(cfg.ingest_memory_bytes, on_memory)
         self._pool = ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="edgekitd-ingest")
 
     def configure(self, cfg: DaemonConfig) -> None:
@@ -59,14 +64,32 @@ class Ingestor:
             max_pixels=c.max_pixels,
             max_bytes=max(c.max_upload_bytes, 1) * 8,
             video_max_frames=min(c.video_max_frames, video_max_frames or c.video_max_frames),
+            memory_bytes=min(c.ingest_memory_bytes, self.memory.total),
+            video_max_source_frames=c.video_max_source_frames,
+            video_decode_s=c.video_decode_timeout_s,
         )
 
-    def load(self, path: Path, video_max_frames: int | None = None) -> Study:
+    def load(
+        self, path: Path, video_max_frames: int | None = None, *, force: bool = False
+    ) -> tuple[Study, Reservation]:
         """Blocking: the one ingest call (a recovered job's worker calls it directly, with the config's limits: the
-        point that served when the job was accepted is not stored with it)."""
+        point that served when the job was accepted is not stored with it). The study's cost is reserved in the
+        pool before it decodes; the caller releases the reservation when the study's work ends. `force`: a worker
+        running the job now, which the pool never refuses."""
         from edgekit.ingest import load_study
 
-        return load_study(path, limits=self.limits(video_max_frames))
+        held: list[Reservation] = []
+        try:
+            study = load_study(
+                path,
+                limits=self.limits(video_max_frames),
+                admit=lambda cost: held.append(self.memory.reserve(cost, force=force)),
+            )
+        except BaseException:
+            for reservation in held:
+                reservation.release()
+            raise
+        return study, held[0]
 
     async def take(
         self, files: Sequence[UploadFile], dest: Path, *, keep_evidence: bool, video_max_frames: int | None = None
@@ -78,12 +101,16 @@ class Ingestor:
         loop = asyncio.get_running_loop()
         try:
             load = functools.partial(self.load, saved.path, video_max_frames)
-            study = await loop.run_in_executor(self._pool, load)
-            evidence = await loop.run_in_executor(self._pool, collect_evidence, saved.path) if keep_evidence else None
+            study, reservation = await loop.run_in_executor(self._pool, load)
         except EdgekitError as err:
             saved.name_for_client(err)
             raise
-        return Intake(saved, study, evidence)
+        try:
+            evidence = await loop.run_in_executor(self._pool, collect_evidence, saved.path) if keep_evidence else None
+        except BaseException:
+            reservation.release()
+            raise
+        return Intake(saved, study, reservation, evidence)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

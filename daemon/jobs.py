@@ -97,7 +97,9 @@ class JobStore:
     def __init__(self, state_dir: Path):
         self.dir = Path(state_dir) / "jobs"
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._db = sqlite3.connect(Path(state_dir) / "jobs.sqlite3", check_same_thread=False, isolation_level=None)
+        db = Path(state_dir) / "jobs.sqlite3"
+        private(db)  # SQLite gives its -wal and -shm files the database's mode
+        self._db = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
         with self._lock:
@@ -111,8 +113,8 @@ class JobStore:
     def save_evidence(self, job_id: str, evidence: list[dict[str, Any]]) -> None:
         """The source headers a job's SR needs, kept private beside its input (never in the database)."""
         path = self._evidence_path(job_id)
-        path.write_text(json.dumps(evidence))
-        path.chmod(0o600)
+        with open(path, "w", opener=lambda p, f: os.open(p, f, 0o600)) as out:
+            out.write(json.dumps(evidence))
 
     def evidence(self, job_id: str) -> list[dict[str, Any]]:
         path = self._evidence_path(job_id)
@@ -352,6 +354,17 @@ class DeliveryStore:
                 "WHERE job_id = ? AND destination = ?",
                 (state, attempts, next_attempt, error, delivered, d.job_id, d.destination),
             )
+
+
+def private(path: Path) -> None:
+    """Create `path` (or keep it) with mode 0600 and make sure of it: the state files hold patient headers and
+    reports, whatever the state directory's mode or the process's umask (systemd's UMask=0077 is not everywhere)."""
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    os.chmod(path, 0o600)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            os.chmod(side, 0o600)
 
 
 def _job(row: sqlite3.Row) -> Job:

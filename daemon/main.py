@@ -145,9 +145,18 @@ def missing_serve_module() -> str | None:
 
 
 def serve(cfg: DaemonConfig, overrides: dict[str, Any], token: str | None) -> int:
+    from . import logs
     from .api import create_app
     from .listen import open_listeners
+    from .memory import cgroup_memory_max, check_memory
     from .service import Daemon
+
+    try:  # one budget against the unit's MemoryMax=: a config that cannot fit does not start
+        check_memory(cfg.ingest_memory_bytes, cfg.max_upload_bytes, cgroup_memory_max(cfg.signals_root))
+    except EdgekitError as err:
+        log.error("%s", err)
+        return 2
+    quiet_onnxruntime()
 
     # The model worker gives the GIL up in every ONNX Runtime call and must win it back ~200 times a report; with
     # uploads parsed beside it, each wait can last the whole switch interval (default 5 ms). bench/daemon_load.py
@@ -167,6 +176,7 @@ def serve(cfg: DaemonConfig, overrides: dict[str, Any], token: str | None) -> in
         return 2
     app = create_app(daemon, token=token)
     server = http_server(app, daemon)
+    logs.install()  # after uvicorn's Config has set up its own handlers
     app.router.lifespan_context = functools.partial(lifespan, daemon=daemon, server=server, how=how)
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises these after its shutdown: make that a no-op
         signal.signal(sig, lambda *_: None)
@@ -204,8 +214,19 @@ def http_server(app: FastAPI, daemon: Daemon) -> uvicorn.Server:
             loop="asyncio",
             http="h11",
             timeout_graceful_shutdown=int(cfg.drain_timeout_s) or 1,
+            limit_concurrency=cfg.max_connections,  # beyond it uvicorn answers 503 (the unit's LimitNOFILE=4096)
         )
     )
+
+
+def quiet_onnxruntime() -> None:
+    """ONNX Runtime's telemetry off before any session: the daemon reports nothing anywhere but its own log."""
+    try:
+        import onnxruntime
+
+        onnxruntime.disable_telemetry_events()
+    except (ImportError, AttributeError):  # a build without the call has no telemetry to stop
+        pass
 
 
 @contextlib.asynccontextmanager

@@ -23,6 +23,12 @@ class Metrics:
         self.queue_depth = Gauge("edgekitd_queue_depth", "Reports waiting for a model worker", registry=r)
         self.running = Gauge("edgekitd_running", "Reports being generated now", registry=r)
         self.rejected = Counter("edgekitd_rejected", "Requests refused because the queue was full", registry=r)
+        self.rejected_uploads = Counter(
+            "edgekitd_rejected_uploads", "Uploads refused because limits.max_uploads bodies were being read", registry=r
+        )
+        self.slow_bodies = Counter(
+            "edgekitd_slow_bodies", "Requests cut off for a body slower than limits.min_body_rate", registry=r
+        )
         self.reports = Counter("edgekitd_reports", "Reports by variant and outcome", ["variant", "outcome"], registry=r)
         self.tokens = Counter("edgekitd_generated_tokens", "Generated tokens by variant", ["variant"], registry=r)
         self.queue_wait = Histogram(
@@ -33,6 +39,18 @@ class Metrics:
             "Study-to-report time by variant",
             ["variant"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+        self.ingest_memory = Gauge(
+            "edgekitd_ingest_memory_bytes",
+            "Bytes of studies in memory (being decoded or waiting for a worker), of limits.ingest_memory_bytes",
+            registry=r,
+        )
+        self.quarantined = Counter(
+            "edgekitd_quarantined",
+            "Jobs and received studies started limits.max_attempts times without finishing, failed as quarantined",
+            ["kind"],
             registry=r,
         )
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from edgekit import __version__ as edgekit_version
 from edgekit.errors import EdgekitError
 
-from .sr import build_sr, sr_bytes
+from .sr import render_sr
 
 DICOM_MEDIA_TYPE = "application/dicom"
 Format = Literal["json", "text", "sr"]
@@ -38,8 +38,9 @@ def render(report: dict[str, Any], fmt: Format, evidence: list[dict[str, Any]] |
     if fmt == "text":
         return PlainTextResponse(report["text"] + "\n")
     if fmt == "sr":
-        ds = build_sr(report, evidence or [], algorithm_version=edgekit_version)
-        return Response(sr_bytes(ds), media_type=DICOM_MEDIA_TYPE)
+        return Response(
+            render_sr(report, evidence or [], algorithm_version=edgekit_version), media_type=DICOM_MEDIA_TYPE
+        )
     return JSONResponse(report)
 
 

@@ -280,7 +280,7 @@ class Routes:
         status = self.daemon.readiness()
         if status is None:
             return JSONResponse(
-                {"ready": False, "status": self.daemon.failed or "loading"},
+                {"ready": False, "status": self.daemon.not_ready_status()},
                 status_code=503,
                 headers={"Retry-After": str(self.daemon.cfg.retry_after_s)},
             )

@@ -58,6 +58,9 @@ class ReportRunner:
                 )
             work.future.set_exception(exc)
         finally:
+            work.study = None  # its frames are the bulk of the work's memory: gone with the pool's reservation
+            if work.reservation is not None:
+                work.reservation.release()
             if work.stream is not None:
                 work.stream.close()  # after an error too: readers then see the job's final state
             if work.cleanup is not None:
@@ -70,7 +73,9 @@ class ReportRunner:
     def _report(self, work: Work, loaded: Loaded) -> dict[str, Any]:
         t0 = time.perf_counter()
         variant, reporter = loaded.name, loaded.reporter
-        study = work.study if work.study is not None else self.ingestor.load(work.study_path)
+        if work.study is None:  # a recovered job: ingested here, its bytes held like any other study's
+            work.study, work.reservation = self.ingestor.load(work.study_path, force=True)
+        study = work.study
         opts = generation_options(work.options, reporter.generation_config)
         on_token = finish = None
         if work.stream is not None:

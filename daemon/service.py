@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import sqlite3
 import tempfile
 import threading
 import time
@@ -33,6 +34,7 @@ from .dimse import StorageScp
 from .forms import ReportForm
 from .intake import Ingestor, Intake
 from .jobs import DeliveryStore, Job, JobStore
+from .memory import IngestBusyError
 from .metrics import Metrics
 from .notify import Notifier
 from .options import RequestOptions, generation_options
@@ -42,6 +44,7 @@ from .runner import ReportRunner
 from .signals import SignalReader
 from .streams import StreamHub, TokenStream
 from .studies import StudyInbox
+from .uploads import InsufficientStorageError, storage_error
 from .variants import Loaded, VariantRegistry
 from .work import Work
 
@@ -67,6 +70,11 @@ class JobNotFoundError(EdgekitError):
 class StowDisabledError(EdgekitError):
     code = "stow_disabled"
     http_status = 404
+
+
+class QuarantinedError(EdgekitError):
+    code = "quarantined"
+    http_status = 422
 
 
 class IdempotencyError(EdgekitError):
@@ -103,7 +111,7 @@ class Daemon:
         Path(cfg.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         self.store = JobStore(cfg.state_dir)
         self.streams = StreamHub()
-        self.ingestor = Ingestor(cfg)
+        self.ingestor = Ingestor(cfg, self.metrics.ingest_memory.set)
         self.registry: VariantRegistry | None = None
         self.queue: WorkQueue | None = None
         self.runner: ReportRunner | None = None
@@ -119,7 +127,13 @@ class Daemon:
         # finished jobs' reports go out through the delivery worker.
         self.deliveries = DeliveryStore(self.store)
         inbox_dir = Path(cfg.state_dir) / "inbox"
-        self.inbox = StudyInbox(inbox_dir, lambda: self.cfg.dicom.quiet_period_s, self.receive_study)
+        self.inbox = StudyInbox(
+            inbox_dir,
+            lambda: self.cfg.dicom.quiet_period_s,
+            self.receive_study,
+            max_attempts=lambda: self.cfg.max_attempts,
+            quarantine=self.quarantine_study,
+        )
         self.stow = StowService(self.inbox, self.metrics)
         self.delivery = DeliveryWorker(self.store, self.deliveries, lambda: self.cfg.dicom, self.metrics)
         self.delivery.calling_ae = cfg.dicom.ae_title
@@ -150,6 +164,9 @@ class Daemon:
         if not self.ready or self.queue is None or self.registry is None:
             return None
         q = self.queue
+        free = free_bytes(self.cfg.state_dir)
+        if free is not None and free < self.cfg.min_free_bytes:
+            return None
         return {
             "ready": True,
             "active": self.registry.active,
@@ -158,7 +175,17 @@ class Daemon:
             "max_queue": q.max_queue,
             "recovered_jobs": self.recovered,
             "pending_studies": self.inbox.pending(),
+            "state_dir_free_bytes": free,
+            "ingest_memory_bytes": self.ingestor.memory.held,
         }
+
+    def not_ready_status(self) -> str:
+        """Why readiness is 503: loading, a failed start, or a state directory nearly full."""
+        if self.failed:
+            return self.failed
+        if self.ready:
+            return "state_dir_full"
+        return "loading"
 
     # --- life -----------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -179,6 +206,9 @@ class Daemon:
             self.queue.start()
             purged = self.store.purge(self.cfg.job_retention_s)
             for job in self.store.recover():
+                if job.attempts >= self.cfg.max_attempts:
+                    self._quarantine_job(job)
+                    continue
                 self.queue.submit(self._work_for(job, job.variant or registry.active), force=True)
                 self.recovered += 1
         except Exception as exc:
@@ -252,6 +282,15 @@ class Daemon:
         if not self.ready or self.registry is None or self.queue is None:
             raise NotReadyError("the model is still loading; retry shortly")
         return self.registry, self.queue
+
+    def _check_free_space(self) -> None:
+        """507 before an upload is written when the state directory is nearly full (readiness says so too)."""
+        free = free_bytes(self.cfg.state_dir)
+        if free is not None and free < self.cfg.min_free_bytes:
+            raise InsufficientStorageError(
+                f"the state directory has {free // 2**20} MiB free, under limits.min_free_bytes "
+                f"({self.cfg.min_free_bytes // 2**20} MiB); retry once jobs have been purged"
+            )
 
     def variants(self) -> dict[str, Any]:
         if self.registry is None:
@@ -343,15 +382,21 @@ class Daemon:
         """Queue a synchronous report; the upload's files are gone once it is ingested (the study is in memory)."""
         queue, variant, knobs = self._admit(form)
         queue.reserve()
+        self._check_free_space()
         tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
+        intake = None
         try:
             intake = await self.ingestor.take(
                 form.files, tmp / "in", keep_evidence=keep_evidence, video_max_frames=knobs.get("video_max_frames")
             )
             variant, routing = await self._gate_upload(variant, intake.study, form)
             self._check_prompt(variant, form, intake.study.modality)
-        except BaseException:
+        except BaseException as err:
             queue.release()
+            if intake is not None:
+                intake.reservation.release()
+            if isinstance(err, OSError):
+                raise storage_error(err) from None
             raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -363,6 +408,7 @@ class Daemon:
             study=intake.study,
             stream=TokenStream() if stream else None,
             routing=routing,
+            reservation=intake.reservation,
         )
         queue.submit(work, reserved=True)
         return Accepted(work, intake.evidence)
@@ -378,7 +424,9 @@ class Daemon:
         job_dir = self.store.job_dir(job_id)
         queue.reserve()
         submitted = False
+        intake = None
         try:
+            self._check_free_space()
             intake = await self.ingestor.take(
                 form.files, job_dir / "input", keep_evidence=True, video_max_frames=knobs.get("video_max_frames")
             )
@@ -393,15 +441,20 @@ class Daemon:
                 return Submitted(stored, created=False)
             work = self._work_for(job, variant)
             work.study = intake.study
+            work.reservation = intake.reservation
             work.routing = routing
             work.options = capped(work.options, knobs)
             queue.submit(work, reserved=True)
             submitted = True
             log.info("job %s accepted study=%s", job_id, intake.study.uid_hash)
             return Submitted(job, created=True)
+        except (OSError, sqlite3.OperationalError) as err:  # a full disk, as ENOSPC or SQLite's "disk is full"
+            raise storage_error(err) from None
         finally:
             if not submitted:
                 queue.release()
+                if intake is not None:
+                    intake.reservation.release()
                 shutil.rmtree(job_dir, ignore_errors=True)
 
     @staticmethod
@@ -484,15 +537,20 @@ class Daemon:
             input=str(src),
             created=time.time(),
         )
-        study = error = None
+        study = error = reservation = None
         try:
-            study = self.ingestor.load(src)
+            study, reservation = self.ingestor.load(src)
+        except IngestBusyError:  # the inbox keeps the study and hands it over again shortly
+            shutil.rmtree(job_dir, ignore_errors=True)
+            raise
         except EdgekitError as err:
             error = err
         self.store.save_evidence(job_id, collect_evidence(folder))
         stored = self.store.insert(job, tuple(d.name for d in dicom.destinations))
         if stored.id != job_id:  # handed over before a crash: that job stands
             shutil.rmtree(job_dir, ignore_errors=True)
+            if reservation is not None:
+                reservation.release()
             return
         if error is not None:
             self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
@@ -504,12 +562,56 @@ class Daemon:
         variant, routing = self._precision_gate(variant, study)
         work = self._work_for(job, variant)
         work.study = study
+        work.reservation = reservation
         work.routing = routing
         work.options = capped(work.options, knobs)
         work.future.add_done_callback(lambda _f: self.delivery.wake())
         queue.submit(work, force=True)
         self.metrics.dicom_studies.labels("queued").inc()
         log.info("received study job %s accepted study=%s", job_id, study.uid_hash)
+
+    def _quarantine_job(self, job: Job) -> None:
+        """A job started `max_attempts` times without finishing (each start that ended in a crash or a kill) fails
+        as quarantined instead of running again: its input stays for inspection until its retention ends."""
+        error = QuarantinedError(
+            f"started {job.attempts} times without finishing (limits: jobs.max_attempts = {self.cfg.max_attempts}); "
+            "its input is kept in the state directory for inspection"
+        )
+        self.store.finish(job.id, error={**error.to_json(), "status": error.http_status})
+        self.metrics.quarantined.labels("job").inc()
+        log.warning("job %s quarantined after %d attempts", job.id, job.attempts)
+
+    def quarantine_study(self, folder: Path, attempts: int) -> None:
+        """The inbox's word that a received study was handed over `attempts` times without finishing (the
+        daemon died ingesting it): one failed job, its files moved to `state_dir/quarantine/<job id>`."""
+        names = sorted(f"{d.name}/{f.name}" for d in folder.iterdir() if d.is_dir() for f in d.glob("*.dcm"))
+        key = "dicom-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:40]
+        job_id = self.store.new_id()
+        kept = Path(self.cfg.state_dir) / "quarantine" / job_id
+        kept.parent.mkdir(mode=0o700, exist_ok=True)
+        os.replace(folder, kept)
+        error = QuarantinedError(
+            f"the received study was handed over {attempts} times without finishing (jobs.max_attempts = "
+            f"{self.cfg.max_attempts}); its instances are kept in the state directory's quarantine/{job_id}"
+        )
+        job = Job(
+            id=job_id,
+            idempotency_key=key,
+            fingerprint=key,
+            state="queued",
+            variant=None,
+            prompt=self.cfg.dicom.prompt,
+            options=RequestOptions().as_dict(),
+            input=str(kept),
+            created=time.time(),
+            attempts=attempts,
+        )
+        stored = self.store.insert(job)
+        if stored.id == job_id:
+            self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
+        self.metrics.quarantined.labels("received_study").inc()
+        self.metrics.dicom_studies.labels("quarantined").inc()
+        log.warning("received study quarantined as job %s after %d hand-overs", stored.id, attempts)
 
     def job_public(self, job: Job) -> dict[str, Any]:
         """A job as the API shows it, with its deliveries (if it has any)."""
@@ -534,6 +636,14 @@ class Daemon:
         if job is None:
             raise JobNotFoundError("no such job (it may have passed its retention)")
         return job
+
+
+def free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:

@@ -226,6 +226,24 @@ def _notes(warnings: list[str]) -> list[Any]:
     ]
 
 
+def render_sr(report: dict[str, Any], evidence: list[dict[str, Any]], *, algorithm_version: str) -> bytes:
+    """The SR of `report` as Part 10 bytes, or SrUnavailableError (409) with a reason that names no value.
+
+    highdicom refuses source headers it cannot copy (an invalid date, a missing Type 2 attribute) with an error
+    quoting the value, and pydicom warns with it: both are kept out of the answer and the log (`phi_guard`)."""
+    from edgekit.ingest.phi import phi_guard
+
+    with phi_guard():
+        try:
+            return sr_bytes(build_sr(report, evidence, algorithm_version=algorithm_version))
+        except EdgekitError:
+            raise
+        except Exception as exc:
+            raise SrUnavailableError(
+                f"the SR cannot be built from the study's headers ({type(exc).__name__})"
+            ) from None
+
+
 def sr_bytes(ds: Dataset) -> bytes:
     buf = io.BytesIO()
     ds.save_as(buf, enforce_file_format=True)

@@ -33,7 +33,26 @@ from .uploads import fsync_dir
 log = logging.getLogger("edgekitd")
 
 TAKEN = ".taken"
+ATTEMPTS = ".attempts"  # in a study's folder: how many hand-overs it has begun (a crash leaves the count behind)
 RETRY_S = 1.0  # a hand-over the service refused (still loading): tried again this much later
+
+
+def _count_attempt(folder: Path, step: int) -> int:
+    """Add `step` to the folder's hand-over count, durably (before the ingest it guards), and return it."""
+    path = folder / ATTEMPTS
+    try:
+        count = int(path.read_text() or 0)
+    except (OSError, ValueError):
+        count = 0
+    count = max(0, count + step)
+    tmp = folder / f"{ATTEMPTS}.part"
+    with open(tmp, "w", opener=lambda p, f: os.open(p, f, 0o600)) as f:
+        f.write(str(count))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(folder)
+    return count
 
 
 def key(uid: str) -> str:
@@ -45,8 +64,17 @@ class StudyInbox:
     """Thread-safe; `add` is called from STOW-RS handlers and SCP association threads, `complete` from the
     inbox's own thread."""
 
-    def __init__(self, root: Path, quiet_s: Callable[[], float], complete: Callable[[Path], None]):
+    def __init__(
+        self,
+        root: Path,
+        quiet_s: Callable[[], float],
+        complete: Callable[[Path], None],
+        *,
+        max_attempts: Callable[[], int] = lambda: 3,
+        quarantine: Callable[[Path, int], None] | None = None,
+    ):
         self.root = Path(root)
+        self.max_attempts, self.quarantine = max_attempts, quarantine
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.root / TAKEN).mkdir(exist_ok=True, mode=0o700)
         self.quiet_s, self.complete = quiet_s, complete
@@ -66,11 +94,19 @@ class StudyInbox:
             series_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             final = series_dir / f"{key(uids.sop_instance)}.dcm"
             tmp = series_dir / f".{uuid.uuid4().hex}.part"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
+            try:
+                with open(tmp, "wb", opener=lambda p, f: os.open(p, f, 0o600)) as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            except BaseException:  # ENOSPC above all: nothing half-written stays behind
+                tmp.unlink(missing_ok=True)
+                if fresh:
+                    with contextlib.suppress(OSError):
+                        series_dir.rmdir()
+                        series_dir.parent.rmdir()
+                raise
             fsync_dir(series_dir)
             if fresh:
                 fsync_dir(series_dir.parent)
@@ -147,9 +183,20 @@ class StudyInbox:
         return dest
 
     def _hand_over(self, skey: str, folder: Path) -> None:
+        """Count the hand-over on disk first: one that kills the process (a study whose ingest blows the memory
+        limit) is counted when the next start hands it over again, and after `max_attempts` the study is
+        quarantined instead of killing every start."""
+        attempts = _count_attempt(folder, +1)
+        if attempts > self.max_attempts() and self.quarantine is not None:
+            try:
+                self.quarantine(folder, attempts - 1)
+            except Exception:
+                log.exception("study %s could not be quarantined; kept for the next start", hash_uid(skey))
+            return
         try:
             self.complete(folder)
-        except EdgekitError as err:  # not ready yet (loading, stopping): keep it and try again
+        except EdgekitError as err:  # not ready yet (loading, stopping, memory busy): keep it and try again
+            _count_attempt(folder, -1)  # refused before it was ingested: not an attempt
             log.info("study %s waits: %s", hash_uid(skey), err.code)
             with self._lock:
                 self._due[f"{TAKEN}/{folder.name}"] = time.monotonic() + RETRY_S

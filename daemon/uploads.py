@@ -6,8 +6,10 @@ mapping back is kept only to name the culprit in an error sent to the same clien
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -26,6 +28,20 @@ ZIP_MAGIC = b"PK\x03\x04"
 class UploadTooLargeError(EdgekitError):
     code = "upload_too_large"
     http_status = 413
+
+
+class InsufficientStorageError(EdgekitError):
+    code = "insufficient_storage"
+    http_status = 507
+
+
+def storage_error(err: OSError | sqlite3.Error) -> BaseException:
+    """A full disk (ENOSPC, EDQUOT, SQLite's "database or disk is full") as the client's 507; anything else as it
+    was (a fault of the daemon's, not of the request)."""
+    full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in str(err)
+    if full:
+        return InsufficientStorageError("the daemon's disk is full; retry once space has been freed")
+    return err
 
 
 @dataclass

@@ -13,6 +13,7 @@ from .options import RequestOptions
 if TYPE_CHECKING:
     from edgekit.ingest import Study
 
+    from .memory import Reservation
     from .streams import TokenStream
 
 
@@ -34,5 +35,6 @@ class Work:
     cleanup: Path | None = None  # removed after the work ends (a durable job's input files)
     stream: TokenStream | None = None  # fed with text deltas as the report is generated
     routing: dict[str, Any] | None = None  # why the work went to its variant, when a gate chose (report JSON)
+    reservation: Reservation | None = None  # the study's bytes in the ingest pool, released when the work ends
     future: cf.Future[dict[str, Any]] = field(default_factory=cf.Future)
     accepted: float = field(default_factory=time.perf_counter)
