@@ -19,7 +19,7 @@ from edgekit.errors import EdgekitError
 
 from .dicomweb import DICOM_JSON
 from .events import job_events, report_events
-from .forms import ReportForm, report_form
+from .forms import UPLOAD_OPENAPI, ReportForm, report_form
 from .jobs import DEAD, DELIVERED, FAILED, PENDING, QUEUED, RUNNING, SKIPPED, SUCCEEDED, TERMINAL
 from .responses import DICOM_MEDIA_TYPE, STREAM_MEDIA, Format, StreamFormat, error_json, job_links, render
 from .service import Daemon
@@ -78,13 +78,22 @@ class Routes:
                 "POST",
                 "/v1/reports",
                 self.post_report,
-                {"tags": ["reports"], "summary": "Write a report for an uploaded study (synchronous)"},
+                {
+                    "tags": ["reports"],
+                    "summary": "Write a report for an uploaded study (synchronous)",
+                    "openapi_extra": UPLOAD_OPENAPI,  # the form dependency reads the body itself (forms.py)
+                },
             ),
             Route(
                 "POST",
                 "/v1/jobs",
                 self.post_job,
-                {"tags": ["jobs"], "status_code": 202, "summary": "Queue a report (asynchronous, durable)"},
+                {
+                    "tags": ["jobs"],
+                    "status_code": 202,
+                    "summary": "Queue a report (asynchronous, durable)",
+                    "openapi_extra": UPLOAD_OPENAPI,
+                },
             ),
             Route(
                 "GET",

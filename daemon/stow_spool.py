@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import tempfile
 from collections.abc import AsyncGenerator
@@ -27,6 +26,8 @@ from typing import IO
 from starlette.requests import ClientDisconnect
 
 from edgekit.errors import EdgekitError
+
+from .uploads import storage_error
 
 log = logging.getLogger("edgekitd")
 
@@ -45,13 +46,6 @@ class ClientGoneError(EdgekitError):
 
     code = "client_disconnected"
     http_status = 499
-
-
-class SpoolFullError(EdgekitError):
-    """The state directory's disk filled while the body was spooled: nothing was stored; the sender may retry."""
-
-    code = "insufficient_storage"
-    http_status = 507
 
 
 @dataclass(frozen=True)
@@ -163,7 +157,7 @@ async def spool(chunks: AsyncGenerator[bytes, None], boundary: bytes, folder: Pa
     try:
         body = await asyncio.to_thread(_open, folder)
     except OSError as err:
-        raise _full(err) from None
+        raise storage_error(err) from None
     finder = PartFinder(boundary)
     pending: list[bytes] = []
     buffered = received = 0
@@ -187,18 +181,11 @@ async def spool(chunks: AsyncGenerator[bytes, None], boundary: bytes, folder: Pa
         raise ClientGoneError("the client disconnected before the body ended") from None
     except OSError as err:
         body.close()
-        raise _full(err) from None
+        raise storage_error(err) from None
     except BaseException:  # a refused body, the upload limit, a cancelled request
         body.close()
         raise
     return body
-
-
-def _full(err: OSError) -> BaseException:
-    """A full disk is the client's 507; another OSError (permissions on the state dir) stays the daemon's fault."""
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return SpoolFullError("the daemon's disk is full; retry once space has been freed")
-    return err
 
 
 def _write(file: IO[bytes], pieces: list[bytes]) -> None:

@@ -214,8 +214,9 @@ def test_both_upload_routes_document_one_form(loading_app):
     schema = loading_app.openapi()
     bodies = {}
     for path in ("/v1/reports", "/v1/jobs"):
-        ref = schema["paths"][path]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"]
-        body = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        if "$ref" in body:  # a component, or inline (forms.UPLOAD_OPENAPI): the same form either way
+            body = schema["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]
         bodies[path] = (body["properties"], body.get("required"))
     assert bodies["/v1/reports"] == bodies["/v1/jobs"]
     properties, required = bodies["/v1/jobs"]
@@ -242,7 +243,8 @@ def test_the_forms_bounds_are_the_shared_generation_bounds(loading_app):
     from edgekit.generate import MAX_NEW_TOKENS, MAX_TEMPERATURE
 
     schema = loading_app.openapi()
-    ref = schema["paths"]["/v1/reports"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"]
-    properties = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+    properties = schema["paths"]["/v1/reports"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"][
+        "properties"
+    ]  # inline: forms.UPLOAD_OPENAPI
     assert properties["temperature"]["maximum"] == MAX_TEMPERATURE
     assert str(MAX_NEW_TOKENS) in properties["max_new_tokens"]["description"]

@@ -34,9 +34,9 @@ from edgekit.daemon.stow_spool import (  # noqa: E402
     ClientGoneError,
     MultipartError,
     PartFinder,
-    SpoolFullError,
 )
 from edgekit.daemon.studies import StudyInbox  # noqa: E402
+from edgekit.daemon.uploads import InsufficientStorageError  # noqa: E402
 
 SAMPLES = Path(str(files("edgekit.models") / "samples"))
 CR = SAMPLES / "cr_chest" / "image.dcm"
@@ -212,7 +212,7 @@ def test_a_full_disk_while_spooling_is_a_507_and_frees_what_was_spooled(stow, tm
     try:
         free = os.statvfs(tiny).f_bfree
         body, ctype = related([b"x" * (4 << 20)])
-        with pytest.raises(SpoolFullError) as err:
+        with pytest.raises(InsufficientStorageError) as err:
             store(service, tiny / "stow-spool", body, ctype)
         assert (err.value.code, err.value.http_status) == ("insufficient_storage", 507)
         assert spool_leftovers(tiny / "stow-spool") == [] and os.statvfs(tiny).f_bfree == free
