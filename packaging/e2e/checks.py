@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import errno
+import io
 import json
 import os
 import pickle
@@ -21,9 +23,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from pydicom import dcmread
+from pynetdicom import AE
 
 from edgekit.daemon.client import Client, study_files
 
@@ -31,6 +38,35 @@ SERVICE = "edgekitd.service"
 SOCKET = "edgekitd.socket"
 # journald's MESSAGE_ID for "a start job finished" (systemd's catalog: the unit is up; for Type=notify, READY=1)
 UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
+CLONE_NEWNET = 0x40000000
+DICOM_DROPIN = "etc/systemd/system/edgekitd.service.d/dicom.conf"
+# TEST-NET-1, put on the container's lo: a destination added after the drop-in was printed, so not in its list
+UNLISTED = "192.0.2.1"
+# Appended to the shipped config for the DICOM check: the SCP on the container's loopback, one sender, the SR back to
+# a STOW-RS endpoint there; short waits so the check takes seconds.
+DICOM_CONFIG = """
+[dicom]
+quiet_period_s = 1.0
+[dimse]
+enabled = true
+port = 11112
+[[dimse.allowed]]
+ae_title = "E2E-MODALITY"
+host = "127.0.0.1"
+[[destinations]]
+name = "pacs"
+kind = "stow"
+url = "http://127.0.0.1:{port}/dicom-web"
+[delivery]
+backoff_s = 1.0
+"""
+UNLISTED_DESTINATION = """
+[[destinations]]
+name = "unlisted"
+kind = "stow"
+url = "http://{host}:{port}/dicom-web"
+timeout_s = 5.0
+"""
 
 
 class CheckFailed(AssertionError):
@@ -112,6 +148,78 @@ def as_user(ids: tuple[int, int, list[int]], fn: Callable[[], Any]) -> Any:
     if kind == "err":
         raise value
     return value
+
+
+def in_box_network(leader: int, fn: Callable[[], Any]) -> Any:
+    """`fn()` on a thread moved into the container's network namespace: setns(CLONE_NEWNET) is per thread and the
+    threads it starts inherit it, so the sockets `fn` opens are the container's (its loopback, not the host's)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with open(f"/proc/{leader}/ns/net", "rb") as ns:
+                if ctypes.CDLL(None, use_errno=True).setns(ns.fileno(), CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into the container's network: {os.strerror(err)}")
+            out["ok"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - carried to the caller
+            out["err"] = exc
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    if "err" in out:
+        raise out["err"]
+    return out["ok"]
+
+
+class StowReceiver:
+    """A STOW-RS endpoint on the container's loopback: keeps each POST (path, Content-Type, body), answers 200."""
+
+    def __init__(self, leader: int, host: str = "127.0.0.1"):
+        self.posts: list[tuple[str, str, bytes]] = []
+        posts = self.posts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                posts.append((self.path, self.headers.get("Content-Type", ""), body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = in_box_network(leader, lambda: ThreadingHTTPServer((host, 0), Handler))
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def cstore(path: Path, port: int, calling: str) -> int:
+    """C-STORE one file to edgekitd's SCP on 127.0.0.1 (call it through in_box_network); the DIMSE status."""
+    ds = dcmread(path)
+    ae = AE(ae_title=calling)
+    ae.add_requested_context(ds.SOPClassUID, ds.file_meta.TransferSyntaxUID)
+    assoc = ae.associate("127.0.0.1", port, ae_title="EDGEKIT")
+    check(assoc.is_established, f"the SCP on 127.0.0.1:{port} did not accept {calling}'s association")
+    try:
+        return int(assoc.send_c_store(ds).Status)
+    finally:
+        assoc.release()
+
+
+def stowed_instance(content_type: str, body: bytes):
+    """The one DICOM part of a multipart/related STOW-RS body, read."""
+    m = re.search(r"boundary=\"?([^\";]+)", content_type)
+    check(content_type.startswith("multipart/related") and m is not None, f"not a STOW-RS body: {content_type}")
+    parts = [p for p in body.split(b"--" + m.group(1).encode())[1:] if p.strip() not in (b"", b"--")]
+    check(len(parts) == 1, f"{len(parts)} parts in the STOW-RS body (want 1)")
+    return dcmread(io.BytesIO(parts[0].split(b"\r\n\r\n", 1)[1].removesuffix(b"\r\n")))
 
 
 class Steps:
@@ -206,6 +314,11 @@ def main() -> int:
             f"while activating the ready endpoint answered {sorted(seen)}",
         )
         steps.figures["time_to_ready_s"] = round(to_ready_s, 2)
+        main_pid = box.show(SERVICE, "MainPID")["MainPID"]
+        limits = box.run("cat", f"/proc/{main_pid}/limits")
+        nofile = re.search(r"^Max open files\s+(\d+)\s+(\d+)", limits, re.M)
+        check(nofile is not None and nofile.groups() == ("4096", "4096"), f"edgekitd's open files limit: {limits}")
+        steps.ok("LimitNOFILE", "edgekitd runs with 4096 open files (soft and hard)")
         cpuinfo = [e["MESSAGE"] for e in entries if "processor information" in str(e.get("MESSAGE", ""))]
         check(not cpuinfo, f"ONNX Runtime cannot read /proc/cpuinfo under the unit's sandbox: {cpuinfo[:1]}")
 
@@ -338,6 +451,78 @@ def main() -> int:
         check(gpu <= 2.0, f"systemd-analyze security with the GPU drop-in: {gpu} (want <= 2.0)")
         steps.figures["exposure"] = {"installed_unit": score, "with_gpu_dropin": gpu}
         steps.ok("systemd-analyze security", f"installed unit {score}, with the GPU drop-in {gpu}")
+
+        # --- DICOM networking: blocked by the unit, opened by the printed drop-in -------------------------------
+        receiver = StowReceiver(args.leader)
+        subprocess.run(
+            ["nsenter", "-t", str(args.leader), "-n", "ip", "addr", "add", f"{UNLISTED}/32", "dev", "lo"], check=True
+        )
+        unlisted = StowReceiver(args.leader, UNLISTED)
+        try:
+            conf.write_text(original + DICOM_CONFIG.format(port=receiver.port))
+            box.run("systemctl", "stop", SERVICE, timeout=120)
+            # --no-block: a start that fails is retried (Restart=on-failure), and its job stays open meanwhile
+            box.run("systemctl", "start", "--no-block", SERVICE)
+
+            def exited_2() -> bool:
+                return box.show(SERVICE, "ExecMainStatus")["ExecMainStatus"] == "2"
+
+            wait_for(exited_2, 120, "edgekitd to exit 2 under the shipped unit", every=0.5)
+            box.run("systemctl", "stop", SERVICE, timeout=120)  # and no more retries
+            refused = [e["MESSAGE"] for e in box.journal() if "cannot bind the DICOM SCP" in str(e.get("MESSAGE"))]
+            check(bool(refused), "edgekitd exited 2 under the shipped unit, but not for the SCP's socket")
+            steps.ok("the shipped unit blocks DICOM", f"edgekitd exits 2 without the drop-in: '{refused[-1]}'")
+
+            dropin_text = box.run("edgekitd", "--config", "/etc/edgekit/edgekitd.toml", "--print-dicom-dropin")
+            check("IPAddressAllow=localhost" in dropin_text, f"the printed drop-in:\n{dropin_text}")
+            dicom_dropin = args.root / DICOM_DROPIN
+            dicom_dropin.parent.mkdir(parents=True, exist_ok=True)
+            dicom_dropin.write_text(dropin_text)
+            # a destination the drop-in does not list: reachable from the container (the control), not from edgekitd
+            conf.write_text(conf.read_text() + UNLISTED_DESTINATION.format(host=UNLISTED, port=unlisted.port))
+            in_box_network(args.leader, lambda: urllib.request.urlopen(f"http://{UNLISTED}:{unlisted.port}/", b"", 10))
+            check(len(unlisted.posts) == 1, f"the control POST to {UNLISTED} did not arrive")
+            unlisted.posts.clear()
+            box.run("systemctl", "daemon-reload")
+            box.run("systemctl", "reset-failed", SERVICE)
+            box.run("systemctl", "start", SERVICE, timeout=300)
+            image = samples / "cr_chest" / "image.dcm"
+            t = time.monotonic()
+            status = in_box_network(args.leader, lambda: cstore(image, 11112, "E2E-MODALITY"))
+            check(status == 0x0000, f"C-STORE status {status:#06x} (want 0x0000)")
+            wait_for(lambda: bool(receiver.posts), 180, "the SR's STOW-RS delivery", every=0.2)
+            path, ctype, body = receiver.posts[0]
+            sr = stowed_instance(ctype, body)
+            check(path == "/dicom-web/studies", f"STOW-RS went to {path}")
+            same_study = sr.StudyInstanceUID == dcmread(image).StudyInstanceUID
+            check(sr.Modality == "SR" and same_study, "the STOW-RS part is not the SR of the study sent")
+
+            def deliveries() -> dict[str, dict[str, Any]]:
+                jobs = client.get("/v1/jobs").json()["jobs"]
+                return {x["destination"]: x for j in jobs for x in j.get("deliveries", [])}
+
+            wait_for(lambda: deliveries().get("pacs", {}).get("state") == "delivered", 60, "pacs marked delivered")
+            took = time.monotonic() - t
+            wait_for(lambda: deliveries().get("unlisted", {}).get("attempts", 0) >= 1, 60, "a try at 'unlisted'")
+            blocked = deliveries()["unlisted"]
+            failed = blocked["state"] != "delivered" and "cannot reach" in blocked.get("last_error", "")
+            check(
+                failed and not unlisted.posts,
+                f"edgekitd reached {UNLISTED}, which the drop-in does not list: {blocked}",
+            )
+            dicom_score = box.exposure()
+            check(dicom_score <= 1.5, f"systemd-analyze security with the DICOM drop-in: {dicom_score} (want <= 1.5)")
+            steps.figures["exposure"]["with_dicom_dropin"] = dicom_score
+            steps.figures["cstore_to_stow_s"] = round(took, 2)
+            steps.ok(
+                "DICOM drop-in",
+                f"C-STORE in on 127.0.0.1:11112, the SR out by STOW-RS to 127.0.0.1:{receiver.port} in {took:.1f} s; "
+                f"{UNLISTED} (not listed) refused: '{blocked['last_error']}'; systemd-analyze security {dicom_score}",
+            )
+        finally:
+            receiver.close()
+            unlisted.close()
+            conf.write_text(original)
     except CheckFailed as exc:
         print(f"[FAIL] {exc}", flush=True)
         with contextlib.suppress(Exception):
