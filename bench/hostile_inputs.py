@@ -124,16 +124,19 @@ class Prober(threading.Thread):
         self.results: list[tuple[float, str]] = []
         self.stop = threading.Event()
 
+    def probe(self) -> None:
+        t, d = time.monotonic(), self.run_.daemon
+        if d is not None:
+            try:
+                outcome = str(Client(d.socket, PROBE_TIMEOUT_S).get("/v2/health/ready").status)
+            except Exception as err:  # a failed probe is the measurement
+                outcome = error_label(err)
+            self.results.append((t, outcome))
+
     def run(self) -> None:
         while not self.stop.is_set():
             t = time.monotonic()
-            d = self.run_.daemon
-            if d is not None:
-                try:
-                    outcome = str(Client(d.socket, PROBE_TIMEOUT_S).get("/v2/health/ready").status)
-                except Exception as err:  # a failed probe is the measurement
-                    outcome = error_label(err)
-                self.results.append((t, outcome))
+            self.probe()
             self.stop.wait(max(0.0, t + PROBE_EVERY_S - time.monotonic()))
 
 
@@ -176,6 +179,7 @@ class Run:
         self.tmpdir.mkdir()
         self.daemon: DaemonProcess | None = None
         self.daemons: list[DaemonProcess] = []
+        self.unready: str | None = None  # why the current daemon is not ready, when a case accepts that
         self.rows: list[dict] = []
         self.row_: Row | None = None
         self.deadline = time.monotonic() + ROW_BUDGET_S
@@ -185,11 +189,20 @@ class Run:
 
     # daemon life
     def start_daemon(
-        self, *, state: Path | None = None, toml: str = "", log_level: str | None = None, warm: bool = True
+        self,
+        *,
+        state: Path | None = None,
+        toml: str = "",
+        log_level: str | None = None,
+        warm: bool = True,
+        ready_s: float | None = 120.0,
     ) -> DaemonProcess:
         """A fresh edgekitd on `state` (default: the case's), serving the prebuilt bundle; the config is the
-        defaults plus `toml`. Waits until ready, then sends one normal report so ingest's imports count as idle."""
-        self._start_kw = {"state": state, "toml": toml, "log_level": log_level}
+        defaults plus `toml`. Waits until ready, then sends one normal report so ingest's imports count as idle.
+        `ready_s=None`: a daemon that stays unready is fine once it answers /v2/health/live (`self.unready` says
+        why it is not ready)."""
+        self._start_kw = {"state": state, "toml": toml, "log_level": log_level, "ready_s": ready_s}
+        self.unready = None
         state = state or self.dir / "state"
         config = self.dir / f"edgekitd-{len(self.daemons)}.toml"
         config.write_text(f'[[variants]]\nname = "default"\nbundle = "{self.bench.bundle}"\n\n{toml}')
@@ -204,10 +217,22 @@ class Run:
                 hard = resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE)[1]
                 limit = self.bench.nofile if hard == resource.RLIM_INFINITY else min(self.bench.nofile, hard)
                 resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (limit, hard))
-        d.wait_ready(120)
+        try:
+            d.wait_ready(ready_s or 20.0)
+        except TimeoutError:
+            if ready_s is not None:
+                raise
+            if d.client.get("/v2/health/live", timeout=5).status != 200:
+                raise
+            self.unready = d.client.get("/v2/health/ready", timeout=5).body.decode()[:200]
+            return d
         if warm:
             d.client.post_study("/v1/reports", [("warm.dcm", hc.tiny_instance(), "application/dicom")], timeout=60)
         return d
+
+    def restart(self) -> DaemonProcess:
+        """The same daemon again (same state dir and config), not warmed: a restart after a crash."""
+        return self.start_daemon(**self._start_kw, warm=False)
 
     def alive(self) -> bool:
         return self.daemon is not None and self.daemon.proc is not None and self.daemon.proc.poll() is None
@@ -267,7 +292,7 @@ class Run:
         """Wait until the daemon has nothing queued, running or pending in its inbox; the seconds it took, or None
         when it was still busy (or gone) at the end."""
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout and self.alive():
+        while time.monotonic() - t0 < timeout and self.alive() and not self.unready:
             r = self.ready()
             if r and r["queue_depth"] == 0 and r["running"] == 0 and r["pending_studies"] == 0:
                 return time.monotonic() - t0
@@ -278,8 +303,8 @@ class Run:
     @contextlib.contextmanager
     def row(self, label: str = ""):
         """Measure what the body does as one table row: fresh budget, peak reset, probes and log from here."""
-        if self.daemon is not None and not self.alive():  # it died in the row before: a fresh one
-            self.start_daemon(**self._start_kw)
+        if self.daemon is not None and not self.alive():  # it died in the row before: again
+            self.restart()
         row = self.row_ = Row(self.name, label)
         self.deadline = time.monotonic() + ROW_BUDGET_S
         pid = self.daemon.proc.pid
@@ -295,6 +320,7 @@ class Run:
             yield row
         finally:
             took = time.monotonic() - t0
+            self.prober.probe()  # a row shorter than the probe period still gets one
             settled = self.settle() if self.alive() else None
             watched += self.daemons[n0:]  # started during the row (restarts)
             self._finish(row, pid, idle, hwm_reset, kills0, logs0, watched, t0, took, settled)
@@ -614,40 +640,55 @@ def aborted_uploads(run: Run, clients: int = 20) -> None:
 
 def disk_full(run: Run) -> None:
     """The state dir on an 8 MiB tmpfs: a 12 MiB POST /v1/jobs, then 1 MiB STOW-RS instances until full."""
-    state = run.dir / "state"
-    state.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(state)], capture_output=True)
-    if mounted.returncode != 0:
-        run.skip("", f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()[:200]}")
-        return
-    try:
-        run.start_daemon(state=state)
-        with run.row() as row:
-            free0 = os.statvfs(state).f_bavail * os.statvfs(state).f_frsize
-            big = hc.noise_instance(12 << 20)
-            run.upload("/v1/jobs", [("big.dcm", big, "application/dicom")], timeout=30, tag="12 MiB job")
-            study, series = generate_uid(), generate_uid()
-            sent = 0
-            for k in range(12):
-                r = run.stow([hc.noise_instance(1 << 20, study, series, k)], timeout=20, tag="1 MiB stow")
+    from dataclasses import fields
+
+    from edgekit.daemon.config import DaemonConfig
+
+    rows = [("defaults", "")]
+    if "min_free_bytes" in {f.name for f in fields(DaemonConfig)}:  # a daemon with a free-space floor: also without
+        rows.append(("min_free_bytes=0", "[limits]\nmin_free_bytes = 0\n"))
+    for label, toml in rows:
+        state = run.dir / f"state-{len(run.rows)}"
+        state.mkdir()
+        mount = ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(state)]
+        mounted = subprocess.run(mount, capture_output=True)
+        if mounted.returncode != 0:
+            run.skip(label, f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()[:200]}")
+            return
+        try:
+            _fill_disk(run, state, label, toml)
+        finally:
+            run.stop_daemons()
+            if subprocess.run(["umount", str(state)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(state)], capture_output=True)
+
+
+def _fill_disk(run: Run, state: Path, label: str, toml: str) -> None:
+    run.start_daemon(state=state, toml=toml, ready_s=None)
+    with run.row(label) as row:
+        if run.unready:
+            row.note(f"never ready on this state dir: {run.unready}")
+        free0 = os.statvfs(state).f_bavail * os.statvfs(state).f_frsize
+        run.upload("/v1/jobs", [("big.dcm", hc.noise_instance(12 << 20), "application/dicom")], tag="12 MiB job")
+        study, series = generate_uid(), generate_uid()
+        sent = 0
+        for k in range(12):
+            r = run.stow([hc.noise_instance(1 << 20, study, series, k)], timeout=20, tag="1 MiB stow")
+            sent += 1
+            if r is None or r.status != 200:  # one more after the first refusal, then stop
+                run.stow([hc.noise_instance(1 << 20, study, series, 100 + k)], timeout=20, tag="1 MiB stow")
                 sent += 1
-                if r is None or r.status != 200:
-                    run.stow([hc.noise_instance(1 << 20, study, series, 100 + k)], timeout=20, tag="1 MiB stow")
-                    break
-            free1 = os.statvfs(state).f_bavail * os.statvfs(state).f_frsize
-            after = run.upload("/v1/reports", [("after.dcm", hc.tiny_instance(), "application/dicom")], tag="after")
-            row.note(
-                f"{free0 >> 10} KiB free at start, {free1 >> 10} after {sent + 1} STOW requests; normal report "
-                f"after: {after.status if after else 'no answer'}"
-            )
-            time.sleep(12)  # the inbox's quiet period (10 s) passes: the hand-over meets the full disk
-        parts = sorted(str(p.relative_to(state)) for p in state.rglob("*.part"))
-        run.rows[-1]["notes"].append(f"{len(parts)} leftover .part file(s) in the state dir")
-        run.rows[-1]["leftover_parts"] = parts
-    finally:
-        run.stop_daemons()
-        if subprocess.run(["umount", str(state)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(state)], capture_output=True)
+                break
+        free1 = os.statvfs(state).f_bavail * os.statvfs(state).f_frsize
+        after = run.upload("/v1/reports", [("after.dcm", hc.tiny_instance(), "application/dicom")], tag="after")
+        row.note(
+            f"{free0 >> 10} KiB free at start, {free1 >> 10} after {sent} STOW requests; normal report after: "
+            f"{after.status if after else 'no answer'}"
+        )
+        time.sleep(12)  # the inbox's quiet period (10 s) passes: the hand-over meets the full disk
+    parts = sorted(str(p.relative_to(state)) for p in state.rglob("*.part"))
+    run.rows[-1]["notes"].append(f"{len(parts)} leftover .part file(s) in the state dir")
+    run.rows[-1]["leftover_parts"] = parts
 
 
 class _Destinations:
@@ -811,47 +852,61 @@ def _wait_deliveries(run: Run, timeout: float) -> dict[str, int]:
     return dict(states)
 
 
-def poison_study(run: Run, limit_gib: float = 1.5, max_restarts: int = 5) -> None:
-    """The RLE bomb by STOW-RS (complete=true) under a 1.5 GiB RSS watchdog that kills the daemon, restarted on
-    the same state dir up to 5 times: how many restarts, and what GET /v1/jobs shows at the end."""
-    made = run.bench.corpus("rle-12.dcm", lambda p: hc.codec_bomb(p, "rle", 12))
-    run.start_daemon()
-    run.monitor.limit = int(limit_gib * GiB)
-    restarts = 0
-    try:
-        with run.row(f"watchdog {limit_gib} GiB") as row:
-            run.stow([made.path.read_bytes()], complete=True)
-            jobs: list | None = None
-            while run.left() > 0:
-                if not run.alive():
-                    if restarts == max_restarts:
-                        break
-                    restarts += 1
-                    with contextlib.suppress(RuntimeError, TimeoutError):  # killed again while starting
-                        run.start_daemon(warm=False)
-                    continue
-                try:
-                    jobs = Client(run.daemon.socket, 5).get("/v1/jobs").json()["jobs"]
-                except Exception:
-                    jobs = None
-                if jobs and all(j["state"] in ("succeeded", "failed") for j in jobs):
-                    break
-                time.sleep(0.2)
-            row.extra["restarts"] = restarts
-            if run.alive() and jobs is not None:
-                row.extra["jobs"] = [{"state": j["state"], "error": (j.get("error") or {}).get("code")} for j in jobs]
-                row.note(f"{restarts} restart(s); GET /v1/jobs: {row.extra['jobs'] or 'no job'}")
-            else:
-                from edgekit.daemon.jobs import JobStore
+POISON_RESTARTS = 5
 
-                rows = JobStore(run.daemon.state_dir).list(limit=100)
-                row.extra["jobs"] = [{"state": j.state, "error": (j.error or {}).get("code")} for j in rows]
-                row.note(
-                    f"{restarts} restart(s), daemon down at the end (crash loop); GET /v1/jobs unanswerable, "
-                    f"job rows in its database: {row.extra['jobs'] or 'none'}"
-                )
-    finally:
-        run.monitor.limit = KILL_AT
+
+def poison_study(run: Run) -> None:
+    """A study whose ingest gets the daemon killed, by STOW-RS (complete=true), under an RSS watchdog; restarted on
+    the same state dir up to 5 times: restarts, and what GET /v1/jobs shows at the end. Two studies: the RLE bomb
+    (12 frames) killed at 1.5 GiB, and 10 such frames (inside today's 1 GiB ingest budget) killed at idle + 0.5 GiB,
+    as a MemoryMax= below what ingest needs would (so the crash loop is met even where the budget refuses the bomb)."""
+    for frames, label, limit in (
+        (12, "rle12 kill@1.5GiB", lambda idle_kib: int(1.5 * GiB)),
+        (10, "rle10 kill@idle+0.5GiB", lambda idle_kib: idle_kib * 1024 + GiB // 2),
+    ):
+        made = run.bench.corpus(f"rle-{frames}.dcm", lambda p, n=frames: hc.codec_bomb(p, "rle", n))
+        run.stop_daemons()
+        d = run.start_daemon(state=run.dir / f"state-{frames}")
+        run.monitor.limit = limit(proc_kib(d.proc.pid).get("VmRSS", 0))
+        try:
+            with run.row(label) as row:
+                row.note(made.describe())
+                _poison(run, row, made.path.read_bytes())
+        finally:
+            run.monitor.limit = KILL_AT
+
+
+def _poison(run: Run, row: Row, data: bytes) -> None:
+    run.stow([data], complete=True)
+    restarts, jobs = 0, None
+    while run.left() > 0:
+        if not run.alive():
+            if restarts == POISON_RESTARTS:
+                break
+            restarts += 1
+            with contextlib.suppress(RuntimeError, TimeoutError):  # killed again while starting
+                run.restart()
+            continue
+        try:
+            jobs = Client(run.daemon.socket, 5).get("/v1/jobs").json()["jobs"]
+        except Exception:
+            jobs = None
+        if jobs and all(j["state"] in ("succeeded", "failed") for j in jobs):
+            break
+        time.sleep(0.2)
+    row.extra["restarts"] = restarts
+    if run.alive() and jobs is not None:
+        row.extra["jobs"] = [{"state": j["state"], "error": (j.get("error") or {}).get("code")} for j in jobs]
+        row.note(f"{restarts} restart(s); GET /v1/jobs: {row.extra['jobs'] or 'no job'}")
+        return
+    from edgekit.daemon.jobs import JobStore
+
+    stored = JobStore(run.daemon.state_dir).list(limit=100)
+    row.extra["jobs"] = [{"state": j.state, "error": (j.error or {}).get("code")} for j in stored]
+    row.note(
+        f"{restarts} restart(s), daemon down at the end (crash loop); GET /v1/jobs unanswerable, job rows in its "
+        f"database: {row.extra['jobs'] or 'none'}"
+    )
 
 
 def stow_during_ingest(run: Run, rounds: int = 3) -> None:
@@ -919,16 +974,16 @@ def statuses_text(statuses: dict[str, int]) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = f"{'case':<30}{'statuses':<36}{'peak/idle MiB':>14}{'time s':>8}  {'ready held':<12}notes"
+    head = f"{'case':<36}{'statuses':<36}{'peak/idle MiB':>14}{'time s':>8}  {'ready held':<12}notes"
     print(head)
     print("-" * len(head))
     for r in rows:
         if "skipped" in r:
-            print(f"{r['name']:<30}{'skipped':<36}{'-':>14}{'-':>8}  {'-':<12}{r['skipped']}")
+            print(f"{r['name']:<36}{'skipped':<36}{'-':>14}{'-':>8}  {'-':<12}{r['skipped']}")
             continue
         ready = "yes" if r["ready_held"] else f"no ({sum(r['probe_failures'].values())}/{r['probes']})"
         print(
-            f"{r['name']:<30}{statuses_text(r['statuses'])[:35]:<36}{r['peak_over_idle_mib']:>14.0f}"
+            f"{r['name']:<36}{statuses_text(r['statuses'])[:35]:<36}{r['peak_over_idle_mib']:>14.0f}"
             f"{r['time_s']:>8.1f}  {ready:<12}{'; '.join(r['notes'])}"
         )
 
@@ -955,8 +1010,11 @@ def summary(rows: list[dict]) -> dict:
     if "phi_in_logs" in by_case:
         out["phi_hits"] = by_case["phi_in_logs"].get("phi_hits_total")
     if "poison_study" in by_case:
-        r = by_case["poison_study"]
-        out["poison"] = {"restarts": r.get("restarts"), "jobs": r.get("jobs")}
+        out["poison"] = [
+            {"row": x["label"], "restarts": x.get("restarts"), "jobs": x.get("jobs")}
+            for x in measured
+            if x["case"] == "poison_study"
+        ]
     return out
 
 

@@ -185,7 +185,9 @@ def decode_image(img: DicomImage, ds: Dataset) -> Decoded:
         return fail(reason)
 
     def frames() -> Iterator[np.ndarray]:
-        source = _gdcm_12bit(img, ds) if use_gdcm else px.iter_pixels(ds)
+        # One frame at a time by index: pydicom's iter_pixels() hands out read-only buffers that its own
+        # signedness fix-up (J2K_pixelrep_mismatch.dcm) then fails to write to.
+        source = _gdcm_12bit(img, ds) if use_gdcm else (px.pixel_array(ds, index=k) for k in range(img.frames))
         count = clamped = non_finite = 0
         while True:
             try:
