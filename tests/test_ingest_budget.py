@@ -135,3 +135,21 @@ def test_video_source_frames_and_decode_time_are_capped(tmp_path):
         load_study(path, limits=IngestLimits(video_decode_s=1e-9, video_max_frames=64))
     assert "took longer than" in str(info.value)
     assert load_study(path).frames.shape[0] == 40
+
+
+def test_a_series_read_back_one_object_at_a_time_gives_the_same_frames(tmp_path, monkeypatch):
+    # with a budget this small only the first objects are kept whole; the others keep their headers and are read
+    # again to decode (two of six here: counted by watching the real drop_pixels, which still runs)
+    import edgekit.ingest.load as load
+
+    from ingest_factory import write_rle_series
+
+    write_rle_series(tmp_path / "series", n=6)
+    whole = load_study(tmp_path / "series")
+    dropped = []
+    real = load.drop_pixels
+    monkeypatch.setattr(load, "drop_pixels", lambda img, reload: (dropped.append(img.ordinal), real(img, reload)))
+    headers_only = load_study(tmp_path / "series", limits=IngestLimits(memory_bytes=48 * 1024))
+    assert len(dropped) == 2
+    np.testing.assert_array_equal(whole.frames, headers_only.frames)
+    assert whole.meta == headers_only.meta and whole.warnings == headers_only.warnings

@@ -24,7 +24,8 @@ Admit = Callable[[int], None]  # told a study's cost before it decodes; raises t
 
 
 def mib(n: int) -> str:
-    return f"{n / 2**20:.0f} MiB"
+    """Bytes for a reader: MiB, or KiB below one MiB (a small budget still says something)."""
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def frame_working_bytes(rows: int, columns: int, samples: int, bits_allocated: int) -> int:

@@ -60,6 +60,8 @@ def _load_file(path: Path, limits: IngestLimits, admit: budget.Admit | None) -> 
 
 
 Entry = tuple[str, Callable[[], "Path | bytes"]]
+# A folder's or zip's encoded pixel data is kept in memory up to this share of the budget (costed as held).
+HELD_SHARE = 8
 
 
 def _folder_entries(folder: Path, limits: IngestLimits) -> Iterator[Entry]:
@@ -83,11 +85,12 @@ def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits, a
     """A folder's or zip's files -> one series. A broken slice is left out with a warning naming it by
     InstanceNumber (else by its place among the DICOM files); stray files are named by their own name.
 
-    Each object is parsed, checked and costed, then only its header is kept (its pixel data is read again when it
-    decodes): the display frames the series would need are added up as the files come, and the study is refused
-    as soon as they pass the budget, not after every file was read."""
+    Each object is parsed, checked and costed; once the pixel data held passes 1/HELD_SHARE of the budget, only
+    headers are kept (the pixel data is read again when the object decodes). The display frames the series would
+    need are added up as the files come, and the study is refused as soon as they pass the budget, not after every
+    file was read."""
     max_inflated = budget.inflate_limit(limits)
-    frames_bytes = 0
+    frames_bytes = held = 0
     images: list[DicomImage] = []
     warnings: list[str] = []
     skipped: list[Skipped] = []
@@ -123,7 +126,10 @@ def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits, a
             skipped.append(Skipped(err, getattr(err, "instance", None), candidates))
             continue
         img.ordinal = candidates
-        drop_pixels(img, lambda opener=opener, name=name: read_dataset(opener(), name, max_inflated=max_inflated))
+        if held + img.encoded_bytes > limits.memory_bytes // HELD_SHARE:  # read it again when its turn comes
+            drop_pixels(img, lambda opener=opener, name=name: read_dataset(opener(), name, max_inflated=max_inflated))
+        else:  # small series stay whole: reading every file twice cost them half again
+            held += img.encoded_bytes
         images.append(img)
         frames_bytes += budget.display_bytes(img.frames, img.rows, img.columns)
         budget.check(frames_bytes, limits, label, f"decoding the {len(images)} images read so far")

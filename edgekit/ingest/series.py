@@ -82,15 +82,17 @@ def _check_sizes(images: list[DicomImage], limits: IngestLimits, label: str) -> 
 
 
 def study_cost(images: list[DicomImage]) -> int:
-    """Bytes decoding the series costs at most: its display frames, plus the costliest object's frame working set
-    and encoded bytes (objects decode one at a time)."""
+    """Bytes decoding the series costs at most: its display frames, the pixel data held in memory (objects kept
+    whole), and the costliest object's frame working set and encoded bytes (read back one at a time)."""
     first = images[0]
     frames = budget.display_bytes(sum(img.frames for img in images), first.rows, first.columns)
+    held = sum(img.encoded_bytes for img in images if img.reload is None)
     working = max(
-        budget.frame_working_bytes(img.rows, img.columns, img.samples, img.bits_allocated) + img.encoded_bytes
+        budget.frame_working_bytes(img.rows, img.columns, img.samples, img.bits_allocated)
+        + (img.encoded_bytes if img.reload is not None else 0)
         for img in images
     )
-    return frames + working
+    return frames + held + working
 
 
 def assemble(
