@@ -349,7 +349,7 @@ class Run:
             rc = d.proc.poll()
             if rc is not None and d.proc.pid not in self.monitor.killed:
                 row.note(f"daemon died (rc={rc})")
-        if settled is None and self.alive():
+        if settled is None and self.alive() and not self.unready:
             row.note(f"still busy {SETTLE_S:.0f} s after the row")
         elif settled and settled > 1:
             row.note(f"busy {settled:.1f} s after its requests")
