@@ -133,6 +133,7 @@ class Daemon:
             self.receive_study,
             max_attempts=lambda: self.cfg.max_attempts,
             quarantine=self.quarantine_study,
+            min_free=lambda: self.cfg.min_free_bytes,
         )
         self.stow = StowService(self.inbox, self.metrics)
         self.delivery = DeliveryWorker(self.store, self.deliveries, lambda: self.cfg.dicom, self.metrics)
@@ -495,6 +496,7 @@ class Daemon:
         and its parts stored off the event loop; instances are kept even while the model loads."""
         if not self.cfg.dicom.stow:
             raise StowDisabledError("STOW-RS is off in this daemon's config (dicom.stow = false)")
+        self._check_free_space()  # 507 before the body is spooled; C-STORE meets the same floor in the inbox
         spool_dir = Path(self.cfg.state_dir) / "stow-spool"
         return await self.stow.store(body, content_type, study_uid, complete, spool_dir)
 

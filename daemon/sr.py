@@ -144,6 +144,7 @@ def build_sr(
     if not evidence:
         raise SrUnavailableError("a DICOM SR needs a DICOM source study; this report was made from a video")
     sources = [Dataset.from_json(d) for d in evidence]
+    blanked = sorted({kw for ds in sources for kw in _conformant(ds)})
     study_uids = {str(ds.StudyInstanceUID) for ds in sources}
     if len(study_uids) != 1:
         raise SrUnavailableError(f"the source instances belong to {len(study_uids)} studies; an SR references one")
@@ -171,7 +172,9 @@ def build_sr(
         TextContentItem(name=CodedConcept("121073", "DCM", "Impression"), value=s[:1024], relationship_type=contains)
         for s in (_sentences(report.get("impression", "")) or ["No impression reported."])
     ]
-    root.ContentSequence = [*device, *algorithm, findings, impressions, *_notes(report.get("warnings") or [])]
+    blank_notes = [f"the source's {kw} is not a valid value; left empty" for kw in blanked]
+    notes = [*(report.get("warnings") or []), *blank_notes]
+    root.ContentSequence = [*device, *algorithm, findings, impressions, *_notes(notes)]
     return hd.sr.EnhancedSR(
         evidence=sources,
         requested_procedures=[_referenced_request(sources)],
@@ -185,6 +188,43 @@ def build_sr(
         is_final=False,
         is_verified=False,  # machine-written drafts: a clinician verifies them
     )
+
+
+# Type 2 attributes of the patient and study modules that the SR copies from its source (PS3.3 C.7.1.1, C.7.2.1).
+# A source may leave them out or hold a value its VR forbids ('19811399' as a date); the SR then carries them
+# empty, which the standard allows, instead of there being no SR at all.
+SOURCE_TYPE2 = (
+    "PatientName",
+    "PatientID",
+    "PatientBirthDate",
+    "PatientSex",
+    "StudyDate",
+    "StudyTime",
+    "ReferringPhysicianName",
+    "StudyID",
+    "AccessionNumber",
+)
+
+
+def _conformant(ds: Dataset) -> list[str]:
+    """Fill `ds`'s absent SOURCE_TYPE2 attributes with empty values and empty the invalid ones; the keywords
+    emptied for an invalid value (never the value: it is the patient's)."""
+    from pydicom import config
+    from pydicom.datadict import dictionary_VR
+    from pydicom.valuerep import validate_value
+
+    blanked = []
+    for kw in SOURCE_TYPE2:
+        if kw not in ds:
+            ds.add_new(kw, dictionary_VR(kw), None)
+            continue
+        elem = ds[kw]
+        try:
+            validate_value(elem.VR, elem.value, config.RAISE)
+        except (ValueError, TypeError):
+            elem.value = None
+            blanked.append(kw)
+    return blanked
 
 
 def _referenced_request(sources: list[Dataset]) -> Dataset:

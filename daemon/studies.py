@@ -14,6 +14,7 @@ it there; the job's idempotency key (from the instances it holds) makes a second
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -72,9 +73,10 @@ class StudyInbox:
         *,
         max_attempts: Callable[[], int] = lambda: 3,
         quarantine: Callable[[Path, int], None] | None = None,
+        min_free: Callable[[], int] = lambda: 0,
     ):
         self.root = Path(root)
-        self.max_attempts, self.quarantine = max_attempts, quarantine
+        self.max_attempts, self.quarantine, self.min_free = max_attempts, quarantine, min_free
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.root / TAKEN).mkdir(exist_ok=True, mode=0o700)
         self.quiet_s, self.complete = quiet_s, complete
@@ -86,7 +88,13 @@ class StudyInbox:
 
     # --- receiving --------------------------------------------------------------------------------------------
     def add(self, data: bytes, uids: InstanceUids) -> None:
-        """Store one instance durably (the same instance again replaces it) and restart its study's quiet period."""
+        """Store one instance durably (the same instance again replaces it) and restart its study's quiet period.
+
+        Below `min_free` bytes free it is refused as a full disk (ENOSPC): the sender hears Out of Resources
+        (0xA700) and may retry, before the last space the jobs database needs is gone."""
+        st = os.statvfs(self.root)
+        if st.f_bavail * st.f_frsize - len(data) < self.min_free():
+            raise OSError(errno.ENOSPC, "the state directory is under limits.min_free_bytes")
         skey = key(uids.study)
         with self._lock:
             series_dir = self.root / skey / key(uids.series)

@@ -5,6 +5,7 @@ while its webhook still goes, with no patient value in the log."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import shutil
@@ -212,12 +213,8 @@ def test_tls_is_verified_against_the_system_store(tmp_path, servers, monkeypatch
     assert [m for m, *_ in hook.got] == ["POST"]
 
 
-@pytest.mark.parametrize(
-    "override", [{"PatientBirthDate": "19811399"}, {"PatientSex": None}], ids=["invalid-birth-date", "no-type2-sex"]
-)
-def test_a_study_without_an_sr_dead_letters_its_sr_deliveries_and_still_sends_its_webhook(
-    tmp_path, servers, caplog, override
-):
+def test_a_study_without_an_sr_dead_letters_its_sr_deliveries_and_still_sends_its_webhook(tmp_path, servers, caplog):
+    """Evidence from two studies: an SR references one, so there is none to send (sr.SrUnavailableError)."""
     caplog.set_level(logging.DEBUG)
     pacs, hook = servers(200), servers(204)
     settings = DicomSettings(
@@ -231,7 +228,13 @@ def test_a_study_without_an_sr_dead_letters_its_sr_deliveries_and_still_sends_it
     )
     store = JobStore(tmp_path / "state")
     deliveries = DeliveryStore(store)
-    job = _job(store, ("pacs", "hook"), _study(tmp_path, **override))
+    two = tmp_path / "two-studies"
+    two.mkdir()
+    _study(tmp_path).rename(two / "a.dcm")
+    other = pydicom.dcmread(_study(tmp_path))
+    other.StudyInstanceUID = "1.2.826.0.1.3680043.2.1125.99"
+    other.save_as(two / "b.dcm")
+    job = _job(store, ("pacs", "hook"), two)
     metrics = Metrics()
     worker = DeliveryWorker(store, deliveries, lambda: settings, metrics)
     with warnings.catch_warnings(record=True) as caught:
@@ -240,7 +243,7 @@ def test_a_study_without_an_sr_dead_letters_its_sr_deliveries_and_still_sends_it
 
     states = {d.destination: d for d in deliveries.for_job(job.id)}
     assert (states["pacs"].state, states["pacs"].attempts) == ("dead", 3)
-    assert states["pacs"].last_error.startswith("the SR cannot be built from the study's headers (")
+    assert states["pacs"].last_error == "the source instances belong to 2 studies; an SR references one"
     assert pacs.got == []
     assert (states["hook"].state, states["hook"].attempts) == ("delivered", 1)
     [(method, _, _, body)] = hook.got
@@ -251,8 +254,7 @@ def test_a_study_without_an_sr_dead_letters_its_sr_deliveries_and_still_sends_it
 
     seen = _logged(caplog) + "\n".join(str(w.message) for w in caught) + states["pacs"].last_error
     assert "dead letter" in seen
-    birth_date = override.get("PatientBirthDate", PATIENT["PatientBirthDate"])
-    for value in (birth_date, "DOE", "JANE", PATIENT["PatientID"], STUDY_UID, "4242424242"):
+    for value in (PATIENT["PatientBirthDate"], "DOE", "JANE", PATIENT["PatientID"], STUDY_UID, "4242424242"):
         assert value not in seen
 
 
@@ -285,3 +287,30 @@ def test_describe_keeps_scheme_host_port_and_path_only():
     assert describe("https://u:p@pacs.example:8443/dicom-web?key=1#x") == "d (stow https://pacs.example:8443/dicom-web)"
     assert describe("https://[::1]/wado") == "d (stow https://[::1]/wado)"
     assert describe("http://tok@pacs.example:notaport/x") == "d (stow http://pacs.example/x)"
+
+
+@pytest.mark.parametrize(
+    "override", [{"PatientBirthDate": "19811399"}, {"PatientSex": None}], ids=["invalid-birth-date", "no-type2-sex"]
+)
+def test_a_source_with_an_invalid_or_absent_type2_value_still_gets_its_sr(tmp_path, servers, caplog, override):
+    """The SR carries the attribute empty (Type 2 allows it) and is delivered; the value never reaches the log."""
+    caplog.set_level(logging.DEBUG)
+    pacs = servers(200)
+    settings = DicomSettings(
+        destinations=(Destination("pacs", "stow", url=f"http://127.0.0.1:{pacs.port}/dicom-web", timeout_s=5),),
+        max_attempts=3,
+    )
+    store = JobStore(tmp_path / "state")
+    deliveries = DeliveryStore(store)
+    job = _job(store, ("pacs",), _study(tmp_path, **override))
+    caplog.clear()  # writing the test's file logged pydicom's note on the bad date (the daemon's own log is below)
+    worker = DeliveryWorker(store, deliveries, lambda: settings, Metrics())
+    assert _drain(worker, deliveries) == 1
+    [state] = deliveries.for_job(job.id)
+    assert (state.state, state.attempts) == ("delivered", 1)
+    [(method, _, _, body)] = pacs.got
+    assert method == "POST" and b"DOE^JANE" in body  # the SR joins the patient's study
+    sr = pydicom.dcmread(io.BytesIO(body[body.index(b"\r\n\r\n") + 4 : body.rindex(b"\r\n--")]))
+    key = next(iter(override))
+    assert sr.get(key) == ""
+    assert "19811399" not in _logged(caplog)

@@ -123,19 +123,29 @@ def test_an_aborted_upload_is_one_quiet_line(daemon):
     assert log.count("client disconnected during POST /v1/reports") == 3
 
 
-def test_an_sr_the_headers_cannot_give_is_409_and_leaks_nothing(daemon, tmp_path):
+def test_an_sr_from_headers_with_invalid_or_absent_type2_values_is_built_and_leaks_nothing(daemon, tmp_path):
+    """A birth date its VR forbids and no PatientSex (Type 2): the SR carries both empty and says which, where it
+    used to answer 500; nothing of the patient's reaches the log. (An SR that cannot be built at all, from a
+    video, is 409 sr_unavailable: tests/test_daemon_api.py.)"""
+    import pydicom
     from pydicom import config
 
     ds = make_dataset(ramp(32, 32))
     with config.disable_value_validation():
-        ds.PatientBirthDate = "19811399"  # invalid DA: highdicom refuses to copy it into the SR
+        ds.PatientBirthDate = "19811399"
+    assert "PatientSex" not in ds
     path = save(ds, tmp_path / "bad-date.dcm")
     reply = daemon.client.post_study("/v1/reports?format=sr", study_files(path))
-    assert (reply.status, reply.error_code) == (409, "sr_unavailable"), reply.body[:300]
+    assert reply.status == 200, reply.body[:300]
     job = daemon.client.post_study("/v1/jobs", study_files(path)).json()
     assert daemon.client.wait_job(job["id"])["state"] == "succeeded"
     sr = daemon.client.get(f"/v1/jobs/{job['id']}/sr")
-    assert (sr.status, sr.error_code) == (409, "sr_unavailable")
+    assert sr.status == 200
+    for body in (reply.body, sr.body):
+        out = pydicom.dcmread(io.BytesIO(body))
+        assert out.StudyInstanceUID == ds.StudyInstanceUID and out.PatientName == ds.PatientName
+        assert out.PatientBirthDate == "" and out.PatientSex == ""
+        assert b"the source's PatientBirthDate is not a valid value; left empty" in body
     log = daemon.log.read_text()
     for secret in ("19811399", str(ds.PatientName), ds.PatientID, ds.StudyInstanceUID):
         assert secret not in log
@@ -155,6 +165,12 @@ def test_a_full_state_dir_is_507_and_not_ready(daemon):
         reply = daemon.client.post_study("/v1/jobs", study_files(SAMPLES / "cr_chest" / "image.dcm"))
         assert (reply.status, reply.error_code) == (507, "insufficient_storage")
         assert set((daemon.state_dir / "jobs").iterdir()) == jobs_before, "a refused upload left its files"
+        part = (SAMPLES / "cr_chest" / "image.dcm").read_bytes()
+        body = b"--b\r\nContent-Type: application/dicom\r\n\r\n" + part + b"\r\n--b--\r\n"
+        ctype = 'multipart/related; type="application/dicom"; boundary=b'
+        stow = daemon.client.request("POST", "/dicomweb/studies", body, {"Content-Type": ctype})
+        assert (stow.status, stow.error_code) == (507, "insufficient_storage")
+        assert not list((daemon.state_dir / "inbox").glob("[!.]*")), "a refused STOW-RS stored an instance"
     finally:
         config.write_text(LIMITS)
         daemon.proc.send_signal(signal.SIGHUP)
@@ -297,6 +313,10 @@ def test_an_instance_that_cannot_be_written_leaves_no_part_file(tmp_path):
             inbox.add(bytes(2 * MiB), InstanceUids("1.2.3", "1.2.3.4", "1.2.3.4.5", "1.2.840.10008.5.1.4.1.1.2"))
         assert info.value.errno == 28  # ENOSPC
         assert not list((mount / "inbox").rglob("*.part")) and not list((mount / "inbox").rglob("*.dcm"))
+        floor = StudyInbox(mount / "inbox", lambda: 10.0, lambda _folder: None, min_free=lambda: 2 * MiB)
+        with pytest.raises(OSError) as info:  # a small instance, refused before the last space is gone
+            floor.add(bytes(1024), InstanceUids("1.2.3", "1.2.3.4", "1.2.3.4.6", "1.2.840.10008.5.1.4.1.1.2"))
+        assert info.value.errno == 28 and not list((mount / "inbox").rglob("*.dcm"))
     finally:
         subprocess.run(["umount", str(mount)])
 
