@@ -103,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         level=cfg.log_level.upper(), stream=sys.stderr, format="edgekitd[%(process)d] %(levelname)s %(message)s"
     )
     if args.check_config:
+        from .memory import cgroup_memory_max, check_memory
+
         try:
             check_files(cfg)
+            check_memory(cfg.ingest_memory_bytes, cfg.max_upload_bytes, cgroup_memory_max(cfg.signals_root))
         except EdgekitError as err:
             print(f"edgekitd: error: {err}", file=sys.stderr)
             return 2

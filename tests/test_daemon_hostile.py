@@ -244,6 +244,11 @@ def test_a_config_that_cannot_fit_the_memory_limit_does_not_start(tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
+    checked = subprocess.run(
+        [sys.executable, "-m", "edgekit.daemon", "--config", str(config), "--check-config"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert checked.returncode == 2 and "needs about 4352 MiB" in checked.stderr  # --check-config says so too
     assert (
         "needs about 4352 MiB" in out.stderr
         and "memory limit (cgroup memory.max, systemd's MemoryMax=) is 4096 MiB" in out.stderr
