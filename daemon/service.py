@@ -513,10 +513,9 @@ class Daemon:
         series = sorted(
             (d for d in folder.iterdir() if d.is_dir()), key=lambda d: (-sum(1 for _ in d.glob("*.dcm")), d.name)
         )
-        names = sorted(f"{d.name}/{f.name}" for d in series for f in d.glob("*.dcm"))
-        if not names:
+        key = _received_key(folder)
+        if key is None:
             return
-        key = "dicom-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:40]
         dicom = self.cfg.dicom
         job_id = self.store.new_id()
         job_dir = self.store.job_dir(job_id)
@@ -527,18 +526,7 @@ class Daemon:
         _fsync_tree(src)
         variant = registry.active
         knobs = self.policy.knobs(variant) if self.policy is not None else {}
-        options = RequestOptions()
-        job = Job(
-            id=job_id,
-            idempotency_key=key,
-            fingerprint=key,
-            state="queued",
-            variant=None,
-            prompt=dicom.prompt,
-            options=options.as_dict(),
-            input=str(src),
-            created=time.time(),
-        )
+        job = self._received_job(job_id, key, src)
         study = error = reservation = None
         try:
             study, reservation = self.ingestor.load(src)
@@ -586,8 +574,7 @@ class Daemon:
     def quarantine_study(self, folder: Path, attempts: int) -> None:
         """The inbox's word that a received study was handed over `attempts` times without finishing (the
         daemon died ingesting it): one failed job, its files moved to `state_dir/quarantine/<job id>`."""
-        names = sorted(f"{d.name}/{f.name}" for d in folder.iterdir() if d.is_dir() for f in d.glob("*.dcm"))
-        key = "dicom-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:40]
+        key = _received_key(folder) or f"dicom-quarantined-{folder.name}"
         job_id = self.store.new_id()
         kept = Path(self.cfg.state_dir) / "quarantine" / job_id
         kept.parent.mkdir(mode=0o700, exist_ok=True)
@@ -596,7 +583,16 @@ class Daemon:
             f"the received study was handed over {attempts} times without finishing (jobs.max_attempts = "
             f"{self.cfg.max_attempts}); its instances are kept in the state directory's quarantine/{job_id}"
         )
-        job = Job(
+        stored = self.store.insert(self._received_job(job_id, key, kept, attempts))
+        if stored.id == job_id:
+            self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
+        self.metrics.quarantined.labels("received_study").inc()
+        self.metrics.dicom_studies.labels("quarantined").inc()
+        log.warning("received study quarantined as job %s after %d hand-overs", stored.id, attempts)
+
+    def _received_job(self, job_id: str, key: str, source: Path, attempts: int = 0) -> Job:
+        """A received study's job: keyed by its instances, so a second hand-over of the same study finds it."""
+        return Job(
             id=job_id,
             idempotency_key=key,
             fingerprint=key,
@@ -604,16 +600,10 @@ class Daemon:
             variant=None,
             prompt=self.cfg.dicom.prompt,
             options=RequestOptions().as_dict(),
-            input=str(kept),
+            input=str(source),
             created=time.time(),
             attempts=attempts,
         )
-        stored = self.store.insert(job)
-        if stored.id == job_id:
-            self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
-        self.metrics.quarantined.labels("received_study").inc()
-        self.metrics.dicom_studies.labels("quarantined").inc()
-        log.warning("received study quarantined as job %s after %d hand-overs", stored.id, attempts)
 
     def job_public(self, job: Job) -> dict[str, Any]:
         """A job as the API shows it, with its deliveries (if it has any)."""
@@ -638,6 +628,12 @@ class Daemon:
         if job is None:
             raise JobNotFoundError("no such job (it may have passed its retention)")
         return job
+
+
+def _received_key(folder: Path) -> str | None:
+    """The idempotency key of a received study: its series and instance file names (hashes of their UIDs)."""
+    names = sorted(f"{d.name}/{f.name}" for d in folder.iterdir() if d.is_dir() for f in d.glob("*.dcm"))
+    return "dicom-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:40] if names else None
 
 
 def free_bytes(path: Path) -> int | None:

@@ -6,6 +6,7 @@ with random weights; the daemon builds it into a bundle the same way it builds t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .client import Client
@@ -156,3 +158,14 @@ class DaemonProcess:
             self.stop(timeout=20)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+@contextlib.contextmanager
+def tiny_daemon(root: Path, config: str = "") -> Iterator[DaemonProcess]:
+    """A running daemon under `root` serving a tiny random-weights model, configured by `config` (TOML text, kept
+    in `root/edgekitd.toml`, which a test may rewrite and SIGHUP): the tests' usual module fixture."""
+    root = Path(root)
+    path = root / "edgekitd.toml"
+    path.write_text(config)
+    with DaemonProcess(root / "state", write_tiny_model(root / "model"), config=path).start() as d:
+        yield d

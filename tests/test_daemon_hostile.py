@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the daemon needs the serve extra")
 
 from edgekit.daemon.client import multipart, study_files  # noqa: E402
-from edgekit.daemon.testing import DaemonProcess, write_tiny_model  # noqa: E402
+from edgekit.daemon.testing import DaemonProcess, tiny_daemon, write_tiny_model  # noqa: E402
 
 from ingest_factory import make_dataset, ramp, rle_bomb, save  # noqa: E402
 
@@ -34,14 +34,8 @@ LIMITS = "[limits]\nmax_upload_bytes = 8388608\ningest_memory_bytes = 67108864\n
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile")
-    model = write_tiny_model(root / "model")
-    config = root / "edgekitd.toml"
-    config.write_text(LIMITS)
-    d = DaemonProcess(root / "state", model, config=config)
-    d.config = config
-    with d.start() as running:
-        yield running
+    with tiny_daemon(tmp_path_factory.mktemp("hostile"), LIMITS) as d:
+        yield d
 
 
 def _slow_upload(path: Path) -> socket.socket:
@@ -152,7 +146,7 @@ def test_an_sr_from_headers_with_invalid_or_absent_type2_values_is_built_and_lea
 
 
 def test_a_full_state_dir_is_507_and_not_ready(daemon):
-    config = daemon.config
+    config = daemon.state_dir.parent / "edgekitd.toml"  # tiny_daemon's
     try:
         config.write_text(LIMITS + f"min_free_bytes = {2**60}\n")
         daemon.proc.send_signal(signal.SIGHUP)

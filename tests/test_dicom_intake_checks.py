@@ -189,12 +189,9 @@ def test_c_store_refuses_datasets_whose_identifiers_are_not_uids(scp, tmp_path):
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     pytest.importorskip("uvicorn")
-    from edgekit.daemon.testing import DaemonProcess, write_tiny_model
+    from edgekit.daemon.testing import tiny_daemon
 
-    root = tmp_path_factory.mktemp("edgekitd-intake")
-    config = root / "edgekitd.toml"
-    config.write_text("[limits]\nmax_files = 4000\n")
-    with DaemonProcess(root / "state", write_tiny_model(root / "model"), config=config).start() as d:
+    with tiny_daemon(tmp_path_factory.mktemp("edgekitd-intake"), "[limits]\nmax_files = 4000\n") as d:
         yield d
 
 

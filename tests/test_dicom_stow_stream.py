@@ -264,12 +264,10 @@ def test_memory_holds_one_part_not_the_body(stow):
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     pytest.importorskip("uvicorn")
-    from edgekit.daemon.testing import DaemonProcess, write_tiny_model
+    from edgekit.daemon.testing import tiny_daemon
 
-    root = tmp_path_factory.mktemp("edgekitd-stow-stream")
-    config = root / "edgekitd.toml"
-    config.write_text("[limits]\nmax_upload_bytes = 67108864\n[dicom]\nquiet_period_s = 60\n")
-    with DaemonProcess(root / "state", write_tiny_model(root / "model"), config=config).start() as d:
+    config = "[limits]\nmax_upload_bytes = 67108864\n[dicom]\nquiet_period_s = 60\n"
+    with tiny_daemon(tmp_path_factory.mktemp("edgekitd-stow-stream"), config) as d:
         yield d
 
 
