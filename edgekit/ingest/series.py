@@ -188,7 +188,7 @@ def assemble(
 
 def _write_display(dest: np.ndarray, frame: np.ndarray, window: Window, per_object: bool) -> None:
     """One decoded frame into its place in the study: display values when the series renders per object, else
-    modality values (luminance for colour), which `_min_max_in_place` maps once the whole series is in."""
+    modality values (luminance for colour), which `min_max_in_place` maps once the whole series is in."""
     if window.voi_lut:
         dest[...] = 1.0 - frame if window.photometric == "MONOCHROME1" else frame
     elif per_object:
