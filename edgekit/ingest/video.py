@@ -51,6 +51,19 @@ def _count_frames(path: Path, limits: IngestLimits, deadline: float) -> int:
         return n
 
 
+def _allocate(
+    frames: int, height: int, width: int, limits: IngestLimits, admit: Admit | None, path: Path
+) -> np.ndarray:
+    """The kept frames' display array, once the video's cost (those frames plus one decoded frame) is allowed."""
+    if height * width > limits.max_pixels:
+        raise StudyError(f"frame of {height}x{width} pixels exceeds the limit of {limits.max_pixels}", path)
+    cost = budget.display_bytes(frames, height, width) + budget.frame_working_bytes(height, width, 3, 8)
+    budget.check(cost, limits, path, "decoding this video")
+    if admit is not None:
+        admit(cost)
+    return np.empty((frames, height, width), dtype=np.float32)
+
+
 def _check_deadline(deadline: float, limits: IngestLimits, path: Path) -> None:
     if time.monotonic() > deadline:
         raise StudyError(f"decoding the video took longer than {limits.video_decode_s:.0f} s; refused", path)
@@ -59,8 +72,8 @@ def _check_deadline(deadline: float, limits: IngestLimits, path: Path) -> None:
 def load_video(path: Path, limits: IngestLimits, admit: Admit | None = None) -> Study:
     """Decode a video, keeping at most `limits.video_max_frames` evenly spaced frames as display values.
 
-    Costed from its stream header before decoding (the kept frames plus one decoded frame), capped at
-    `video_max_source_frames` and `video_decode_s`: decoding runs up to the last kept frame."""
+    Costed when its first kept frame is decoded (the kept frames plus one decoded frame), before any is kept;
+    capped at `video_max_source_frames` and `video_decode_s`: decoding runs up to the last kept frame."""
     import av  # imported here: PyAV is heavy and only video ingest needs it
 
     deadline = time.monotonic() + limits.video_decode_s
@@ -85,13 +98,7 @@ def load_video(path: Path, limits: IngestLimits, admit: Admit | None = None) -> 
         keep = limits.video_max_frames
         wanted = sample_indices(n, keep).tolist() if n > keep else list(range(n))
         slot = {index: k for k, index in enumerate(dict.fromkeys(wanted))}
-        if not (width and height):
-            raise StudyError("the video stream does not state its frame size", path)
-        cost = budget.display_bytes(len(slot), height, width) + budget.frame_working_bytes(height, width, 3, 8)
-        budget.check(cost, limits, path, "decoding this video")
-        if admit is not None:
-            admit(cost)
-        out = np.empty((len(slot), height, width), dtype=np.float32)
+        out: np.ndarray | None = None
         filled: list[int] = []
         decoded = 0
         with av.open(str(path)) as container:
@@ -99,6 +106,9 @@ def load_video(path: Path, limits: IngestLimits, admit: Admit | None = None) -> 
             for index, frame in enumerate(container.decode(stream)):
                 decoded += 1
                 if index in slot:
+                    if out is None:  # sized by the first kept frame (a header may state none): before any copy
+                        height, width = frame.height, frame.width
+                        out = _allocate(len(slot), height, width, limits, admit, path)
                     if (frame.height, frame.width) != (height, width):
                         raise StudyError(
                             f"inconsistent frame sizes in the video: {frame.height}x{frame.width} after "
