@@ -120,3 +120,32 @@ def test_name_in_pydicom_log_args_is_scrubbed(caplog):
     for record in caplog.records:
         _assert_clean(record.getMessage())
     assert any("redacted" in r.getMessage() for r in caplog.records)
+
+
+def test_guards_in_two_threads_capture_only_their_own_warnings():
+    """The guard keeps no process-wide lock: two ingests run side by side, and each study gets its own notes."""
+    import threading
+
+    barrier = threading.Barrier(2)
+    results: dict[int, list[str]] = {}
+
+    def ingest(k: int) -> None:
+        with phi_guard() as captured:
+            barrier.wait()  # both inside their guards at once
+            for i in range(50):
+                warnings.warn(f"note {i} of study {k} about '{PHI_NAME}'", UserWarning, stacklevel=1)
+                logging.getLogger("pydicom").warning("logged note of study %d", k)
+            barrier.wait()
+        results[k] = captured.messages
+
+    threads = [threading.Thread(target=ingest, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for k, other in ((1, 2), (2, 1)):
+        assert len([m for m in results[k] if m.startswith("note ")]) == 50  # repeated notes are all kept
+        assert any(f"logged note of study {k}" in m for m in results[k])
+        assert not any(f"study {other}" in m for m in results[k]), "a note went to the other thread's study"
+        for m in results[k]:
+            _assert_clean(m)

@@ -114,6 +114,14 @@ def _gdcm_12bit(img: DicomImage, ds: Dataset) -> Iterator[np.ndarray]:
         yield np.frombuffer(raw, dtype="<i2" if signed else "<u2").reshape(img.rows, img.columns)
 
 
+def _stored_range(ds: Dataset) -> np.ndarray:
+    """Every value (up to 65,536 evenly spaced ones) a stored pixel of `ds` can hold, as float32."""
+    bits = min(max(int(ds.get("BitsStored", 16) or 16), 1), 32)
+    signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+    return np.linspace(lo, hi, num=min(hi - lo + 1, 65536), dtype=np.float32)[None]
+
+
 def display_window(img: DicomImage, ds: Dataset) -> Window:
     """The modality LUT and VOI of one object, from its headers: decided before any frame is decoded, so a series
     knows up front whether every object renders itself or the series shares one min-max."""
@@ -135,8 +143,8 @@ def display_window(img: DicomImage, ds: Dataset) -> Window:
         center = width = None
     voi_lut = False
     if center is None and "VOILUTSequence" in ds and photometric != "RGB":
-        try:  # the LUT applied to one value: a malformed one fails here, before any frame is decoded
-            px.apply_voi(np.zeros((1, 1), dtype=np.float32), ds, index=0)
+        try:  # the LUT applied to every value the pixels can hold: a malformed one fails here, before decoding
+            px.apply_voi(_stored_range(ds) * np.float32(slope) + np.float32(intercept), ds, index=0)
             int(ds.VOILUTSequence[0].LUTDescriptor[2])
             voi_lut = True
         except Exception as err:
@@ -213,14 +221,17 @@ def decode_image(img: DicomImage, ds: Dataset) -> Decoded:
                     raise fail(f"cannot apply the palette colour LUT: {short_reason(err, label)}") from None
             if arr.shape[:2] != (img.rows, img.columns):
                 raise fail(f"decoded pixel data is {arr.shape[0]}x{arr.shape[1]}, header says {img.rows}x{img.columns}")
-            if window.modality_lut:
-                arr = px.apply_modality_lut(arr, ds).astype(np.float32)
-            if window.voi_lut:
-                values = arr.astype(np.float32) * np.float32(window.slope) + np.float32(window.intercept)
-                lut_bits = int(ds.VOILUTSequence[0].LUTDescriptor[2])
-                scaled = px.apply_voi(values, ds, index=0).astype(np.float32) / np.float32(2**lut_bits - 1)
-                clamped += int(np.count_nonzero((scaled < 0) | (scaled > 1)))
-                arr = np.clip(scaled, 0, 1, out=scaled)
+            try:  # checked against the whole stored range up front; a LUT that still fails loses only this slice
+                if window.modality_lut:
+                    arr = px.apply_modality_lut(arr, ds).astype(np.float32)
+                if window.voi_lut:
+                    values = arr.astype(np.float32) * np.float32(window.slope) + np.float32(window.intercept)
+                    lut_bits = int(ds.VOILUTSequence[0].LUTDescriptor[2])
+                    scaled = px.apply_voi(values, ds, index=0).astype(np.float32) / np.float32(2**lut_bits - 1)
+                    clamped += int(np.count_nonzero((scaled < 0) | (scaled > 1)))
+                    arr = np.clip(scaled, 0, 1, out=scaled)
+            except Exception as err:
+                raise fail(f"cannot apply its modality or VOI LUT: {short_reason(err, label)}") from None
             if arr.dtype.kind == "f":
                 bad = int(np.count_nonzero(~np.isfinite(arr)))
                 if bad:  # to_display would map them to 0 without a word

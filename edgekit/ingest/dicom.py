@@ -30,11 +30,13 @@ from pydicom.uid import (
 )
 
 from edgekit.errors import StudyError, StudyTooLargeError, UnsupportedTransferSyntaxError
+from edgekit.ingest import budget
 from edgekit.ingest.budget import inflate_limit, mib
 from edgekit.ingest.phi import captured_warnings, held_log_messages, scrub
 from edgekit.ingest.study import IngestLimits
 
 _PIXEL_TAGS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
+_PIXEL_TAG_NUMBERS = (0x7FE00010, 0x7FE00008, 0x7FE00009)
 
 
 class NotDicom(Exception):
@@ -135,7 +137,7 @@ _DEFLATED = str(DeflatedExplicitVRLittleEndian).encode("ascii")
 def _check_inflated_size(data: bytes, limit: int, label: str) -> None:
     """A Deflated Explicit VR Little Endian object inflated in 1 MiB steps and counted, nothing kept: pydicom would
     inflate the whole dataset before any check (a 1 MB part can hold a gibibyte). Past `limit` it is refused."""
-    if _DEFLATED not in data[:2048]:
+    if data[128:132] != b"DICM" or _DEFLATED not in data:  # only a Part 10 file's meta can say Deflated
         return
     fp = io.BytesIO(data)
     try:
@@ -276,6 +278,7 @@ class DicomImage:
     position: np.ndarray | None  # (3,) ImagePositionPatient of the first frame
     bits_allocated: int = 8
     encoded_bytes: int = 0  # the pixel data element's length, held while the object decodes
+    held_bytes: int = 0  # what `ds` holds in memory while the series waits (budget.header_bytes + pixel data)
     ordinal: int | None = None  # 1-based place among the DICOM files of a folder or zip (None: a single file)
     of: int | None = None  # how many DICOM files that folder or zip held
     # Reads the whole object again for decoding, when `ds` holds only its header (a folder's or zip's objects are
@@ -342,7 +345,8 @@ def inspect_image(ds: Dataset, label: str, limits: IngestLimits) -> DicomImage:
         orientation=_vector(orientation, 6),
         position=_vector(position, 3),
         bits_allocated=_bits_allocated(ds),
-        encoded_bytes=max(len(ds[tag].value or b"") for tag in _PIXEL_TAGS if tag in ds),
+        encoded_bytes=(encoded := max(len(ds[tag].value or b"") for tag in _PIXEL_TAGS if tag in ds)),
+        held_bytes=budget.header_bytes(ds, _PIXEL_TAG_NUMBERS) + encoded,
     )
 
 
@@ -354,10 +358,12 @@ def _bits_allocated(ds: Dataset) -> int:
 
 
 def drop_pixels(img: DicomImage, reload: Callable[[], Dataset]) -> None:
-    """Keep only `img`'s header in memory; `reload` reads the object again when it is its turn to decode."""
+    """Keep only `img`'s public header in memory; `reload` reads the object again when it is its turn to decode."""
     for tag in _PIXEL_TAGS:
         if tag in img.ds:
             del img.ds[tag]
+    img.ds.remove_private_tags()  # ingest reads none; the SR's evidence is read from the files
+    img.held_bytes = budget.header_bytes(img.ds)
     img.reload = reload
 
 

@@ -60,7 +60,7 @@ def _load_file(path: Path, limits: IngestLimits, admit: budget.Admit | None) -> 
 
 
 Entry = tuple[str, Callable[[], "Path | bytes"]]
-# A folder's or zip's encoded pixel data is kept in memory up to this share of the budget (costed as held).
+# A folder's or zip's objects are kept whole in memory up to this share of the budget; past it, headers only.
 HELD_SHARE = 8
 
 
@@ -85,10 +85,10 @@ def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits, a
     """A folder's or zip's files -> one series. A broken slice is left out with a warning naming it by
     InstanceNumber (else by its place among the DICOM files); stray files are named by their own name.
 
-    Each object is parsed, checked and costed; once the pixel data held passes 1/HELD_SHARE of the budget, only
-    headers are kept (the pixel data is read again when the object decodes). The display frames the series would
-    need are added up as the files come, and the study is refused as soon as they pass the budget, not after every
-    file was read."""
+    Each object is parsed, checked and costed; once the objects held pass 1/HELD_SHARE of the budget, only headers
+    are kept (private elements dropped; the pixel data is read again when the object decodes). The display frames
+    and what is held are added up as the files come, and the study is refused as soon as they pass the budget, not
+    after every file was read."""
     max_inflated = budget.inflate_limit(limits)
     frames_bytes = held = 0
     images: list[DicomImage] = []
@@ -126,13 +126,12 @@ def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits, a
             skipped.append(Skipped(err, getattr(err, "instance", None), candidates))
             continue
         img.ordinal = candidates
-        if held + img.encoded_bytes > limits.memory_bytes // HELD_SHARE:  # read it again when its turn comes
+        if held + img.held_bytes > limits.memory_bytes // HELD_SHARE:  # read it again when its turn comes
             drop_pixels(img, lambda opener=opener, name=name: read_dataset(opener(), name, max_inflated=max_inflated))
-        else:  # small series stay whole: reading every file twice cost them half again
-            held += img.encoded_bytes
+        held += img.held_bytes
         images.append(img)
         frames_bytes += budget.display_bytes(img.frames, img.rows, img.columns)
-        budget.check(frames_bytes, limits, label, f"decoding the {len(images)} images read so far")
+        budget.check(frames_bytes + held, limits, label, f"decoding the {len(images)} images read so far")
     if seen == 0:
         raise StudyError("is empty", label)
     if not images and not skipped:

@@ -30,6 +30,9 @@ _PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[/\\](?:[^\s/\\'\"]+[/\\])+[^\s
 # pydicom's log warnings (None: to the innermost capture, as usual). Thread-local, so ingests run side by side: the
 # guard no longer swaps process-wide warning state under a lock that serialised every ingest.
 _TLS = threading.local()
+# Warnings that ingest reports with a study, every time: pydicom's notes (UserWarning) and numpy's (RuntimeWarning:
+# an overflow in a cast). Others (DeprecationWarning) keep Python's once-per-place default.
+CAPTURED_CATEGORIES = (UserWarning, RuntimeWarning)
 # Libraries whose log records quote element values: their messages are scrubbed whoever logs them.
 THIRD_PARTY_LOGGERS = ("pydicom", "highdicom", "pynetdicom")
 
@@ -113,7 +116,6 @@ class ScrubExceptions(logging.Filter):
 
 
 _FILTER = ScrubFilter()
-_ORIGINAL_SHOWWARNING = warnings.showwarning
 
 
 def _showwarning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 - warnings' API
@@ -130,14 +132,17 @@ def install() -> None:
     """Process-wide, idempotent: scrub the libraries' log records and every warning whoever raises it.
 
     Called at each guarded section too, because `warnings.catch_warnings()` (pytest wraps every test in one)
-    restores the previous hook on exit. Repeated warnings are always shown (a study's second slice with the same
-    bad value still counts): a filter inserted once at the front, never a process-wide swap per call."""
+    restores the previous hook on exit, and libraries create child loggers as they are imported. Repeated warnings
+    are always shown (a study's second slice with the same bad value still counts): a filter inserted once at the
+    front, never a process-wide swap per call."""
     if warnings.showwarning is not _showwarning:
         warnings.showwarning = _showwarning
-    first = warnings.filters[0] if warnings.filters else None
-    if first is None or first[0] != "always" or first[2] is not UserWarning:
-        warnings.filterwarnings("always", category=UserWarning)
-    for name in THIRD_PARTY_LOGGERS:
+    front = {(f[0], f[2]) for f in warnings.filters[: len(CAPTURED_CATEGORIES)]}
+    if front != {("always", c) for c in CAPTURED_CATEGORIES}:
+        for category in CAPTURED_CATEGORIES:
+            warnings.filterwarnings("always", category=category)
+    names = [n for n in logging.Logger.manager.loggerDict if n.split(".", 1)[0] in THIRD_PARTY_LOGGERS]
+    for name in {*THIRD_PARTY_LOGGERS, *names}:  # a filter holds for its own logger only, not its children
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)

@@ -82,11 +82,12 @@ def _check_sizes(images: list[DicomImage], limits: IngestLimits, label: str) -> 
 
 
 def study_cost(images: list[DicomImage]) -> int:
-    """Bytes decoding the series costs at most: its display frames, the pixel data held in memory (objects kept
-    whole), and the costliest object's frame working set and encoded bytes (read back one at a time)."""
+    """Bytes decoding the series costs at most: its display frames, what the objects hold in memory while they
+    wait (headers, and the pixel data of those kept whole), and the costliest object's frame working set and
+    encoded bytes (read back one at a time)."""
     first = images[0]
     frames = budget.display_bytes(sum(img.frames for img in images), first.rows, first.columns)
-    held = sum(img.encoded_bytes for img in images if img.reload is None)
+    held = sum(img.held_bytes for img in images)
     working = max(
         budget.frame_working_bytes(img.rows, img.columns, img.samples, img.bits_allocated)
         + (img.encoded_bytes if img.reload is not None else 0)
@@ -131,7 +132,7 @@ def assemble(
     per_object = all(w.per_object for w in windows)
 
     kept: list[DicomImage] = []
-    spans: list[tuple[int, int, str]] = []  # (start, stop, photometric) of each kept object in `out`
+    spans: list[tuple[int, int, Window]] = []  # (start, stop, window) of each kept object in `out`
     notes: dict[str, list[str]] = {}
     meta = uid = None
     start = 0
@@ -154,7 +155,7 @@ def assemble(
             uid = img.study_uid or img.series_uid or str(img.ds.get("SOPInstanceUID", "") or "")
         for note in decoded.notes:
             notes.setdefault(note, []).append(img.slice_name)
-        spans.append((start, stop, decoded.window.photometric))
+        spans.append((start, stop, decoded.window))
         kept.append(img)
         start = stop
         img.ds = None  # the raw bytes are no longer needed; free them as we go
@@ -166,10 +167,16 @@ def assemble(
         raise skipped[0].error
     warnings.extend(_note_warnings(notes, len(kept)))
     frames = out[:start]
-    if not per_object:
+    if not per_object and all(w.per_object for _, _, w in spans):
+        # the objects without a window were all skipped: the kept ones render themselves, as the series would have
+        # had it been sent without the broken ones (their frames hold modality values: window them now)
+        for a, b, w in spans:
+            if not w.voi_lut:
+                frames[a:b] = to_display(frames[a:b], center=w.center, width=w.width, photometric=w.photometric)
+    elif not per_object:
         min_max_in_place(frames)
-        for a, b, photometric in spans:
-            if photometric == "MONOCHROME1":
+        for a, b, w in spans:
+            if w.photometric == "MONOCHROME1":
                 np.subtract(np.float32(1.0), frames[a:b], out=frames[a:b])
 
     meta["number_of_frames"] = int(start)
