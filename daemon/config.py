@@ -73,7 +73,7 @@ class DaemonConfig:
     video_max_frames: int = 64
     # One pool for the studies in memory (being decoded, or ingested and waiting for a worker): see memory.py
     ingest_memory_bytes: int = 1024**3
-    video_max_source_frames: int = 20_000
+    video_max_source_frames: int = 200_000
     video_decode_timeout_s: float = 120.0
     # Slow or stalled clients (middleware.Guard): request bodies being read at once, the time a body may take to
     # start and the rate it must keep after that; connections in all (uvicorn's limit_concurrency)

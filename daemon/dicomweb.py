@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -126,6 +127,9 @@ class StowService:
 
     def __init__(self, inbox: StudyInbox, metrics: Metrics):
         self.inbox, self.metrics = inbox, metrics
+        # One request's parts in memory at a time: a part can be max_upload_bytes, and that is what the start-up
+        # memory check counts (memory.check_memory). Parts are stored under the inbox's lock anyway.
+        self._parts = threading.Lock()
 
     async def store(
         self,
@@ -141,9 +145,13 @@ class StowService:
             raise EdgekitError("the StudyInstanceUID in the URL is not a UID", code="invalid_uid")
         body = await spool(chunks, boundary_of(content_type), spool_dir)
         try:
-            return await asyncio.to_thread(self._store_parts, body, target_study, complete)
+            return await asyncio.to_thread(self._store_parts_alone, body, target_study, complete)
         finally:
             body.close()
+
+    def _store_parts_alone(self, body: SpooledBody, target_study: str | None, complete: bool) -> StoreResult:
+        with self._parts:
+            return self._store_parts(body, target_study, complete)
 
     def _store_parts(self, body: SpooledBody, target_study: str | None, complete: bool) -> StoreResult:
         stored: list[dict[str, Any]] = []

@@ -47,8 +47,10 @@ IMAGE_STORAGE = {
 }
 
 
-# PS3.5 9.1: components of digits, no leading zero (a lone "0" is one), separated by single dots; at most 64 chars
-_UID = re.compile(r"(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*", re.ASCII)
+# PS3.5 9.1: components of digits separated by single dots, at most 64 chars. The standard also forbids a leading
+# zero in a component ("1.2.840.0123"), which some vendors write anyway: accepted, as pydicom and PACSs accept it
+# (the refusal is for what cannot be a UID at all: a 10 KB string, a path, letters).
+_UID = re.compile(r"[0-9]+(?:\.[0-9]+)*", re.ASCII)
 MAX_UID_CHARS = 64
 
 

@@ -150,7 +150,7 @@ class JobStore:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
                     "INSERT INTO jobs (id, idempotency_key, fingerprint, state, variant, prompt, options, input, "
-                    "created, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                    "created, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         job.id,
                         job.idempotency_key,
@@ -161,6 +161,7 @@ class JobStore:
                         json.dumps(job.options),
                         job.input,
                         job.created,
+                        job.attempts,
                     ),
                 )
                 self._db.executemany(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("edgekitd")
 
 LIMIT_SLACK = 1 << 20  # multipart framing around the files
+SMALL_BODY = 64 * 1024  # a declared body up to this size is not an upload (PUT /v1/policy): not held to max_uploads
 
 
 class UnauthorizedError(EdgekitError):
@@ -93,25 +94,28 @@ class Guard:
         has_body = (length is not None and length not in (b"", b"0")) or b"transfer-encoding" in headers
         if not has_body:
             return await self.app(scope, receive, send)
-        if self.uploads >= cfg.max_uploads:
+        # an upload is a body that may be large; a small declared one (a JSON setting) has the deadline only
+        upload = length is None or not length.isdigit() or int(length) > SMALL_BODY
+        if upload and self.uploads >= cfg.max_uploads:
             self.metrics.rejected_uploads.inc()
             err = UploadsBusyError(f"{self.uploads} uploads are being received (limits.max_uploads); retry shortly")
             return await error_response(err, cfg.retry_after_s)(scope, receive, send)
-        self.uploads += 1
+        self.uploads += upload
         reading = True
         seen = 0
-        start = time.monotonic()
+        start: float | None = None  # from the app's first read: time the daemon takes before it is not the client's
 
         def done() -> None:
             nonlocal reading
             if reading:
                 reading = False
-                self.uploads -= 1
+                self.uploads -= upload
 
         async def guarded_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, start
             if not reading:  # the body is in: later receives wait for a disconnect, which has no deadline
                 return await receive()
+            start = time.monotonic() if start is None else start
             deadline = start + cfg.body_timeout_s + seen / cfg.min_body_rate
             try:
                 message = await asyncio.wait_for(receive(), max(0.001, deadline - time.monotonic()))

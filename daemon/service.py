@@ -383,10 +383,11 @@ class Daemon:
         """Queue a synchronous report; the upload's files are gone once it is ingested (the study is in memory)."""
         queue, variant, knobs = self._admit(form)
         queue.reserve()
-        self._check_free_space()
-        tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
+        tmp = None
         intake = None
         try:
+            self._check_free_space()
+            tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
             intake = await self.ingestor.take(
                 form.files, tmp / "in", keep_evidence=keep_evidence, video_max_frames=knobs.get("video_max_frames")
             )
@@ -400,7 +401,8 @@ class Daemon:
                 raise storage_error(err) from None
             raise
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
         work = Work(
             study_path=intake.saved.path,
             prompt=form.prompt,
@@ -520,45 +522,52 @@ class Daemon:
         job_id = self.store.new_id()
         job_dir = self.store.job_dir(job_id)
         src = job_dir / "input"
-        src.mkdir(parents=True, mode=0o700)
-        for f in series[0].glob("*.dcm"):
-            _link_or_copy(f, src / f.name)
-        _fsync_tree(src)
-        variant = registry.active
-        knobs = self.policy.knobs(variant) if self.policy is not None else {}
-        job = self._received_job(job_id, key, src)
-        study = error = reservation = None
+        inserted = False
+        reservation = None  # until the queued work owns it
         try:
-            study, reservation = self.ingestor.load(src)
-        except IngestBusyError:  # the inbox keeps the study and hands it over again shortly
-            shutil.rmtree(job_dir, ignore_errors=True)
-            raise
-        except EdgekitError as err:
-            error = err
-        self.store.save_evidence(job_id, collect_evidence(folder))
-        stored = self.store.insert(job, tuple(d.name for d in dicom.destinations))
-        if stored.id != job_id:  # handed over before a crash: that job stands
-            shutil.rmtree(job_dir, ignore_errors=True)
+            src.mkdir(parents=True, mode=0o700)
+            for f in series[0].glob("*.dcm"):
+                _link_or_copy(f, src / f.name)
+            _fsync_tree(src)
+            variant = registry.active
+            knobs = self.policy.knobs(variant) if self.policy is not None else {}
+            job = self._received_job(job_id, key, src)
+            study = error = None
+            try:
+                study, reservation = self.ingestor.load(src)
+            except IngestBusyError:  # the inbox keeps the study and hands it over again shortly
+                raise
+            except EdgekitError as err:
+                error = err
+            self.store.save_evidence(job_id, collect_evidence(folder))
+            stored = self.store.insert(job, tuple(d.name for d in dicom.destinations))
+            inserted = stored.id == job_id
+            if not inserted:  # handed over before a crash: that job stands
+                return
+            if error is not None:
+                self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
+                shutil.rmtree(src, ignore_errors=True)  # as a job's input goes once it has run
+                self.metrics.dicom_studies.labels(error.code).inc()
+                log.info("received study job %s failed at ingest: %s", job_id, error.code)
+                self.delivery.wake()
+                return
+            variant, routing = self._precision_gate(variant, study)
+            work = self._work_for(job, variant)
+            work.study = study
+            work.reservation, reservation = reservation, None
+            work.routing = routing
+            work.options = capped(work.options, knobs)
+            work.future.add_done_callback(lambda _f: self.delivery.wake())
+            queue.submit(work, force=True)
+            self.metrics.dicom_studies.labels("queued").inc()
+            log.info("received study job %s accepted study=%s", job_id, study.uid_hash)
+        except (OSError, sqlite3.OperationalError) as err:  # a full disk: the inbox keeps the study and retries
+            raise storage_error(err) from None
+        finally:
             if reservation is not None:
                 reservation.release()
-            return
-        if error is not None:
-            self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
-            shutil.rmtree(src, ignore_errors=True)  # as a job's input goes once it has run
-            self.metrics.dicom_studies.labels(error.code).inc()
-            log.info("received study job %s failed at ingest: %s", job_id, error.code)
-            self.delivery.wake()
-            return
-        variant, routing = self._precision_gate(variant, study)
-        work = self._work_for(job, variant)
-        work.study = study
-        work.reservation = reservation
-        work.routing = routing
-        work.options = capped(work.options, knobs)
-        work.future.add_done_callback(lambda _f: self.delivery.wake())
-        queue.submit(work, force=True)
-        self.metrics.dicom_studies.labels("queued").inc()
-        log.info("received study job %s accepted study=%s", job_id, study.uid_hash)
+            if not inserted:
+                shutil.rmtree(job_dir, ignore_errors=True)
 
     def _quarantine_job(self, job: Job) -> None:
         """A job started `max_attempts` times without finishing (each start that ended in a crash or a kill) fails
@@ -577,15 +586,17 @@ class Daemon:
         key = _received_key(folder) or f"dicom-quarantined-{folder.name}"
         job_id = self.store.new_id()
         kept = Path(self.cfg.state_dir) / "quarantine" / job_id
-        kept.parent.mkdir(mode=0o700, exist_ok=True)
-        os.replace(folder, kept)
         error = QuarantinedError(
             f"the received study was handed over {attempts} times without finishing (jobs.max_attempts = "
             f"{self.cfg.max_attempts}); its instances are kept in the state directory's quarantine/{job_id}"
         )
         stored = self.store.insert(self._received_job(job_id, key, kept, attempts))
-        if stored.id == job_id:
-            self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
+        if stored.id != job_id:  # its job was made before the crashes: the job holds the instances
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        kept.parent.mkdir(mode=0o700, exist_ok=True)
+        os.replace(folder, kept)  # recorded first: files never move without a job that says where
+        self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
         self.metrics.quarantined.labels("received_study").inc()
         self.metrics.dicom_studies.labels("quarantined").inc()
         log.warning("received study quarantined as job %s after %d hand-overs", stored.id, attempts)

@@ -175,8 +175,14 @@ class StudyInbox:
                     del self._due[skey]
                     taken.append((skey, self._take(skey)))
             for skey, folder in taken:
-                if folder is not None:
+                if folder is None:
+                    continue
+                try:
                     self._hand_over(skey, folder)
+                except Exception:  # counting the attempt failed (a full disk), or a bug: never let the thread die
+                    log.exception("study %s could not be handed over; tried again shortly", hash_uid(skey))
+                    with self._lock:
+                        self._due[f"{TAKEN}/{folder.name}"] = time.monotonic() + RETRY_S * 10
 
     def _take(self, skey: str) -> Path | None:
         """Under the lock: move the study's folder out of the inbox, so later instances start a new arrival."""

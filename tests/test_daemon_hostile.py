@@ -77,6 +77,8 @@ def test_slow_bodies_are_cut_off_and_health_answers_meanwhile(daemon):
         assert (status, body["error"]["code"]) == (503, "uploads_busy")
     assert time.monotonic() - t0 < 1.0
     assert daemon.client.get("/v2/health/ready", timeout=2).status == 200
+    # a small JSON body is not an upload: it is not held to max_uploads
+    assert daemon.client.put_json("/v1/variants/active", {"name": "default"}).status == 200
     for s in held:
         status, body = _status(s)
         assert (status, body["error"]["code"]) == (408, "request_timeout")
@@ -155,6 +157,9 @@ def test_a_full_state_dir_is_507_and_not_ready(daemon):
             time.sleep(0.1)
         ready = daemon.client.get("/v2/health/ready")
         assert (ready.status, ready.json()["status"]) == (503, "state_dir_full")
+        for _ in range(20):  # more than max_queue (16): a refused upload must give its queue slot back
+            sync = daemon.client.post_study("/v1/reports", study_files(SAMPLES / "cr_chest" / "image.dcm"))
+            assert (sync.status, sync.error_code) == (507, "insufficient_storage")
         jobs_before = set((daemon.state_dir / "jobs").iterdir())
         reply = daemon.client.post_study("/v1/jobs", study_files(SAMPLES / "cr_chest" / "image.dcm"))
         assert (reply.status, reply.error_code) == (507, "insufficient_storage")
@@ -171,14 +176,16 @@ def test_a_full_state_dir_is_507_and_not_ready(daemon):
         deadline = time.monotonic() + 20
         while daemon.client.get("/v2/health/ready").status != 200 and time.monotonic() < deadline:
             time.sleep(0.1)
-    assert daemon.client.get("/v2/health/ready").status == 200
+    ready = daemon.client.get("/v2/health/ready")
+    assert ready.status == 200 and ready.json()["queue_depth"] == 0  # no slot was kept by a refused upload
+    assert daemon.client.report(SAMPLES / "cr_chest" / "image.dcm", "Cough.").status == 200
 
 
-def test_state_files_are_private_whatever_the_umask(daemon):
-    for name in ("jobs.sqlite3", "jobs.sqlite3-wal"):
-        path = daemon.state_dir / name
-        if path.exists():
-            assert path.stat().st_mode & 0o777 == 0o600, name
+def test_state_files_are_private_under_the_tests_umask(daemon):
+    assert os.umask(os.umask(0)) & 0o077 != 0o077, "the test process's umask would make any file private"
+    assert (daemon.state_dir / "jobs.sqlite3").stat().st_mode & 0o777 == 0o600
+    wal = daemon.state_dir / "jobs.sqlite3-wal"
+    assert not wal.exists() or wal.stat().st_mode & 0o777 == 0o600
 
 
 def test_crash_loops_end_as_quarantined_jobs(tmp_path):
@@ -316,8 +323,39 @@ def test_an_instance_that_cannot_be_written_leaves_no_part_file(tmp_path):
         with pytest.raises(OSError) as info:  # a small instance, refused before the last space is gone
             floor.add(bytes(1024), InstanceUids("1.2.3", "1.2.3.4", "1.2.3.4.6", "1.2.840.10008.5.1.4.1.1.2"))
         assert info.value.errno == 28 and not list((mount / "inbox").rglob("*.dcm"))
+        # a study handed over on the full disk: counting the attempt fails, and the inbox's thread lives on
+        taken = mount / "inbox" / ".taken" / "abc.1"
+        (taken / "series").mkdir(parents=True)
+        (mount / "fill").write_bytes(bytes(max(0, os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize)))
+        floor.start()
+        time.sleep(1.5)
+        assert floor._thread.is_alive() and taken.exists()
+        floor.stop()
     finally:
         subprocess.run(["umount", str(mount)])
+
+
+def test_a_hand_over_is_counted_on_disk_before_the_study_is_ingested(tmp_path):
+    """What a crash loop is counted by: the count is durable before the service is handed the study."""
+    from edgekit.daemon.instances import InstanceUids
+    from edgekit.daemon.studies import ATTEMPTS, StudyInbox
+
+    seen = []
+    handed = __import__("threading").Event()
+
+    def complete(folder: Path) -> None:  # the service's place: read what a crash here would leave on disk
+        seen.append((folder / ATTEMPTS).read_text())
+        handed.set()
+
+    inbox = StudyInbox(tmp_path / "inbox", lambda: 0.0, complete)
+    save(make_dataset(ramp(8, 8)), tmp_path / "x.dcm")
+    inbox.add((tmp_path / "x.dcm").read_bytes(), InstanceUids("1.2.3", "1.2.3.4", "1.2.3.4.5", "1.2.840.1"))
+    inbox.start()
+    try:
+        assert handed.wait(10)
+    finally:
+        inbox.stop()
+    assert seen == ["1"]
 
 
 def test_state_dir_database_is_created_private(tmp_path):

@@ -46,7 +46,7 @@ class IngestLimits:
     # What decoding one study may cost (edgekit.ingest.budget): its display frames, one frame's working set and
     # the encoded object being decoded. Well under edgekitd's MemoryMax=4G.
     memory_bytes: int = 1024**3
-    video_max_source_frames: int = 20_000  # frames a video may hold (decoded up to the last one sampled)
+    video_max_source_frames: int = 200_000  # frames a video may hold: 1 h 50 min at 30 fps (a new refusal)
     video_decode_s: float = 120.0  # wall time one video's decode may take
 
     def __post_init__(self) -> None:
