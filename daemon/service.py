@@ -34,12 +34,12 @@ from .dimse import StorageScp
 from .forms import ReportForm
 from .intake import Ingestor, Intake
 from .jobs import DeliveryStore, Job, JobStore
-from .memory import IngestBusyError
 from .metrics import Metrics
 from .notify import Notifier
 from .options import RequestOptions, generation_options
 from .policy_loop import PolicyLoop, PolicyNotConfiguredError, capped, settings_from_json
 from .queue import WorkQueue
+from .received import QuarantinedError, ReceivedStudies
 from .runner import ReportRunner
 from .signals import SignalReader
 from .streams import StreamHub, TokenStream
@@ -70,11 +70,6 @@ class JobNotFoundError(EdgekitError):
 class StowDisabledError(EdgekitError):
     code = "stow_disabled"
     http_status = 404
-
-
-class QuarantinedError(EdgekitError):
-    code = "quarantined"
-    http_status = 422
 
 
 class IdempotencyError(EdgekitError):
@@ -127,12 +122,13 @@ class Daemon:
         # finished jobs' reports go out through the delivery worker.
         self.deliveries = DeliveryStore(self.store)
         inbox_dir = Path(cfg.state_dir) / "inbox"
+        self.received = ReceivedStudies(self)
         self.inbox = StudyInbox(
             inbox_dir,
             lambda: self.cfg.dicom.quiet_period_s,
-            self.receive_study,
+            self.received.receive,
             max_attempts=lambda: self.cfg.max_attempts,
-            quarantine=self.quarantine_study,
+            quarantine=self.received.quarantine,
             min_free=lambda: self.cfg.min_free_bytes,
         )
         self.stow = StowService(self.inbox, self.metrics)
@@ -210,7 +206,7 @@ class Daemon:
                 if job.attempts >= self.cfg.max_attempts:
                     self._quarantine_job(job)
                     continue
-                self.queue.submit(self._work_for(job, job.variant or registry.active), force=True)
+                self.queue.submit(self.work_for(job, job.variant or registry.active), force=True)
                 self.recovered += 1
         except Exception as exc:
             self.failed = str(exc)
@@ -243,7 +239,7 @@ class Daemon:
             self.notifier.reloading()
             try:
                 cfg = load_config(self.cfg.source, self.overrides)
-                registry, queue = self._serving()
+                registry, queue = self.serving()
                 registry.configure(cfg)
                 registry.get()
                 queue.max_queue = cfg.max_queue
@@ -279,7 +275,7 @@ class Daemon:
         self.notifier.close()
 
     # --- requests -------------------------------------------------------------------------------------------------
-    def _serving(self) -> tuple[VariantRegistry, WorkQueue]:
+    def serving(self) -> tuple[VariantRegistry, WorkQueue]:
         if not self.ready or self.registry is None or self.queue is None:
             raise NotReadyError("the model is still loading; retry shortly")
         return self.registry, self.queue
@@ -301,7 +297,7 @@ class Daemon:
     def activate(self, name: str) -> Loaded:
         """Blocking: load and warm `name`, then route new work to it. Under a policy this pins the variant (mode
         `fixed`), or the policy would switch away at its next tick."""
-        registry, _ = self._serving()
+        registry, _ = self.serving()
         if self.policy is not None:
             registry.check(name)
             self.policy.configure(settings_from_json({"mode": "fixed", "fixed": name}, self.policy.settings))
@@ -312,7 +308,7 @@ class Daemon:
         return loaded
 
     def get_policy(self) -> dict[str, Any]:
-        self._serving()
+        self.serving()
         if self.policy is None:
             raise PolicyNotConfiguredError("no [policy] in this daemon's config: variants switch only when told")
         return self.policy.describe()
@@ -330,7 +326,7 @@ class Daemon:
         upload is ingested with its frame skipping and the report written under its cap, even if a policy tick
         or the precision gate moves the variant meanwhile. `quality: "max"` asked for the best point, which
         skips no frame and caps no report."""
-        registry, queue = self._serving()
+        registry, queue = self.serving()
         form.options.check(self.cfg.max_new_tokens_limit)
         chosen = form.variant
         if self.policy is not None:
@@ -342,7 +338,7 @@ class Daemon:
         knobs = self.policy.knobs(variant) if self.policy is not None and form.quality != "max" else {}
         return queue, variant, knobs
 
-    def _precision_gate(self, variant: str, study) -> tuple[str, dict[str, Any] | None]:
+    def precision_gate(self, variant: str, study) -> tuple[str, dict[str, Any] | None]:
         """The input-adaptive precision gate (`[precision_gate]`, off unless configured): a low-entropy study goes
         to the higher-precision variant."""
         gate = self.cfg.precision_gate
@@ -364,7 +360,7 @@ class Daemon:
         asked = form.variant is not None or form.quality is not None
         if self.cfg.precision_gate is None or asked:
             return variant, None
-        return await asyncio.to_thread(self._precision_gate, variant, study)
+        return await asyncio.to_thread(self.precision_gate, variant, study)
 
     def _check_prompt(self, variant: str, form: ReportForm, modality: str | None = None) -> None:
         """`prompt_too_long` (422) before the report is queued or the job stored, when the variant is loaded (else
@@ -419,7 +415,7 @@ class Daemon:
     async def create_job(self, form: ReportForm, idempotency_key: str | None) -> Submitted:
         """Commit a durable job (input fsynced, evidence beside it) and queue it. A key seen before answers with
         its job when the request is the same (study bytes, prompt, options, variant), else a conflict."""
-        self._serving()  # "not ready" before "bad key", as before the service existed
+        self.serving()  # "not ready" before "bad key", as before the service existed
         if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
             raise IdempotencyError("Idempotency-Key must be 1-128 characters of A-Z a-z 0-9 . _ : -")
         queue, variant, knobs = self._admit(form)
@@ -442,7 +438,7 @@ class Daemon:
                 if stored.fingerprint != job.fingerprint:
                     raise IdempotencyConflictError("this Idempotency-Key was used for a different request")
                 return Submitted(stored, created=False)
-            work = self._work_for(job, variant)
+            work = self.work_for(job, variant)
             work.study = intake.study
             work.reservation = intake.reservation
             work.routing = routing
@@ -478,7 +474,7 @@ class Daemon:
             created=time.time(),
         )
 
-    def _work_for(self, job: Job, variant: str) -> Work:
+    def work_for(self, job: Job, variant: str) -> Work:
         """A stored job as queue work on `variant` (the job's own, or the one active when it was accepted)."""
         return Work(
             study_path=Path(job.input),
@@ -502,73 +498,6 @@ class Daemon:
         spool_dir = Path(self.cfg.state_dir) / "stow-spool"
         return await self.stow.store(body, content_type, study_uid, complete, spool_dir)
 
-    def receive_study(self, folder: Path) -> None:
-        """The inbox's hand-over (blocking, in its thread): a complete received study becomes a durable job, with
-        one pending delivery per configured destination in the same commit.
-
-        The report is written on the study's largest series (ingest reports on one stack of images); the SR lists
-        every received instance as evidence. A study ingest refuses still becomes a job, failed with the reason,
-        so it is visible in `GET /v1/jobs` and not dropped silently."""
-        from .sr import collect_evidence
-
-        registry, queue = self._serving()
-        series = sorted(
-            (d for d in folder.iterdir() if d.is_dir()), key=lambda d: (-sum(1 for _ in d.glob("*.dcm")), d.name)
-        )
-        key = _received_key(folder)
-        if key is None:
-            return
-        dicom = self.cfg.dicom
-        job_id = self.store.new_id()
-        job_dir = self.store.job_dir(job_id)
-        src = job_dir / "input"
-        inserted = False
-        reservation = None  # until the queued work owns it
-        try:
-            src.mkdir(parents=True, mode=0o700)
-            for f in series[0].glob("*.dcm"):
-                _link_or_copy(f, src / f.name)
-            _fsync_tree(src)
-            variant = registry.active
-            knobs = self.policy.knobs(variant) if self.policy is not None else {}
-            job = self._received_job(job_id, key, src)
-            study = error = None
-            try:
-                study, reservation = self.ingestor.load(src)
-            except IngestBusyError:  # the inbox keeps the study and hands it over again shortly
-                raise
-            except EdgekitError as err:
-                error = err
-            self.store.save_evidence(job_id, collect_evidence(folder))
-            stored = self.store.insert(job, tuple(d.name for d in dicom.destinations))
-            inserted = stored.id == job_id
-            if not inserted:  # handed over before a crash: that job stands
-                return
-            if error is not None:
-                self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
-                shutil.rmtree(src, ignore_errors=True)  # as a job's input goes once it has run
-                self.metrics.dicom_studies.labels(error.code).inc()
-                log.info("received study job %s failed at ingest: %s", job_id, error.code)
-                self.delivery.wake()
-                return
-            variant, routing = self._precision_gate(variant, study)
-            work = self._work_for(job, variant)
-            work.study = study
-            work.reservation, reservation = reservation, None
-            work.routing = routing
-            work.options = capped(work.options, knobs)
-            work.future.add_done_callback(lambda _f: self.delivery.wake())
-            queue.submit(work, force=True)
-            self.metrics.dicom_studies.labels("queued").inc()
-            log.info("received study job %s accepted study=%s", job_id, study.uid_hash)
-        except (OSError, sqlite3.OperationalError) as err:  # a full disk: the inbox keeps the study and retries
-            raise storage_error(err) from None
-        finally:
-            if reservation is not None:
-                reservation.release()
-            if not inserted:
-                shutil.rmtree(job_dir, ignore_errors=True)
-
     def _quarantine_job(self, job: Job) -> None:
         """A job started `max_attempts` times without finishing (each start that ended in a crash or a kill) fails
         as quarantined instead of running again: its input stays for inspection until its retention ends."""
@@ -579,42 +508,6 @@ class Daemon:
         self.store.finish(job.id, error={**error.to_json(), "status": error.http_status})
         self.metrics.quarantined.labels("job").inc()
         log.warning("job %s quarantined after %d attempts", job.id, job.attempts)
-
-    def quarantine_study(self, folder: Path, attempts: int) -> None:
-        """The inbox's word that a received study was handed over `attempts` times without finishing (the
-        daemon died ingesting it): one failed job, its files moved to `state_dir/quarantine/<job id>`."""
-        key = _received_key(folder) or f"dicom-quarantined-{folder.name}"
-        job_id = self.store.new_id()
-        kept = Path(self.cfg.state_dir) / "quarantine" / job_id
-        error = QuarantinedError(
-            f"the received study was handed over {attempts} times without finishing (jobs.max_attempts = "
-            f"{self.cfg.max_attempts}); its instances are kept in the state directory's quarantine/{job_id}"
-        )
-        stored = self.store.insert(self._received_job(job_id, key, kept, attempts))
-        if stored.id != job_id:  # its job was made before the crashes: the job holds the instances
-            shutil.rmtree(folder, ignore_errors=True)
-            return
-        kept.parent.mkdir(mode=0o700, exist_ok=True)
-        os.replace(folder, kept)  # recorded first: files never move without a job that says where
-        self.store.finish(job_id, error={**error.to_json(), "status": error.http_status})
-        self.metrics.quarantined.labels("received_study").inc()
-        self.metrics.dicom_studies.labels("quarantined").inc()
-        log.warning("received study quarantined as job %s after %d hand-overs", stored.id, attempts)
-
-    def _received_job(self, job_id: str, key: str, source: Path, attempts: int = 0) -> Job:
-        """A received study's job: keyed by its instances, so a second hand-over of the same study finds it."""
-        return Job(
-            id=job_id,
-            idempotency_key=key,
-            fingerprint=key,
-            state="queued",
-            variant=None,
-            prompt=self.cfg.dicom.prompt,
-            options=RequestOptions().as_dict(),
-            input=str(source),
-            created=time.time(),
-            attempts=attempts,
-        )
 
     def job_public(self, job: Job) -> dict[str, Any]:
         """A job as the API shows it, with its deliveries (if it has any)."""
@@ -641,34 +534,9 @@ class Daemon:
         return job
 
 
-def _received_key(folder: Path) -> str | None:
-    """The idempotency key of a received study: its series and instance file names (hashes of their UIDs)."""
-    names = sorted(f"{d.name}/{f.name}" for d in folder.iterdir() if d.is_dir() for f in d.glob("*.dcm"))
-    return "dicom-" + hashlib.sha256("\n".join(names).encode()).hexdigest()[:40] if names else None
-
-
 def free_bytes(path: Path) -> int | None:
     try:
         st = os.statvfs(path)
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
-
-
-def _link_or_copy(src: Path, dest: Path) -> None:
-    """A hard link where the state dir allows (same file system: instant), else a copy."""
-    try:
-        os.link(src, dest)
-    except OSError:
-        shutil.copy2(src, dest)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for f in folder.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
