@@ -1,12 +1,17 @@
 """edgekitd under load over its Unix socket vs the same generation in-process, side by side in one run.
 
-Latency p50/p95/p99 and throughput at concurrency 1, 4 and 16 (synchronous POST /v1/reports of one DICOM file),
-and the daemon's overhead at concurrency 1: p50(daemon) / p50(in-process Reporter.report on the same bundle and
-file) - 1. Both sides use one ONNX Runtime thread and one model worker. Then the faults, counted: `kill -9` with
-durable jobs accepted and a restart (every accepted job must complete), and overload at 4x capacity (answers must
-be 2xx or 503 only; the daemon's RSS before/after and its peak; healthy afterwards). Prints tables, writes JSON.
+Latency p50/p95/p99 and throughput at concurrency 1, 4, 8 and 16 (synchronous POST /v1/reports of one DICOM
+file), with continuous batching (the default: 8 workers, the token engine's max_batch 8) and, beside it, the same
+daemon serving one report at a time (`--workers 1 --max-batch 1`, as before the engine batched), so the ratio
+c=8 / c=1 is measured against its own baseline in one run. The daemon's overhead at concurrency 1: p50(daemon) /
+p50(in-process Reporter.report on the same bundle and file) - 1. Both sides use one ONNX Runtime thread. Then the
+faults, counted: `kill -9` with durable jobs accepted and a restart (every accepted job must complete), overload at
+4x capacity (answers must be 2xx or 503 only; the daemon's RSS before/after and its peak; healthy afterwards), and
+RSS over `--soak` reports at concurrency 8 (sampled every 50; flat means no growth after the first 100).
+`--x1` adds the default model's x1 bundle served at c=1 and c=8: emulated latency and energy per report.
+Prints tables, writes JSON.
 
-    python bench/daemon_load.py [--model-dir DIR] [--requests 30] [--out bench/daemon_load.json]
+    python bench/daemon_load.py [--model-dir DIR] [--requests 30] [--soak 500] [--x1] [--out bench/daemon_load.json]
 
 Without --model-dir it serves the trained default weights when they exist, else a tiny random-weights model
 with radreport-tiny's architecture and random weights, 96 new tokens per report (`--tiny`: a much smaller
@@ -88,6 +93,60 @@ def over_socket(d: DaemonProcess, n: int, concurrency: int) -> dict:
     out["server_split_p50_ms"] = {
         k: float(np.median([t[k] for _, _, t in results if t])) for k in ("queue_ms", "generate_ms", "total_ms")
     }
+    return out
+
+
+def soak(d: DaemonProcess, n: int, concurrency: int = 8, every: int = 50) -> dict:
+    """`n` reports at `concurrency`; the daemon's RSS every `every` reports (growth after the first 100 = a leak)."""
+    files = study_files(STUDY)
+    samples, statuses = [], {}
+    with ThreadPoolExecutor(concurrency) as pool:
+        for start in range(0, n, every):
+            for r in pool.map(lambda _: d.client.post_study("/v1/reports", files, timeout=600), range(every)):
+                statuses[str(r.status)] = statuses.get(str(r.status), 0) + 1
+            samples.append({"reports": start + every, **rss_kib(d.proc.pid)})
+    settled = [s["rss_kib"] for s in samples if s["reports"] > 100]
+    return {
+        "reports": n,
+        "concurrency": concurrency,
+        "statuses": statuses,
+        "rss_kib": samples,
+        "growth_after_100_mib": (max(settled) - min(settled)) / 1024 if settled else 0.0,
+    }
+
+
+def x1_rows(tmp: Path, model: Path, n: int) -> dict:
+    """The default model built for x1 and served as the only variant: c=1 and c=8, with the emulated cost."""
+    from edgekit.build import build
+
+    bundle = tmp / "x1-bundle"
+    build("x1", bundle, model_dir=model, parity=False)
+    config = tmp / "x1.toml"
+    config.write_text(f'[[variants]]\nname = "x1"\nbundle = "{bundle}"\n')
+    d = DaemonProcess(tmp / "state-x1", config=config, extra_args=["--max-queue", "64"]).start(wait_ready=900)
+    files = study_files(STUDY)
+    out = {}
+    try:
+        for c in (1, 8):
+            reports = []
+
+            def one(_):
+                t = time.perf_counter()
+                r = d.client.post_study("/v1/reports", files, timeout=900)
+                return time.perf_counter() - t, r.json()
+
+            one(0)
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                results = list(pool.map(one, range(n)))
+            row = stats([lat for lat, _ in results], time.perf_counter() - t0)
+            reports = [rep for _, rep in results]
+            row["emulated_ms_per_report"] = float(np.median([r["cost"].get("emulated_ms_total", 0) for r in reports]))
+            row["emulated_mj_per_report"] = float(np.median([r["energy_j"] * 1e3 for r in reports]))
+            row["energy_source"] = reports[0]["energy_source"]
+            out[f"x1 c={c}"] = row
+    finally:
+        d.stop()
     return out
 
 
@@ -186,6 +245,8 @@ def main() -> None:
     ap.add_argument("--kill9-jobs", type=int, default=12)
     ap.add_argument("--overload-queue", type=int, default=4, help="max_queue of the overload run (capacity - 1)")
     ap.add_argument("--overload-waves", type=int, default=2)
+    ap.add_argument("--soak", type=int, default=500, help="reports of the RSS soak (0: skip)")
+    ap.add_argument("--x1", action="store_true", help="also serve the x1 bundle (emulated latency and energy)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "daemon_load.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="edgekitd-bench-") as tmp:
@@ -197,18 +258,30 @@ def main() -> None:
             if (default_model_dir() / "model.safetensors").is_file()
             else write_tiny_model(tmp / "random", full_size=not args.tiny, max_new_tokens=96)
         )
+        serial = DaemonProcess(
+            tmp / "state-serial", model, extra_args=["--max-queue", "64", "--workers", "1", "--max-batch", "1"]
+        ).start(wait_ready=600)
+        try:
+            rows = {"serial c=1": over_socket(serial, args.requests, 1)}
+            for c in (8,):
+                rows[f"serial c={c}"] = over_socket(serial, args.requests * 2, c)
+        finally:
+            serial.stop()
         d = DaemonProcess(tmp / "state", model, extra_args=["--max-queue", "64"]).start(wait_ready=600)
         try:
-            rows = dict(
+            rows.update(
                 zip(
                     ("in-process c=1", "daemon c=1"),
                     interleaved_c1(d, tmp / "state" / "bundles" / "default-cpu", args.requests),
                 )
             )
-            for c in (4, 16):
-                rows[f"daemon c={c}"] = over_socket(d, args.requests * (1 if c == 1 else 2), c)
+            for c in (4, 8, 16):
+                rows[f"daemon c={c}"] = over_socket(d, args.requests * 2, c)
+            soaked = soak(d, args.soak) if args.soak else None
         finally:
             d.stop()
+        if args.x1:
+            rows.update(x1_rows(tmp, model, args.requests))
         faults = {
             "kill9": kill9_recovery(tmp / "state", model, args.kill9_jobs),
             "overload": overload(tmp / "state", model, args.overload_queue, args.overload_waves),
@@ -225,8 +298,17 @@ def main() -> None:
         else "random (tiny test shape)",
         "study": STUDY.name,
         "threads": 1,
-        "workers": 1,
+        "workers": {"daemon": 8, "serial": 1},
+        "max_batch": {"daemon": 8, "serial": 1},
         "rows": rows,
+        "scaling": {
+            "daemon_rps_c8_over_c1": rows["daemon c=8"]["throughput_rps"] / rows["daemon c=1"]["throughput_rps"],
+            "daemon_p95_c8_over_c1": rows["daemon c=8"]["p95_ms"] / rows["daemon c=1"]["p95_ms"],
+            "daemon_rps_c16_over_c1": rows["daemon c=16"]["throughput_rps"] / rows["daemon c=1"]["throughput_rps"],
+            "serial_rps_c8_over_c1": rows["serial c=8"]["throughput_rps"] / rows["serial c=1"]["throughput_rps"],
+            "daemon_c8_over_serial_c8": rows["daemon c=8"]["throughput_rps"] / rows["serial c=8"]["throughput_rps"],
+        },
+        "soak": soaked,
         "faults": faults,
         "overhead_c1_p50": overhead,
         "overhead_c1_mean": rows["daemon c=1"]["mean_ms"] / rows["in-process c=1"]["mean_ms"] - 1,
@@ -241,6 +323,24 @@ def main() -> None:
             f"{name:<16}{r['n']:>5}{r['p50_ms']:>10.1f}{r['p95_ms']:>10.1f}{r['p99_ms']:>10.1f}"
             f"{r['throughput_rps']:>9.2f}{r['p50_ms'] / base:>15.2f}"
             f"{split.get('generate_ms', float('nan')):>12.1f}{split.get('queue_ms', float('nan')):>14.1f}"
+        )
+    sc = result["scaling"]
+    print(
+        f"scaling: req/s c=8 / c=1 = {sc['daemon_rps_c8_over_c1']:.2f}x (serial daemon: "
+        f"{sc['serial_rps_c8_over_c1']:.2f}x), p95 c=8 / c=1 = {sc['daemon_p95_c8_over_c1']:.2f}x, "
+        f"c=16 / c=1 = {sc['daemon_rps_c16_over_c1']:.2f}x; batched / serial at c=8 = "
+        f"{sc['daemon_c8_over_serial_c8']:.2f}x"
+    )
+    for name, r in rows.items():
+        if "emulated_mj_per_report" in r:
+            print(
+                f"{name}: emulated {r['emulated_ms_per_report']:.2f} ms and {r['emulated_mj_per_report']:.2f} mJ "
+                f"per report ({r['energy_source']})"
+            )
+    if soaked:
+        print(
+            f"soak: {soaked['reports']} reports at c={soaked['concurrency']} {soaked['statuses']}; RSS growth after "
+            f"the first 100: {soaked['growth_after_100_mib']:.1f} MiB"
         )
     print(
         f"daemon overhead at concurrency 1: {overhead * 100:+.1f}% (p50), "

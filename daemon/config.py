@@ -59,8 +59,15 @@ class DaemonConfig:
     default_model_dir: Path | None = None  # source weights of the embedded default model (None: the packaged ones)
     keep_alive_s: float = 300.0  # idle non-active variants unload after this long (< 0: never), as Ollama's 5 min
     threads: int | None = None  # ONNX Runtime intra-op threads per loaded variant (None: physical cores)
-    workers: int = 1
+    workers: int = 8  # reports in progress at once: ingest and preprocessing overlap, generation batches
     max_queue: int = 16
+    # The token engine per loaded variant (edgekit.engine): rows decoding together, their KV budget, the batch
+    # controller (fixed | bandwidth | latency) and its target, the prefill chunk (None: whole prompts)
+    max_batch: int = 8
+    kv_budget_bytes: int | None = None
+    batch_controller: str = "fixed"
+    latency_target_ms: float = 50.0
+    prefill_chunk: int | None = None
     retry_after_s: int = 5
     sync_timeout_s: float = 300.0
     drain_timeout_s: float = 30.0
@@ -112,6 +119,11 @@ _KEYS: dict[tuple[str, str], tuple[str, type | tuple[type, ...]]] = {
     ("listen", "tcp_token_file"): ("tcp_token_file", str),
     ("scheduler", "workers"): ("workers", int),
     ("scheduler", "max_queue"): ("max_queue", int),
+    ("engine", "max_batch"): ("max_batch", int),
+    ("engine", "kv_budget_bytes"): ("kv_budget_bytes", int),
+    ("engine", "controller"): ("batch_controller", str),
+    ("engine", "latency_target_ms"): ("latency_target_ms", (int, float)),
+    ("engine", "prefill_chunk"): ("prefill_chunk", int),
     ("scheduler", "retry_after_s"): ("retry_after_s", int),
     ("scheduler", "sync_timeout_s"): ("sync_timeout_s", (int, float)),
     ("scheduler", "drain_timeout_s"): ("drain_timeout_s", (int, float)),
@@ -148,6 +160,7 @@ _POSITIVE = {
     "max_connections",
     "workers",
     "max_queue",
+    "max_batch",
     "max_upload_bytes",
     "max_files",
     "max_frames",
@@ -302,6 +315,17 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}", path)
+    for name in ("kv_budget_bytes", "prefill_chunk"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"engine.{name} must be a positive integer, got {value!r}", path)
+    from edgekit.engine.control import CONTROLLERS
+
+    if cfg.batch_controller not in CONTROLLERS:
+        known = ", ".join(CONTROLLERS)
+        raise ConfigError(f"engine.controller must be one of {known}, got {cfg.batch_controller!r}", path)
+    if not (math.isfinite(cfg.latency_target_ms) and cfg.latency_target_ms > 0):
+        raise ConfigError(f"engine.latency_target_ms must be > 0, got {cfg.latency_target_ms!r}", path)
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"threads must be >= 1, got {cfg.threads}", path)
     if isinstance(cfg.min_free_bytes, bool) or not isinstance(cfg.min_free_bytes, int) or cfg.min_free_bytes < 0:

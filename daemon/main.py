@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--default-model-dir", help="weights of the default model served when no variant is configured")
     p.add_argument("--workers", type=int)
     p.add_argument("--max-queue", type=int)
+    p.add_argument("--max-batch", type=int, help="reports decoding together per variant (1: one at a time)")
+    p.add_argument("--batch-controller", choices=["fixed", "bandwidth", "latency"], dest="batch_controller")
     p.add_argument("--threads", type=int, help="ONNX Runtime threads per variant")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s")
     p.add_argument(
@@ -83,6 +85,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         "default_model_dir": args.default_model_dir,
         "workers": args.workers,
         "max_queue": args.max_queue,
+        "max_batch": args.max_batch,
+        "batch_controller": args.batch_controller,
         "threads": args.threads,
         "drain_timeout_s": args.drain_timeout_s,
         "log_level": args.log_level,

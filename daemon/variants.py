@@ -93,6 +93,7 @@ class VariantRegistry:
     def configure(self, cfg: DaemonConfig) -> None:
         """(Re)read the variant list; loaded variants that are still listed stay loaded."""
         self.threads = cfg.threads
+        self.engine = cfg  # the [engine] settings each loaded variant's token engine takes
         self.state_dir = Path(cfg.state_dir)  # where a target keeps what it builds on the device (orin: engines)
         self.keep_alive_s = cfg.keep_alive_s
         specs = {v.name: v for v in cfg.variants}
@@ -190,7 +191,17 @@ class VariantRegistry:
         self._say(f"loading variant {spec.name}")
         t0 = time.perf_counter()
         runtime = RuntimeOptions(threads=self.threads, state_dir=self.state_dir, settings=dict(spec.settings))
-        reporter = Reporter.from_bundle(spec.bundle, runtime=runtime, meter=self.meter)
+        e = self.engine
+        reporter = Reporter.from_bundle(
+            spec.bundle,
+            runtime=runtime,
+            meter=self.meter,
+            max_batch=e.max_batch,
+            kv_budget_bytes=e.kv_budget_bytes,
+            controller=e.batch_controller,
+            latency_target_s=e.latency_target_ms / 1e3,
+            prefill_chunk=e.prefill_chunk,
+        )
         load_ms = (time.perf_counter() - t0) * 1e3
         self._say(f"warming variant {spec.name}")
         warm_ms = reporter.warm()

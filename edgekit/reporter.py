@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.bundle import Bundle, load_bundle
+from edgekit.engine import Engine, Request, make_controller
 from edgekit.errors import EdgekitError
 from edgekit.findings import parse_report
-from edgekit.generate import GenerationOptions, OnToken, generate, request_options, take_cost
+from edgekit.generate import GenerationOptions, GenerationResult, OnToken, request_options
 from edgekit.ingest import IngestLimits, Study, load_study
 from edgekit.plugins import load_backend
 from edgekit.positions import PositionScheme
@@ -124,10 +125,18 @@ class Reporter:
         runtime: RuntimeOptions | None = None,
         meter=None,
         limits: IngestLimits | None = None,
+        max_batch: int = 8,
+        kv_budget_bytes: int | None = None,
+        controller: str = "fixed",
+        latency_target_s: float = 0.05,
+        prefill_chunk: int | None = None,
     ):
         """`backend` defaults to the bundle target's run side with `runtime` (or just `threads`). `meter` (an
         `edgekit.energy` sampler: `window()` gives a context whose `.joules` and `.source` are set on exit) bills
-        each report's energy where the target does not emulate its own; `limits` bound what ingest reads."""
+        each report's energy where the target does not emulate its own; `limits` bound what ingest reads.
+        Reports from several threads decode together in one engine (`edgekit.engine`: up to `max_batch` rows,
+        within `kv_budget_bytes` of KV cache, sized by the `controller` named, whole prompts or `prefill_chunk`
+        tokens per step)."""
         from tokenizers import Tokenizer
 
         self.bundle = bundle
@@ -144,6 +153,27 @@ class Reporter:
         self.context = ContextBudget.of(model_config)
         # the decoder's kind of position_ids (M-RoPE: Qwen2-VL)
         self.positions = PositionScheme.of(model_config, config_path)
+        self.engine = Engine(
+            self.backend,
+            positions=self.positions,
+            max_batch=max_batch,
+            kv_budget_bytes=kv_budget_bytes,
+            controller=make_controller(controller, max_batch, self.backend, latency_target_s),
+            prefill_chunk=prefill_chunk,
+            image_tokens=self.context.image_tokens,
+        ).start()
+
+    def close(self) -> None:
+        """Let the reports in flight finish and stop the engine's thread."""
+        self.engine.close()
+
+    def generate(
+        self, pixels, ids: np.ndarray, options: GenerationOptions, on_token=None, image_slot: int = 0
+    ) -> tuple[GenerationResult, dict]:
+        """One sequence through the engine, beside whatever other threads are generating: its result and what
+        the target billed it."""
+        result = self.engine.submit(Request(ids, options, pixels, image_slot, on_token)).result()
+        return result, result.cost
 
     @classmethod
     def from_bundle(cls, path: str | Path | Bundle, **kw) -> Reporter:
@@ -235,19 +265,8 @@ class Reporter:
         frames = self.frames_used(study, warnings)
         t2 = time.perf_counter()
         window = self.meter.window() if self.meter is not None else contextlib.nullcontext()
-        try:
-            with window:
-                result = generate(
-                    self.backend,
-                    pixels,
-                    ids,
-                    opts,
-                    on_token=on_token,
-                    image_slot=layout.image_slot,
-                    positions=self.positions,
-                )
-        finally:  # a failed report must not bill the next one
-            cost = take_cost(self.backend)
+        with window:
+            result, cost = self.generate(pixels, ids, opts, on_token, layout.image_slot)
         t3 = time.perf_counter()
         energy_j, energy_source = report_energy(cost, window)
         text = self.tokenizer.decode([int(t) for t in result.token_ids], skip_special_tokens=True).strip()

@@ -52,7 +52,9 @@ def _wait_all(d: DaemonProcess, ids: list[str], timeout: float = 90) -> list[str
 @pytest.mark.parametrize("how", ["kill -9", "SIGTERM"])
 def test_every_accepted_job_completes_after_a_crash_or_stop(tmp_path, model, how):
     state = tmp_path / "state"
-    d = DaemonProcess(state, model, extra_args=["--max-queue", str(N_JOBS), "--drain-timeout", "5"]).start()
+    # two workers: the rest of the jobs are still queued at the stop (with eight batching, all finish in the drain)
+    args = ["--max-queue", str(N_JOBS), "--drain-timeout", "5", "--workers", "2"]
+    d = DaemonProcess(state, model, extra_args=args).start()
     ids = _submit(d, N_JOBS)
     if how == "kill -9":
         d.kill()

@@ -54,6 +54,8 @@ def _open(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
 class CpuBackend:
     """`encode_images`, `embed`, `decode` over three ORT InferenceSessions."""
 
+    batch_rows = True  # `decode` keeps no per-sequence state: the engine may batch rows of different lengths
+
     def __init__(
         self,
         vision_encoder: str | Path,
@@ -97,6 +99,9 @@ class CpuBackend:
         _, self.kv_heads, _, self.head_dim = inputs[names.past_key(0)].shape
         self.hidden = inputs[names.INPUTS_EMBEDS].shape[2]
         self._output_names = [o.name for o in self.decoder.get_outputs()]
+        data = self._decoder_path.with_name(self._decoder_path.name + ".data")
+        # what one decode step streams from memory: the decoder's weights (graph file + external data), once
+        self.weight_bytes = self._decoder_path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
     # the backend protocol ------------------------------------------------------------------------------------
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:

@@ -21,6 +21,8 @@ from .profiles import select_profile
 
 
 class OrinOnnxBackend(CpuBackend):
+    batch_rows = False  # billing counts one report's tokens at a time (take_cost)
+
     def __init__(self, bundle, *, intra_op_threads: int | None = None, profile_dir=None, billing=None):
         super().__init__(
             bundle.component(names.VISION),

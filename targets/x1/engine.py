@@ -157,11 +157,8 @@ class X1Engine:
         options = GenerationOptions(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=stops
         )
-        try:
-            result = generate(self.backend, None, ids.astype(np.int64)[None], options)
-        finally:
-            cost = self.backend.take_cost()
-        self.last_stats = {"tokens": len(result.token_ids), "stop_reason": result.stop_reason, **cost}
+        result = generate(self.backend, None, ids.astype(np.int64)[None], options)
+        self.last_stats = {"tokens": len(result.token_ids), "stop_reason": result.stop_reason, **result.cost}
         return list(result.token_ids)
 
     # study -> report -------------------------------------------------------------------------------------------

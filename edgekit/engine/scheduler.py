@@ -1,0 +1,404 @@
+"""The one decoding loop: continuous batching over a target's rows of KV cache.
+
+Requests join at their prefill and leave at their stop token, their cap or a cancel; between, every row that is
+decoding advances by one token in one shared backend step. What a step does, in order (vLLM's order: decoding rows
+first, so a long prompt does not stall them):
+
+1. admit waiting requests while rows, the batch-size limit (`control`) and the KV budget allow; encode the new
+   requests' images together (one vision call for all of the same shape) and lay out their prompts;
+2. one decode step for all decoding rows, each sampled with its own options and seed;
+3. one prefill chunk (`prefill_chunk` tokens; the whole prompt when None) for the oldest prefilling request.
+
+A request alone in the engine runs exactly the calls the old per-request loop made (prefill, then one decode per
+token), so its tokens are unchanged; with others beside it, the decoder sees the same positions and cache per row.
+The engine is driven either by `run()` in the caller's thread (`edgekit.generate.generate`, the CLI) or by its own
+thread (`start()`: edgekitd, `edgekit eval`); only the driving thread touches the backend.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgekit.errors import EdgekitError
+from edgekit.positions import PositionScheme
+
+from .control import BatchController, FixedBatch, StepStats
+from .request import Request, Ticket
+from .sequence import GenerationResult, Timings, next_tokens, place_image
+from .slots import as_slots, kv_bytes_per_token
+
+IDLE_EXIT_S = 10.0  # a started engine's thread ends after this long with nothing to do (`submit` starts another)
+
+
+class EngineBusyError(EdgekitError):
+    """More requests waiting than the engine takes: the caller should retry later."""
+
+    code = "engine_busy"
+    http_status = 503
+
+
+class KVBudgetError(EdgekitError):
+    """A request whose KV cache alone would exceed the engine's budget: it cannot run here as configured."""
+
+    code = "kv_budget_exceeded"
+    http_status = 503
+
+
+@dataclass(eq=False)
+class _Row:
+    ticket: Ticket
+    row: int
+    kv_reserved: int
+    rng: np.random.Generator
+    stops: frozenset[int]
+    embeds: np.ndarray | None = None  # the prompt with its image, (1, L, hidden), until prefilled
+    positions: np.ndarray | None = None  # its prefill positions, (1, L) or (3, 1, L)
+    cursor: int = 0  # prompt positions prefilled so far
+    length: int = 0  # positions in this row's KV cache
+    next_pos: np.ndarray | None = None  # (1,): the position the next token takes
+    token: int = 0  # the last token chosen (fed at the next step)
+    generated: list[int] = field(default_factory=list)
+    reason: str | None = None
+    t_admitted: float = 0.0
+    t_encoded: float = 0.0
+    t_first: float = 0.0
+    encode_s: float = 0.0
+    steps: int = 0
+
+
+class Engine:
+    """Continuous batching over one backend (any target's run side; `slots.as_slots` adapts the older protocol).
+
+    `max_batch` bounds the rows decoding together; `controller` may lower it step by step (`control`).
+    `kv_budget_bytes` bounds the KV cache the admitted requests may reach (prompt + image + max_new_tokens each);
+    a request waits until it fits, and one that could never fit is refused. `max_waiting` bounds the queue
+    (None: unbounded). `image_tokens` is what one image adds to a prompt (for the budget)."""
+
+    def __init__(
+        self,
+        backend,
+        *,
+        positions: PositionScheme | None = None,
+        max_batch: int = 8,
+        prefill_chunk: int | None = None,
+        kv_budget_bytes: int | None = None,
+        controller: BatchController | None = None,
+        max_waiting: int | None = None,
+        image_tokens: int = 0,
+    ):
+        if max_batch < 1:
+            raise EdgekitError(f"max_batch must be >= 1, got {max_batch}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise EdgekitError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.backend = backend
+        self.slots = as_slots(backend, max_batch)
+        self.max_batch = min(max_batch, self.slots.max_rows)
+        self.scheme = positions or PositionScheme()
+        self.prefill_chunk = prefill_chunk
+        self.kv_budget = kv_budget_bytes
+        self.kv_per_token = kv_bytes_per_token(self.slots)
+        self.controller = controller or FixedBatch(self.max_batch)
+        self.max_waiting = max_waiting
+        self.image_tokens = image_tokens
+        self._waiting: deque[Ticket] = deque()
+        self._lock = threading.Condition()
+        self._free_rows = list(range(self.max_batch))
+        self._prefilling: deque[_Row] = deque()
+        self._decoding: list[_Row] = []
+        self._kv_used = 0
+        self._thread: threading.Thread | None = None
+        self._threaded = False
+        self._closed = False
+        self.stats = StepStats()
+
+    # submitting --------------------------------------------------------------------------------------------
+    def kv_need(self, request: Request) -> int:
+        image = self.image_tokens if request.pixel_values is not None else 0
+        return (request.prompt_ids.size + image + request.options.max_new_tokens) * self.kv_per_token
+
+    def submit(self, request: Request) -> Ticket:
+        """Queue `request`; thread-safe. Refuses one that could never fit the KV budget, or a full queue."""
+        need = self.kv_need(request)
+        if self.kv_budget is not None and need > self.kv_budget:
+            raise KVBudgetError(
+                f"this request's KV cache ({need / 2**20:.1f} MiB for {request.prompt_ids.size} prompt and "
+                f"{request.options.max_new_tokens} new tokens) exceeds the engine's budget of "
+                f"{self.kv_budget / 2**20:.1f} MiB"
+            )
+        ticket = Ticket(request)
+        with self._lock:
+            if self._closed:
+                raise EngineBusyError("the engine is shut down")
+            if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
+                raise EngineBusyError(f"{len(self._waiting)} requests already wait for the engine")
+            self._waiting.append(ticket)
+            if self._threaded:
+                self._spawn()
+            self._lock.notify_all()
+        return ticket
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._prefilling) + len(self._decoding)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    # driving -----------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Step until nothing is waiting or in flight, in the caller's thread."""
+        if self._threaded:
+            raise EdgekitError("this engine runs on its own thread: wait on the tickets instead")
+        while self.step():
+            pass
+
+    def start(self) -> Engine:
+        """Drive the engine from its own thread from now on. The thread ends after `IDLE_EXIT_S` with nothing to
+        do and the next `submit` starts another, so an engine nobody uses holds no thread (an unloaded variant is
+        collected with its backend)."""
+        with self._lock:
+            self._threaded = True
+            self._spawn()
+        return self
+
+    def _spawn(self) -> None:  # under the lock
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._loop, name="edgekit-engine", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop taking requests, let those in flight finish, fail the ones still waiting."""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = list(self._waiting), deque()
+            thread = self._thread
+            self._lock.notify_all()
+        for t in waiting:
+            t._finish(None, EngineBusyError("the engine shut down before this request started"))
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                idle_since = time.monotonic()
+                while not self._waiting and not self.in_flight:
+                    if self._closed or time.monotonic() - idle_since >= IDLE_EXIT_S:
+                        self._thread = None
+                        return
+                    self._lock.wait(IDLE_EXIT_S)
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - a bug in a step must not leave callers waiting forever
+                for r in [*self._prefilling, *self._decoding]:
+                    self._fail(r, exc)
+
+    def step(self) -> bool:
+        """One round (admit, decode step, prefill chunk); False when there was nothing to do."""
+        self._admit()
+        if not self.in_flight:
+            return False
+        self._decode_step()
+        self._prefill_chunk()
+        return True
+
+    # admission ---------------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        admitted: list[_Row] = []
+        limit = max(1, min(self.max_batch, self.controller.batch_size(self.stats)))
+        with self._lock:
+            while self._waiting and self._free_rows and self.in_flight + len(admitted) < limit:
+                ticket = self._waiting[0]
+                if ticket.cancelled:
+                    self._waiting.popleft()
+                    ticket._finish(_cancelled_result(), None)
+                    continue
+                need = self.kv_need(ticket.request)
+                if self.kv_budget is not None and self._kv_used + need > self.kv_budget:
+                    break  # waits for rows to leave
+                self._waiting.popleft()
+                self._kv_used += need
+                opts = ticket.request.options
+                admitted.append(
+                    _Row(
+                        ticket,
+                        self._free_rows.pop(0),
+                        need,
+                        np.random.default_rng(opts.seed),
+                        frozenset(int(t) for t in opts.stop_token_ids),
+                        t_admitted=time.perf_counter(),
+                    )
+                )
+        if admitted:
+            self._lay_out(admitted)
+
+    def _lay_out(self, rows: list[_Row]) -> None:
+        """Encode the new rows' images (one call per image shape) and assemble their prefills."""
+        by_shape: dict[tuple, list[_Row]] = {}
+        for r in rows:
+            pv = r.ticket.request.pixel_values
+            if pv is not None:
+                by_shape.setdefault(pv.shape, []).append(r)
+        images: dict[int, np.ndarray] = {}
+        for group in by_shape.values():
+            t0 = time.perf_counter()
+            try:
+                pv = np.stack([r.ticket.request.pixel_values for r in group])
+                features = self.slots.encode_images(pv, [r.row for r in group])
+            except Exception as exc:  # noqa: BLE001 - the error goes to the requests, the engine keeps serving
+                for r in group:
+                    self._fail(r, exc)
+                continue
+            dt = time.perf_counter() - t0
+            self.stats.encodes += 1
+            for i, r in enumerate(group):
+                images[r.row], r.encode_s = features[i : i + 1], dt
+        for r in rows:
+            if r.reason is not None:
+                continue
+            try:
+                req = r.ticket.request
+                ids = req.prompt_ids[None]
+                text = self.slots.embed(ids, [r.row])
+                image = images.get(r.row)
+                x, mask = place_image(text, np.ones_like(ids), image, req.image_slot)
+                positions, nxt = self.scheme.prefill(mask, req.image_slot, 0 if image is None else image.shape[1])
+            except Exception as exc:  # noqa: BLE001
+                self._fail(r, exc)
+                continue
+            r.embeds, r.positions, r.next_pos = x, positions, nxt
+            r.t_encoded = time.perf_counter()
+            self._prefilling.append(r)
+
+    # the two kinds of backend call ---------------------------------------------------------------------------
+    def _decode_step(self) -> None:
+        rows = [r for r in self._decoding if not self._cancel_if_asked(r)]
+        if not rows:
+            return
+        t0 = time.perf_counter()
+        try:
+            ids = np.asarray([[r.token] for r in rows], np.int64)
+            x = self.slots.embed(ids, [r.row for r in rows])
+            pos = self.scheme.step(np.concatenate([r.next_pos for r in rows]))
+            logits = self.slots.step([r.row for r in rows], x, pos)
+        except Exception as exc:  # noqa: BLE001
+            for r in rows:
+                self._fail(r, exc)
+            return
+        self.stats.record_step(len(rows), time.perf_counter() - t0, self._step_bytes(rows))
+        for i, r in enumerate(rows):
+            r.length += 1
+            r.next_pos = r.next_pos + 1
+            r.steps += 1
+            self._choose(r, logits[i : i + 1])
+
+    def _step_bytes(self, rows: list[_Row]) -> float | None:
+        """Bytes the step moved: the backend's own count (an emulator's), else its weights read once plus each
+        row's KV cache read (the cpu target's estimate); None when the backend says neither."""
+        exact = getattr(self.slots, "last_step_bytes", None)
+        if exact is not None:
+            return float(exact)
+        weights = getattr(self.slots, "weight_bytes", None)
+        if weights is None:
+            return None
+        return float(weights) + sum(r.length for r in rows) * self.kv_per_token
+
+    def _prefill_chunk(self) -> None:
+        while self._prefilling and self._cancel_if_asked(self._prefilling[0]):
+            pass
+        if not self._prefilling:
+            return
+        r = self._prefilling[0]
+        total = r.embeds.shape[1]
+        end = total if self.prefill_chunk is None else min(total, r.cursor + self.prefill_chunk)
+        t0 = time.perf_counter()
+        try:
+            logits = self.slots.prefill(r.row, r.embeds[:, r.cursor : end], r.positions[..., r.cursor : end])
+        except Exception as exc:  # noqa: BLE001
+            self._prefilling.popleft()
+            self._fail(r, exc)
+            return
+        self.stats.record_prefill(end - r.cursor, time.perf_counter() - t0)
+        r.cursor = r.length = end
+        if end < total:
+            return
+        self._prefilling.popleft()
+        r.embeds = r.positions = None
+        r.t_first = time.perf_counter()
+        self._decoding.append(r)
+        self._choose(r, np.asarray(logits)[None])
+
+    # tokens and endings -----------------------------------------------------------------------------------
+    def _choose(self, r: _Row, logits: np.ndarray) -> None:
+        opts = r.ticket.request.options
+        token = int(next_tokens(logits, opts, r.rng)[0])
+        if token in r.stops:
+            return self._end(r, "stop_token")
+        r.generated.append(token)
+        r.token = token
+        on_token = r.ticket.request.on_token
+        if on_token is not None:
+            try:
+                on_token(token, len(r.generated) - 1)
+            except Exception as exc:  # noqa: BLE001 - a reader that went away ends its own request only
+                return self._fail(r, exc)
+        if len(r.generated) >= opts.max_new_tokens:
+            self._end(r, "max_new_tokens")
+
+    def _cancel_if_asked(self, r: _Row) -> bool:
+        if not r.ticket.cancelled:
+            return False
+        self._end(r, "cancelled")
+        return True
+
+    def _end(self, r: _Row, reason: str) -> None:
+        r.reason = reason
+        now = time.perf_counter()
+        decode_s = now - r.t_first if r.t_first else 0.0
+        timings = Timings(
+            encode_ms=r.encode_s * 1e3,
+            prefill_ms=((r.t_first or now) - (r.t_encoded or now)) * 1e3,
+            decode_ms=decode_s * 1e3,
+            decode_tokens_per_s=r.steps / decode_s if r.steps and decode_s > 0 else 0.0,
+            wait_ms=(r.t_admitted - r.ticket.submitted) * 1e3,
+        )
+        r.ticket._finish(GenerationResult(list(r.generated), reason, timings, self._leave(r)))
+
+    def _fail(self, r: _Row, exc: BaseException) -> None:
+        r.reason = "error"
+        try:
+            self._leave(r)
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            pass
+        r.ticket._finish(None, exc)
+
+    def _leave(self, r: _Row) -> dict:
+        if r in self._decoding:
+            self._decoding.remove(r)
+        if r in self._prefilling:
+            self._prefilling.remove(r)
+        try:
+            return self.slots.release(r.row)
+        finally:
+            with self._lock:
+                self._free_rows.append(r.row)
+                self._free_rows.sort()
+                self._kv_used -= r.kv_reserved
+
+
+def _cancelled_result() -> GenerationResult:
+    return GenerationResult([], "cancelled", Timings(0.0, 0.0, 0.0, 0.0))
+
+
+def generate_all(engine: Engine, requests: Sequence[Request]) -> list[Ticket]:
+    """Submit `requests` and drive `engine` until they are done (in the caller's thread)."""
+    tickets = [engine.submit(r) for r in requests]
+    engine.run()
+    return tickets
