@@ -24,11 +24,15 @@ async def report_events(work: Work, stream: TokenStream, fmt: StreamFormat, time
     """`token` events, then one `report` event (or an `error` event)."""
     cursor = 0
     deadline = time.monotonic() + timeout_s
-    while not work.future.done() and time.monotonic() < deadline:
-        for delta in stream.since(cursor):
-            yield event(fmt, {"event": "token", "index": cursor, "text": delta})
-            cursor += 1
-        await stream.wait(0.25)
+    try:
+        while not work.future.done() and time.monotonic() < deadline:
+            for delta in stream.since(cursor):
+                yield event(fmt, {"event": "token", "index": cursor, "text": delta})
+                cursor += 1
+            await stream.wait(0.25)
+    finally:
+        if not work.future.done() and work.job_id is None:  # the reader left, or its time ran out: stop decoding
+            work.cancel.set()
     for delta in stream.since(cursor):
         yield event(fmt, {"event": "token", "index": cursor, "text": delta})
         cursor += 1

@@ -187,7 +187,11 @@ class Routes:
         try:
             report = await asyncio.wait_for(asyncio.wrap_future(work.future), timeout_s)
         except TimeoutError:
+            work.cancel.set()  # nobody will read it: its engine row goes to the next report
             return error_json(504, "timeout", f"no report within {timeout_s:.0f} s")
+        except asyncio.CancelledError:  # the client went away
+            work.cancel.set()
+            raise
         return render(report, fmt, accepted.evidence)
 
     # --- jobs ---------------------------------------------------------------------------------------------------

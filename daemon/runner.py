@@ -80,7 +80,7 @@ class ReportRunner:
         on_token = finish = None
         if work.stream is not None:
             on_token, finish = token_sink(reporter.tokenizer, work.stream)
-        report = reporter.report(study, work.prompt, opts, on_token=on_token)
+        report = reporter.report(study, work.prompt, opts, on_token=on_token, cancel=work.cancel)
         new_tokens = report.timings.get("new_tokens", 0)
         out = {**report.to_dict(), "variant": variant}
         if work.routing:

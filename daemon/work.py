@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,4 +38,5 @@ class Work:
     routing: dict[str, Any] | None = None  # why the work went to its variant, when a gate chose (report JSON)
     reservation: Reservation | None = None  # the study's bytes in the ingest pool, released when the work ends
     future: cf.Future[dict[str, Any]] = field(default_factory=cf.Future)
+    cancel: threading.Event = field(default_factory=threading.Event)  # a synchronous caller gave up: stop decoding
     accepted: float = field(default_factory=time.perf_counter)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.bundle import Bundle, load_bundle
-from edgekit.engine import Engine, Request, make_controller
+from edgekit.engine import Cancelled, Engine, Request, make_controller
 from edgekit.errors import EdgekitError
 from edgekit.findings import parse_report
 from edgekit.generate import GenerationOptions, GenerationResult, OnToken, request_options
@@ -168,11 +168,13 @@ class Reporter:
         self.engine.close()
 
     def generate(
-        self, pixels, ids: np.ndarray, options: GenerationOptions, on_token=None, image_slot: int = 0
+        self, pixels, ids: np.ndarray, options: GenerationOptions, on_token=None, image_slot: int = 0, cancel=None
     ) -> tuple[GenerationResult, dict]:
         """One sequence through the engine, beside whatever other threads are generating: its result and what
-        the target billed it."""
-        result = self.engine.submit(Request(ids, options, pixels, image_slot, on_token)).result()
+        the target billed it. `cancel` (a threading.Event) ends it at the next step: `Cancelled` is raised."""
+        result = self.engine.submit(Request(ids, options, pixels, image_slot, on_token, cancel)).result()
+        if result.stop_reason == "cancelled":
+            raise Cancelled("the report was cancelled before it finished")
         return result, result.cost
 
     @classmethod
@@ -248,8 +250,10 @@ class Reporter:
         prompt: str = "",
         options: GenerationOptions | None = None,
         on_token: OnToken | None = None,
+        cancel=None,
     ) -> Report:
-        """`on_token(token_id, index)` sees each report token as it is generated (the daemon streams them)."""
+        """`on_token(token_id, index)` sees each report token as it is generated (the daemon streams them);
+        setting `cancel` (a threading.Event) ends the report at the engine's next step (`Cancelled`)."""
         t0 = time.perf_counter()
         if not isinstance(study, Study):
             study = load_study(study, limits=self.limits)
@@ -266,7 +270,7 @@ class Reporter:
         t2 = time.perf_counter()
         window = self.meter.window() if self.meter is not None else contextlib.nullcontext()
         with window:
-            result, cost = self.generate(pixels, ids, opts, on_token, layout.image_slot)
+            result, cost = self.generate(pixels, ids, opts, on_token, layout.image_slot, cancel)
         t3 = time.perf_counter()
         energy_j, energy_source = report_energy(cost, window)
         text = self.tokenizer.decode([int(t) for t in result.token_ids], skip_special_tokens=True).strip()

@@ -24,6 +24,7 @@ class Request:
     pixel_values: np.ndarray | None = None
     image_slot: int = 0
     on_token: OnToken | None = None
+    cancel: threading.Event | None = None  # set by the caller (a client gone, a timeout): ends it at the next step
 
     def __post_init__(self) -> None:
         ids = np.asarray(self.prompt_ids, np.int64)
@@ -64,7 +65,8 @@ class Ticket:
 
     @property
     def cancelled(self) -> bool:
-        return self._cancel.is_set()
+        outside = self.request.cancel
+        return self._cancel.is_set() or (outside is not None and outside.is_set())
 
     def done(self) -> bool:
         return self._done.is_set()
