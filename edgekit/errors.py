@@ -61,3 +61,17 @@ class ConfigError(EdgekitError):
     """A bad flag, recipe, machine description or config file."""
 
     code = "invalid_config"
+
+
+class TextModelError(EdgekitError):
+    """Images for a text model's bundle (a decoder alone, no vision graph): it writes reports from a prompt only."""
+
+    code = "text_model"
+    http_status = 422
+
+
+class StudyRequiredError(EdgekitError):
+    """A prompt alone for a vision-language model's bundle: it writes reports of a study."""
+
+    code = "study_required"
+    http_status = 422

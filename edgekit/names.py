@@ -1,18 +1,22 @@
 """Names that the exporter, the passes, the targets and bundles all share: one home, below all of them.
 
 A vision-language model travels as three ONNX graphs with the Hugging Face VLM names (`vision_encoder`,
-`embed_tokens`, `decoder_model_merged`); the decoder carries its KV cache as `past_key_values.{i}.key|value` in and
-`present.{i}.key|value` out. Every layer that reads or writes these graphs takes the names from here, so a rename
-is one edit and a second spelling cannot creep in.
+`embed_tokens`, `decoder_model_merged`), a text model (a decoder alone: LLaMA, Qwen2, Mistral) as the last two; the
+decoder carries its KV cache as `past_key_values.{i}.key|value` in and `present.{i}.key|value` out. Every layer
+that reads or writes these graphs takes the names from here, so a rename is one edit and a second spelling cannot
+creep in.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 # graph roles (bundle component roles) and their file names -----------------------------------------------------
 VISION = "vision_encoder"
 EMBED = "embed_tokens"
 DECODER_ROLE = "decoder"
 GRAPH_ROLES = (VISION, EMBED, DECODER_ROLE)
+TEXT_GRAPH_ROLES = (EMBED, DECODER_ROLE)  # a text model's bundle: no vision graph
 GRAPH_FILES = {VISION: "vision_encoder.onnx", EMBED: "embed_tokens.onnx", DECODER_ROLE: "decoder_model_merged.onnx"}
 VISION_ENCODER = GRAPH_FILES[VISION]
 EMBED_TOKENS = GRAPH_FILES[EMBED]
@@ -59,6 +63,12 @@ def present_key(layer: int) -> str:
 
 def present_value(layer: int) -> str:
     return f"{PRESENT_PREFIX}{layer}.value"
+
+
+def graph_roles_in(folder) -> tuple[str, ...]:
+    """The graph roles whose files are in `folder`, in `GRAPH_ROLES` order: all three for a VLM, the text roles for
+    a decoder alone. For a target's build side, which prepares whatever graphs the export wrote."""
+    return tuple(role for role in GRAPH_ROLES if (Path(folder) / GRAPH_FILES[role]).is_file())
 
 
 def graph_role(file_name: str) -> str | None:

@@ -2,13 +2,22 @@
 
 from edgekit.bundle.archive import pack_bundle, unpack_bundle
 from edgekit.bundle.io import Bundle, cache_dir, load_bundle, sha256_file, verify_dir, write_bundle
-from edgekit.bundle.manifest import MANIFEST_NAME, REQUIRED_ROLES, ROLES, SCHEMA_VERSION, Component, Manifest
+from edgekit.bundle.manifest import (
+    MANIFEST_NAME,
+    REQUIRED_ROLES,
+    ROLES,
+    SCHEMA_VERSION,
+    TEXT_ROLES,
+    Component,
+    Manifest,
+)
 
 __all__ = [
     "MANIFEST_NAME",
     "REQUIRED_ROLES",
     "ROLES",
     "SCHEMA_VERSION",
+    "TEXT_ROLES",
     "Bundle",
     "Component",
     "Manifest",

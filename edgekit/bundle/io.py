@@ -17,13 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from edgekit import names
 from edgekit.bundle.manifest import (
     MANIFEST_NAME,
-    REQUIRED_ROLES,
     Component,
     Manifest,
     read_manifest,
 )
+from edgekit.bundle.manifest import required_roles as roles_for
 from edgekit.errors import BundleError
 
 ARCHIVE_SUFFIX = ".ekb"
@@ -72,6 +73,11 @@ class Bundle:
         return sorted(self.manifest.components)
 
     @property
+    def is_text(self) -> bool:
+        """A text model's bundle (a decoder alone): no vision graph, so it reads prompts, never studies."""
+        return names.VISION not in self.manifest.components
+
+    @property
     def digest(self) -> str:
         """The bundle's identity: sha256 of its manifest, which lists every file's sha256. The same for a directory
         and its `.ekb`, so a Pareto profile measured on one matches the other."""
@@ -104,16 +110,17 @@ def write_bundle(
     figures: dict[str, Any] | None = None,
     runtime: dict[str, Any] | None = None,
     archive: bool = False,
-    required_roles: tuple[str, ...] = REQUIRED_ROLES,
+    required_roles: tuple[str, ...] | None = None,
 ) -> Path:
     """Copy `components` ({role: file}) into a new bundle at `out`; returns the directory or `.ekb` path.
 
-    An existing bundle at `out` is replaced only once the new one is complete.
+    `required_roles`: the roles it must hold (default: a VLM's with a vision graph, else a text model's,
+    `manifest.required_roles`). An existing bundle at `out` is replaced only once the new one is complete.
     """
     out = Path(out)
     if archive and out.suffix != ARCHIVE_SUFFIX:
         out = out.with_name(out.name + ARCHIVE_SUFFIX)
-    missing = [r for r in required_roles if r not in components]
+    missing = [r for r in (roles_for(components) if required_roles is None else required_roles) if r not in components]
     if missing:
         raise BundleError(f"missing required component(s): {', '.join(missing)}", out)
     figures = dict(figures or {})
@@ -214,10 +221,12 @@ def zip_dir(root: Path, out: Path) -> None:
 # --- loading --------------------------------------------------------------------------------------------------
 
 
-def verify_dir(root: Path, *, required_roles: tuple[str, ...] = REQUIRED_ROLES) -> Manifest:
-    """Check the manifest and every component file under `root`; raise BundleError naming the bad file."""
+def verify_dir(root: Path, *, required_roles: tuple[str, ...] | None = None) -> Manifest:
+    """Check the manifest and every component file under `root`; raise BundleError naming the bad file.
+    `required_roles`: the roles it must hold (default: by its graphs, `manifest.required_roles`)."""
     manifest = read_manifest(root)
-    missing = [r for r in required_roles if r not in manifest.components]
+    required = roles_for(manifest.components) if required_roles is None else required_roles
+    missing = [r for r in required if r not in manifest.components]
     if missing:
         raise BundleError(f"manifest lacks required component(s): {', '.join(missing)}", root / MANIFEST_NAME)
     for role, entry in sorted(manifest.components.items()):
@@ -280,8 +289,8 @@ def _extract_archive(path: Path) -> Path:
     return final
 
 
-def load_bundle(path: str | os.PathLike, *, required_roles: tuple[str, ...] = REQUIRED_ROLES) -> Bundle:
-    """Open a bundle directory or `.ekb` archive and verify it completely."""
+def load_bundle(path: str | os.PathLike, *, required_roles: tuple[str, ...] | None = None) -> Bundle:
+    """Open a bundle directory or `.ekb` archive and verify it completely (`required_roles`: as `verify_dir`)."""
     path = Path(path)
     if not path.exists():
         raise BundleError("no such bundle (directory or .ekb file)", path)

@@ -17,11 +17,20 @@ from edgekit.errors import BundleError
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
-ROLES = (*names.GRAPH_ROLES, *names.WEIGHT_FILES)  # every bundle has the three graphs and the model's files
+ROLES = (*names.GRAPH_ROLES, *names.WEIGHT_FILES)  # a VLM's bundle: the three graphs and the model's files
 REQUIRED_ROLES = ROLES
+# what reads images: a bundle with a vision graph needs its preprocessing; a bundle without one is a text model's
+VISION_ROLES = (names.VISION, "preprocessor_config")
+TEXT_ROLES = tuple(r for r in ROLES if r not in VISION_ROLES)  # a text model's bundle (a decoder alone)
 # a graph whose weights are external (past protobuf's 2 GB: a 2B-class import) ships `<graph>.onnx.data` beside
 # it under this optional role; the runtimes find it by the graph's own reference to the file name
 EXTERNAL_DATA_ROLES = {role: f"{role}_data" for role in names.GRAPH_ROLES}
+
+
+def required_roles(components) -> tuple[str, ...]:
+    """The roles a bundle holding `components` (role names) must have: every role of a VLM's bundle when it has a
+    vision graph, else a text model's. A bundle says what it is by its graphs, so no second field can disagree."""
+    return REQUIRED_ROLES if names.VISION in components else TEXT_ROLES
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgekit import names
-from edgekit.errors import BundleError, ConfigError
+from edgekit.errors import BundleError, ConfigError, TextModelError
 
 from .threads import physical_cores
 
@@ -51,14 +51,18 @@ def _open(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
         raise BundleError(f"ONNX Runtime cannot load this graph ({type(exc).__name__})", path) from exc
 
 
+NO_VISION_GRAPH = "this bundle is a text model: it has no vision graph to encode images with"
+
+
 class CpuBackend:
-    """`encode_images`, `embed`, `decode` over three ORT InferenceSessions."""
+    """`encode_images`, `embed`, `decode` over three ORT InferenceSessions (two for a text model: `vision_encoder`
+    None, and `encode_images` refuses)."""
 
     batch_rows = True  # `decode` keeps no per-sequence state: the engine may batch rows of different lengths
 
     def __init__(
         self,
-        vision_encoder: str | Path,
+        vision_encoder: str | Path | None,
         embed_tokens: str | Path,
         decoder: str | Path,
         *,
@@ -76,7 +80,7 @@ class CpuBackend:
             prefix = self.profile_dir / name if self.profile_dir is not None else None
             return session_options(intra_op_threads=self.intra_op_threads, profile_prefix=prefix)
 
-        self.vision = _open(Path(vision_encoder), opts("vision_encoder"))
+        self.vision = None if vision_encoder is None else _open(Path(vision_encoder), opts("vision_encoder"))
         self.embed_session = _open(Path(embed_tokens), opts("embed_tokens"))
         self.decoder = _open(Path(decoder), opts("decoder"))
         self._decoder_path = Path(decoder)
@@ -106,6 +110,8 @@ class CpuBackend:
     # the backend protocol ------------------------------------------------------------------------------------
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
         """(batch, frames, 1, H, W) float32 -> image features (batch, num_image_tokens, hidden)."""
+        if self.vision is None:
+            raise TextModelError(NO_VISION_GRAPH)
         pv = np.ascontiguousarray(pixel_values, dtype=np.float32)
         return self.vision.run(None, {names.PIXEL_VALUES: pv})[0]
 
@@ -170,4 +176,5 @@ class CpuBackend:
         """Stop profiling and return the chrome-trace JSON files (one per graph); empty when not profiling."""
         if self.profile_dir is None:
             return []
-        return [Path(s.end_profiling()) for s in (self.vision, self.embed_session, self.decoder)]
+        sessions = (self.vision, self.embed_session, self.decoder)
+        return [Path(s.end_profiling()) for s in sessions if s is not None]

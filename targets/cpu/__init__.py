@@ -25,7 +25,7 @@ class CpuTarget:
 
         runtime_settings({}, bundle.manifest.runtime, options.settings, bundle.source)
         return CpuBackend(
-            bundle.component(names.VISION),
+            None if bundle.is_text else bundle.component(names.VISION),
             bundle.component(names.EMBED),
             bundle.component(names.DECODER_ROLE),
             intra_op_threads=options.threads,
