@@ -2,6 +2,9 @@
 
 ingest (DICOM or video) -> display values -> model input -> image features + prompt -> generation on the bundle's
 target backend -> text -> structured findings. Each stage is timed so that latency figures say where time went.
+A text model's bundle (a decoder alone, no vision graph: a report model reading structured findings or prior
+reports) takes the same path from the prompt on (`Reporter.report_text`): layout, context budget, generation,
+findings, timings and energy are shared, only the study is not there.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 
 from edgekit.bundle import Bundle, load_bundle
 from edgekit.engine import Cancelled, Engine, Request, make_controller
-from edgekit.errors import EdgekitError
+from edgekit.errors import BundleError, EdgekitError, StudyRequiredError, TextModelError
 from edgekit.findings import parse_report
 from edgekit.generate import GenerationOptions, GenerationResult, OnToken, request_options
 from edgekit.ingest import IngestLimits, Study, load_study
@@ -74,6 +77,13 @@ def report_energy(cost: dict, window) -> tuple[float | None, str | None]:
     return (float(joules), window.source) if joules is not None else (None, None)
 
 
+class EmptyPromptError(EdgekitError):
+    """A text model asked for a report without a prompt: it has nothing else to read."""
+
+    code = "empty_prompt"
+    http_status = 422
+
+
 class PromptTooLongError(EdgekitError):
     """A prompt that leaves the model no room to write the report."""
 
@@ -99,10 +109,10 @@ class ContextBudget:
             return options
         room = self.positions - self.image_tokens - prompt_tokens
         if room < 1:
+            image = f"{self.image_tokens} image tokens and " if self.image_tokens else ""
             raise PromptTooLongError(
                 f"prompt is {prompt_tokens} tokens; this model's context of {self.positions} positions holds "
-                f"{self.image_tokens} image tokens and at most {self.positions - self.image_tokens - 1} prompt tokens "
-                "with room for a report"
+                f"{image}at most {self.positions - self.image_tokens - 1} prompt tokens with room for a report"
             )
         if options.max_new_tokens > room:
             warnings.append(
@@ -147,10 +157,19 @@ class Reporter:
         self.backend = backend
         self.tokenizer = Tokenizer.from_file(str(bundle.component("tokenizer")))
         self.generation_config = json.loads(bundle.component("generation_config").read_text())
-        self.preprocess_config = PreprocessConfig.load(bundle.component("preprocessor_config"))
+        # a text model's bundle has no image preprocessing (nor vision graph)
+        self.preprocess_config = (
+            None if self.is_text else PreprocessConfig.load(bundle.component("preprocessor_config"))
+        )
         config_path = bundle.component("model_config")
         model_config = json.loads(config_path.read_text())
         self.context = ContextBudget.of(model_config)
+        if self.is_text and self.context.image_tokens:
+            raise BundleError(
+                f"the model takes images ({self.context.image_tokens} positions each) but the bundle has no vision "
+                "graph",
+                config_path,
+            )
         # the decoder's kind of position_ids (M-RoPE: Qwen2-VL)
         self.positions = PositionScheme.of(model_config, config_path)
         self.engine = Engine(
@@ -162,6 +181,11 @@ class Reporter:
             prefill_chunk=prefill_chunk,
             image_tokens=self.context.image_tokens,
         ).start()
+
+    @property
+    def is_text(self) -> bool:
+        """A text model's bundle: reports come from `report_text(prompt)`, never from a study."""
+        return self.bundle.is_text
 
     def close(self) -> None:
         """Let the reports in flight finish and stop the engine's thread."""
@@ -183,13 +207,18 @@ class Reporter:
 
     def warm(self) -> float:
         """One short generation on a blank study, so the first real request does not pay for lazy initialisation
-        (sessions, kernels, caches); its milliseconds. The blank study bills no energy: no meter runs."""
-        size = self.preprocess_config.image_size
-        study = Study(np.zeros((1, size, size), np.float32), modality="CT", uid_hash="uid:warmup", source="dicom")
+        (sessions, kernels, caches); its milliseconds. The blank study bills no energy: no meter runs. A text model
+        warms on a prompt alone."""
         meter, self.meter = self.meter, None
         t0 = time.perf_counter()
         try:
-            self.report(study, "warm-up", GenerationOptions(max_new_tokens=2))
+            if self.is_text:
+                self.report_text("warm-up", GenerationOptions(max_new_tokens=2))
+            else:
+                size = self.preprocess_config.image_size
+                frames = np.zeros((1, size, size), np.float32)
+                study = Study(frames, modality="CT", uid_hash="uid:warmup", source="dicom")
+                self.report(study, "warm-up", GenerationOptions(max_new_tokens=2))
         finally:
             self.meter = meter
         return (time.perf_counter() - t0) * 1e3
@@ -254,19 +283,52 @@ class Reporter:
     ) -> Report:
         """`on_token(token_id, index)` sees each report token as it is generated (the daemon streams them);
         setting `cancel` (a threading.Event) ends the report at the engine's next step (`Cancelled`)."""
+        if self.is_text:
+            raise TextModelError("this bundle is a text model (no vision graph): it writes reports from a prompt alone")
         t0 = time.perf_counter()
         if not isinstance(study, Study):
             study = load_study(study, limits=self.limits)
         t1 = time.perf_counter()
         layout = self.prompt(study.modality, prompt)
-        ids = np.asarray([layout.ids], dtype=np.int64)
+        warnings = list(study.warnings)
+        opts = self._fit(layout, options, warnings)
+        pixels = self.pixel_values(study)
+        frames = self.frames_used(study, warnings)
+        report = self._write(layout, opts, pixels, warnings, on_token, cancel, {"ingest_ms": study.ingest_ms}, t0, t1)
+        return replace(report, modality=study.modality, study=study.uid_hash, frames=frames)
+
+    def report_text(
+        self,
+        prompt: str,
+        options: GenerationOptions | None = None,
+        on_token: OnToken | None = None,
+        cancel=None,
+    ) -> Report:
+        """A text model's report of `prompt` (structured findings, a prior report, a question): as `report`, with
+        no study (`modality`, `study` and `frames` are empty)."""
+        if not self.is_text:
+            raise StudyRequiredError("this bundle is a vision-language model: it writes reports of a study")
+        if not prompt.strip():
+            raise EmptyPromptError("a text model writes its report from the prompt, and the prompt is empty")
+        t0 = time.perf_counter()
+        layout = self.prompt("", prompt)
+        warnings: list[str] = []
+        opts = self._fit(layout, options, warnings)
+        return self._write(layout, opts, None, warnings, on_token, cancel, {}, t0, t0)
+
+    def _fit(self, layout: PromptLayout, options: GenerationOptions | None, warnings: list[str]) -> GenerationOptions:
+        """The request's options with the bundle's end token to stop at, capped to what the context leaves."""
         opts = options or self.default_options
         if not opts.stop_token_ids:  # a copy: the caller's options stay as they were
             opts = replace(opts, stop_token_ids=[self.generation_config["eos_token_id"]])
-        warnings = list(study.warnings)
-        opts = self.context.fit(ids.shape[1], opts, warnings)
-        pixels = self.pixel_values(study)
-        frames = self.frames_used(study, warnings)
+        return self.context.fit(len(layout.ids), opts, warnings)
+
+    def _write(
+        self, layout: PromptLayout, opts, pixels, warnings: list[str], on_token, cancel, before: dict, t0, t1
+    ) -> Report:
+        """Generate (image features from `pixels`, or text only when None), then decode, parse and time the
+        report; `before` holds the timings of what came before the prompt (a study's ingest)."""
+        ids = np.asarray([layout.ids], dtype=np.int64)
         t2 = time.perf_counter()
         window = self.meter.window() if self.meter is not None else contextlib.nullcontext()
         with window:
@@ -277,7 +339,7 @@ class Reporter:
         findings_text, impression = split_sections(text)
         parsed = parse_report(text)
         timings = {
-            "ingest_ms": study.ingest_ms,
+            **before,
             "preprocess_ms": (t2 - t1) * 1e3,
             **{k: v for k, v in asdict(result.timings).items()},
             "generate_ms": (t3 - t2) * 1e3,
@@ -290,8 +352,8 @@ class Reporter:
             impression=impression,
             findings=[asdict(f) for f in parsed.findings],
             negatives=list(parsed.negatives),
-            modality=study.modality,
-            study=study.uid_hash,
+            modality="",
+            study="",
             model=self.bundle.name,
             target=self.bundle.target,
             stop_reason=result.stop_reason,
@@ -300,5 +362,4 @@ class Reporter:
             cost=cost,
             energy_j=energy_j,
             energy_source=energy_source,
-            frames=frames,
         )
