@@ -106,8 +106,13 @@ def build(
         raise ConfigError(f"target '{target}' takes no machine description", machine)
     model_dir = Path(model_dir) if model_dir else default_model_dir()
     hf = _is_hf_dir(model_dir)
+    text = False  # a decoder alone: a text model's bundle (no vision graph)
     if hf:
-        _check_hf_source(model_dir)
+        text = _check_hf_source(model_dir) == "decoder"
+        if text and image_size is not None:
+            from edgekit.hf.qwen2_vl import image_size_refused
+
+            raise image_size_refused(read_model_type(model_dir), model_dir / "config.json", "decoder")
     else:
         _check_source(model_dir)
         if image_size is not None:
@@ -125,8 +130,8 @@ def build(
         onnx_dir = work / "onnx"
         say("export: writing ONNX graphs from weights")
         if hf:
-            hf_spec, model_files = _export_hf(model_dir, onnx_dir, work, image_size)
-            steps.append({"name": "hf_import", "params": {"opset": 21, "dtype": "float32", **hf_spec.to_dict()}})
+            hf_spec, model_files, described = _export_hf(model_dir, onnx_dir, work, image_size)
+            steps.append({"name": "hf_import", "params": {"opset": 21, "dtype": "float32", **described}})
         else:
             from edgekit.export import export_default
 
@@ -155,13 +160,18 @@ def build(
         if parity:
             if importlib.util.find_spec("torch") is not None:  # without torch the figure says it was not measured
                 say("parity: ONNX Runtime against the PyTorch reference")
-            if hf:
+            if text:
+                from edgekit.hf.text_parity import measure_text_parity
+
+                figures["parity"] = measure_text_parity(graphs_dir, model_dir, model_files["generation_config"])
+            elif hf:
                 from edgekit.hf.parity import measure_hf_parity
 
                 figures["parity"] = measure_hf_parity(graphs_dir, model_dir, hf_spec)
             else:
                 figures["parity"] = measure_parity_figure(graphs_dir, model_dir)
-        graph_files = {role: prepared.graphs / names.GRAPH_FILES[role] for role in names.GRAPH_ROLES}
+        graph_roles = names.TEXT_GRAPH_ROLES if text else names.GRAPH_ROLES
+        graph_files = {role: prepared.graphs / names.GRAPH_FILES[role] for role in graph_roles}
         external = {  # weights past protobuf's limit travel beside their graph
             EXTERNAL_DATA_ROLES[role]: p.with_name(p.name + ".data")
             for role, p in graph_files.items()
@@ -203,32 +213,50 @@ def _is_hf_dir(model_dir: Path) -> bool:
     return model_dir.is_dir() and is_hf_model_dir(model_dir)
 
 
-def _check_hf_source(model_dir: Path) -> None:
-    """A Hugging Face directory must hold a VLM of a family edgekit builds: refused up front otherwise."""
+def _check_hf_source(model_dir: Path) -> str:
+    """A Hugging Face directory must hold a VLM or a decoder (a text model) of a family edgekit builds: refused up
+    front otherwise. Returns its kind, "vlm" or "decoder"."""
     from edgekit.hf import read_hf_config
-    from edgekit.hf.config import VLM_TYPES, model_kind
+    from edgekit.hf.config import DECODER_TYPES, VLM_TYPES, model_kind
 
     cfg = read_hf_config(model_dir)
     kind = model_kind(cfg, model_dir)  # an unknown family: the one line listing the supported ones
-    if kind != "vlm":
+    if kind not in ("vlm", "decoder"):
         raise ConfigError(
             f"model_type {cfg.get('model_type')!r} is a {kind} alone; a bundle needs a vision-language model "
-            f"({', '.join(VLM_TYPES)}); `edgekit convert` writes its graphs",
+            f"({', '.join(VLM_TYPES)}) or a decoder ({', '.join(DECODER_TYPES)}); `edgekit convert` writes its graphs",
             model_dir / "config.json",
         )
+    return kind
+
+
+def read_model_type(model_dir: Path) -> str:
+    from edgekit.hf import read_hf_config
+
+    return str(read_hf_config(model_dir).get("model_type"))
 
 
 def _export_hf(model_dir: Path, onnx_dir: Path, work: Path, image_size: int | None = None):
-    """A Hugging Face VLM directory -> the three graphs and the files the runtime serves it with, by role."""
-    from edgekit.hf import SafetensorsCheckpoint, convert_hf, read_hf_config
+    """A Hugging Face VLM or decoder directory -> its graphs (three, or a decoder's two), the files the runtime
+    serves it with by role, and what was imported (the provenance step's parameters)."""
+    from edgekit.hf import SafetensorsCheckpoint, convert_hf, decoder_spec, read_hf_config
+    from edgekit.hf.config import model_kind
     from edgekit.hf.serving import write_serving_files
+    from edgekit.hf.text_serving import text_model_summary, write_text_serving_files
     from edgekit.hf.vlm import vlm_spec
 
     cfg = read_hf_config(model_dir)
+    entries = SafetensorsCheckpoint(model_dir).entries
     # tokenizer and chat template first: a model the runtime could not prompt is refused before any export
-    spec = vlm_spec(cfg, model_dir, SafetensorsCheckpoint(model_dir).entries, image_size=image_size)
-    files = write_serving_files(spec, model_dir, cfg, work / "serving")
-    return convert_hf(model_dir, onnx_dir, image_size=image_size).spec, files
+    if model_kind(cfg, model_dir) == "decoder":
+        spec = decoder_spec(cfg, model_dir, entries)
+        files = write_text_serving_files(spec, model_dir, cfg, work / "serving")
+        described = text_model_summary(spec, cfg)
+    else:
+        spec = vlm_spec(cfg, model_dir, entries, image_size=image_size)
+        files = write_serving_files(spec, model_dir, cfg, work / "serving")
+        described = spec.to_dict()
+    return convert_hf(model_dir, onnx_dir, image_size=image_size).spec, files, described
 
 
 def _weights_sha256(model_dir: Path, hf: bool) -> str:

@@ -69,6 +69,11 @@ class TextModelError(EdgekitError):
     code = "text_model"
     http_status = 422
 
+    @classmethod
+    def no_vision_graph(cls) -> TextModelError:
+        """What a backend's `encode_images` raises on a text model's bundle."""
+        return cls("this bundle is a text model: it has no vision graph to encode images with")
+
 
 class StudyRequiredError(EdgekitError):
     """A prompt alone for a vision-language model's bundle: it writes reports of a study."""

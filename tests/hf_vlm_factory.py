@@ -42,7 +42,7 @@ class TinyVlm:
     tiles: int = 0  # idefics3 image splitting / llava_next's square anyres grid: tiles per side (0: not split)
 
 
-def _tokenizer(
+def save_word_tokenizer(
     path: Path, vocab_size: int, specials: dict[str, int], template: str, bos: str, eos: str, newlines: bool = False
 ) -> None:
     """A word-level tokenizer of `vocab_size` ids: words w0, w1, ... and the special tokens at their ids.
@@ -114,7 +114,7 @@ def _save_llava(model, path: Path, seed: int, vocab: int, image_token: int) -> N
     model.generation_config.eos_token_id = None
     model.save_pretrained(path)
     specials = {"<unk>": 0, "<s>": 1, "</s>": 2, "USER:": 3, "ASSISTANT:": 4, "<image>": image_token}
-    _tokenizer(path, vocab, specials, LLAVA_TEMPLATE, "<s>", "</s>")
+    save_word_tokenizer(path, vocab, specials, LLAVA_TEMPLATE, "<s>", "</s>")
 
 
 def make_llava(path: Path, size: str = "tiny", *, tower: str = "clip", text: str = "llama", seed: int = 0, **over):
@@ -222,7 +222,9 @@ def make_idefics3(path: Path, size: str = "tiny", *, family: str = "idefics3", s
     for r in range(tiles):
         for c in range(tiles):
             specials[f"<row_{r + 1}_col_{c + 1}>"] = 7 + r * tiles + c
-    _tokenizer(path, vocab, specials, IDEFICS3_TEMPLATE, "<|im_start|>", "<end_of_utterance>", newlines=tiles > 0)
+    save_word_tokenizer(
+        path, vocab, specials, IDEFICS3_TEMPLATE, "<|im_start|>", "<end_of_utterance>", newlines=tiles > 0
+    )
     kw = {"size": {"longest_edge": tiles * img}} if tiles else {}
     proc = tf.Idefics3ImageProcessor(do_image_splitting=tiles > 0, max_image_size={"longest_edge": img}, **kw)
     proc.save_pretrained(path)
@@ -251,7 +253,7 @@ def make_smolvlm_geometry(path: Path, *, layers: int = 1, seed: int = 0) -> Tiny
     specials = {"<unk>": 0, "<|im_start|>": 1, "<end_of_utterance>": 2, "User:": 3, "Assistant:": 4}
     specials.update({"<fake_token_around_image>": 49189, "<global-img>": 49152, "<image>": image_token})
     specials.update({f"<row_{r + 1}_col_{c + 1}>": 49153 + 6 * r + c for r in range(6) for c in range(6)})
-    _tokenizer(path, 49280, specials, IDEFICS3_TEMPLATE, "<|im_start|>", "<end_of_utterance>", newlines=True)
+    save_word_tokenizer(path, 49280, specials, IDEFICS3_TEMPLATE, "<|im_start|>", "<end_of_utterance>", newlines=True)
     kw = dict(size={"longest_edge": 2048}, max_image_size={"longest_edge": 512})
     proc = tf.Idefics3ImageProcessor(do_image_splitting=True, **kw)
     proc.save_pretrained(path)
@@ -404,7 +406,7 @@ def make_qwen2_vl(
     model.save_pretrained(path)
     specials = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<|vision_start|>": 3, "<|vision_end|>": 4}
     specials.update({"<|video_pad|>": vocab - 2, "<|image_pad|>": image_token})
-    _tokenizer(path, vocab, specials, QWEN2_VL_TEMPLATE, "<|im_start|>", "<|im_end|>", newlines=True)
+    save_word_tokenizer(path, vocab, specials, QWEN2_VL_TEMPLATE, "<|im_start|>", "<|im_end|>", newlines=True)
     proc = tf.Qwen2VLImageProcessor(
         size={"shortest_edge": img * img, "longest_edge": img * img}, patch_size=patch, merge_size=2
     )
@@ -469,7 +471,7 @@ def save_qwen2_vl_serving(path: Path, proc, vocab: int = 151936) -> None:
     """Qwen2-VL-2B's special tokens at their ids in a word-level tokenizer, its chat template, the processor."""
     specials = {"<unk>": 0, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|vision_start|>": 151652}
     specials.update({"<|vision_end|>": 151653, "<|image_pad|>": 151655, "<|video_pad|>": 151656})
-    _tokenizer(path, vocab, specials, QWEN2_VL_TEMPLATE, "<|im_start|>", "<|im_end|>", newlines=True)
+    save_word_tokenizer(path, vocab, specials, QWEN2_VL_TEMPLATE, "<|im_start|>", "<|im_end|>", newlines=True)
     proc.save_pretrained(path)
 
 

@@ -501,12 +501,14 @@ def test_unsupported_vlm_family_lists_the_supported_ones(tmp_path, capsys, famil
     assert not (tmp_path / "o").exists() and not (tmp_path / "b").exists()
 
 
-def test_decoder_alone_is_not_a_bundle(tmp_path, capsys):
+def test_decoder_without_a_tokenizer_is_refused(tmp_path, capsys):
+    """A decoder alone builds into a text bundle (tests/test_text_bundles.py), but not without what serves it."""
     cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama")
     capsys.readouterr()
     assert app_module.main(["build", str(tmp_path / "llama"), "-o", str(tmp_path / "b")]) == 2
-    assert "a bundle needs a vision-language model" in _one_line(capsys)
+    assert "tokenizer.json is missing" in _one_line(capsys)
+    assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.parametrize(

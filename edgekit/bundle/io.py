@@ -78,6 +78,11 @@ class Bundle:
         return names.VISION not in self.manifest.components
 
     @property
+    def graph_roles(self) -> tuple[str, ...]:
+        """The graphs it holds, in `names.GRAPH_ROLES` order: three for a VLM, two for a text model."""
+        return tuple(r for r in names.GRAPH_ROLES if r in self.manifest.components)
+
+    @property
     def digest(self) -> str:
         """The bundle's identity: sha256 of its manifest, which lists every file's sha256. The same for a directory
         and its `.ekb`, so a Pareto profile measured on one matches the other."""

@@ -19,7 +19,7 @@ import numpy as np
 from edgekit.errors import ConfigError
 from edgekit.export.specs import DecoderSpec
 
-DECODER_TYPES = ("llama", "qwen2")
+DECODER_TYPES = ("llama", "mistral", "qwen2")
 VISION_TYPES = ("vit", "siglip_vision_model", "siglip")
 VLM_TYPES = ("llava", "idefics3", "smolvlm", "llava_next", "qwen2_vl", "qwen2_5_vl")
 SUPPORTED_MODEL_TYPES = DECODER_TYPES + VISION_TYPES + VLM_TYPES
@@ -157,7 +157,8 @@ def rope_inv_freq(params: dict[str, Any], head_dim: int, where: Path) -> tuple[f
 
 
 def decoder_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[str]) -> DecoderSpec:
-    """LLaMA / Qwen2 config -> DecoderSpec. `names` (the checkpoint's tensors) decide tied vs untied lm_head."""
+    """LLaMA / Mistral / Qwen2 config -> DecoderSpec. `names` (the checkpoint's tensors) decide tied vs untied
+    lm_head."""
     where = Path(model_dir) / "config.json"
     mt = cfg.get("model_type")
     hidden, heads = _get(cfg, "hidden_size", where), _get(cfg, "num_attention_heads", where)
@@ -170,6 +171,14 @@ def decoder_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[s
         raise ConfigError(f"hidden_act {act!r} is not supported (edgekit's decoder is SwiGLU with silu)", where)
     if mt == "llama" and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
         raise ConfigError("attention_bias/mlp_bias = true is not supported for llama (o_proj/MLP biases)", where)
+    if mt == "mistral":  # LLaMA's math; a sliding window shorter than the context would attend differently
+        window, ctx = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
+        if window is not None and (ctx is None or window < ctx):
+            raise ConfigError(
+                f"sliding_window {window} is shorter than max_position_embeddings {ctx}; edgekit's decoder attends "
+                "over the whole cache",
+                where,
+            )
     if mt == "qwen2" and cfg.get("use_sliding_window"):
         raise ConfigError("use_sliding_window = true is not supported (edgekit attends over the full cache)", where)
     params = rope_parameters(cfg)

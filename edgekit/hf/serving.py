@@ -7,7 +7,8 @@ every prompt in one place (`edgekit.prompt`: `<bos> + template(prompt) + <sep>`)
 transformers on the device. So the chat template is rendered once here, at build time, for one user turn with an
 image, and cut into that shape; the cut is checked by tokenizing both ways, and a template that does not fit is
 refused rather than served differently. The template keeps the model's image token where the chat template puts
-it (`image_token`), and the runtime puts the image span there, as the model's processor does.
+it (`image_token`), and the runtime puts the image span there, as the model's processor does. A decoder alone (a
+text model) is served through the same cut, without the image (`text_serving`).
 """
 
 from __future__ import annotations
@@ -59,36 +60,44 @@ def chat_template(model_dir: Path) -> str | None:
     return None
 
 
-def render_turn(template: str, tokenizer_config: dict[str, Any]) -> str:
-    """One user turn (an image, then SENTINEL as the text) with the generation prompt, as transformers renders it."""
+def render_turn(template: str, tokenizer_config: dict[str, Any], *, image: bool = True) -> str:
+    """One user turn (an image, then SENTINEL as the text; SENTINEL alone when not `image`) with the generation
+    prompt, as transformers renders it. A text turn's content is the string itself, which text models' templates
+    read (`message['content']`); a VLM's is the list of parts its processor's template iterates."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(msg):
-        raise ConfigError(f"the chat template refused a single-image user turn: {msg}")
+        what = "a single-image user turn" if image else "a single user turn"
+        raise ConfigError(f"the chat template refused {what}: {msg}")
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     special = {k: tokenizer_config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
     special = {k: v.get("content") if isinstance(v, dict) else v for k, v in special.items()}
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": SENTINEL}]}]
+    content = [{"type": "image"}, {"type": "text", "text": SENTINEL}] if image else SENTINEL
+    messages = [{"role": "user", "content": content}]
     return env.from_string(template).render(messages=messages, add_generation_prompt=True, **special)
+
+
+def rendered_turn(model_dir: Path, *, image: bool = True) -> str | None:
+    """The model's chat template rendered for one user turn (`render_turn`); None when the directory has no
+    template or jinja2 is not installed. A template that fails is the model's file, refused naming it."""
+    template = chat_template(model_dir)
+    if template is None:
+        return None
+    try:
+        return render_turn(template, _optional(model_dir / "tokenizer_config.json"), image=image)
+    except ImportError:
+        return None
+    except ConfigError:
+        raise
+    except Exception as exc:  # a template error is the model's file, named
+        raise ConfigError(f"the chat template does not render ({type(exc).__name__}: {exc})", model_dir) from None
 
 
 def _turn_text(spec: VlmSpec, model_dir: Path, tokenizer) -> tuple[str, str]:
     """The rendered user turn, and the image token's text, which stands in it once (where the span goes)."""
-    cfg_path = model_dir / "tokenizer_config.json"
-    tok_cfg = _optional(cfg_path)
-    template = chat_template(model_dir)
-    text = None
-    if template is not None:
-        try:
-            text = render_turn(template, tok_cfg)
-        except ImportError:
-            text = None  # no jinja2: the family's layout below
-        except ConfigError:
-            raise
-        except Exception as exc:  # a template error is the model's file, named
-            raise ConfigError(f"the chat template does not render ({type(exc).__name__}: {exc})", model_dir) from None
+    text = rendered_turn(model_dir)  # None: no template or no jinja2, the family's layout below
     image = tokenizer.id_to_token(spec.image_token_id)
     if image is None:
         raise ConfigError(f"image_token_id {spec.image_token_id} is not in tokenizer.json", model_dir)
@@ -121,9 +130,18 @@ def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, An
     """edgekit's generation config for an imported VLM: `bos + template + sep` cut from the rendered chat turn,
     the image token left in the template where the turn has it."""
     text, image = _turn_text(spec, model_dir, tokenizer)
+    return cut_turn(text, image, model_dir, tokenizer, add_special_tokens=True)
+
+
+def cut_turn(text: str, image: str | None, model_dir: Path, tokenizer, *, add_special_tokens: bool) -> dict[str, Any]:
+    """edgekit's generation config from one rendered user turn (`text`, SENTINEL where the user's words go):
+    `bos + template + sep` cut from it, the `image` token (None: a text model's turn) left in the template where
+    the turn has it, and the cut checked by tokenizing both ways. `add_special_tokens`: whether the turn is
+    tokenized with the tokenizer's own special tokens, as a VLM's processor does; a text model's turn is not, as
+    transformers' `apply_chat_template` does not (its template writes them)."""
     where = model_dir / "tokenizer.json"
     full = text.replace(SENTINEL, DEFAULT_PROMPT)
-    enc = tokenizer.encode(full, add_special_tokens=True)
+    enc = tokenizer.encode(full, add_special_tokens=add_special_tokens)
     ids, offsets = enc.ids, enc.offsets
     if len(ids) < 3:
         raise ConfigError("the chat turn tokenizes to fewer than 3 tokens; edgekit needs <bos> ... <sep>", where)
@@ -131,9 +149,10 @@ def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, An
     lo, hi = text.index(SENTINEL), text.index(SENTINEL) + len(DEFAULT_PROMPT)
     if not start <= lo < hi <= end:
         raise ConfigError("the chat template puts the user's text in its first or last token", where)
-    at = full.index(image)
-    if not (start <= at and at + len(image) <= end):
-        raise ConfigError("the chat template puts the image in its first or last token", where)
+    if image is not None:
+        at = full.index(image)
+        if not (start <= at and at + len(image) <= end):
+            raise ConfigError("the chat template puts the image in its first or last token", where)
     escape = lambda t: t.replace("{", "{{").replace("}", "}}")  # noqa: E731
     template = escape(full[start:lo]) + "{prompt}" + escape(full[hi:end])
     gen_path = model_dir / names.WEIGHT_FILES["generation_config"]
@@ -141,27 +160,34 @@ def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, An
     eos = eos_token_id(model_dir, tokenizer)
     if eos is None:
         raise ConfigError("no eos_token_id (generation_config.json) or eos_token (tokenizer_config.json)", model_dir)
+    turn = "one user turn with an image" if image is not None else "one user turn"
     config = {
         "prompt_template": template,
-        "prompt_format": "<bos> + encode(prompt_template) + <sep>, the image span where image_token stands; cut "
-        "from the model's chat template for one user turn with an image",
-        IMAGE_TOKEN: image,
+        "prompt_format": "<bos> + encode(prompt_template) + <sep>"
+        + (", the image span where image_token stands" if image is not None else "")
+        + f"; cut from the model's chat template for {turn}",
+        **({IMAGE_TOKEN: image} if image is not None else {}),
         "bos_token_id": int(ids[0]),
         "sep_token_id": int(ids[-1]),
         "eos_token_id": int(eos),
         "pad_token_id": int(hf_gen.get("pad_token_id") or 0),
-        "default_prompt": DEFAULT_PROMPT,
+        **({"default_prompt": DEFAULT_PROMPT} if image is not None else {}),  # a text model is given its prompt
         "max_new_tokens": int(hf_gen.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
     }
-    image_id = tokenizer.token_to_id(image)
+    image_id = tokenizer.token_to_id(image) if image is not None else None
     for prompt in (DEFAULT_PROMPT, "a b c"):  # the cut must tokenize as the whole turn does, the image in place
-        whole = tokenizer.encode(text.replace(SENTINEL, prompt), add_special_tokens=True).ids
-        slot = whole.index(image_id) if whole.count(image_id) == 1 else -1
+        whole = tokenizer.encode(text.replace(SENTINEL, prompt), add_special_tokens=add_special_tokens).ids
         layout = prompt_layout(tokenizer, config, "", prompt)
-        if slot < 0 or (layout.ids, layout.image_slot) != (whole[:slot] + whole[slot + 1 :], slot):
+        if image_id is None:
+            same = layout.ids == whole
+        else:
+            slot = whole.index(image_id) if whole.count(image_id) == 1 else -1
+            same = slot >= 0 and (layout.ids, layout.image_slot) == (whole[:slot] + whole[slot + 1 :], slot)
+        if not same:
             raise ConfigError(
-                "the chat template cannot be served as <bos> + template + <sep> with the image in its place: "
-                "the cut tokenizes differently",
+                "the chat template cannot be served as <bos> + template + <sep>"
+                + (" with the image in its place" if image is not None else "")
+                + ": the cut tokenizes differently",
                 where,
             )
     return config
@@ -238,9 +264,8 @@ def model_config(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_serving_files(spec: VlmSpec, model_dir: Path, cfg: dict[str, Any], out: Path) -> dict[str, Path]:
-    """The bundle's model files by role (edgekit.names.WEIGHT_FILES), written into `out`: a model directory as a
-    target's build side reads one (`BuildInputs.model_dir`)."""
+def read_tokenizer(model_dir: Path):
+    """The directory's `tokenizer.json` as a tokenizers `Tokenizer`, refused in one line when missing or foreign."""
     from tokenizers import Tokenizer
 
     tok_path = model_dir / names.WEIGHT_FILES["tokenizer"]
@@ -249,18 +274,30 @@ def write_serving_files(spec: VlmSpec, model_dir: Path, cfg: dict[str, Any], out
             "tokenizer.json is missing: edgekit's runtime reads the tokenizers library's tokenizer.json", model_dir
         )
     try:
-        tokenizer = Tokenizer.from_file(str(tok_path))
+        return Tokenizer.from_file(str(tok_path))
     except Exception as exc:  # tokenizers raises its own exception type for a foreign file
         raise ConfigError(f"not a tokenizers tokenizer.json ({type(exc).__name__})", tok_path) from None
+
+
+def write_model_files(model_dir: Path, files: dict[str, dict[str, Any]], out: Path) -> dict[str, Path]:
+    """The directory's tokenizer.json copied and `files` ({role: JSON}) written into `out`; paths by role."""
     out.mkdir(parents=True, exist_ok=True)
-    files = {
-        "generation_config": generation_config(spec, model_dir, tokenizer),
-        "preprocessor_config": preprocessor_config(spec, model_dir),
-        "model_config": model_config(spec, cfg),
-    }
+    tok_path = model_dir / names.WEIGHT_FILES["tokenizer"]
     paths = {"tokenizer": Path(shutil.copy2(tok_path, out / tok_path.name))}
     for role, data in files.items():
         p = out / names.WEIGHT_FILES[role]
         p.write_text(json.dumps(data, indent=2) + "\n")
         paths[role] = p
     return paths
+
+
+def write_serving_files(spec: VlmSpec, model_dir: Path, cfg: dict[str, Any], out: Path) -> dict[str, Path]:
+    """The bundle's model files by role (edgekit.names.WEIGHT_FILES), written into `out`: a model directory as a
+    target's build side reads one (`BuildInputs.model_dir`)."""
+    tokenizer = read_tokenizer(model_dir)
+    files = {
+        "generation_config": generation_config(spec, model_dir, tokenizer),
+        "preprocessor_config": preprocessor_config(spec, model_dir),
+        "model_config": model_config(spec, cfg),
+    }
+    return write_model_files(model_dir, files, out)

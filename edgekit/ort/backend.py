@@ -51,9 +51,6 @@ def _open(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
         raise BundleError(f"ONNX Runtime cannot load this graph ({type(exc).__name__})", path) from exc
 
 
-NO_VISION_GRAPH = "this bundle is a text model: it has no vision graph to encode images with"
-
-
 class CpuBackend:
     """`encode_images`, `embed`, `decode` over three ORT InferenceSessions (two for a text model: `vision_encoder`
     None, and `encode_images` refuses)."""
@@ -111,7 +108,7 @@ class CpuBackend:
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
         """(batch, frames, 1, H, W) float32 -> image features (batch, num_image_tokens, hidden)."""
         if self.vision is None:
-            raise TextModelError(NO_VISION_GRAPH)
+            raise TextModelError.no_vision_graph()
         pv = np.ascontiguousarray(pixel_values, dtype=np.float32)
         return self.vision.run(None, {names.PIXEL_VALUES: pv})[0]
 

@@ -44,7 +44,7 @@ def _json(path: Path) -> dict:
 def weight_precision(graphs: Path) -> dict:
     """How the GEMM weights of the prepared graphs are stored: counts by kind, per graph."""
     out = {}
-    for role in names.GRAPH_ROLES:
+    for role in names.graph_roles_in(graphs):
         counts: dict[str, int] = {}
         for node in ir.load(graphs / names.GRAPH_FILES[role]).graph:
             if node.op_type not in ("MatMul", "Conv", "Gather") or len(node.inputs) < 2:
@@ -85,7 +85,7 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
     profiles = make_profiles(graphs, limits)
 
     dla = {}  # what the DLA could take of each graph, were its profile static
-    for role in names.GRAPH_ROLES:
+    for role in names.graph_roles_in(graphs):
         rep = check_model(ir.load(graphs / names.GRAPH_FILES[role]), names.GRAPH_FILES[role], dla=True)
         dla_nodes = rep.nodes - len({f.node for f in rep.findings})
         dla[role] = {"nodes": rep.nodes, "dla_layers": dla_nodes, "static_profile": is_static(profiles[role])}
@@ -144,7 +144,7 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
         },
         "orin_parity": {
             **parity,
-            "cases": list(reference.CASES),
+            "cases": list(ref_inputs),  # a text model's bundle has no vision case
             "source": "ONNX Runtime CPU: the orin graphs against the FP32 export (and the recipe's graphs) on the "
             f"bundle's reference inputs ({REFERENCE_FILE}: one study's pixels, a {reference.PROMPT_TOKENS}-token "
             "prompt, prefill and one decode step); TensorRT not run",

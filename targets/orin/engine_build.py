@@ -62,7 +62,7 @@ def preflight(bundle, overrides: dict | None = None) -> dict:
             dla_static=is_static(plan["profiles"].get(role, [])),
             gpu_fallback=bool(plan["gpu_fallback"]),
         )
-        for role in names.GRAPH_ROLES
+        for role in bundle.graph_roles
     ]
     refuse_unsupported(reports, bundle.root)
     plan["_capability"] = {r.graph: {"nodes": r.nodes, "findings": len(r.findings)} for r in reports}
@@ -163,7 +163,7 @@ def build_engines(
         say(f"TensorRT {trt.__version__} has no DLA support: the DLA-planned graphs build for the GPU")
     timing = cache.timing_cache.read_bytes() if cache.timing_cache.is_file() else b""
     engines, started = {}, time.perf_counter()
-    for role in names.GRAPH_ROLES:
+    for role in bundle.graph_roles:
         path = bundle.component(role)
         say(f"building {path.name} ({', '.join(p['name'] for p in plan['profiles'][role])})")
         t0 = time.perf_counter()

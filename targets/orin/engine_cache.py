@@ -35,7 +35,7 @@ class EngineMismatchError(ConfigError):
 def bundle_id(bundle, plan: dict) -> str:
     """The graphs' checksums and the plan, hashed: what an engine was built from."""
     h = hashlib.sha256()
-    for role in names.GRAPH_ROLES:
+    for role in bundle.graph_roles:
         h.update(bundle.manifest.components[role].sha256.encode())
     h.update(json.dumps(plan, sort_keys=True, default=str).encode())
     return f"{bundle.name}-{h.hexdigest()[:16]}"
@@ -108,7 +108,7 @@ class EngineCache:
         if meta is None:
             return False
         check_folder(self.folder, self.facts, self.bundle)
-        return all(self.engine(r).is_file() for r in names.GRAPH_ROLES)
+        return bool(meta.get("engines")) and all(self.engine(r).is_file() for r in meta["engines"])
 
     def require(self) -> dict:
         """The record of a complete engine folder for this device, or a one-line refusal saying what to run."""

@@ -25,7 +25,7 @@ class OrinOnnxBackend(CpuBackend):
 
     def __init__(self, bundle, *, intra_op_threads: int | None = None, profile_dir=None, billing=None):
         super().__init__(
-            bundle.component(names.VISION),
+            None if bundle.is_text else bundle.component(names.VISION),
             bundle.component(names.EMBED),
             bundle.component(names.DECODER_ROLE),
             intra_op_threads=intra_op_threads,

@@ -93,12 +93,12 @@ def make_profiles(graphs: Path, limits: Limits) -> dict[str, list[dict]]:
         ],
     }
     out = {}
-    for role, profiles in per_role.items():
+    for role in names.graph_roles_in(graphs):  # a text model's bundle has no vision graph, nor its profile
         path = graphs / names.GRAPH_FILES[role]
         dims = _dims(path)
         out[role] = [
             {"name": pname, "shapes": {n: _shape(d, sizes, path.name, n) for n, d in dims.items()}}
-            for pname, sizes in profiles
+            for pname, sizes in per_role[role]
         ]
     return out
 

@@ -2,9 +2,10 @@
 
 Four cases, one per way the engines are called: the vision encoder on one study's pixels, the embedding table on
 a prompt, a decoder prefill over image + prompt with an empty KV cache, and one decode step on the KV cache that
-prefill made. The decoder's inputs come from the FP32 export (so every variant of a model is checked on the same
-inputs); the outputs stored are the orin graphs' own, from ONNX Runtime on cpu: what `edgekit engine check`
-compares a TensorRT engine with, as `polygraphy run --trt --onnxrt` does.
+prefill made (a text model's bundle: no vision case, a prefill over the prompt alone). The decoder's inputs come
+from the FP32 export (so every variant of a model is checked on the same inputs); the outputs stored are the orin
+graphs' own, from ONNX Runtime on cpu: what `edgekit engine check` compares a TensorRT engine with, as
+`polygraphy run --trt --onnxrt` does.
 
 `compare` is the one comparison, used for the build's parity figure (orin graphs vs FP32 export, vs the recipe's
 graphs) and for the engine check.
@@ -41,10 +42,13 @@ def make_inputs(fp32: Path, *, frames: int, image_size: int, vocab: int, seed: i
     rng = np.random.default_rng(seed)
     pixels = rng.uniform(-1, 1, (1, frames, 1, image_size, image_size)).astype(np.float32)
     ids = rng.integers(4, vocab, (1, PROMPT_TOKENS)).astype(np.int64)
-    image = _run(_session(fp32 / names.VISION_ENCODER), {names.PIXEL_VALUES: pixels})[names.IMAGE_FEATURES]
+    vision = fp32 / names.VISION_ENCODER if (fp32 / names.VISION_ENCODER).is_file() else None
     embed = _session(fp32 / names.EMBED_TOKENS)
     text = _run(embed, {names.INPUT_IDS: ids})[names.INPUTS_EMBEDS]
-    x = np.concatenate([image, text], axis=1)
+    if vision is not None:
+        image = _run(_session(vision), {names.PIXEL_VALUES: pixels})[names.IMAGE_FEATURES]
+        text = np.concatenate([image, text], axis=1)
+    x = text
     t = x.shape[1]
     decoder = _session(fp32 / names.DECODER)
     kv = {i.name: i.shape for i in decoder.get_inputs() if i.name.startswith(names.PAST_PREFIX)}
@@ -65,7 +69,7 @@ def make_inputs(fp32: Path, *, frames: int, image_size: int, vocab: int, seed: i
         **{n: out[names.PRESENT_PREFIX + n[len(names.PAST_PREFIX) :]] for n in kv},
     }
     return {
-        "vision_encoder": {names.PIXEL_VALUES: pixels},
+        **({"vision_encoder": {names.PIXEL_VALUES: pixels}} if vision is not None else {}),
         "embed_tokens": {names.INPUT_IDS: ids},
         "decoder:prefill": prefill,
         "decoder:decode": decode,
@@ -74,7 +78,7 @@ def make_inputs(fp32: Path, *, frames: int, image_size: int, vocab: int, seed: i
 
 def run_cases(graphs: Path, inputs: dict[str, dict]) -> dict[str, dict[str, np.ndarray]]:
     """Every case through the graphs in `graphs` (ONNX Runtime, cpu)."""
-    sessions = {role: _session(graphs / names.GRAPH_FILES[role]) for role in names.GRAPH_ROLES}
+    sessions = {role: _session(graphs / names.GRAPH_FILES[role]) for role in names.graph_roles_in(graphs)}
     return {case: _run(sessions[ROLE_OF[case]], feeds) for case, feeds in inputs.items()}
 
 

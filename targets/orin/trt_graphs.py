@@ -233,11 +233,12 @@ def prepare_model(model: ir.Model, graph: str, report: CapabilityReport) -> Grap
 
 
 def prepare_graphs(src: Path, out: Path) -> tuple[list[CapabilityReport], list[GraphChanges], list[CapabilityReport]]:
-    """The three graphs of `src`, prepared for TensorRT into `out`. Returns the capability reports before the
-    fixes (what the recipe's graphs needed), the changes made, and the reports after (which must be clean)."""
+    """The graphs of `src` (three, or a text model's two), prepared for TensorRT into `out`. Returns the capability
+    reports before the fixes (what the recipe's graphs needed), the changes made, and the reports after (which
+    must be clean)."""
     out.mkdir(parents=True, exist_ok=True)
     before, changes, after = [], [], []
-    for role in names.GRAPH_ROLES:
+    for role in names.graph_roles_in(src):
         fname = names.GRAPH_FILES[role]
         model = ir.load(src / fname)
         report = check_model(model, fname)

@@ -115,7 +115,7 @@ class TrtBackend:
             self.runtime.DLA_core = int(plan["dla_core"])
         self.engines = {
             role: _Engine(trt, self.runtime, cache.engine(role), self.profiles[role], self.stream_handle)
-            for role in names.GRAPH_ROLES
+            for role in bundle.graph_roles
         }
         self.buffers: dict[tuple[str, str], _DeviceBuffer] = {}
         self.profile_dir = Path(profile_dir) if profile_dir is not None else None

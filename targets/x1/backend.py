@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit import names
-from edgekit.errors import BundleError, ConfigError
+from edgekit.errors import BundleError, ConfigError, TextModelError
 from edgekit.target import runtime_settings
 
 from .dss import HeadMaskPolicy, load_head_importance
@@ -180,6 +180,8 @@ class X1Backend:
 
     # the backend protocol ------------------------------------------------------------------------------------
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
+        if names.VISION not in self.programs:  # a text model's bundle
+            raise TextModelError.no_vision_graph()
         feeds = {names.PIXEL_VALUES: np.ascontiguousarray(pixel_values, np.float32)}
         return self._record("encode", self.emulator.run(names.VISION, feeds)).outputs[names.IMAGE_FEATURES]
 
