@@ -310,7 +310,7 @@ def test_orin_build_profiles_take_mrope_positions(tmp_path, qwen):
     assert cap["supported_nodes"] == cap["nodes"]
     profiles = manifest["runtime"]["profiles"]["decoder"]
     prefill, decode = (p["shapes"]["position_ids"] for p in profiles)
-    assert prefill["min"][0] == prefill["max"][0] == 3 and decode["max"] == [3, 4, 1]
+    assert prefill["min"][0] == prefill["max"][0] == 3 and decode["max"] == [3, 8, 1]
     assert manifest["figures"]["orin_parity"]["vs_fp32_export"]["decoder:decode"]["logits_top1"] == 1
     bundle = load_bundle(out)
     reporter = Reporter(bundle, backend=OrinOnnxBackend(bundle, intra_op_threads=1))

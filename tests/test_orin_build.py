@@ -95,14 +95,18 @@ def test_plan_and_profiles_are_in_the_manifest(default_bundle):
     assert limits["max_positions"] == 256 and limits["image_tokens"] == 16 and limits["frames"] == 8
     vision = rt["profiles"]["vision_encoder"][0]["shapes"]["pixel_values"]
     # a static image; 1 .. 8 frames (frame skipping hands the encoder fewer), tuned for the model's 8
-    assert vision == {"min": [1, 1, 1, 64, 64], "opt": [1, 8, 1, 64, 64], "max": [4, 8, 1, 64, 64]}
+    # the engine encodes the images of the requests it admits together: up to its 8 rows
+    assert vision == {"min": [1, 1, 1, 64, 64], "opt": [1, 8, 1, 64, 64], "max": [8, 8, 1, 64, 64]}
+    assert rt["max_batch"] == limits["max_batch"] == 8  # the engine's default max_batch
     prefill, decode = rt["profiles"]["decoder"]
     assert (prefill["name"], decode["name"]) == ("prefill", "decode")
-    assert prefill["shapes"]["inputs_embeds"]["max"] == [4, 256, 192]
-    assert prefill["shapes"]["past_key_values.0.key"]["max"] == [4, 2, 0, 32]
-    assert decode["shapes"]["inputs_embeds"]["max"] == [4, 1, 192]
-    assert decode["shapes"]["past_key_values.3.value"]["max"] == [4, 2, 255, 32]
-    assert decode["shapes"]["attention_mask"]["max"] == [4, 256]
+    # one prompt per prefill call (the engine prefills one request at a time): batch 1 only
+    assert prefill["shapes"]["inputs_embeds"] == {"min": [1, 1, 192], "opt": [1, 32, 192], "max": [1, 256, 192]}
+    assert prefill["shapes"]["past_key_values.0.key"]["max"] == [1, 2, 0, 32]
+    # one decode step for every decoding row: batch 1 .. 8, tuned at 4
+    assert decode["shapes"]["inputs_embeds"] == {"min": [1, 1, 192], "opt": [4, 1, 192], "max": [8, 1, 192]}
+    assert decode["shapes"]["past_key_values.3.value"]["max"] == [8, 2, 255, 32]
+    assert decode["shapes"]["attention_mask"]["max"] == [8, 256]
     for prof in (prefill, decode):
         for s in prof["shapes"].values():
             assert all(lo <= o <= hi for lo, o, hi in zip(s["min"], s["opt"], s["max"]))
@@ -116,7 +120,7 @@ def test_the_graphs_report_in_onnx_runtime_and_match_their_references(default_bu
     assert result["passed"] and result["numerics"]["cases"]["decoder:decode"]["rel_l2"] == 0.0
     cap = json.loads(b.component(CAPABILITY_ROLE).read_text())
     assert cap["table_source"].startswith("https://github.com/onnx/onnx-tensorrt/blob/96e78110")
-    assert cap["dla"]["vision_encoder"]["static_profile"] is False  # batch 1..4: the DLA would need it static
+    assert cap["dla"]["vision_encoder"]["static_profile"] is False  # batch 1..8: the DLA would need it static
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -72,8 +72,8 @@ def test_requests_beyond_the_profiles_are_refused_before_any_work(orin_bundle):
     line = str(err.value)
     assert "\n" not in line and line.startswith(str(orin_bundle.source))
     assert "a prompt of 300 positions (image and text) is longer than the engine's maximum of 256" in line
-    with pytest.raises(ProfileError, match=r"input pixel_values has size 5 on axis 0, outside .*\[1, 4\]"):
-        backend.encode_images(np.zeros((5, 8, 1, 64, 64), np.float32))
+    with pytest.raises(ProfileError, match=r"input pixel_values has size 9 on axis 0, outside .*\[1, 8\]"):
+        backend.encode_images(np.zeros((9, 8, 1, 64, 64), np.float32))
     past = [(np.zeros((1, 2, 256, 32), np.float32),) * 2] * backend.num_layers
     with pytest.raises(ProfileError, match="outside the engine's profile"):  # a KV cache already full
         backend.decode(np.zeros((1, 1, 192), np.float32), np.ones((1, 257), np.int64), np.array([[256]]), past)
@@ -130,7 +130,7 @@ def test_dry_run_shows_the_plan_and_the_dla_check(orin_bundle, capsys):
 
     graph = onnx.load(str(orin_bundle.component(names.VISION))).graph
     shape_ops = sum(1 for n in graph.node if n.op_type in ("Shape", "Constant"))
-    assert vision["findings"] == vision["nodes"] - shape_ops  # batch 1..4 is not static: the GPU runs it all
+    assert vision["findings"] == vision["nodes"] - shape_ops  # batch 1..8 is not static: the GPU runs it all
     assert dla["plan"]["devices"]["vision_encoder"] == "dla" and dla["plan"]["dla_core"] == 0
 
 

@@ -54,8 +54,12 @@ def _say(as_json: bool):
     return say
 
 
-def _overrides(dla: list[str] | None, dla_core: int | None, workspace: int | None, level: int | None) -> dict:
+def _overrides(
+    dla: list[str] | None, dla_core: int | None, workspace: int | None, level: int | None, max_batch: int | None = None
+) -> dict:
     out: dict = {}
+    if max_batch is not None:
+        out["max_batch"] = max_batch
     if dla:
         out["devices"] = dict.fromkeys(dla, "dla")
     if dla_core is not None:
@@ -88,6 +92,15 @@ def build(
     level: Annotated[
         int | None, typer.Option("--opt-level", min=0, max=5, help="Builder optimisation level (plan: 3).")
     ] = None,
+    max_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--max-batch",
+            min=1,
+            max=64,
+            help="Rows one decode step carries (plan: 8); serve with the run setting max_batch to match.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Build the bundle's TensorRT engines for this Jetson (strongly typed, the manifest's profiles), cached."""
@@ -96,7 +109,7 @@ def build(
     from edgekit.targets.orin.engine_build import dry_run as plan_only
 
     b = load_bundle(bundle)
-    overrides = _overrides(dla, dla_core, workspace, level)
+    overrides = _overrides(dla, dla_core, workspace, level, max_batch)
     if dry_run:
         emit(plan_only(b, state=state_dir, overrides=overrides), as_json, title="engine build plan (dry run)")
         return

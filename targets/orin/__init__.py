@@ -43,7 +43,11 @@ class OrinTarget:
 
             billing = EstimateBilling(bundle, *run.estimate) if run.estimate is not None else None
             return OrinOnnxBackend(
-                bundle, intra_op_threads=options.threads, profile_dir=options.profile_dir, billing=billing
+                bundle,
+                intra_op_threads=options.threads,
+                profile_dir=options.profile_dir,
+                billing=billing,
+                overrides=run.plan_overrides,  # max_batch only: the others are refused for onnxruntime
             )
         from .engine_build import ensure_engines
         from .trt_import import import_tensorrt

@@ -28,7 +28,7 @@ from . import reference
 from .capability import check_model, refuse_unsupported
 from .optable import load_table
 from .plan import make_plan
-from .profiles import Limits, is_static, make_profiles
+from .profiles import Limits, graph_paths, is_static, make_profiles
 from .trt_graphs import prepare_graphs
 
 GRAPH_DIR = "orin-graphs"
@@ -82,7 +82,7 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
     generation = _json(inputs.model_dir / names.WEIGHT_FILES["generation_config"])
     preprocess = _json(inputs.model_dir / names.WEIGHT_FILES["preprocessor_config"])
     limits = Limits.of(model_config, generation, preprocess)
-    profiles = make_profiles(graphs, limits)
+    profiles = make_profiles(graph_paths(graphs), limits)
 
     dla = {}  # what the DLA could take of each graph, were its profile static
     for role in names.graph_roles_in(graphs):
@@ -128,7 +128,7 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
         "weights": weight_precision(graphs),
     }
     sparse = "sparse24" in inputs.recipe_passes
-    runtime = make_plan(profiles=profiles, limits=limits.__dict__, precision=precision, sparse=sparse)
+    runtime = make_plan(profiles=profiles, limits=limits, precision=precision, sparse=sparse)
     fixed = [{"graph": f.graph, "node": f.node, "fix": f.fix} for r in before for f in r.findings]
     nodes = sum(r.nodes for r in after)
     figures = {

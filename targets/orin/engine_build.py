@@ -28,12 +28,12 @@ from edgekit.errors import BundleError, ConfigError
 from .capability import check_file, refuse_unsupported
 from .device import DeviceFacts, current_facts, state_dir
 from .engine_cache import EngineCache, atomic_write, bundle_id
-from .plan import dla_roles, with_overrides
+from .plan import dla_roles, plan_for
 from .profiles import is_static
 from .trt_import import dla_supported, import_tensorrt, strongly_typed_flags
 
 Progress = Callable[[str, int, int], None]  # (phase, step, steps)
-PLAN_SUMMARY = ("workspace_mib", "builder_optimization_level", "devices", "dla_core", "sparse_weights")
+PLAN_SUMMARY = ("max_batch", "workspace_mib", "builder_optimization_level", "devices", "dla_core", "sparse_weights")
 RSS_SOURCE = "getrusage(RUSAGE_SELF).ru_maxrss: peak resident memory of this process, parsing and building included"
 log = logging.getLogger("edgekit.orin")
 
@@ -53,7 +53,7 @@ def peak_rss_mib() -> float:
 def preflight(bundle, overrides: dict | None = None) -> dict:
     """The plan with overrides, after every check that needs no GPU: target, plan, capability (and DLA)."""
     require_orin(bundle)
-    plan = with_overrides(bundle.manifest.runtime, overrides or {}, bundle.source)
+    plan = plan_for(bundle, overrides)
     dla = set(dla_roles(plan))
     reports = [
         check_file(
@@ -202,7 +202,7 @@ def ensure_engines(bundle, *, state: str | None = None, overrides: dict | None =
     """The run side's first load on a device (edgekitd's first start): build the engines when this device's
     cache has none for this bundle and plan; None when a record is there (the backend then checks it and refuses
     a damaged or foreign one in one line, as `edgekit engine build --rebuild` is the fix, not a silent rebuild)."""
-    plan = with_overrides(bundle.manifest.runtime, overrides or {}, bundle.source)
+    plan = plan_for(bundle, overrides)
     facts = current_facts()
     cache = EngineCache(state_dir(state), bundle_id(bundle, plan), facts)
     if cache.read_meta() is not None:

@@ -27,21 +27,18 @@ class GateFailedError(EdgekitError):
 
 
 def _engine_outputs(backend, inputs: dict[str, dict]) -> dict[str, dict]:
-    """The reference cases through a `TrtBackend`: the stored KV cache is fed from the host, the new one copied
-    back, so every output is compared."""
-    from .trt_runtime import DeviceKV
-
+    """The reference cases through a `TrtBackend`: the stored KV cache is fed from the host, the new one written
+    to the first batch buffer and copied back, so every output is compared."""
     out = {}
     for case, feeds in inputs.items():
         role = reference.ROLE_OF[case]
         if role != names.DECODER_ROLE:
             out[case] = backend.run(role, feeds)
             continue
-        run = backend.run(role, feeds, kv_in=None, kv_out=0)
+        run = backend.run(role, feeds, kv_out=backend.kv.present(0))
         x, past = feeds[names.INPUTS_EMBEDS], feeds[names.past_key(0)]
-        kv = DeviceKV(0, past.shape[2] + x.shape[1], x.shape[0], backend.epoch)
         got = {names.LOGITS: run[names.LOGITS]}
-        for i, (k, v) in enumerate(backend.kv_to_host(kv)):
+        for i, (k, v) in enumerate(backend.kv.to_host(0, x.shape[0], past.shape[2] + x.shape[1])):
             got[names.present_key(i)], got[names.present_value(i)] = k, v
         out[case] = got
     return out

@@ -8,14 +8,22 @@ Precision is not a builder flag here: the networks are strongly typed (TensorRT 
 not DLA layers, `capability.DLA_OPS`), the optimisation profiles, the workspace, the builder optimisation level,
 sparse weights (asked for when the recipe made 2:4 weights; TensorRT uses sparse tactics only where it times them
 faster) and the parity tolerances `edgekit engine check` applies.
+
+`max_batch` is the most rows one decode step carries (`profiles`): recorded at build time (the engine's default,
+8), it may be overridden for an engine build and for a run (`edgekit engine build --max-batch N`, the run setting
+`max_batch`); `plan_for` then remakes the profiles from the bundle's graphs at that batch, so the engines, the
+ONNX Runtime reference and the engine cache key all follow it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from edgekit import names
 from edgekit.errors import ConfigError
+
+from .profiles import DEFAULT_MAX_BATCH, Limits, graph_paths, make_profiles
 
 TENSORRT_MIN = "10.3"
 DEFAULTS: dict[str, Any] = {
@@ -24,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "precision": {},
     "profiles": {},
     "limits": {},
+    "max_batch": DEFAULT_MAX_BATCH,
     "workspace_mib": 1024,
     "builder_optimization_level": 3,
     "devices": {role: "gpu" for role in names.GRAPH_ROLES},
@@ -33,11 +42,19 @@ DEFAULTS: dict[str, Any] = {
     "parity_tolerance": {"rel_l2": 0.03, "logits_top1": 0.95},
     "quality_floor": {"finding_f1": None, "max_drop": 0.01},
 }
-OVERRIDABLE = ("workspace_mib", "builder_optimization_level", "devices", "dla_core", "gpu_fallback")
+OVERRIDABLE = ("workspace_mib", "builder_optimization_level", "devices", "dla_core", "gpu_fallback", "max_batch")
+MAX_BATCH_LIMIT = 64  # beyond this a decode profile is a typo, not a plan
 
 
-def make_plan(*, profiles: dict, limits: dict, precision: dict, sparse: bool) -> dict[str, Any]:
-    return {**DEFAULTS, "profiles": profiles, "limits": limits, "precision": precision, "sparse_weights": sparse}
+def make_plan(*, profiles: dict, limits: Limits, precision: dict, sparse: bool) -> dict[str, Any]:
+    return {
+        **DEFAULTS,
+        "profiles": profiles,
+        "limits": dataclasses.asdict(limits),
+        "max_batch": limits.max_batch,
+        "precision": precision,
+        "sparse_weights": sparse,
+    }
 
 
 def with_overrides(plan: dict, overrides: dict, where) -> dict:
@@ -47,7 +64,12 @@ def with_overrides(plan: dict, overrides: dict, where) -> dict:
         raise ConfigError(
             f"these orin settings cannot be overridden: {', '.join(bad)} (can: {', '.join(OVERRIDABLE)})", where
         )
-    merged = {**DEFAULTS, **plan, **overrides}
+    # a bundle written before `max_batch` was a plan key: its profiles' batch, not today's default
+    recorded = plan.get("max_batch", plan.get("limits", {}).get("max_batch", DEFAULT_MAX_BATCH))
+    merged = {**DEFAULTS, **plan, "max_batch": recorded, **overrides}
+    batch = merged["max_batch"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH_LIMIT:
+        raise ConfigError(f"max_batch must be an integer in [1, {MAX_BATCH_LIMIT}], got {batch!r}", where)
     level = merged["builder_optimization_level"]
     if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 5:
         raise ConfigError(f"builder_optimization_level must be 0..5, got {level!r}", where)
@@ -66,6 +88,18 @@ def with_overrides(plan: dict, overrides: dict, where) -> dict:
         if dev == "dla" and core is None:
             raise ConfigError(f"devices.{role} is dla but no dla_core is set (0 or 1)", where)
     return merged
+
+
+def plan_for(bundle, overrides: dict | None = None) -> dict:
+    """The bundle's plan with a request's overrides (`with_overrides`); with a `max_batch` other than the one its
+    profiles were made for, the profiles made again from the bundle's graphs and recorded limits at that batch."""
+    plan = with_overrides(bundle.manifest.runtime, overrides or {}, bundle.source)
+    limits = plan.get("limits") or {}
+    if limits and plan["max_batch"] != limits.get("max_batch"):
+        at = Limits(**{**limits, "max_batch": plan["max_batch"]})
+        plan["profiles"] = make_profiles(graph_paths(bundle.root), at)
+        plan["limits"] = dataclasses.asdict(at)
+    return plan
 
 
 def dla_roles(plan: dict) -> list[str]:

@@ -7,10 +7,18 @@ daemon's frame skipping hands the encoder fewer frames; the encoder pools over t
 profiles, as LLM engines do: `prefill` (the whole prompt, empty KV cache) and `decode` (one token, a KV cache of
 1 .. max_positions - 1). Each input dim is named by the exporter (`batch`, `seq`, `past_seq`, `total_seq`,
 `frames`); an unknown name is refused rather than guessed.
+
+Batch follows the continuous-batching engine (`edgekit.engine`), which calls the graphs in three ways: one decode
+step for every decoding row at once (batch 1 .. max_batch), the images of the requests it admits together (the
+vision encoder, 1 .. max_batch) and one prefill per request (batch 1: the engine never prefills two prompts in one
+call, so the prefill profile is static in batch and TensorRT tunes it for that alone). `max_batch` is the plan's
+setting (the manifest's `runtime.max_batch`, default 8 as the engine's), and the run side's `max_rows` is the
+decode profile's batch maximum, so the engine never asks for more rows than the engines take.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +28,7 @@ from edgekit import names
 from edgekit.errors import ConfigError
 
 PREFILL, DECODE, DEFAULT = "prefill", "decode", "default"
-DEFAULT_MAX_BATCH = 4
+DEFAULT_MAX_BATCH = 8  # the engine's default max_batch (edgekit.engine.Engine, edgekitd's [engine] max_batch)
 TYPICAL_PROMPT_TEXT = 16  # tokens of a typical indication, for the `opt` shapes
 
 
@@ -55,6 +63,17 @@ class Limits:
         )
 
 
+def typical_batch(max_batch: int) -> int:
+    """The decode profile's `opt` batch: half the maximum, rounded up (4 of 8).
+
+    TensorRT times its tactics at `opt` and runs them at any batch in [min, max], so `opt` should be where the
+    steps spend their time. A loaded service (edgekitd's 8 workers into one engine) runs near the maximum, an idle
+    one at 1, and the controllers (`edgekit.engine.control`) move between; the midpoint keeps both ends within a
+    factor of two of the tuned shape. No Orin was available to time the alternatives: this is a choice, not a
+    measurement (docs/orin.md)."""
+    return max(1, (max_batch + 1) // 2)
+
+
 def _dims(path: Path) -> dict[str, list[int | str]]:
     model = onnx.load(str(path), load_external_data=False)
     out = {}
@@ -78,9 +97,12 @@ def _shape(dims: list[int | str], sizes: dict[str, tuple[int, int, int]], graph:
     return {"min": mins, "opt": opts, "max": maxs}
 
 
-def make_profiles(graphs: Path, limits: Limits) -> dict[str, list[dict]]:
-    """{role: [{"name", "shapes": {input: {"min", "opt", "max"}}}]} for the graphs in `graphs`."""
-    b = (1, 1, limits.max_batch)
+def make_profiles(graphs: Mapping[str, Path], limits: Limits) -> dict[str, list[dict]]:
+    """{role: [{"name", "shapes": {input: {"min", "opt", "max"}}}]} for the graphs `graphs` names by role."""
+    if limits.max_batch < 1:
+        raise ConfigError(f"max_batch must be >= 1, got {limits.max_batch}")
+    b = (1, 1, limits.max_batch)  # images and embeddings: one request's, or several at once
+    steps = (1, typical_batch(limits.max_batch), limits.max_batch)  # one decode step for every decoding row
     p, kv = limits.max_positions, limits.opt_kv
     text = (1, max(1, limits.opt_prompt - limits.image_tokens), p)
     prompt = (1, limits.opt_prompt, p)
@@ -88,19 +110,31 @@ def make_profiles(graphs: Path, limits: Limits) -> dict[str, list[dict]]:
         names.VISION: [(DEFAULT, {"batch": b, "frames": (1, limits.frames, limits.frames)})],
         names.EMBED: [(DEFAULT, {"batch": b, "seq": text})],
         names.DECODER_ROLE: [
-            (PREFILL, {"batch": b, "seq": prompt, "past_seq": (0, 0, 0), "total_seq": prompt}),
-            (DECODE, {"batch": b, "seq": (1, 1, 1), "past_seq": (1, kv, p - 1), "total_seq": (2, kv + 1, p)}),
+            (PREFILL, {"batch": (1, 1, 1), "seq": prompt, "past_seq": (0, 0, 0), "total_seq": prompt}),
+            (DECODE, {"batch": steps, "seq": (1, 1, 1), "past_seq": (1, kv, p - 1), "total_seq": (2, kv + 1, p)}),
         ],
     }
     out = {}
-    for role in names.graph_roles_in(graphs):  # a text model's bundle has no vision graph, nor its profile
-        path = graphs / names.GRAPH_FILES[role]
+    for role, path in graphs.items():  # a text model's bundle has no vision graph, nor its profile
+        path = Path(path)
         dims = _dims(path)
         out[role] = [
             {"name": pname, "shapes": {n: _shape(d, sizes, path.name, n) for n, d in dims.items()}}
             for pname, sizes in per_role[role]
         ]
     return out
+
+
+def graph_paths(folder: Path) -> dict[str, Path]:
+    """The graphs of a folder that holds them under their standard names (a build's, a bundle's root): three, or a
+    text model's two."""
+    return {role: Path(folder) / names.GRAPH_FILES[role] for role in names.graph_roles_in(folder)}
+
+
+def max_rows(decoder_profiles: list[dict]) -> int:
+    """The most rows one decode step may carry: the decode profile's batch maximum (what the engine is told)."""
+    decode = next(p for p in decoder_profiles if p["name"] == DECODE)
+    return int(decode["shapes"][names.INPUTS_EMBEDS]["max"][0])
 
 
 def is_static(profiles: list[dict]) -> bool:
@@ -116,24 +150,24 @@ class ProfileError(ConfigError):
 
 
 def select_profile(profiles: list[dict], shapes: dict[str, tuple[int, ...]], role: str, where=None) -> int:
-    """The index of the first profile covering `shapes`, or a one-line refusal naming the input and its bound."""
-    closest = None
+    """The index of the first profile covering `shapes`, or a one-line refusal naming the input and its bound in
+    the profile that misses by the fewest axes (the first such): a decode step of too many rows is refused by
+    the decode profile's batch bound, not by the prefill profile, which misses on more."""
+    closest: tuple[int, tuple] | None = None
     for i, prof in enumerate(profiles):
-        bad = None
+        misses = []
         for name, shape in shapes.items():
             bounds = prof["shapes"].get(name)
             if bounds is None:
                 continue
             for axis, (n, lo, hi) in enumerate(zip(shape, bounds["min"], bounds["max"])):
                 if not lo <= n <= hi:
-                    bad = (name, axis, n, lo, hi, prof["name"])
-                    break
-            if bad:
-                break
-        if bad is None:
+                    misses.append((name, axis, n, lo, hi, prof["name"]))
+        if not misses:
             return i
-        closest = closest or bad
-    name, axis, n, lo, hi, pname = closest
+        if closest is None or len(misses) < closest[0]:
+            closest = (len(misses), misses[0])
+    name, axis, n, lo, hi, pname = closest[1]
     if role == names.DECODER_ROLE and name == names.INPUTS_EMBEDS and axis == 1 and n > hi:
         reason = f"a prompt of {n} positions (image and text) is longer than the engine's maximum of {hi}"
     else:

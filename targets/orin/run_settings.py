@@ -5,7 +5,10 @@
 - `estimate`: `DEVICE:MODE` (e.g. `agx-orin-64:MAXN`): bill each report by the Orin cost model for that device and
   power mode (`estimate_billing`), so an Orin front can be drawn before anyone holds an Orin. It needs
   `engine=onnxruntime`: on a Jetson the board's own meter measures TensorRT, and an estimate must not pass for that;
-- the plan keys a request may override (`plan.OVERRIDABLE`: workspace, optimisation level, DLA), for TensorRT only.
+- `max_batch`: the most rows one decode step carries (`plan`: the profiles are remade at it), for either engine,
+  so the ONNX Runtime reference takes the batches the engines would;
+- the other plan keys a request may override (`plan.OVERRIDABLE`: workspace, optimisation level, DLA), for
+  TensorRT only.
 Unknown keys are refused by name (`edgekit.target.runtime_settings`), and so is a setting the chosen engine ignores.
 """
 
@@ -22,6 +25,7 @@ from .plan import DEFAULTS as PLAN_DEFAULTS
 from .plan import OVERRIDABLE
 
 ENGINES = ("tensorrt", "onnxruntime")
+BOTH_ENGINES = ("max_batch",)  # plan keys that mean the same to the ONNX Runtime reference
 RUN_DEFAULTS: dict[str, Any] = {"engine": "tensorrt", "estimate": None}
 DEFAULTS: dict[str, Any] = {**RUN_DEFAULTS, **{k: PLAN_DEFAULTS[k] for k in OVERRIDABLE}}
 
@@ -75,9 +79,10 @@ def read_settings(overrides: Mapping[str, Any], where) -> RunSettings:
             "device is measured by the board's own meter",
             where,
         )
-    if engine == "onnxruntime" and plan_overrides:
+    trt_only = sorted(set(plan_overrides) - set(BOTH_ENGINES))
+    if engine == "onnxruntime" and trt_only:
         raise ConfigError(
-            f"{', '.join(sorted(plan_overrides))}: TensorRT build settings, which engine=onnxruntime would ignore",
+            f"{', '.join(trt_only)}: TensorRT build settings, which engine=onnxruntime would ignore",
             where,
         )
     return RunSettings(engine, estimate, plan_overrides)

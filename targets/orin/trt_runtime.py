@@ -1,22 +1,25 @@
-"""The orin run side: the cached TensorRT engines behind the generation backend protocol, so `edgekit run`,
-`eval`, `profile` and edgekitd take an orin bundle unchanged.
+"""The orin run side: the cached TensorRT engines behind the engine's row protocol (`edgekit.engine.SlotBackend`),
+so `edgekit run`, `eval`, `profile` and edgekitd take an orin bundle unchanged.
 
 TensorRT 10 execution: one execution context per engine profile (the decoder has `prefill` and `decode`),
 `set_input_shape` + `set_tensor_address` + `execute_async_v3` on one CUDA stream, through cuda-python. The KV
-cache stays in device memory: two sets of buffers sized for the profile's maximum, the decoder reading one and
-writing the other (`DeviceKV` is the handle `generate()` threads from call to call; it is valid until the next
-decode). Image features, embeddings and logits come back to the host, as the decoding loop needs them there.
+cache stays in device memory, one home per row and two batch buffers the decode steps read and write in turn
+(`device_kv.DeviceKV`); which rows go into a step, and when their caches move, is `rows.RowBatcher`'s, the same
+code the ONNX Runtime reference (`onnx_backend.OrinOnnxBackend`) runs, so the two batch alike. `max_rows` is the
+decode profile's batch maximum: the engine never asks for more. Image features, embeddings and logits come back
+to the host, as the decoding loop needs them there. Nothing is billed per row: on a Jetson the board's own meter
+measures (`release` returns {}).
 
 Before any GPU work: the engines must be this device's (`engine_cache.EngineCache.require`) and every request
 must fit a profile (`profiles.select_profile`), each refused in one line. Without TensorRT the constructor fails
-with `trt_import.TRT_MISSING`.
+with `trt_import.TRT_MISSING`. Written against the TensorRT 10.3 API and not yet run on a device (docs/orin.md).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,40 +28,13 @@ from edgekit import names
 from edgekit.errors import EdgekitError
 
 from .device import current_facts, state_dir
+from .device_kv import DeviceBuffer, DeviceKV, KVLayout, check_cuda
 from .engine_build import require_orin
 from .engine_cache import EngineCache, bundle_id
-from .plan import with_overrides
+from .plan import plan_for
 from .profiles import select_profile
+from .rows import RowBatcher
 from .trt_import import import_cudart, import_tensorrt
-
-
-def _check(cuda_result):
-    """cuda-python returns (error, *values); raise on an error, return the values."""
-    err, *values = cuda_result if isinstance(cuda_result, tuple) else (cuda_result,)
-    if int(err) != 0:
-        raise EdgekitError(f"CUDA call failed: {err}", code="cuda_error")
-    return values[0] if len(values) == 1 else values
-
-
-class _DeviceBuffer:
-    def __init__(self, cudart, nbytes: int):
-        self.cudart, self.nbytes = cudart, max(int(nbytes), 1)
-        self.ptr = _check(cudart.cudaMalloc(self.nbytes))
-
-    def free(self) -> None:
-        if self.ptr:
-            self.cudart.cudaFree(self.ptr)
-            self.ptr = 0
-
-
-@dataclass
-class DeviceKV:
-    """The KV cache on the device: which buffer set holds it, its length, and the decode call that made it."""
-
-    slot: int
-    length: int
-    batch: int
-    epoch: int
 
 
 class _Engine:
@@ -101,13 +77,13 @@ class TrtBackend:
         require_orin(bundle)
         trt = import_tensorrt()
         self.cudart = cudart = import_cudart()
-        plan = with_overrides(bundle.manifest.runtime, overrides or {}, bundle.source)
+        plan = plan_for(bundle, overrides)
         self.source = bundle.source
         self.profiles = plan["profiles"]
         facts = current_facts()
         cache = EngineCache(state_dir(state), bundle_id(bundle, plan), facts)
         cache.require()  # this device's engines, intact: else one line, before any GPU work
-        self.stream = _check(cudart.cudaStreamCreate())
+        self.stream = check_cuda(cudart.cudaStreamCreate())
         self.stream_handle = int(self.stream)  # TensorRT takes the cudaStream_t as an integer
         logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(logger)
@@ -117,7 +93,7 @@ class TrtBackend:
             role: _Engine(trt, self.runtime, cache.engine(role), self.profiles[role], self.stream_handle)
             for role in bundle.graph_roles
         }
-        self.buffers: dict[tuple[str, str], _DeviceBuffer] = {}
+        self.buffers: dict[tuple[str, str], DeviceBuffer] = {}
         self.profile_dir = Path(profile_dir) if profile_dir is not None else None
         self.layer_times: list[dict] = []
         self.calls: list[dict] = []
@@ -126,39 +102,43 @@ class TrtBackend:
                 for ctx in eng.contexts:
                     ctx.profiler = _layer_profiler(trt, role, self.layer_times)
         dec = self.engines[names.DECODER_ROLE]
-        self.num_layers = sum(1 for n in dec.inputs if n.startswith(names.PAST_PREFIX) and n.endswith(".key"))
-        decode_max = self.profiles[names.DECODER_ROLE][-1]["shapes"]
-        _, self.kv_heads, _, self.head_dim = decode_max[names.past_key(0)]["max"]
-        kv_max = {n: s["max"] for n, s in decode_max.items() if n.startswith(names.PAST_PREFIX)}
-        kv_max = {n: [b, h, t + 1, d] for n, (b, h, t, d) in kv_max.items()}  # present = past + 1 token
-        kv_bytes = max(int(np.prod(s)) for s in kv_max.values()) * 4
-        self.kv = [[_DeviceBuffer(cudart, kv_bytes) for _ in range(2 * self.num_layers)] for _slot in range(2)]
-        self.epoch = 0
+        num_layers = sum(1 for n in dec.inputs if n.startswith(names.PAST_PREFIX) and n.endswith(".key"))
+        layout = KVLayout.of(self.profiles[names.DECODER_ROLE], num_layers)
+        self.num_layers, self.kv_heads, self.head_dim = num_layers, layout.kv_heads, layout.head_dim
+        self.kv = DeviceKV(cudart, self.stream, layout, self._decode)
+        self.rows = RowBatcher(self.kv, self.profiles[names.DECODER_ROLE], kv_heads=layout.kv_heads,
+                               head_dim=layout.head_dim, where=self.source)  # fmt: skip
+        self.max_rows = self.rows.max_rows
+        self.kv_bytes_per_token = 2 * num_layers * layout.kv_heads * layout.head_dim * 4  # FP32 K and V
+        decoder = bundle.component(names.DECODER_ROLE)
+        data = decoder.with_name(decoder.name + ".data")  # what a step streams: the decoder's weights, once
+        self.weight_bytes = decoder.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
     # plumbing --------------------------------------------------------------------------------------------------
-    def _buffer(self, role: str, name: str, nbytes: int) -> _DeviceBuffer:
+    def _buffer(self, role: str, name: str, nbytes: int) -> DeviceBuffer:
         key = (role, name)
         buf = self.buffers.get(key)
         if buf is None or buf.nbytes < nbytes:
             if buf is not None:
                 buf.free()
-            buf = self.buffers[key] = _DeviceBuffer(self.cudart, nbytes)
+            buf = self.buffers[key] = DeviceBuffer(self.cudart, nbytes)
         return buf
 
     def _h2d(self, ptr: int, array: np.ndarray) -> None:
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-        _check(self.cudart.cudaMemcpyAsync(ptr, array.ctypes.data, array.nbytes, kind, self.stream))
+        check_cuda(self.cudart.cudaMemcpyAsync(ptr, array.ctypes.data, array.nbytes, kind, self.stream))
 
     def _d2h(self, array: np.ndarray, ptr: int) -> None:
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        _check(self.cudart.cudaMemcpyAsync(array.ctypes.data, ptr, array.nbytes, kind, self.stream))
+        check_cuda(self.cudart.cudaMemcpyAsync(array.ctypes.data, ptr, array.nbytes, kind, self.stream))
 
-    def _kv_ptr(self, slot: int, layer: int, value: bool) -> int:
-        return self.kv[slot][2 * layer + int(value)].ptr
-
-    def run(self, role: str, feeds: dict[str, np.ndarray], *, kv_in: int | None = None, kv_out: int | None = None):
-        """Execute one engine. Host feeds are copied in; KV inputs/outputs (decoder) use the device slots; the
-        other outputs come back to the host. Returns {output name: array or output shape for KV outputs}."""
+    def run(
+        self, role: str, feeds: dict[str, np.ndarray], *, kv_in: dict[str, int] | None = None,
+        kv_out: dict[str, int] | None = None,
+    ):  # fmt: skip
+        """Execute one engine. Host feeds are copied in, except the KV inputs `kv_in` binds to device pointers
+        ({name: pointer}: their feeds give the shape only); KV outputs in `kv_out` are written to its pointers, the
+        other outputs come back to the host. Returns {output name: array, or its shape for a KV output}."""
         eng = self.engines[role]
         started = time.perf_counter()
         shapes = {n: tuple(a.shape) for n, a in feeds.items()}
@@ -166,10 +146,9 @@ class TrtBackend:
         ctx = eng.contexts[prof]
         host = {}
         for name in eng.inputs:
-            if name.startswith(names.PAST_PREFIX) and kv_in is not None:
-                layer, value = int(name.split(".")[1]), name.endswith(".value")
+            if kv_in is not None and name in kv_in:
                 ctx.set_input_shape(name, shapes[name])
-                ctx.set_tensor_address(name, self._kv_ptr(kv_in, layer, value))
+                ctx.set_tensor_address(name, kv_in[name])
                 continue
             array = np.ascontiguousarray(feeds[name], dtype=eng.dtypes[name])
             ctx.set_input_shape(name, array.shape)
@@ -177,13 +156,12 @@ class TrtBackend:
             self._h2d(buf.ptr, array)
             ctx.set_tensor_address(name, buf.ptr)
             host[name] = array  # keep alive until the stream is synchronised
-        fetched: dict[str, tuple[np.ndarray, _DeviceBuffer]] = {}
+        fetched: dict[str, tuple[np.ndarray, DeviceBuffer]] = {}
         kv_shapes: dict[str, tuple[int, ...]] = {}
         for name in eng.outputs:
             shape = tuple(ctx.get_tensor_shape(name))
-            if name.startswith(names.PRESENT_PREFIX) and kv_out is not None:
-                layer, value = int(name.split(".")[1]), name.endswith(".value")
-                ctx.set_tensor_address(name, self._kv_ptr(kv_out, layer, value))
+            if kv_out is not None and name in kv_out:
+                ctx.set_tensor_address(name, kv_out[name])
                 kv_shapes[name] = shape
                 continue
             out = np.empty(shape, eng.dtypes[name])
@@ -194,52 +172,42 @@ class TrtBackend:
             raise EdgekitError(f"TensorRT failed to execute the {role} engine", self.source, code="engine_failed")
         for out, buf in fetched.values():
             self._d2h(out, buf.ptr)
-        _check(self.cudart.cudaStreamSynchronize(self.stream))
+        check_cuda(self.cudart.cudaStreamSynchronize(self.stream))
         if self.profile_dir is not None:
             ms = (time.perf_counter() - started) * 1e3
             self.calls.append({"graph": role, "profile": eng.profiles[prof]["name"], "start": started, "ms": ms})
         return {**{n: out for n, (out, _buf) in fetched.items()}, **kv_shapes}
 
-    def kv_to_host(self, past: DeviceKV) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The device KV cache copied out (for `edgekit engine check`, not the decoding loop)."""
-        shape = (past.batch, self.kv_heads, past.length, self.head_dim)
-        out = []
-        for layer in range(self.num_layers):
-            k, v = np.empty(shape, np.float32), np.empty(shape, np.float32)
-            self._d2h(k, self._kv_ptr(past.slot, layer, False))
-            self._d2h(v, self._kv_ptr(past.slot, layer, True))
-            out.append((k, v))
-        _check(self.cudart.cudaStreamSynchronize(self.stream))
-        return out
-
-    # the backend protocol ------------------------------------------------------------------------------------
-    def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
-        out = self.run(names.VISION, {names.PIXEL_VALUES: np.asarray(pixel_values, np.float32)})
-        return out[names.IMAGE_FEATURES].astype(np.float32)
-
-    def embed(self, input_ids: np.ndarray) -> np.ndarray:
-        return self.run(names.EMBED, {names.INPUT_IDS: np.asarray(input_ids, np.int64)})[names.INPUTS_EMBEDS]
-
-    def decode(self, inputs_embeds, attention_mask, position_ids, past: DeviceKV | None = None):
-        x = np.asarray(inputs_embeds, np.float32)
-        batch = x.shape[0]
-        if past is not None and past.epoch != self.epoch:
-            raise EdgekitError("this KV cache was overwritten by a later decode call (one sequence at a time)")
-        length = 0 if past is None else past.length
-        slot_in = 0 if past is None else past.slot
-        slot_out = 1 - slot_in
-        feeds = {names.INPUTS_EMBEDS: x, names.ATTENTION_MASK: attention_mask, names.POSITION_IDS: position_ids}
-        kv_shape = np.broadcast_to(np.float32(0), (batch, self.kv_heads, length, self.head_dim))  # shape only
+    def _decode(self, x, mask, positions, past_len: int, past: dict[str, int], present: dict[str, int]):
+        """The decoder engine on device KV bindings (`device_kv.DeviceKV` calls it): logits (n, seq, vocab)."""
+        x = np.asarray(x, np.float32)
+        feeds = {names.INPUTS_EMBEDS: x, names.ATTENTION_MASK: mask, names.POSITION_IDS: positions}
+        kv_shape = np.broadcast_to(np.float32(0), (x.shape[0], self.kv_heads, past_len, self.head_dim))  # shape only
         for layer in range(self.num_layers):
             feeds[names.past_key(layer)] = kv_shape
             feeds[names.past_value(layer)] = kv_shape
-        out = self.run(names.DECODER_ROLE, feeds, kv_in=slot_in, kv_out=slot_out)
-        self.epoch += 1
-        return out[names.LOGITS], DeviceKV(slot_out, length + x.shape[1], batch, self.epoch)
+        return self.run(names.DECODER_ROLE, feeds, kv_in=past, kv_out=present)[names.LOGITS]
 
-    def take_cost(self) -> dict:
-        """Nothing is metered here beyond wall time (Jetson power rails are the reporter's meter)."""
-        return {}
+    # the engine's rows (edgekit.engine.SlotBackend) --------------------------------------------------------------
+    def encode_images(self, pixel_values: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+        out = self.run(names.VISION, {names.PIXEL_VALUES: np.asarray(pixel_values, np.float32)})
+        features = out[names.IMAGE_FEATURES].astype(np.float32)
+        if rows is not None:
+            self.rows.images(rows, features.shape[1])
+        return features
+
+    def embed(self, input_ids: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+        return self.run(names.EMBED, {names.INPUT_IDS: np.asarray(input_ids, np.int64)})[names.INPUTS_EMBEDS]
+
+    def prefill(self, row: int, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        return self.rows.prefill(row, inputs_embeds, position_ids)
+
+    def step(self, rows: Sequence[int], inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        return self.rows.step(rows, inputs_embeds, position_ids)
+
+    def release(self, row: int) -> dict:
+        """Forget `row`; {}: nothing is metered here beyond wall time (Jetson power rails are the reporter's)."""
+        return self.rows.release(row)
 
     def write_profile(self, report, out: Path) -> dict:
         """The last report's engine calls as a chrome trace, TensorRT's per-layer times as a table and a plot."""
@@ -280,6 +248,7 @@ class TrtBackend:
         }
 
     def close(self) -> None:
-        for buf in [*self.buffers.values(), *(b for slot in self.kv for b in slot)]:
+        for buf in self.buffers.values():
             buf.free()
         self.buffers.clear()
+        self.kv.free()
