@@ -1,6 +1,10 @@
 """The `cpu` target: exported ONNX graphs run in ONNX Runtime's CPU execution provider.
 
-Build side: the graphs ship as the export and recipe left them. Run side: `edgekit.ort.CpuBackend`.
+Build side (`build.py`): the graphs ship as the export and recipe left them, plus `decoder_cpu.onnx`, the decoder
+lowered onto ORT's fused CPU kernels (`fused.py`: GroupQueryAttention over an in-place KV cache, fused norms,
+packed QKV, int8-activation MatMulNBits). Run side (`runtime.py`): `CpuSlotBackend` (`slots.py`) over that
+decoder, with the engine's rows bound into preallocated KV buffers; bundles without it keep
+`edgekit.ort.CpuBackend` over the portable decoder.
 """
 
 from edgekit.ort import CpuBackend, physical_cores, session_options
@@ -15,22 +19,14 @@ class CpuTarget:
         """ONNX Runtime runs every recipe's graphs."""
 
     def prepare(self, inputs):
-        from edgekit.target import TargetBuild
+        from .build import prepare
 
-        return TargetBuild(graphs=inputs.graphs)
+        return prepare(inputs)
 
     def load_backend(self, bundle, options):
-        from edgekit import names
-        from edgekit.target import runtime_settings
+        from .runtime import load_backend
 
-        runtime_settings({}, bundle.manifest.runtime, options.settings, bundle.source)
-        return CpuBackend(
-            None if bundle.is_text else bundle.component(names.VISION),
-            bundle.component(names.EMBED),
-            bundle.component(names.DECODER_ROLE),
-            intra_op_threads=options.threads,
-            profile_dir=options.profile_dir,
-        )
+        return load_backend(bundle, options)
 
 
 TARGET = CpuTarget()

@@ -1,0 +1,101 @@
+"""The cpu target's build side: the portable graphs ship as the recipe left them, plus the fused decoder.
+
+The portable `decoder_model_merged.onnx` stays in the bundle (other runtimes' parity, `edgekit eval` references,
+and the `decoder = "portable"` runtime setting). Beside it goes `decoder_cpu.onnx` (role `cpu_decoder`): the same
+decoder lowered onto ONNX Runtime's fused CPU kernels (`fused.py`), which the run side serves with its KV cache
+bound in place (`slots.py`). The build measures the two against each other on a short greedy run and stamps the
+result into the bundle's figures; a decoder the lowering cannot read (a graph that is not the portable export's
+layout) ships without the fused one, the reason recorded in the build steps.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from edgekit import names
+from edgekit.export.save import save_model
+from edgekit.target import BuildInputs, TargetBuild
+
+from .fused import ACCURACY_LEVEL, FUSED_DECODER, FUSED_ROLE, FuseCpuDecoder, NotPortable
+from .runtime import FUSED, PORTABLE
+
+WORK_DIR = "cpu-fused"
+CHECK_PROMPT, CHECK_STEPS = 16, 8  # the build's fused-vs-portable check: a prompt, then greedy steps
+
+
+def prepare(inputs: BuildInputs) -> TargetBuild:
+    decoder = inputs.graphs / names.DECODER
+    t0 = time.perf_counter()
+    model = ir.load(decoder)
+    lowering = FuseCpuDecoder()
+    try:
+        lowering(model)
+    except NotPortable as err:
+        inputs.say(f"cpu: no fused decoder, the portable one serves ({err.reason})")
+        step = {"name": "cpu_fuse", "skipped": err.reason}
+        return TargetBuild(graphs=inputs.graphs, steps=[step], runtime={"decoder": PORTABLE})
+    inputs.say("cpu: decoder lowered onto ONNX Runtime's fused kernels (GroupQueryAttention, in-place KV cache)")
+    fused = save_model(model, inputs.work / WORK_DIR / FUSED_DECODER)
+    seconds = time.perf_counter() - t0
+    components = {FUSED_ROLE: fused}
+    data = fused.with_name(fused.name + ".data")
+    if data.is_file():
+        components[f"{FUSED_ROLE}_data"] = data
+    inputs.say("cpu: fused decoder against the portable one (greedy, teacher-forced)")
+    check = fused_parity(inputs.graphs, fused)
+    ops: dict[str, int] = {}
+    for node in model.graph:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    step = {
+        "name": "cpu_fuse",
+        "params": {"accuracy_level": ACCURACY_LEVEL, "fuse_norms": True, "pack_qkv": True},
+        "ops": dict(sorted(ops.items())),
+        "seconds": round(seconds, 3),
+    }
+    figures = {
+        "cpu_fused_parity": {
+            **check,
+            "source": f"ONNX Runtime CPU: {FUSED_DECODER} against {names.DECODER} on a {CHECK_PROMPT}-token prompt "
+            f"and {CHECK_STEPS} greedy steps fed the portable decoder's tokens; logits of each step's last position",
+        }
+    }
+    return TargetBuild(
+        graphs=inputs.graphs, components=components, figures=figures, steps=[step], runtime={"decoder": FUSED}
+    )
+
+
+def fused_parity(graphs: Path, fused: Path, *, prompt: int = CHECK_PROMPT, steps: int = CHECK_STEPS) -> dict:
+    """The fused decoder's logits against the portable decoder's on the same tokens: the largest difference,
+    relative to the largest logit, and how many greedy choices agree."""
+    from edgekit.ort import CpuBackend
+    from edgekit.positions import for_rank
+
+    from .slots import CpuSlotBackend
+
+    portable = CpuBackend(None, graphs / names.EMBED_TOKENS, graphs / names.DECODER, intra_op_threads=1)
+    candidate = CpuSlotBackend(
+        fused, graphs / names.EMBED_TOKENS, None, max_rows=1, capacity=prompt + steps, intra_op_threads=1
+    )
+    rank = 3 if candidate.signature.mrope else 2
+    vocab = candidate.signature.vocab
+    ids = np.random.default_rng(0).integers(min(5, vocab - 1), vocab, (1, prompt))
+    x = portable.embed(ids)
+    pos = np.arange(prompt)[None]
+    want, past = portable.decode(x, np.ones((1, prompt), np.int64), for_rank(pos, rank), None)
+    got = candidate.prefill(0, x, for_rank(pos, rank))
+    worst, scale, agree = 0.0, 0.0, 0
+    for i in range(steps + 1):
+        w = want[0, -1]
+        worst, scale = max(worst, float(np.abs(w - got).max())), max(scale, float(np.abs(w).max()))
+        token = int(w.argmax())
+        agree += token == int(got.argmax())
+        if i == steps:
+            break
+        x, p = portable.embed(np.array([[token]])), for_rank(np.array([[prompt + i]]), rank)
+        want, past = portable.decode(x, np.ones((1, prompt + i + 1), np.int64), p, past)
+        got = candidate.step([0], x, p)[0]
+    return {"max_abs": worst, "max_rel": worst / scale if scale else 0.0, "greedy_agree": f"{agree}/{steps + 1}"}

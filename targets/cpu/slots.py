@@ -1,0 +1,197 @@
+"""The cpu target's run side: the engine's rows (`edgekit.engine.slots.SlotBackend`) over the fused decoder.
+
+What a decode step costs here, and why: the fused decoder (`fused.py`) takes each layer's KV cache as one buffer
+that is its past and its present, so this backend binds `KvBuffers`' arrays with ORT's I/O binding and a step
+copies no cache, in or out (the portable graph's Concat copies every row's whole cache every step, and
+`PastKVSlots` pads rows of different lengths into one batch besides). The bindings of a step of n rows are made
+once and kept: the step's inputs are written into the bound arrays in place, so steady decoding is one
+`run_with_iobinding` per token, with no Python-side allocation in the decoder call. They are made again only
+when the buffers move (capacity growth).
+
+Prefill (a prompt or a chunk of one) binds the row's batch-1 view `buf[p:p+1]`; GroupQueryAttention appends at
+the row's length (`seqlens_k`), so chunks simply follow one another. Logits come back for the last position only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from edgekit import names
+from edgekit.errors import BundleError, ConfigError
+from edgekit.ort import CpuBackend, physical_cores, session_options
+
+from .fused import SEQLENS_K, TOTAL_SEQUENCE_LENGTH, FusedSignature
+from .kv_buffers import KvBuffers
+
+DEFAULT_CAPACITY = 256  # positions per row before the first doubling
+
+
+def _open(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    if not path.is_file():
+        raise BundleError("ONNX graph not found", path)
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises Fail/InvalidGraph/InvalidProtobuf for corrupt or foreign files
+        raise BundleError(f"ONNX Runtime cannot load this graph ({type(exc).__name__})", path) from exc
+
+
+def _bind(binding: ort.IOBinding, name: str, array: np.ndarray, *, output: bool = False) -> None:
+    """Bind `array`'s own memory (C-contiguous) to `name`: ORT reads or writes it in place."""
+    assert array.flags.c_contiguous, name
+    bind = binding.bind_output if output else binding.bind_input
+    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+
+
+class _Step:
+    """The bound arrays and I/O binding of a decode step of `n` rows (valid for one buffer generation)."""
+
+    def __init__(self, backend: CpuSlotBackend, n: int):
+        sig, kv = backend.signature, backend.kv
+        self.generation = kv.generation
+        self.embeds = np.zeros((n, 1, sig.hidden), np.float32)
+        self.positions = np.zeros((3, n, 1) if sig.mrope else (n, 1), np.int64)
+        self.seqlens_k = np.zeros(n, np.int32)
+        self.total = np.zeros((), np.int32)
+        self.logits = np.zeros((n, 1, sig.vocab), np.float32)
+        self.binding = backend.bind(self.embeds, self.positions, self.seqlens_k, self.total, self.logits, 0, n)
+
+
+class CpuSlotBackend:
+    """Rows of KV cache for the engine, decoded by the fused decoder with I/O binding (`SlotBackend`).
+
+    `decoder` is the fused graph (`decoder_cpu.onnx`), `embed_tokens` the portable embedding graph, and
+    `vision_encoder` the image encoder (None for a text-only decoder). `max_rows` bounds the rows held at once;
+    `capacity` is the positions each row starts with (doubled on demand)."""
+
+    def __init__(
+        self,
+        decoder: str | Path,
+        embed_tokens: str | Path,
+        vision_encoder: str | Path | None = None,
+        *,
+        max_rows: int = 8,
+        capacity: int = DEFAULT_CAPACITY,
+        intra_op_threads: int | None = None,
+        profile_dir: str | Path | None = None,
+    ):
+        if max_rows < 1:
+            raise ConfigError(f"max_rows must be >= 1, got {max_rows}")
+        if intra_op_threads is not None and intra_op_threads < 1:
+            raise ConfigError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+        self.max_rows = max_rows
+        self.intra_op_threads = physical_cores() if intra_op_threads is None else intra_op_threads
+        self.profile_dir = Path(profile_dir) if profile_dir is not None else None
+        if self.profile_dir is not None:
+            self.profile_dir.mkdir(parents=True, exist_ok=True)
+
+        def opts(name: str) -> ort.SessionOptions:
+            prefix = self.profile_dir / name if self.profile_dir is not None else None
+            return session_options(intra_op_threads=self.intra_op_threads, profile_prefix=prefix)
+
+        self._decoder_path = Path(decoder)
+        self.decoder = _open(self._decoder_path, opts("decoder"))
+        self.embed_session = _open(Path(embed_tokens), opts("embed_tokens"))
+        self.vision = _open(Path(vision_encoder), opts("vision_encoder")) if vision_encoder is not None else None
+        inputs = {i.name: i.shape for i in self.decoder.get_inputs()}
+        if not {SEQLENS_K, TOTAL_SEQUENCE_LENGTH, names.INPUTS_EMBEDS, names.past_key(0)} <= inputs.keys():
+            raise BundleError("not a fused cpu decoder (seqlens_k / past_key_values inputs missing)", decoder)
+        self.signature = sig = FusedSignature.of(inputs, {o.name: o.shape for o in self.decoder.get_outputs()})
+        self.num_layers, self.kv_heads, self.head_dim, self.hidden = sig.layers, sig.kv_heads, sig.head_dim, sig.hidden
+        self.kv_bytes_per_token = 2 * sig.layers * sig.kv_heads * sig.head_dim * 4  # float32 key + value per layer
+        data = self._decoder_path.with_name(self._decoder_path.name + ".data")
+        # what one decode step streams from memory: the decoder's weights, once (the engine's bandwidth rule)
+        self.weight_bytes = self._decoder_path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+        self.kv = KvBuffers(sig.layers, max_rows, sig.kv_heads, sig.head_dim, capacity)
+        self._steps: dict[int, _Step] = {}
+        self._outputs = [o.name for o in self.decoder.get_outputs()]
+
+    # images and tokens ----------------------------------------------------------------------------------------
+    def encode_images(self, pixel_values: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+        if self.vision is None:
+            raise ConfigError("this decoder was loaded without a vision encoder (text only)")
+        pv = np.ascontiguousarray(pixel_values, dtype=np.float32)
+        return self.vision.run(None, {names.PIXEL_VALUES: pv})[0]
+
+    def embed(self, input_ids: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+        return self.embed_session.run(None, {names.INPUT_IDS: ids})[0]
+
+    # the cache --------------------------------------------------------------------------------------------
+    def bind(self, embeds, positions, seqlens_k, total, logits, first: int, n: int) -> ort.IOBinding:
+        """An I/O binding of these arrays and physical rows [first, first + n) of every KV buffer (past and
+        present alike)."""
+        binding = self.decoder.io_binding()
+        _bind(binding, names.INPUTS_EMBEDS, embeds)
+        _bind(binding, names.POSITION_IDS, positions)
+        _bind(binding, SEQLENS_K, seqlens_k)
+        _bind(binding, TOTAL_SEQUENCE_LENGTH, total)
+        _bind(binding, names.LOGITS, logits, output=True)
+        for i in range(self.num_layers):
+            for past, present, buf in (
+                (names.past_key(i), names.present_key(i), self.kv.keys[i]),
+                (names.past_value(i), names.present_value(i), self.kv.values[i]),
+            ):
+                view = buf[first : first + n]
+                _bind(binding, past, view)
+                _bind(binding, present, view, output=True)
+        return binding
+
+    def prefill(self, row: int, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """Append a prompt (or a chunk of one) to `row`'s cache; the logits (vocab,) of its last position."""
+        if row not in self.kv:
+            self.kv.acquire(row)
+        seq = inputs_embeds.shape[1]
+        self.kv.reserve([row], seq)
+        p, length = self.kv.physical(row), self.kv.length_of(row)
+        logits = np.zeros((1, 1, self.signature.vocab), np.float32)
+        binding = self.bind(
+            np.ascontiguousarray(inputs_embeds, np.float32),
+            np.ascontiguousarray(position_ids, np.int64),
+            np.asarray([length + seq - 1], np.int32),
+            np.asarray(length + seq, np.int32),
+            logits,
+            p,
+            1,
+        )
+        self.decoder.run_with_iobinding(binding)
+        self.kv.advance(p, seq)
+        return logits[0, 0]
+
+    def step(self, rows: Sequence[int], inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """One token for each of `rows`, each at its own length; logits (len(rows), vocab)."""
+        n = len(rows)
+        self.kv.reserve(rows, 1)
+        where = self.kv.gather(rows)  # physical row of rows[i]; a permutation of 0 .. n-1
+        step = self._steps.get(n)
+        if step is None or step.generation != self.kv.generation:
+            step = self._steps[n] = _Step(self, n)
+        lengths = self.kv.length[:n]
+        step.embeds[where] = inputs_embeds
+        if self.signature.mrope:
+            step.positions[:, where] = position_ids
+        else:
+            step.positions[where] = position_ids
+        step.seqlens_k[:] = lengths  # the new token's index = each row's total length - 1
+        step.total[...] = lengths.max() + 1
+        self.decoder.run_with_iobinding(step.binding)
+        self.kv.advance(slice(0, n))
+        return step.logits[where, 0]
+
+    def release(self, row: int) -> dict:
+        """Free `row` (the last physical row moves into its place); nothing is metered on the cpu target."""
+        self.kv.release(row)
+        return {}
+
+    # profiling --------------------------------------------------------------------------------------------
+    write_profile = CpuBackend.write_profile  # the same traces, tables and plot as the portable backend
+
+    def end_profiling(self) -> list[Path]:
+        """Stop profiling and return the chrome-trace JSON files (one per graph); empty when not profiling."""
+        if self.profile_dir is None:
+            return []
+        sessions = [s for s in (self.vision, self.embed_session, self.decoder) if s is not None]
+        return [Path(s.end_profiling()) for s in sessions]

@@ -1,0 +1,338 @@
+"""The cpu target's fused decoder (`targets/cpu/fused.py`) and its slot backend (`targets/cpu/slots.py`) against
+the portable decoder served by `CpuBackend`, on radreport-tiny and on random-init Hugging Face decoders.
+
+Tolerances, per model, on the logits of the last position of a prompt and of each teacher-forced decode step
+(max |fused - portable| / max |portable|):
+- float32 graphs: 1e-4. Same math in another order (GroupQueryAttention's softmax, fused RMSNorm, packed QKV);
+  measured 2e-6 on radreport-tiny and 1e-6 on the tiny HF decoders;
+- INT4 graphs at `accuracy_level` 0 (both dequantize to float32): 1e-4 as well;
+- INT4 graphs at `accuracy_level` 4, what the target ships (int8 activations per block): 2e-2 (measured 8e-3 on
+  radreport-tiny's int4 recipe); greedy tokens are still identical on the trained radreport-tiny.
+Greedy tokens through the engine (`edgekit.generate`) are identical to the portable decoder's in every float
+case: one step batched with rows at different lengths, chunked prefill, rows leaving and capacity growth included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from edgekit import names
+from edgekit.engine import Engine, Request
+from edgekit.errors import ConfigError
+from edgekit.generate import GenerationOptions, generate, generate_batch
+from edgekit.ort import CpuBackend
+from edgekit.positions import MROPE, PositionScheme
+from edgekit.targets.cpu.fused import FUSED_ROLE, NotPortable, lower_decoder
+from edgekit.targets.cpu.kv_buffers import KvBuffers
+from edgekit.targets.cpu.slots import CpuSlotBackend
+
+FLOAT_TOL = 1e-4
+INT8_ACTIVATIONS_TOL = 2e-2
+
+
+# helpers ----------------------------------------------------------------------------------------------------
+def _lower(graphs: Path, out: Path, **options) -> Path:
+    model = ir.load(graphs / names.DECODER)
+    lower_decoder(model, **options)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ir.save(model, out)
+    return out
+
+
+def _vision(graphs: Path) -> Path | None:
+    path = graphs / names.VISION_ENCODER
+    return path if path.is_file() else None
+
+
+def _portable(graphs: Path) -> CpuBackend:
+    return CpuBackend(_vision(graphs), graphs / names.EMBED_TOKENS, graphs / names.DECODER, intra_op_threads=1)
+
+
+def _fused(graphs: Path, decoder: Path, **kw) -> CpuSlotBackend:
+    return CpuSlotBackend(decoder, graphs / names.EMBED_TOKENS, _vision(graphs), intra_op_threads=1, **kw)
+
+
+def _teacher_forced(portable: CpuBackend, fused: CpuSlotBackend, embeds, positions, steps: int = 6) -> float:
+    """Prefill `embeds` on both, then `steps` decode steps fed the portable decoder's greedy tokens; the largest
+    logit difference relative to the largest portable logit."""
+    n = embeds.shape[1]
+    want, past = portable.decode(embeds, np.ones((1, n), np.int64), positions, None)
+    got = fused.prefill(0, embeds, positions)
+    errors, scale = [], 0.0
+    next_pos = int(positions.max()) + 1
+    for i in range(steps + 1):
+        errors.append(np.abs(want[0, -1] - got).max())
+        scale = max(scale, np.abs(want[0, -1]).max())
+        if i == steps:
+            break
+        x = portable.embed(np.array([[int(want[0, -1].argmax())]]))
+        p = np.full((3, 1, 1) if positions.ndim == 3 else (1, 1), next_pos + i)
+        want, past = portable.decode(x, np.ones((1, n + i + 1), np.int64), p, past)
+        got = fused.step([0], x, p)[0]
+    fused.release(0)
+    return float(max(errors) / scale)
+
+
+def _tokens(backend, pixels, prompts, new=24, **kw) -> list[list[int]]:
+    return [r.token_ids for r in generate_batch(backend, pixels, prompts, GenerationOptions(max_new_tokens=new), **kw)]
+
+
+# models -----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def radreport(tmp_path_factory):
+    """radreport-tiny's trained weights, exported as the cpu target receives them (float32)."""
+    from edgekit.build import default_model_dir
+    from edgekit.export import export_default
+
+    out = tmp_path_factory.mktemp("radreport")
+    export_default(default_model_dir(), out / "graphs")
+    return out / "graphs", _lower(out / "graphs", out / "decoder_cpu.onnx")
+
+
+@pytest.fixture(scope="module")
+def radreport_int4(radreport, tmp_path_factory):
+    """The int4 recipe's graphs (INT4 RTN, LM head at 8 bits), lowered at accuracy_level 0 and 4."""
+    from edgekit.passes import run_pipeline
+    from edgekit.passes.recipe import load_recipe
+
+    out = tmp_path_factory.mktemp("radreport-int4")
+    run_pipeline(radreport[0], out / "graphs", load_recipe("int4").passes, check=False)
+    return out / "graphs", {
+        level: _lower(out / "graphs", out / f"decoder_cpu_{level}.onnx", accuracy_level=level) for level in (0, 4)
+    }
+
+
+def _rr_inputs(backend, rng, rows=1, prompt=10):
+    pixels = rng.uniform(-1, 1, (rows, 8, 1, 64, 64)).astype(np.float32)
+    return pixels, rng.integers(5, 500, (rows, prompt))
+
+
+# the lowering -----------------------------------------------------------------------------------------------
+def test_fused_graph_is_contrib_ops_over_an_in_place_cache(radreport):
+    graphs, fused = radreport
+    model = ir.load(fused)
+    ops = [(n.domain, n.op_type) for n in model.graph]
+    layers = 4
+    assert ops.count(("com.microsoft", "GroupQueryAttention")) == layers
+    assert ops.count(("com.microsoft", "SkipSimplifiedLayerNormalization")) == 2 * layers  # all but the first norm
+    assert ops.count(("", "SimplifiedLayerNormalization")) == 1
+    assert not any("self_attn/Concat" in n.name for n in model.graph)  # no KV concatenation
+    assert ops.count(("", "MatMul")) == layers * 5 + 1  # packed QKV, o, gate, up, down; the LM head
+    inputs = [v.name for v in model.graph.inputs]
+    assert names.ATTENTION_MASK not in inputs and {"seqlens_k", "total_sequence_length"} <= set(inputs)
+    assert [d if isinstance(d, int) else str(d) for d in model.graph.outputs[0].shape] == ["batch", 1, 588]
+
+
+def test_lowering_refuses_what_it_cannot_read(radreport, tmp_path):
+    graphs, fused = radreport
+    with pytest.raises(NotPortable, match="already lowered"):
+        lower_decoder(ir.load(fused))
+    model = ir.load(graphs / names.DECODER)
+    rotate = next(n for n in model.graph if n.name == "/model/layers.1/self_attn/rotary_k/Concat")
+    a, b = rotate.inputs
+    rotate.replace_input_with(0, b)  # concat(x1, -x2): not HF's rotate_half
+    rotate.replace_input_with(1, a)
+    with pytest.raises(NotPortable, match="layer 1 attention"):
+        lower_decoder(model)
+
+
+# numerical hold ---------------------------------------------------------------------------------------------
+def test_radreport_tiny_logits_and_greedy_tokens_match_portable(radreport):
+    graphs, decoder = radreport
+    portable, fused = _portable(graphs), _fused(graphs, decoder)
+    rng = np.random.default_rng(0)
+    pixels, ids = _rr_inputs(portable, rng)
+    x = np.concatenate([portable.encode_images(pixels), portable.embed(ids)], axis=1)
+    assert _teacher_forced(portable, fused, x, np.arange(x.shape[1])[None]) < FLOAT_TOL
+    pixels, ids = _rr_inputs(portable, rng, rows=3)
+    assert _tokens(fused, pixels, ids, new=40) == _tokens(portable, pixels, ids, new=40)
+
+
+def test_radreport_int4_at_both_accuracy_levels(radreport_int4):
+    graphs, decoders = radreport_int4
+    portable = _portable(graphs)
+    rng = np.random.default_rng(1)
+    pixels, ids = _rr_inputs(portable, rng)
+    x = np.concatenate([portable.encode_images(pixels), portable.embed(ids)], axis=1)
+    pos = np.arange(x.shape[1])[None]
+    assert _teacher_forced(portable, _fused(graphs, decoders[0]), x, pos) < FLOAT_TOL
+    shipped = _fused(graphs, decoders[4])
+    assert FLOAT_TOL < _teacher_forced(portable, shipped, x, pos) < INT8_ACTIVATIONS_TOL  # int8 activations: not exact
+    pixels, ids = _rr_inputs(portable, rng, rows=3)
+    assert _tokens(shipped, pixels, ids, new=40) == _tokens(portable, pixels, ids, new=40)
+
+
+@pytest.fixture(scope="module")
+def hf_decoders(tmp_path_factory):
+    """Random-init LLaMA, Qwen2 (q/k/v biases) and Mistral checkpoints, converted and lowered."""
+    pytest.importorskip("transformers")
+    from hf_text_factory import make_text_lm
+
+    from edgekit.hf import convert_hf
+
+    out = {}
+    for family in ("llama", "qwen2", "mistral"):
+        root = tmp_path_factory.mktemp(family)
+        make_text_lm(root / "hf", family, seed=3)
+        convert_hf(root / "hf", root / "graphs")
+        out[family] = root / "graphs", _lower(root / "graphs", root / "decoder_cpu.onnx")
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_hf_decoders_match_portable(hf_decoders, family):
+    graphs, decoder = hf_decoders[family]
+    portable, fused = _portable(graphs), _fused(graphs, decoder)
+    rng = np.random.default_rng(2)
+    ids = rng.integers(5, 160, (1, 12))
+    assert _teacher_forced(portable, fused, portable.embed(ids), np.arange(12)[None]) < FLOAT_TOL
+    prompts = rng.integers(5, 160, (2, 9))
+    assert _tokens(fused, None, prompts) == _tokens(portable, None, prompts)
+
+
+def test_qwen2_vl_mrope_positions(tmp_path):
+    """M-RoPE: three position axes per token (an image span's t/h/w), rotated inside GroupQueryAttention from the
+    per-token tables, with positions that differ between the axes and jump after the span."""
+    pytest.importorskip("transformers")
+    from hf_vlm_factory import make_qwen2_vl
+
+    from edgekit.hf import convert_hf
+
+    make_qwen2_vl(tmp_path / "hf", seed=2)
+    convert_hf(tmp_path / "hf", tmp_path / "graphs")
+    graphs = tmp_path / "graphs"
+    assert PositionScheme.beside(graphs).kind == MROPE
+    portable = _portable(graphs)
+    fused = _fused(graphs, _lower(graphs, tmp_path / "decoder_cpu.onnx"))
+    text = np.arange(3)
+    t, h, w = np.zeros(16, int), np.repeat(np.arange(4), 4), np.tile(np.arange(4), 4)  # a 4 x 4 merged grid
+    after = np.arange(7, 12)
+    pos = np.stack([np.concatenate([text, 3 + a, after]) for a in (t, h, w)])[:, None]  # (3, 1, 24)
+    x = portable.embed(np.random.default_rng(3).integers(5, 150, (1, pos.shape[-1])))
+    assert _teacher_forced(portable, fused, x, pos) < FLOAT_TOL
+
+
+# the engine's rows ------------------------------------------------------------------------------------------
+def test_rows_at_different_lengths_in_one_step_decode_as_alone(radreport):
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder)
+    rng = np.random.default_rng(4)
+    pixels, ids = _rr_inputs(fused, rng, rows=3, prompt=14)
+    mask = np.ones_like(ids)
+    mask[1, :9], mask[2, :4] = 0, 0  # prompts of 14, 5 and 10 tokens
+    together = _tokens(fused, pixels, ids, prompt_attention_mask=mask)
+    alone = [_tokens(fused, pixels[i : i + 1], ids[i : i + 1, mask[i] == 1])[0] for i in range(3)]
+    assert together == alone
+
+
+def test_chunked_prefill_gives_the_same_tokens(radreport):
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder)
+    rng = np.random.default_rng(5)
+    pixels, ids = _rr_inputs(fused, rng, rows=2, prompt=11)
+    opts = GenerationOptions(max_new_tokens=20)
+
+    def run(chunk):
+        engine = Engine(fused, max_batch=2, prefill_chunk=chunk)
+        tickets = [engine.submit(Request(ids[i], opts, pixels[i])) for i in range(2)]
+        engine.run()
+        return [t.result().token_ids for t in tickets]
+
+    whole = run(None)
+    assert run(7) == whole  # the 16 image tokens + 11 prompt tokens in chunks of 7: past > 0 and seq > 1
+    assert whole == _tokens(_portable(graphs), pixels, ids, new=20)
+
+
+def test_release_moves_the_last_row_and_keeps_the_others(radreport):
+    graphs, decoder = radreport
+    fused, fresh = _fused(graphs, decoder), _fused(graphs, decoder)
+    rng = np.random.default_rng(6)
+    prompts = [fused.embed(rng.integers(5, 500, (1, n)), [0]) for n in (6, 9, 4)]
+    for row, x in enumerate(prompts):
+        fused.prefill(row, x, np.arange(x.shape[1])[None])
+    fused.release(0)  # physical row 0 is filled by row 2
+    assert (fused.kv.physical(2), fused.kv.physical(1)) == (0, 1) and fused.kv.count == 2
+    for row in (1, 2):
+        x = prompts[row]
+        fresh.prefill(row, x, np.arange(x.shape[1])[None])
+    for i in range(3):
+        x = fused.embed(np.array([[7 + i], [11 + i]]), [1, 2])
+        pos = np.array([[9 + i], [4 + i]])
+        np.testing.assert_allclose(fused.step([1, 2], x, pos), fresh.step([1, 2], x, pos), rtol=0, atol=1e-5)
+    fused.prefill(0, prompts[0], np.arange(6)[None])  # a new request takes physical row 2
+    assert fused.kv.physical(0) == 2
+    x = fused.embed(np.array([[3], [5]]), [0, 1])
+    got = fused.step([0, 1], x, np.array([[6], [12]]))  # not [0, n): rows swapped into place, inputs permuted
+    assert sorted(fused.kv.physical(r) for r in (0, 1)) == [0, 1]
+    fresh.release(2)
+    fresh.prefill(0, prompts[0], np.arange(6)[None])
+    np.testing.assert_allclose(got, fresh.step([0, 1], x, np.array([[6], [12]])), rtol=0, atol=1e-5)
+
+
+def test_capacity_doubles_and_keeps_the_cache(radreport):
+    graphs, decoder = radreport
+    small = _fused(graphs, decoder, capacity=2)
+    rng = np.random.default_rng(7)
+    pixels, ids = _rr_inputs(small, rng, rows=2)
+    tokens = _tokens(small, pixels, ids, new=30)
+    # 16 image + 10 prompt positions: 2 -> 32 at the prefill; past 32 while decoding: 64 (two moves)
+    assert small.kv.capacity == 64 and small.kv.generation == 2
+    assert tokens == _tokens(_fused(graphs, decoder), pixels, ids, new=30)
+
+
+def test_kv_buffers_compaction_moves_rows_with_their_data():
+    kv = KvBuffers(layers=1, rows=4, kv_heads=1, head_dim=2, capacity=4)
+    for row, length in ((10, 3), (11, 1), (12, 2), (13, 4)):
+        p = kv.acquire(row)
+        kv.keys[0][p, 0, :length] = row
+        kv.values[0][p, 0, :length] = -row
+        kv.advance(p, length)
+    kv.release(11)  # 13 moves into physical row 1
+    assert kv.physical(13) == 1 and kv.length_of(13) == 4 and kv.count == 3
+    assert (kv.keys[0][1, 0] == 13).all() and (kv.values[0][1, 0] == -13).all()
+    where = kv.gather([13, 12])  # 10 sits at 0: 12 swaps with it
+    assert sorted(where) == [0, 1] and kv.physical(10) == 2
+    for row in (10, 12, 13):
+        p, n = kv.physical(row), kv.length_of(row)
+        assert (kv.keys[0][p, 0, :n] == row).all() and (kv.values[0][p, 0, :n] == -row).all()
+    kv.reserve([13], 1)  # 4 + 1 > 4: doubles
+    assert kv.capacity == 8 and (kv.keys[0][kv.physical(13), 0, :4] == 13).all()
+
+
+# the target ---------------------------------------------------------------------------------------------------
+def test_build_ships_the_fused_decoder_and_serves_it(tmp_path):
+    from edgekit.build import build
+    from edgekit.bundle import load_bundle, write_bundle
+    from edgekit.plugins import load_backend
+    from edgekit.target import RuntimeOptions
+
+    result = build("cpu", tmp_path / "bundle", parity=False)
+    bundle = load_bundle(result.bundle)
+    assert FUSED_ROLE in bundle.manifest.components and bundle.manifest.runtime == {"decoder": "fused"}
+    figure = result.figures["cpu_fused_parity"]
+    assert figure["max_rel"] < FLOAT_TOL and figure["greedy_agree"] == "9/9"
+    backend = load_backend(bundle, RuntimeOptions(threads=1))
+    assert isinstance(backend, CpuSlotBackend) and backend.max_rows == 8
+    assert isinstance(load_backend(bundle, RuntimeOptions(threads=1, settings={"decoder": "portable"})), CpuBackend)
+    with pytest.raises(ConfigError, match="max_rows"):
+        load_backend(bundle, RuntimeOptions(settings={"max_rows": 0}))
+    older = {r: bundle.component(r) for r in bundle.manifest.components if r != FUSED_ROLE}
+    old = load_bundle(write_bundle(tmp_path / "old", older, name="old", target="cpu"))  # before the fused decoder
+    assert isinstance(load_backend(old, RuntimeOptions(threads=1)), CpuBackend)
+    with pytest.raises(ConfigError, match="no fused cpu decoder"):
+        load_backend(old, RuntimeOptions(settings={"decoder": "fused"}))
+
+
+def test_profiling_traces_the_fused_decoder(radreport, tmp_path):
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder, profile_dir=tmp_path)
+    rng = np.random.default_rng(8)
+    pixels, ids = _rr_inputs(fused, rng)
+    generate(fused, pixels, ids, GenerationOptions(max_new_tokens=3))
+    traces = fused.end_profiling()
+    assert len(traces) == 3
+    assert any("GroupQueryAttention" in t.read_text() for t in traces)
