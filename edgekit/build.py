@@ -317,12 +317,25 @@ def _apply_recipe(recipe, onnx_dir: Path, work: Path, steps: list, figures: dict
 
 
 def measure_quality(bundle_path: Path, eval_data: Path, limit: int | None, say) -> dict:
-    """Finding F1, BLEU-4 and ROUGE-L of a bundle on an eval split, as a manifest figure."""
+    """Finding F1, BLEU-4 and ROUGE-L of a bundle on an eval split (a text model's: on a JSON Lines file of prompts
+    and references), as a manifest figure."""
     from edgekit.eval.runner import evaluate
     from edgekit.reporter import Reporter
 
     say(f"eval: {eval_data}")
-    o = evaluate(Reporter.from_bundle(bundle_path), eval_data, limit=limit, include_video=False)["overall"]
+    reporter = Reporter.from_bundle(bundle_path)
+    try:
+        if reporter.is_text:
+            from edgekit.eval.prompts import evaluate_prompts
+
+            o = evaluate_prompts(reporter, eval_data, limit=limit)["overall"]
+            return {
+                **{k: o.get(k) for k in ("bleu4", "rouge_l", "finding_f1", "finding_n", "n")},
+                "source": f"edgekit eval on {eval_data.name} ({o['n']} prompts), 95% bootstrap intervals",
+            }
+        o = evaluate(reporter, eval_data, limit=limit, include_video=False)["overall"]
+    finally:
+        reporter.close()
     return {
         "finding_f1": o["finding_f1"],
         "bleu4": o["bleu4"],

@@ -1,5 +1,6 @@
 """The decoder's input, assembled in one place: `<bos> + template(modality, prompt) + <sep>`, and where the image
-span goes in it.
+span goes in it (a text model served as plain completion has no `<sep>`, and `<bos>` only where its tokenizer
+adds one: `bos_token_id` / `sep_token_id` null).
 
 The reporter, calibration and the x1 engine all feed the decoder the prompt the model was trained on; the
 template and the special ids come from the bundle's `generation_config.json`, never from constants here. Where
@@ -48,10 +49,11 @@ def prompt_layout(tokenizer, generation_config: Mapping, modality: str, prompt: 
     one when it stands before the user's text, the last when after, so a user who types it does not move it."""
     g = generation_config
     ids = tokenizer.encode(prompt_text(g, modality, prompt), add_special_tokens=False).ids
-    bos, sep = g["bos_token_id"], g["sep_token_id"]
+    bos, sep = g.get("bos_token_id"), g.get("sep_token_id")  # null: none (a text model served as plain completion)
+    head, tail = ([] if bos is None else [bos]), ([] if sep is None else [sep])
     marker = g.get(IMAGE_TOKEN)
     if marker is None:
-        return PromptLayout([bos, *ids, sep], 0)
+        return PromptLayout([*head, *ids, *tail], 0)
     marker_id = tokenizer.token_to_id(marker)
     found = [i for i, t in enumerate(ids) if t == marker_id] if marker_id is not None else []
     if not found:
@@ -59,7 +61,7 @@ def prompt_layout(tokenizer, generation_config: Mapping, modality: str, prompt: 
     template = g.get("prompt_template", DEFAULT_TEMPLATE)
     user = template.find("{prompt}")
     at = found[0] if user < 0 or template.index(marker) < user else found[-1]
-    return PromptLayout([bos, *ids[:at], *ids[at + 1 :], sep], at + 1)
+    return PromptLayout([*head, *ids[:at], *ids[at + 1 :], *tail], at + len(head))
 
 
 def prompt_ids(tokenizer, generation_config: Mapping, modality: str, prompt: str) -> list[int]:

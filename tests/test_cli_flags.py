@@ -139,11 +139,11 @@ def test_errors_with_json_are_json(tmp_path, capsys):
     error = json.loads(out)["error"]
     assert error["code"] == "invalid_bundle" and error["file"] == str(missing) and error["message"]
     assert err.count("\n") == 1 and err.startswith("error: ") and str(missing) in err
-    # a usage error (here: --study missing) too
-    assert main(["run", str(tmp_path), "--json"]) == 2
+    # a usage error (here: --top-p out of range) too
+    assert main(["run", str(tmp_path), "--top-p", "0", "--json"]) == 2
     out, _ = capsys.readouterr()
     error = json.loads(out)["error"]
-    assert error["code"] == "usage_error" and "--study" in error["message"]
+    assert error["code"] == "usage_error" and "--top-p" in error["message"]
 
 
 def test_sampling_flags_are_checked_before_anything_loads(tmp_path, capsys):

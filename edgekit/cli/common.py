@@ -4,9 +4,10 @@ As in Polygraphy's argument groups, a flag is defined once, here, and every subc
 `-s` or `--force` mean the same thing everywhere:
 
 - `BundleArgument`, `ModelArgument`: the positional input (a bundle; a model directory, default the embedded one).
-- `StudyOption` (`--study/-s`), `PromptOption` (`--prompt/-p`), `ThreadsOption` (`--threads`),
-  `MachineOption` (`--machine`), `JsonOption` (`--json`), `ImageSizeOption` (`--image-size`: pins a Hugging Face
-  Qwen2-VL's dynamic resolution; `build` and `convert` hand it to the library's `image_size`).
+- `StudyOption` (`--study/-s`; `OptionalStudyOption` where a text model's bundle may take none), `PromptOption`
+  (`--prompt/-p`), `ThreadsOption` (`--threads`), `MachineOption` (`--machine`), `JsonOption` (`--json`),
+  `ImageSizeOption` (`--image-size`: pins a Hugging Face Qwen2-VL's dynamic resolution; `build` and `convert` hand
+  it to the library's `image_size`).
 - `out_option(what)` (`--out/-o`) with `ForceOption` (`--force`): an output that already exists is refused, naming
   it, unless `--force` is given; so is one that cannot be created (under a file, in a folder not writable). Both
   before the command body runs. Every command that writes an output takes both flags.
@@ -80,13 +81,13 @@ ModelArgument = Annotated[
         show_default=False,
     ),
 ]
-StudyOption = Annotated[
-    Path,
+STUDY_HELP = "The study: a DICOM file, a folder holding one series, a .zip of one series, or a video file."
+StudyOption = Annotated[Path, typer.Option("--study", "-s", help=STUDY_HELP, show_default=False)]
+# `edgekit run`: a text model's bundle (a decoder alone) reads the prompt only, so there the study is optional
+OptionalStudyOption = Annotated[
+    Path | None,
     typer.Option(
-        "--study",
-        "-s",
-        help="The study: a DICOM file, a folder holding one series, a .zip of one series, or a video file.",
-        show_default=False,
+        "--study", "-s", help=STUDY_HELP + " Required, unless the bundle is a text model's.", show_default=False
     ),
 ]
 PromptOption = Annotated[str, typer.Option("--prompt", "-p", help="Clinical indication / request text.")]

@@ -1,4 +1,5 @@
-"""`edgekit eval`: a bundle's reports on the synthetic test split, scored with 95% intervals."""
+"""`edgekit eval`: a bundle's reports on the synthetic test split (a text model's: on a JSON Lines file of prompts and
+references), scored with 95% intervals."""
 
 from __future__ import annotations
 
@@ -40,6 +41,26 @@ def _count_cell(s: dict) -> str:
     return overall + (f" ({c['correct']}/{c['n']} counted)" if c.get("n") else "")
 
 
+def text_table_rows(result: dict) -> list[dict]:
+    """A text model's evaluation: one row, finding F1 over the samples whose reference states findings."""
+    s = result["overall"]
+    if not s["n"]:
+        return [{"split": result["split"], "n": 0, "failed": s["failed"]}]
+    f1 = "-" if s["finding_f1"] is None else f"{_fmt(s['finding_f1'])} (n={s['finding_n']})"
+    return [
+        {
+            "split": result["split"],
+            "n": s["n"],
+            "BLEU-4 [95% CI]": _fmt(s["bleu4"]),
+            "ROUGE-L [95% CI]": _fmt(s["rouge_l"]),
+            "finding F1 [95% CI]": f1,
+            "p50 ms": f"{s['latency_ms']['p50']:.0f}",
+            "decode tok/s": f"{s['decode_tokens_per_s']:.0f}",
+            "failed": s["failed"],
+        }
+    ]
+
+
 def table_rows(result: dict) -> list[dict]:
     groups = [("all (DICOM)", result["overall"]), *result["by_kind"].items()]
     if result.get("video"):
@@ -74,7 +95,10 @@ def table_rows(result: dict) -> list[dict]:
         "edgekit eval out/radreport-tiny-cpu --data data/test --limit 8",
         "edgekit eval out/radreport-tiny-x1 --data data/test --limit 4 --no-video -o out/eval-x1.json",
         "edgekit eval out/radreport-tiny-cpu --data data/test --limit 4 --json | jq .overall.finding_f1",
-        note="Without --data: the 240-study synthetic test split, generated once into the cache.",
+        note="Without --data: the 240-study synthetic test split, generated once into the cache. A text model's "
+        'bundle (a decoder alone) is evaluated on --data PROMPTS.jsonl, one {"prompt": ..., "reference": ...} per '
+        "line (reference: a string or a list of phrasings): BLEU-4, ROUGE-L, and finding F1 where the references "
+        "state findings.",
     )
 )
 def eval(  # noqa: A001 - the subcommand's name
@@ -83,7 +107,8 @@ def eval(  # noqa: A001 - the subcommand's name
         Path | None,
         typer.Option(
             help="A split written by `edgekit data synth` (default: the "
-            "240-study test split, generated once into the cache)."
+            "240-study test split, generated once into the cache); for a text model's bundle, a JSON Lines file "
+            "of prompts and references."
         ),
     ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Only the first N studies.")] = None,
@@ -94,11 +119,27 @@ def eval(  # noqa: A001 - the subcommand's name
     as_json: JsonOption = False,
 ) -> None:
     """Finding-level P/R/F1, hallucination rate, BLEU-4 and ROUGE-L with bootstrap intervals, and latency."""
+    from edgekit.bundle import load_bundle
+    from edgekit.errors import ConfigError
+
+    loaded = load_bundle(bundle)
+    if loaded.is_text:
+        if data is None:
+            raise ConfigError(
+                'a text model\'s bundle is evaluated on --data PROMPTS.jsonl ({"prompt", "reference"} lines)', bundle
+            )
+        return _eval_text(loaded, data, limit, out, threads, as_json)
+    if data is not None and data.is_file():
+        raise ConfigError(
+            "a file of prompts is for a text model's bundle; this one is a vision-language model's, evaluated on a "
+            "split folder (edgekit data synth)",
+            data,
+        )
     from edgekit.eval.runner import default_test_split, evaluate
     from edgekit.reporter import Reporter
 
     data_dir = data if data is not None else default_test_split()
-    reporter = Reporter.from_bundle(bundle, threads=threads)
+    reporter = Reporter.from_bundle(loaded, threads=threads)
     with progress("reports", as_json=as_json) as task:
         result = evaluate(
             reporter,
@@ -124,4 +165,26 @@ def eval(  # noqa: A001 - the subcommand's name
         False,
         title=f"{result['bundle']} on {result['target']}: synthetic test split, {result['studies']} studies",
     )
+    console.print(f"[dim]{result['notes']['ci95']}; eval wall time {result['wall_s']:.1f} s[/dim]")
+
+
+def _eval_text(bundle, data: Path, limit: int | None, out: Path | None, threads: int | None, as_json: bool) -> None:
+    """A text model's bundle on a JSON Lines file of prompts and references."""
+    from edgekit.eval.prompts import evaluate_prompts
+    from edgekit.reporter import Reporter
+
+    reporter = Reporter.from_bundle(bundle, threads=threads)
+    with progress("reports", as_json=as_json) as task:
+        result = evaluate_prompts(
+            reporter, data, limit=limit, progress=lambda done, total: task.update(completed=done, total=total)
+        )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+    summary = {k: v for k, v in result.items() if k != "records"}
+    if as_json:
+        emit(summary, True)
+        return
+    title = f"{result['bundle']} on {result['target']}: {result['split']}, {result['samples']} prompts"
+    emit(text_table_rows(result), False, title=title)
     console.print(f"[dim]{result['notes']['ci95']}; eval wall time {result['wall_s']:.1f} s[/dim]")

@@ -90,25 +90,9 @@ def _summarise(records: list[dict], *, resamples: int, seed: int) -> dict:
     counts = np.array([[r["score"]["tp"], r["score"]["fp"], r["score"]["fn"]] for r in ok], dtype=np.float64)
     p, rec, f1 = prf(*counts.sum(0))
     f1_ci = bootstrap_ci(counts, lambda c: prf(*c.sum(0))[2], resamples=resamples, seed=seed)
-    stats = bleu_statistics([r["text"] for r in ok], [r["references"] for r in ok])
-    bleu = bleu_from_statistics(stats)
-    bleu_ci = bootstrap_ci(stats, bleu_from_statistics, resamples=resamples, seed=seed)
-    rl = np.array([r["rouge_l"] for r in ok])
-    rl_ci = bootstrap_ci(rl[:, None], lambda x: float(x.mean()), resamples=resamples, seed=seed)
     predicted = sum(r["score"]["predicted"] for r in ok)
     tp = counts[:, 0].sum()
     sizes = [e for r in ok for e in r["score"]["size_abs_err_mm"]]
-    total_ms = np.array([r["timings"]["total_ms"] for r in ok])
-    tps = np.array([r["timings"].get("decode_tokens_per_s", 0.0) for r in ok])
-    costs = [r["cost"] for r in ok if r.get("cost")]
-    emulated = None
-    if costs and len(costs) == len(ok) and all("mj_total" in c for c in costs):
-        emulated = {
-            "ms_per_report": float(np.mean([c["emulated_ms_total"] for c in costs])),
-            "mj_per_report": float(np.mean([c["mj_total"] for c in costs])),
-            "mj_per_token": float(np.mean([c["mj_per_token"] for c in costs])),
-            "source": costs[0].get("source", "the target's backend") + f", mean of {len(costs)} reports",
-        }
     return {
         "n": len(ok),
         "failed": len(records) - len(ok),
@@ -121,8 +105,37 @@ def _summarise(records: list[dict], *, resamples: int, seed: int) -> dict:
         "count_accuracy": sum(r["score"]["count_correct"] for r in ok) / tp if tp else None,
         "count_accuracy_counted_types": _counted_accuracy(ok),
         "size_mae_mm": float(np.mean(sizes)) if sizes else None,
-        "bleu4": {"value": bleu, "ci95": bleu_ci},
+        **text_scores(ok, resamples=resamples, seed=seed),
+        **speed(ok),
+    }
+
+
+def text_scores(ok: list[dict], *, resamples: int, seed: int) -> dict:
+    """BLEU-4 and ROUGE-L of scored records (each with `text`, `references`, `rouge_l`), with bootstrap intervals."""
+    stats = bleu_statistics([r["text"] for r in ok], [r["references"] for r in ok])
+    bleu_ci = bootstrap_ci(stats, bleu_from_statistics, resamples=resamples, seed=seed)
+    rl = np.array([r["rouge_l"] for r in ok])
+    rl_ci = bootstrap_ci(rl[:, None], lambda x: float(x.mean()), resamples=resamples, seed=seed)
+    return {
+        "bleu4": {"value": bleu_from_statistics(stats), "ci95": bleu_ci},
         "rouge_l": {"value": float(rl.mean()), "ci95": rl_ci},
+    }
+
+
+def speed(ok: list[dict]) -> dict:
+    """Wall-clock latency and decode speed of the records, and what the target emulated, when it did for all."""
+    total_ms = np.array([r["timings"]["total_ms"] for r in ok])
+    tps = np.array([r["timings"].get("decode_tokens_per_s", 0.0) for r in ok])
+    costs = [r["cost"] for r in ok if r.get("cost")]
+    emulated = None
+    if costs and len(costs) == len(ok) and all("mj_total" in c for c in costs):
+        emulated = {
+            "ms_per_report": float(np.mean([c["emulated_ms_total"] for c in costs])),
+            "mj_per_report": float(np.mean([c["mj_total"] for c in costs])),
+            "mj_per_token": float(np.mean([c["mj_per_token"] for c in costs])),
+            "source": costs[0].get("source", "the target's backend") + f", mean of {len(costs)} reports",
+        }
+    return {
         "latency_ms": {"p50": float(np.percentile(total_ms, 50)), "p95": float(np.percentile(total_ms, 95))},
         "decode_tokens_per_s": float(tps.mean()),
         "emulated": emulated,

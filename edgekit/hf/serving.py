@@ -136,30 +136,24 @@ def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, An
 def cut_turn(text: str, image: str | None, model_dir: Path, tokenizer, *, add_special_tokens: bool) -> dict[str, Any]:
     """edgekit's generation config from one rendered user turn (`text`, SENTINEL where the user's words go):
     `bos + template + sep` cut from it, the `image` token (None: a text model's turn) left in the template where
-    the turn has it, and the cut checked by tokenizing both ways. `add_special_tokens`: whether the turn is
-    tokenized with the tokenizer's own special tokens, as a VLM's processor does; a text model's turn is not, as
-    transformers' `apply_chat_template` does not (its template writes them)."""
+    the turn has it, and the cut checked by tokenizing both ways. `<bos>` is the turn's first token and `<sep>` its
+    last, where they stand apart from the user's words (null where the turn starts or ends with them).
+    `add_special_tokens`: whether the turn is tokenized with the tokenizer's own special tokens, as a VLM's
+    processor does; a text model's turn is not, as transformers' `apply_chat_template` does not (its template
+    writes them)."""
     where = model_dir / "tokenizer.json"
     full = text.replace(SENTINEL, DEFAULT_PROMPT)
     enc = tokenizer.encode(full, add_special_tokens=add_special_tokens)
     ids, offsets = enc.ids, enc.offsets
-    if len(ids) < 3:
-        raise ConfigError("the chat turn tokenizes to fewer than 3 tokens; edgekit needs <bos> ... <sep>", where)
-    start, end = offsets[0][1], offsets[-1][0]  # the text between the first token and the last
     lo, hi = text.index(SENTINEL), text.index(SENTINEL) + len(DEFAULT_PROMPT)
-    if not start <= lo < hi <= end:
-        raise ConfigError("the chat template puts the user's text in its first or last token", where)
+    bos, sep = offsets[0][1] <= lo, offsets[-1][0] >= hi  # tokens of their own, not the user's words
+    start, end = offsets[0][1] if bos else 0, offsets[-1][0] if sep else len(full)  # the text between them
     if image is not None:
         at = full.index(image)
         if not (start <= at and at + len(image) <= end):
             raise ConfigError("the chat template puts the image in its first or last token", where)
     escape = lambda t: t.replace("{", "{{").replace("}", "}}")  # noqa: E731
     template = escape(full[start:lo]) + "{prompt}" + escape(full[hi:end])
-    gen_path = model_dir / names.WEIGHT_FILES["generation_config"]
-    hf_gen = _optional(gen_path)
-    eos = eos_token_id(model_dir, tokenizer)
-    if eos is None:
-        raise ConfigError("no eos_token_id (generation_config.json) or eos_token (tokenizer_config.json)", model_dir)
     turn = "one user turn with an image" if image is not None else "one user turn"
     config = {
         "prompt_template": template,
@@ -167,12 +161,10 @@ def cut_turn(text: str, image: str | None, model_dir: Path, tokenizer, *, add_sp
         + (", the image span where image_token stands" if image is not None else "")
         + f"; cut from the model's chat template for {turn}",
         **({IMAGE_TOKEN: image} if image is not None else {}),
-        "bos_token_id": int(ids[0]),
-        "sep_token_id": int(ids[-1]),
-        "eos_token_id": int(eos),
-        "pad_token_id": int(hf_gen.get("pad_token_id") or 0),
+        "bos_token_id": int(ids[0]) if bos else None,
+        "sep_token_id": int(ids[-1]) if sep else None,
+        **generation_ends(model_dir, tokenizer),
         **({"default_prompt": DEFAULT_PROMPT} if image is not None else {}),  # a text model is given its prompt
-        "max_new_tokens": int(hf_gen.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
     }
     image_id = tokenizer.token_to_id(image) if image is not None else None
     for prompt in (DEFAULT_PROMPT, "a b c"):  # the cut must tokenize as the whole turn does, the image in place
@@ -191,6 +183,20 @@ def cut_turn(text: str, image: str | None, model_dir: Path, tokenizer, *, add_sp
                 where,
             )
     return config
+
+
+def generation_ends(model_dir: Path, tokenizer) -> dict[str, int]:
+    """Where generation stops and what pads: the model's end token (refused when it names none), its pad token
+    and its max_new_tokens (generation_config.json), edgekit's defaults otherwise."""
+    hf_gen = _optional(model_dir / names.WEIGHT_FILES["generation_config"])
+    eos = eos_token_id(model_dir, tokenizer)
+    if eos is None:
+        raise ConfigError("no eos_token_id (generation_config.json) or eos_token (tokenizer_config.json)", model_dir)
+    return {
+        "eos_token_id": int(eos),
+        "pad_token_id": int(hf_gen.get("pad_token_id") or 0),
+        "max_new_tokens": int(hf_gen.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS),
+    }
 
 
 def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,152 @@
+"""`edgekit eval` of a text model's bundle: its reports for a JSON Lines file of prompts, scored against references.
+
+    {"prompt": "FINDINGS: 6 mm nodule, right upper lobe. Write the impression.", "reference": "..."}
+    {"id": "case-2", "prompt": "...", "reference": ["one phrasing", "another"]}
+
+Every result names its split (the file's name) and sample count. BLEU-4 and ROUGE-L score every sample; finding
+F1 only the samples whose reference states findings edgekit's parser reads (a reference it cannot parse has no
+ground truth to score against, so it is left out of F1, and the figure says over how many it was computed). As for
+studies, a prompt that fails (too long for the model's context) is recorded as a failure and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.errors import ConfigError, EdgekitError
+from edgekit.eval.bootstrap import bootstrap_ci
+from edgekit.eval.finding_metrics import prf, score_study
+from edgekit.eval.runner import speed, text_scores
+from edgekit.eval.text_metrics import rouge_l
+from edgekit.findings import Finding, parse_report
+
+
+def load_prompts(path: Path) -> list[dict]:
+    """The file's samples, one per line: `prompt` (a non-empty string) and `reference` (a string or a list of
+    them), `id` optional; a line that is not one is refused, naming its number."""
+    path = Path(path)
+    if not path.is_file():
+        raise EdgekitError(
+            'not a file: a text model is evaluated on a JSON Lines file of {"prompt": ..., "reference": ...}', path
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise EdgekitError(f"not UTF-8 text (byte {e.start})", path) from e
+    samples = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EdgekitError(f"line {number}: not a JSON object ({e.msg}, column {e.colno})", path) from e
+        if not isinstance(record, dict):
+            raise EdgekitError(f"line {number}: not a JSON object (a {type(record).__name__})", path)
+        prompt, reference = record.get("prompt"), record.get("reference")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise EdgekitError(f"line {number}: needs a non-empty string 'prompt'", path)
+        references = [reference] if isinstance(reference, str) else reference
+        if not isinstance(references, list) or not references or not all(isinstance(r, str) for r in references):
+            raise EdgekitError(f"line {number}: needs 'reference', a string or a list of strings", path)
+        samples.append({"id": str(record.get("id", number)), "prompt": prompt, "references": references})
+    if not samples:
+        raise EdgekitError("no samples (one JSON object per line)", path)
+    return samples
+
+
+def _truth(references: list[str]) -> tuple[list[Finding], list[str]] | None:
+    """The findings the first reference states, None when the parser reads none there (nothing to score F1 on)."""
+    parsed = parse_report(references[0])
+    if not parsed.findings and not parsed.negatives:
+        return None
+    return list(parsed.findings), list(parsed.negatives)
+
+
+def finding_scores(scored: list[dict], *, resamples: int, seed: int) -> dict:
+    """Finding F1 (with its interval), precision and recall over the records that carry a `score`."""
+    if not scored:
+        return {"finding_f1": None, "finding_precision": None, "finding_recall": None, "finding_n": 0}
+    counts = np.array([[r["score"]["tp"], r["score"]["fp"], r["score"]["fn"]] for r in scored], dtype=np.float64)
+    p, rec, f1 = prf(*counts.sum(0))
+    ci = bootstrap_ci(counts, lambda c: prf(*c.sum(0))[2], resamples=resamples, seed=seed)
+    return {
+        "finding_f1": {"value": f1, "ci95": ci},
+        "finding_precision": p,
+        "finding_recall": rec,
+        "finding_n": len(scored),
+    }
+
+
+def evaluate_prompts(
+    reporter,
+    data: Path,
+    *,
+    limit: int | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    options=None,
+) -> dict:
+    """A report for every prompt of `data` (`reporter` holds a text model's bundle), scored. JSON-ready."""
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be >= 1, got {limit}")
+    samples = load_prompts(data)[:limit]
+    records: list[dict] = []
+    t0 = time.perf_counter()
+    for i, sample in enumerate(samples):
+        rec = {"id": sample["id"], "error": None}
+        try:
+            rep = reporter.report_text(sample["prompt"], options)
+        except EdgekitError as e:  # one prompt that does not fit is a finding of the run, not its end
+            rec["error"] = {"code": e.code, "message": str(e)}
+        else:
+            rec.update(
+                text=rep.text,
+                references=sample["references"],
+                rouge_l=rouge_l(rep.text, sample["references"]),
+                timings=rep.timings,
+                cost=rep.cost,
+                energy_j=rep.energy_j,
+                energy_source=rep.energy_source,
+                warnings=list(rep.warnings),
+            )
+            truth = _truth(sample["references"])
+            if truth is not None:
+                predicted = [Finding(**f) for f in rep.findings]
+                rec["score"] = asdict(score_study(truth[0], truth[1], predicted, list(rep.negatives)))
+        records.append(rec)
+        if progress:
+            progress(i + 1, len(samples))
+    ok = [r for r in records if r["error"] is None]
+    overall: dict = {"n": len(ok), "failed": len(records) - len(ok)}
+    if ok:
+        overall.update(text_scores(ok, resamples=resamples, seed=seed))
+        overall.update(finding_scores([r for r in ok if "score" in r], resamples=resamples, seed=seed))
+        overall.update(speed(ok))
+    return {
+        "bundle": reporter.bundle.name,
+        "target": reporter.bundle.target,
+        "split": Path(data).stem,
+        "data": str(data),
+        "samples": len(samples),
+        "prompts_with_warnings": sum(1 for r in records if r.get("warnings")),
+        "overall": overall,
+        "wall_s": time.perf_counter() - t0,
+        "machine": {"python": platform.python_version(), "processor": platform.machine()},
+        "notes": {
+            "bleu4": "sacrebleu corpus BLEU-4 against every reference phrasing",
+            "rouge_l": "ROUGE-L F-measure on lower-cased words, best over the references",
+            "finding_f1": "over the samples whose first reference states findings edgekit's parser reads "
+            "(finding_n); a finding matches on (type, location)",
+            "ci95": f"percentile bootstrap over samples, {resamples} resamples, seed {seed}",
+        },
+        "records": records,
+    }
