@@ -292,12 +292,18 @@ class Engine:
             for r in rows:
                 self._fail(r, exc)
             return
-        self.stats.record_step(len(rows), time.perf_counter() - t0, self._step_bytes(rows))
+        self.stats.record_step(len(rows), self._step_seconds(t0), self._step_bytes(rows))
         for i, r in enumerate(rows):
             r.length += 1
             r.next_pos = r.next_pos + 1
             r.steps += 1
             self._choose(r, logits[i : i + 1])
+
+    def _step_seconds(self, t0: float) -> float:
+        """The step's time: the backend's own (an emulator's time on the device it emulates), else the wall time
+        since `t0`. The controllers compare it with bandwidths and latency targets of that device."""
+        own = getattr(self.slots, "last_step_seconds", None)
+        return float(own) if own is not None else time.perf_counter() - t0
 
     def _step_bytes(self, rows: list[_Row]) -> float | None:
         """Bytes the step moved: the backend's own count (an emulator's), else its weights read once plus each

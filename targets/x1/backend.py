@@ -1,24 +1,33 @@
-"""`X1Backend`: edgekit's generation backend protocol over the X1 emulator — the one way x1 bundles run, so
-`edgekit run`, `eval`, `profile`, edgekitd and `X1Engine` all measure the same thing.
+"""`X1Backend`: edgekit's run side over the X1 emulator — the one way x1 bundles run, so `edgekit run`, `eval`,
+`profile`, edgekitd and `X1Engine` all measure the same thing.
 
-The KV cache stays inside the emulator's SRAM-bank model (INT4 + FP16 scales, window + spill): `decode` returns
-an opaque `KVCache` as `present` and takes it back as `past` (a list of (key, value) float arrays is accepted too,
-and quantised on entry).
+It keeps rows of KV cache for the engine (`edgekit.engine.slots.SlotBackend`: `prefill` a row, `step` several
+rows by one token each, `release` a row and get what it cost), so requests decode together: each row's token runs
+through the decoder by itself (its own cache, its own head mask: the same numerics as alone) and the step is
+costed as the machine executes it for all rows at once, weights streamed once (`batch_step`, docs/x1/emulator.md
+"Batched decode"). The older one-sequence protocol (`decode(embeds, mask, positions, past)` with an opaque
+`KVCache` as `present`/`past`, then `take_cost()`) still runs one sequence for callers that step it themselves
+(parity checks, analysis).
+
+The KV cache stays inside the emulator's SRAM-bank model (INT4 + FP16 scales, window + spill); the KV banks are
+shared evenly by the rows holding a cache, so each row's resident window is its share (kv-spill.md).
 
 Dynamic head sparsity (DSS, docs/x1/dss.md) is configured by the bundle's `runtime` section (written by the x1
 build) over `RUNTIME_DEFAULTS`, then by the request's settings; a caller's `head_mask_fn` (analysis, tests)
-replaces the built-in policy. Prefill and the first decode token run dense; from
-then on the policy (`dss.HeadMaskPolicy`) sees, per (layer, query head), the L2 norm of that head's attention
-output at the last token it was computed, and returns the mask of heads to compute.
+replaces the built-in policy. Each row has its own policy and statistics (`row_state`). Prefill and the first
+decode token run dense; from then on the policy (`dss.HeadMaskPolicy`) sees, per (layer, query head), the L2 norm
+of that head's attention output at the last token it was computed, and returns the mask of heads to compute.
 
-Accounting is per report and bounded: each emulator run adds its cycles, time and energy to its phase's sums
-(encode, embed, prefill, decode); `take_cost()` returns them and starts afresh. The instruction records of each
-run are kept only when profiling (`keep_runs`), and only until the next `take_cost()`.
+Accounting is per sequence and bounded: each emulator run adds its cycles, time and energy to its phase's sums
+(encode, embed, prefill, decode; a shared step or embedding lookup adds the row's part, `accounting`);
+`release(row)` or `take_cost()` returns them. The runs themselves are kept only when profiling (`keep_runs`), and
+only until the sequence ends (`last_runs`: the last finished sequence's).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,14 +36,18 @@ from edgekit import names
 from edgekit.errors import BundleError, ConfigError, TextModelError
 from edgekit.target import runtime_settings
 
+from .batch_step import StepCost, step_cost
 from .dss import HeadMaskPolicy, load_head_importance
 from .emulator import Emulator, KVCache, RunResult
 from .machine import load_machine
+from .profile_view import write_profile
 from .program import load_program
+from .row_state import RowState, policy_like
 
 PROGRAM_ROLES = {names.VISION: "x1_vision_encoder", names.EMBED: "x1_embed_tokens", names.DECODER_ROLE: "x1_decoder"}
 PROGRAM_FILES = {role: Path(f).with_suffix(".x1").name for role, f in names.GRAPH_FILES.items()}
 MACHINE_ROLE = "x1_machine"
+DEFAULT_MAX_ROWS = 8  # rows of KV cache the engine may decode together
 RUNTIME_DEFAULTS = {
     "dss": True,  # dynamic head sparsity on (skips nothing when no head falls under the threshold)
     "sparsity_target": 0.38,  # the seed's measured optimum
@@ -89,42 +102,26 @@ def locate_programs(bundle_or_dir) -> tuple[dict[str, Path], Path | None, object
     return files, b.component(MACHINE_ROLE) if MACHINE_ROLE in b.roles else None, b
 
 
-@dataclass
-class PhaseCost:
-    calls: int = 0
-    cycles: float = 0.0
-    seconds: float = 0.0
-    energy_j: float = 0.0
-
-    def add(self, r: RunResult) -> None:
-        self.calls += 1
-        self.cycles += float(r.totals["cycles"])
-        self.seconds += float(r.totals["seconds"])
-        self.energy_j += float(r.totals["energy_j"])
-
-
-@dataclass
-class ReportCost:
-    """What one report cost on the emulated X1, by phase; a decoded token costs its decoder call plus its
-    embedding lookup (the prefill's token costs the prefill)."""
-
-    phases: dict[str, PhaseCost] = field(default_factory=dict)
-    decode_embed: PhaseCost = field(default_factory=PhaseCost)  # embedding lookups of decoded tokens
-
-    def add(self, phase: str, r: RunResult) -> None:
-        self.phases.setdefault(phase, PhaseCost()).add(r)
-
-
 class X1Backend:
-    """`encode_images`, `embed`, `decode` on the emulator, DSS as configured, cost per report."""
+    """The x1 run side: rows of KV cache the engine drives (`SlotBackend`), and the one-sequence protocol
+    (`decode(embeds, mask, positions, past)`, `take_cost()`) for callers that step one sequence themselves."""
 
     def __init__(
-        self, bundle_or_dir, machine=None, *, settings: dict | None = None, keep_runs: bool = False, head_mask_fn=None
+        self,
+        bundle_or_dir,
+        machine=None,
+        *,
+        settings: dict | None = None,
+        keep_runs: bool = False,
+        head_mask_fn=None,
+        max_rows: int = DEFAULT_MAX_ROWS,
     ):
         files, machine_file, bundle = locate_programs(bundle_or_dir)
         where = getattr(bundle, "source", None)
         runtime = bundle.manifest.runtime if bundle is not None else {}
         self.settings = check_settings(runtime_settings(RUNTIME_DEFAULTS, runtime, settings or {}, where), where)
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ConfigError(f"x1 max_rows = {max_rows!r} (expected an integer >= 1)", where)
         self.machine = machine if machine is not None else load_machine(machine_file)
         self.programs = {g: load_program(f, self.machine) for g, f in files.items()}
         self.emulator = Emulator(self.programs, self.machine)
@@ -141,15 +138,17 @@ class X1Backend:
                 max_consecutive_skips=self.settings["max_consecutive_skips"],
             )
         self.head_mask_fn = head_mask_fn
-        self.policy = head_mask_fn if isinstance(head_mask_fn, HeadMaskPolicy) else None
+        self.policy = head_mask_fn if isinstance(head_mask_fn, HeadMaskPolicy) else None  # the one-sequence one
         self.keep_runs = keep_runs
-        self.runs: list[tuple[str, RunResult]] = []  # this report's runs, only with keep_runs
-        self.last_runs: list[tuple[str, RunResult]] = []  # the last finished report's runs, only with keep_runs
-        self.last_mask: np.ndarray | None = None
-        self._cost = ReportCost()
-        self._layer_stats = np.full((self.num_layers, self.heads), np.nan, np.float32)
-        self._decoder_calls = 0  # of this sequence, the prefill included
-        self._seq: tuple[np.ndarray, np.ndarray] | None = None  # (embeds, positions) without KV caching
+        self.last_runs: list[tuple[str, RunResult]] = []  # the last finished sequence's runs, only with keep_runs
+        # the engine's side: rows, their KV bytes as the machine holds them (INT4 + FP16 scales, every layer),
+        # and what the last shared step moved, took and may move (the bandwidth rule's inputs)
+        self.max_rows = max_rows
+        self.kv_bytes_per_token = math.ceil(self.num_layers * self.emulator.kv_bytes_per_token)
+        self.bandwidth_limit_bytes_per_s = self.machine.near_memory_bandwidth + self.machine.dram_bandwidth
+        self.last_step: StepCost | None = None
+        self._rows: dict[int, RowState] = {}
+        self._solo = self._new_state(self.policy)
 
     @property
     def dss_active(self) -> bool:
@@ -161,102 +160,189 @@ class X1Backend:
             return load_head_importance(bundle.component(names.HEAD_IMPORTANCE), self.num_layers, self.heads)
         return np.ones((self.num_layers, self.heads))
 
+    def _new_state(self, policy: HeadMaskPolicy | None) -> RowState:
+        return RowState(self.num_layers, self.heads, policy, self.head_mask_fn)
+
+    # the one sequence of the older protocol: its state is `_solo` -----------------------------------------
+    @property
+    def runs(self) -> list[tuple[str, RunResult]]:
+        """The current one-sequence report's runs, only with keep_runs."""
+        return self._solo.runs
+
+    @property
+    def last_mask(self) -> np.ndarray | None:
+        """The one sequence's last head mask (None: its last decode ran dense)."""
+        return self._solo.last_mask
+
     @property
     def layer_stats(self) -> np.ndarray:
-        """The latest attention-output norm of each (layer, head); NaN until the head was computed once."""
-        return self._layer_stats
+        """The one sequence's latest attention-output norm of each (layer, head); NaN until computed once."""
+        return self._solo.layer_stats
 
     @layer_stats.setter
     def layer_stats(self, value) -> None:
-        self._layer_stats = np.asarray(value, np.float32)
-
-    def _record(self, phase: str, r: RunResult) -> RunResult:
-        self._cost.add(phase, r)
-        if phase == "embed" and self._decoder_calls:
-            self._cost.decode_embed.add(r)
-        if self.keep_runs:
-            self.runs.append((phase, r))
-        return r
-
-    # the backend protocol ------------------------------------------------------------------------------------
-    def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
-        if names.VISION not in self.programs:  # a text model's bundle
-            raise TextModelError.no_vision_graph()
-        feeds = {names.PIXEL_VALUES: np.ascontiguousarray(pixel_values, np.float32)}
-        return self._record("encode", self.emulator.run(names.VISION, feeds)).outputs[names.IMAGE_FEATURES]
-
-    def embed(self, input_ids: np.ndarray) -> np.ndarray:
-        feeds = {names.INPUT_IDS: np.ascontiguousarray(input_ids, np.int64)}
-        return self._record("embed", self.emulator.run(names.EMBED, feeds)).outputs[names.INPUTS_EMBEDS]
+        self._solo.layer_stats = np.asarray(value, np.float32)
 
     def decode(self, inputs_embeds: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past=None):
+        """One decoder call of the one sequence: `past` None starts it (prefill); otherwise the `KVCache` the last
+        call returned (or (key, value) float arrays, quantised on entry); "recompute" without KV caching.
+        Returns the logits of every new position and the cache after them."""
+        s = self._solo
         if past is None:
-            return self._prefill(inputs_embeds, attention_mask, position_ids)
-        if not self.settings["kv_caching"]:  # recompute the whole sequence, dense
-            x = np.concatenate([self._seq[0], inputs_embeds], axis=1)
-            pos = np.concatenate([self._seq[1], position_ids], axis=-1)  # (batch, seq) or M-RoPE's (3, batch, seq)
-            self._seq = (x, pos)
-            logits, _ = self._run_decoder("decode", x, attention_mask, pos, self.emulator.new_kv(), None)
-            self._decoder_calls += 1
-            return logits[:, -inputs_embeds.shape[1] :], "recompute"
-        kv = (
-            past
-            if isinstance(past, KVCache)
-            else KVCache.from_arrays(list(past), self.emulator.window, self.emulator.new_kv().group)
-        )
-        if self.policy is not None:
-            self.policy.begin_decode()
-        mask = None
-        if self.head_mask_fn is not None and self._decoder_calls >= 2:  # dss.md: prefill and the first decode
-            mask = self.head_mask_fn(self._layer_stats.copy())  # token run dense (no statistics yet)
-        self.last_mask = None if mask is None else np.asarray(mask, bool)
-        out = self._run_decoder("decode", inputs_embeds, attention_mask, position_ids, kv, self.last_mask)
-        self._decoder_calls += 1
-        return out
-
-    def _prefill(self, inputs_embeds, attention_mask, position_ids):
-        self._decoder_calls = 1
-        if self.policy is not None:
-            self.policy.begin_prefill()
+            s.start()
+        elif not isinstance(past, (KVCache, str)):
+            s.kv = KVCache.from_arrays(list(past), self.emulator.window, self.emulator.new_kv().group)
+        elif isinstance(past, KVCache):
+            s.kv = past
+        phase = "decode" if past is not None else "prefill"
+        r = self._call(s, phase, inputs_embeds, position_ids, attention_mask, self.emulator.window)
+        self._record(s, phase, r)
+        logits = r.outputs[names.LOGITS]
         if not self.settings["kv_caching"]:
-            self._seq = (np.asarray(inputs_embeds), np.asarray(position_ids))
-        self.last_mask = None
-        return self._run_decoder("prefill", inputs_embeds, attention_mask, position_ids, self.emulator.new_kv(), None)
+            return logits[:, -inputs_embeds.shape[1] :], "recompute"
+        return logits, r.kv_state
 
-    def _run_decoder(self, phase, inputs_embeds, attention_mask, position_ids, kv, mask):
-        feeds = {
-            names.INPUTS_EMBEDS: np.ascontiguousarray(inputs_embeds, np.float32),
-            names.ATTENTION_MASK: np.ascontiguousarray(attention_mask, np.int64),
-            names.POSITION_IDS: np.ascontiguousarray(position_ids, np.int64),
-        }
-        r = self._record(
-            phase, self.emulator.run(names.DECODER_ROLE, feeds, head_mask=mask, kv_state=kv, want_present=False)
-        )
-        if self.head_mask_fn is not None and r.head_norms is not None:  # only a policy reads them (lazy)
-            self._layer_stats = np.where(np.isnan(r.head_norms), self._layer_stats, r.head_norms).astype(np.float32)
-        return r.outputs[names.LOGITS], r.kv_state
-
-    # per-report accounting -----------------------------------------------------------------------------------
     def take_cost(self) -> dict:
-        """Emulated cost of everything run since the last call (one report), and the DSS rate reached; resets
-        the accounting and the policy so the next report starts from nothing."""
-        c = self._cost
-        phases = c.phases
-        decode = phases.get("decode", PhaseCost())
-        steps = decode.calls
-        total_s = sum(p.seconds for p in phases.values())
-        total_j = sum(p.energy_j for p in phases.values())
+        """Emulated cost of everything the one sequence ran since the last call (one report), and the DSS rate
+        reached; resets its accounting and policy so the next report starts from nothing."""
+        s = self._solo
+        cost = self._cost_of(s)
+        if self.policy is not None:
+            self.policy.reset()
+            self.policy.reset_stats()
+        self.last_runs = s.runs
+        self._solo = self._new_state(self.policy)
+        return cost
+
+    # images and tokens: for rows (the engine) or for the one sequence (rows None) ------------------------
+    def encode_images(self, pixel_values: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+        """Image features; with `rows`, image i is row `rows[i]`'s, encoded and billed by itself."""
+        if names.VISION not in self.programs:  # a text model's bundle
+            raise TextModelError.no_vision_graph()
+        pv = np.ascontiguousarray(pixel_values, np.float32)
+        if rows is None:
+            return self._encode(self._solo, pv)
+        return np.concatenate([self._encode(self._row(row), pv[i : i + 1]) for i, row in enumerate(rows)])
+
+    def _encode(self, s: RowState, pv: np.ndarray) -> np.ndarray:
+        r = self.emulator.run(names.VISION, {names.PIXEL_VALUES: pv})
+        self._record(s, "encode", r)
+        return r.outputs[names.IMAGE_FEATURES]
+
+    def embed(self, input_ids: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+        """Embeddings of (n, seq) ids in one run; with `rows`, row `rows[i]` is billed 1/n of it (its ids)."""
+        r = self.emulator.run(names.EMBED, {names.INPUT_IDS: np.ascontiguousarray(input_ids, np.int64)})
+        states = [self._solo] if rows is None else [self._row(row) for row in rows]
+        for s in states:
+            self._record(s, "embed", r, share=1.0 / len(states))
+        return r.outputs[names.INPUTS_EMBEDS]
+
+    # rows (edgekit.engine.slots.SlotBackend) --------------------------------------------------------------
+    def prefill(self, row: int, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """Append a prompt (or a chunk of one) to `row`'s cache, dense; the logits of its last position."""
+        s = self._row(row)
+        if not s.started:
+            s.start()
+        r = self._call(s, "prefill", inputs_embeds, position_ids, None, self._window(extra=not s.started))
+        self._record(s, "prefill", r)
+        return r.outputs[names.LOGITS][0, -1]
+
+    def step(self, rows: Sequence[int], inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """One token for each of `rows`, each against its own cache with its own head mask (one emulator run per
+        row: numerics exactly those of the row alone), costed as the one step the machine executes for all of
+        them (`batch_step`) and attributed to the rows."""
+        states = [self._row(row) for row in rows]
+        window = self._window()
+        runs, masks = [], []
+        for i, s in enumerate(states):
+            r = self._call(s, "decode", inputs_embeds[i : i + 1], position_ids[..., i : i + 1, :], None, window)
+            runs.append(r)
+            masks.append(s.last_mask)
+        step = self.last_step = step_cost(self.emulator, names.DECODER_ROLE, runs, masks)
+        for i, (s, r) in enumerate(zip(states, runs)):
+            s.cost.add_step("decode", step, i)
+            if self.keep_runs:
+                s.runs.append(("decode", r))
+        return np.concatenate([r.outputs[names.LOGITS][:, -1] for r in runs])
+
+    def release(self, row: int) -> dict:
+        """Forget `row`'s cache and state; what it cost since it was first used ({} for a row never used)."""
+        s = self._rows.pop(row, None)
+        if s is None:
+            return {}
+        if self.keep_runs:
+            self.last_runs = s.runs
+        return self._cost_of(s)
+
+    @property
+    def last_step_bytes(self) -> float | None:
+        """Bytes the last step moved off chip (weight stream and external DRAM): the bandwidth rule's count."""
+        return None if self.last_step is None else self.last_step.off_chip_bytes
+
+    @property
+    def last_step_seconds(self) -> float | None:
+        """The last step's emulated time (the whole step: every row's token)."""
+        return None if self.last_step is None else self.last_step.seconds
+
+    def _row(self, row: int) -> RowState:
+        s = self._rows.get(row)
+        if s is None:
+            if not 0 <= row < self.max_rows:
+                raise ConfigError(f"x1 row {row} is outside this backend's {self.max_rows} rows")
+            s = self._rows[row] = self._new_state(None if self.policy is None else policy_like(self.policy))
+        return s
+
+    def _window(self, extra: bool = False) -> int:
+        """Each live row's share of the KV banks, in tokens per layer (kv-spill.md's window over the rows holding
+        a cache; `extra`: one more is about to)."""
+        live = sum(1 for s in self._rows.values() if s.started) + int(extra)
+        return max(1, self.emulator.window // max(1, live))
+
+    # one decoder call ---------------------------------------------------------------------------------------
+    def _call(self, s: RowState, phase: str, x, positions, attention_mask, window: int) -> RunResult:
+        """Run `x` (1, seq, hidden) after `s`'s positions; `s` moves on (cache, length, statistics). Prefill and
+        the first decode token run dense; later decode tokens with `s`'s head mask. Without KV caching every
+        call recomputes the whole sequence, dense, over an empty cache."""
+        x = np.ascontiguousarray(x, np.float32)
+        positions = np.asarray(positions)
+        mask = None
+        if not self.settings["kv_caching"]:
+            if s.seq is not None:
+                x = np.concatenate([s.seq[0], x], axis=1)
+                positions = np.concatenate([s.seq[1], positions], axis=-1)  # (b, seq) or M-RoPE's (3, b, seq)
+            s.seq = (x, positions)
+            kv = _sized(self.emulator.new_kv(), window)
+        else:
+            kv = _sized(self.emulator.new_kv() if s.kv is None else s.kv, window)
+            if phase == "decode":
+                mask = s.next_mask()
+            else:
+                s.last_mask = None
+        if attention_mask is None:
+            attention_mask = np.ones((x.shape[0], s.length + x.shape[1] if s.seq is None else x.shape[1]), np.int64)
+        feeds = {
+            names.INPUTS_EMBEDS: x,
+            names.ATTENTION_MASK: np.ascontiguousarray(attention_mask, np.int64),
+            names.POSITION_IDS: np.ascontiguousarray(positions, np.int64),
+        }
+        r = self.emulator.run(names.DECODER_ROLE, feeds, head_mask=mask, kv_state=kv, want_present=False)
+        s.observe(r.head_norms if s.mask_fn is not None else None)
+        s.kv = r.kv_state if self.settings["kv_caching"] else None
+        s.length = x.shape[1] if s.seq is not None else s.length + x.shape[1]
+        if phase == "decode":
+            s.decode_tokens += 1
+        return r
+
+    # accounting ---------------------------------------------------------------------------------------------
+    def _record(self, s: RowState, phase: str, r: RunResult, share: float = 1.0) -> None:
+        s.cost.add_run(phase, r, share=share, decoding=s.started)
+        if self.keep_runs:
+            s.runs.append((phase, r))
+
+    def _cost_of(self, s: RowState) -> dict:
         cost = {
-            "decode_steps": steps,
-            "emulated_ms_per_token": (decode.seconds + c.decode_embed.seconds) / steps * 1e3 if steps else 0.0,
-            "mj_per_token": (decode.energy_j + c.decode_embed.energy_j) / steps * 1e3 if steps else 0.0,
-            "emulated_ms_total": total_s * 1e3,
-            "mj_total": total_j * 1e3,
-            # what the reporter bills: the device's own latency and energy, not the host's running the emulator
-            "latency_ms": total_s * 1e3,
-            "energy_j": total_j,
+            **s.cost.summary(),
             "figure_source": "emulated:x1",
-            "phases": {k: {"calls": v.calls, "ms": v.seconds * 1e3, "mj": v.energy_j * 1e3} for k, v in phases.items()},
             "kv_caching": self.settings["kv_caching"],
             "sparsity_target": self.settings["sparsity_target"] if self.dss_active else 0.0,
             "skip_rate": 0.0,
@@ -264,86 +350,20 @@ class X1Backend:
             "source": f"edgekit x1 emulator, machine {self.machine.machine.name} ({self.machine.short_hash}): "
             "emulated cycles and energy per instruction",
         }
-        if self.policy is not None:
-            cost["dss"] = self.policy.report()
-            cost["skip_rate"] = self.policy.stats.skip_rate
-            self.policy.reset()
-            self.policy.reset_stats()
-        self._cost = ReportCost()
-        self.last_runs, self.runs = self.runs, []
-        self._seq, self._decoder_calls, self.last_mask = None, 0, None
-        self._layer_stats = np.full((self.num_layers, self.heads), np.nan, np.float32)
+        if s.policy is not None:
+            cost["dss"] = s.policy.report()
+            cost["skip_rate"] = s.policy.stats.skip_rate
         return cost
 
     def write_profile(self, report, out: Path) -> dict:
         """The last report's runs as a chrome trace, per-op / layer / token / layer-type tables and a plot."""
-        from .trace import write_profile
+        return write_profile(self, report, out)
 
-        if not self.keep_runs:
-            raise ConfigError("this x1 backend was not loaded for profiling (profile_dir not given)")
-        cost = report.cost
-        m = self.machine
-        tokens = report.timings["new_tokens"]
-        tables = write_profile(
-            self.last_runs,
-            m.hz,
-            out,
-            machine=m.machine.name,
-            title=f"{report.model} on x1 ({m.machine.name}): one report, {tokens} tokens, "
-            f"{cost['emulated_ms_total']:.2f} ms, {cost['mj_total']:.2f} mJ emulated",
-        )
-        dss = cost.get("dss", {"sparsity_target": 0.0, "skip_rate": 0.0})
-        # where the importance DSS ranks heads by came from: uniform (no scores in the bundle) ranks none above another
-        g = self.policy.importance if self.policy is not None else None
-        importance = (
-            "a caller's head mask"
-            if g is None
-            else "uniform head importance: the bundle has none"
-            if np.all(g == g.flat[0])
-            else "head importance from the bundle"
-        )
-        return {
-            "summary": {
-                "emulated ms / report": round(cost["emulated_ms_total"], 3),
-                "mJ / report": round(cost["mj_total"], 3),
-                "emulated ms / token": round(cost["emulated_ms_per_token"], 4),
-                "mJ / token": round(cost["mj_per_token"], 4),
-                "tokens": tokens,
-                "DSS": (
-                    f"on ({importance}), skip rate {cost['skip_rate']:.3f} of target {cost['sparsity_target']:.2f}"
-                    if self.dss_active
-                    else "off"
-                ),
-            },
-            "summary_title": f"x1 emulated, machine {m.machine.name} ({m.short_hash})",
-            "tables": {
-                "per layer": [
-                    {"layer": r["layer"], "ms": round(r["ms"], 4), "mJ": round(r["mj"], 4), "bound": r["bound"]}
-                    for r in tables["layers"]
-                ],
-                "by layer type": [
-                    {
-                        "layer type": r["layer_type"],
-                        "ms": round(r["ms"], 4),
-                        "mJ": round(r["mj"], 4),
-                        "bound": r["bound"],
-                    }
-                    for r in tables["layer_types"][:12]
-                ],
-            },
-            "details": {
-                "machine": cost["machine"],
-                "per_report": {"emulated_ms": cost["emulated_ms_total"], "mj": cost["mj_total"], "tokens": tokens},
-                "per_token": {"emulated_ms": cost["emulated_ms_per_token"], "mj": cost["mj_per_token"]},
-                "dss": dss,
-                "phases": cost["phases"],
-                "layers": [{k: r[k] for k in ("layer", "ms", "mj", "bound", "time_share")} for r in tables["layers"]],
-                "layer_types": [
-                    {k: r[k] for k in ("layer_type", "ms", "mj", "bound", "time_share")} for r in tables["layer_types"]
-                ],
-            },
-            "files": tables["paths"],
-            "trace": str(out / "trace.json"),
-            "plot": str(out / "layer_types.png"),
-            "source": cost["source"] + ", one report",
-        }
+
+def _sized(kv: KVCache, window: int) -> KVCache:
+    """`kv` with a resident window of `window` tokens per layer (a copy when it differs: states are immutable)."""
+    if kv.window == window:
+        return kv
+    kv = kv.copy()
+    kv.window = window
+    return kv

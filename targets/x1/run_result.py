@@ -64,6 +64,12 @@ class RunResult:
         return h
 
     @property
+    def entries(self) -> list:
+        """(step, start cycle, cost entry) of every costed instruction, in program order: what `records` are
+        built from, and what a batched step (`batch_step`) merges over rows."""
+        return self._log
+
+    @property
     def records(self) -> list[InstrRecord]:
         if self._records is None:
             self._records = [

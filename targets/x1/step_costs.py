@@ -16,10 +16,11 @@ from .machine import Machine
 class Entry:
     """One instruction's finished cost at one static shape: what a record and the running totals need."""
 
-    __slots__ = ("cost", "cycles", "compute", "memory", "bound", "energy", "e_sum")
+    __slots__ = ("cost", "cycles", "compute", "memory", "bound", "energy", "e_sum", "key")
 
-    def __init__(self, cost: OpCost, machine: Machine, hz: float):
+    def __init__(self, cost: OpCost, machine: Machine, hz: float, key: tuple = ()):
         self.cost = cost
+        self.key = key  # what `Costs` built it from (a batched step rebuilds a GEMM's entry at its rows)
         self.compute = cost.compute_s * hz
         self.memory = cost.memory_s * hz
         self.cycles = max(self.compute, self.memory) + cost.overhead_s * hz
@@ -41,7 +42,7 @@ class Costs:
     def _get(self, key, make) -> Entry:
         e = self.cache.get(key)
         if e is None:
-            e = self.cache[key] = Entry(make(), self.machine, self.hz)
+            e = self.cache[key] = Entry(make(), self.machine, self.hz, key)
         return e
 
     def vector(self, kind, layer, elements, ops, extra=None) -> Entry:
