@@ -6,8 +6,10 @@ cache into a new `present` tensor. onnxruntime-genai's decoders avoid both. This
 after the recipe's passes (INT4 `MatMulNBits`, LoRA merges, pruned heads, FP16 casts: projections are left as
 the passes wrote them) and rewrites, for the cpu target only:
 
-- attention into `RotaryEmbedding` + `GroupQueryAttention` over one preallocated KV buffer per layer that is
-  both past and present (`attention.py`); the `attention_mask` input and its mask subgraph go;
+- attention into one `GroupQueryAttention` per layer that rotates q and k itself (per-token RoPE tables, so
+  M-RoPE too) over one preallocated KV buffer per layer that is both past and present (`attention.py`), with
+  q/k/v packed into one projection where the passes left them packable (`packing.py`); the `attention_mask`
+  input and its mask subgraph go;
 - RMSNorms, with the residual Add in front, into `SkipSimplifiedLayerNormalization` (`norms.py`);
 - the LM head onto the last position only: the engine needs the next token's logits, and a 32-token prompt
   through a 49k-vocabulary head is 32x the work of the one row it keeps;
@@ -17,7 +19,11 @@ Signature (`FusedSignature` says it in code): inputs `inputs_embeds` (batch, seq
 portable graph takes them ((batch, seq), or (3, batch, seq) for M-RoPE), `seqlens_k` (batch,) int32 = each row's
 total length - 1, `total_sequence_length` () int32 = the longest total, `past_key_values.{i}.key|value` (batch,
 kv_heads, max_seq, head_dim); outputs `logits` (batch, 1, vocab) and `present.{i}.key|value`, the same shape as
-the past and meant to be bound to the same buffers (`slots.CpuSlotBackend`).
+the past and meant to be bound to the same buffers (`slots.CpuSlotBackend`). One restriction, from ORT's kernel:
+a first prompt (seq > 1 and no past: seq == total_sequence_length) must come one row at a time, because GQA then
+reads only the first element of its `position_ids` and rotates every row from there (measured on ORT 1.32; the
+schema says so too). Later chunks (past > 0) and decode steps take any rows. `CpuSlotBackend` prefills one row
+per call, as the engine's protocol has it.
 """
 
 from __future__ import annotations
@@ -41,10 +47,14 @@ SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
 MAX_SEQ = "max_seq"
 
-# MatMulNBits' accuracy_level on this target: 4 quantizes the activations to int8 per block and runs the int4
-# weights through MLAS' integer kernels; 0 dequantizes to float32. Measured on this machine (2 threads, SmolLM2-135M
-# shape, INT4 block 32; bench/cpu_decode.py): level 4 decodes 1.2-1.4x faster at batch 1 and 8, and moves greedy
-# tokens no more than the int4 weights already do (the logit error is stated in tests/test_cpu_fast.py).
+# MatMulNBits' accuracy_level on this target: 4 quantizes each activation block to int8 and runs MLAS' integer
+# kernels; 0 dequantizes the weights to float32. Measured here (2 threads, SmolLM2-135M's shape at INT4 block 32,
+# decode steps interleaved with the other settings on a shared machine, bench/cpu_decode.py --variants acc0): 4 is
+# 1.5x as fast as 0 at batch 1 and 1.7x at batch 8, for a logit error of 1e-2 of the largest logit (random
+# weights, flat logits) and 5e-3 on radreport-tiny's int4 recipe, whose greedy tokens stay the same
+# (tests/test_cpu_fast.py). The rule: the cpu target's decoders are INT4/INT8 weight-only models whose recipes were
+# checked at float activations; 4 is what onnxruntime-genai ships for them on CPU, and the build's parity figure
+# (cpu_fused_parity) records what it moved for each bundle.
 ACCURACY_LEVEL = 4
 
 
