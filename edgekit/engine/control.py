@@ -4,8 +4,8 @@
 - `BandwidthRule`: the rule of the design edgekit grew from (seed figures: "memory-bandwidth-aware batching"):
   above 85% of the memory-bandwidth limit cut the batch to 0.6x, below 40% raise it 1.5x. Utilisation is bytes
   moved per step (weights once, each row's KV cache, as the backend reports them) over the step's time, against
-  the backend's bandwidth limit (x1: the machine's DRAM bandwidth with the emulator's exact bytes and cycles;
-  cpu: a measured copy bandwidth).
+  the backend's bandwidth limit (x1: its off-chip paths, near-memory weight stream plus DRAM, with the emulator's
+  exact bytes and emulated step time; cpu: a measured copy bandwidth).
 - `LatencyTarget`: holds the time per decode step (= per token of every row) under a target: shrink by one row
   when the recent p90 step exceeds it, grow by one when it is below 80% of it.
 """

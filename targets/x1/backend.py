@@ -4,8 +4,8 @@
 It keeps rows of KV cache for the engine (`edgekit.engine.slots.SlotBackend`: `prefill` a row, `step` several
 rows by one token each, `release` a row and get what it cost), so requests decode together: each row's token runs
 through the decoder by itself (its own cache, its own head mask: the same numerics as alone) and the step is
-costed as the machine executes it for all rows at once, weights streamed once (`batch_step`, docs/x1/emulator.md
-"Batched decode"). The older one-sequence protocol (`decode(embeds, mask, positions, past)` with an opaque
+costed as the machine executes it for all rows at once, weights streamed once (`batch_step`,
+docs/x1/batching.md). The older one-sequence protocol (`decode(embeds, mask, positions, past)` with an opaque
 `KVCache` as `present`/`past`, then `take_cost()`) still runs one sequence for callers that step it themselves
 (parity checks, analysis).
 

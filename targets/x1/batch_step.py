@@ -4,7 +4,7 @@ Why per-row runs costed as one step: the numerics must be each row's own (its KV
 its tokens are those it makes alone), and the emulator's cache holds one length per layer, so each row runs the
 decoder by itself. The machine would not: it executes one program over all rows, and that is where batching
 pays on a bandwidth-bound NPU. So the rows' runs are merged here, instruction by instruction, into the step the
-machine executes (docs/x1/emulator.md, "Batched decode"):
+machine executes (docs/x1/batching.md):
 
 - a weight GEMM (`XL_GEMM.*`) runs once over all the rows' token rows: the machine model's own formula at that
   row count (`Costs.gemm`), so its weights stream once and `ceil(rows / matrix.rows)` passes of the MAC lanes
