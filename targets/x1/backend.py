@@ -104,7 +104,8 @@ def locate_programs(bundle_or_dir) -> tuple[dict[str, Path], Path | None, object
 
 class X1Backend:
     """The x1 run side: rows of KV cache the engine drives (`SlotBackend`), and the one-sequence protocol
-    (`decode(embeds, mask, positions, past)`, `take_cost()`) for callers that step one sequence themselves."""
+    (`decode(embeds, mask, positions, past)`, `take_cost()`) for callers that step one sequence themselves.
+    Rows are the engine's to hand out: one engine at a time drives a backend (two at once would both take row 0)."""
 
     def __init__(
         self,
