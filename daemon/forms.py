@@ -8,6 +8,10 @@ which stop at 1000 files with an opaque 400, so `limits.max_files` (4000 by defa
 dependency parses it with the configured limit (read per request, so a reload applies) and checks the fields with
 FastAPI's rules (an empty field is an absent one, the last of repeated values counts, the same 422 messages).
 `UPLOAD_OPENAPI` documents the same body for each route's OpenAPI operation.
+
+The files are required unless the variant is a text model's (a decoder alone), which writes its report from the
+prompt: which it is, is known only once the variant is chosen, so the service asks `ReportForm.require_files` then,
+and a request without files to a VLM gets the same 422 it got when the form itself required them.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ MAX_VARIANT_CHARS = 128
 # fields let one request hold up to 1 GB; more than this is refused (400) before it is read further.
 MAX_FIELDS = 64
 FILES = "files"
-FILES_DESCRIPTION = "DICOM file(s), one zip of a series, or one video"
+FILES_DESCRIPTION = (
+    "DICOM file(s), one zip of a series, or one video; required, unless the variant is a text model's (a decoder "
+    "alone, which reports on the prompt and refuses files)"
+)
 
 
 class TooManyFilesError(EdgekitError):
@@ -50,6 +57,11 @@ class ReportForm:
     variant: str | None
     options: RequestOptions
     quality: str | None = None  # "max": the policy's best-quality point for this request
+
+    def require_files(self) -> None:
+        """The request's study is required (the variant reads images): FastAPI's own 422 for a missing field."""
+        if not self.files:
+            raise RequestValidationError([_MISSING_FILES])
 
 
 class FormFields(BaseModel):
@@ -96,7 +108,6 @@ def _upload_schema() -> dict[str, Any]:
         "type": "object",
         "title": "Upload",
         "properties": {FILES: files, **fields["properties"]},
-        "required": [FILES],
     }
 
 
@@ -133,9 +144,7 @@ async def _read(request: Request, max_files: int) -> FormData:
 
 def _checked(form: FormData) -> ReportForm:
     errors: list[dict[str, Any]] = []
-    uploads = [f for f in form.getlist(FILES) if not _empty_file(f)]
-    if not uploads:
-        errors.append({"type": "missing", "loc": ("body", FILES), "msg": "Field required", "input": None})
+    uploads = [f for f in form.getlist(FILES) if not _empty_file(f)]  # none: `require_files`, once the variant is known
     for i, upload in enumerate(uploads):
         if not isinstance(upload, UploadFile):
             msg = f"Value error, Expected UploadFile, received: {type(upload)}"
@@ -156,6 +165,9 @@ def _checked(form: FormData) -> ReportForm:
         ),
         quality=fields.quality,
     )
+
+
+_MISSING_FILES = {"type": "missing", "loc": ("body", FILES), "msg": "Field required", "input": None}
 
 
 def _empty_file(value: object) -> bool:

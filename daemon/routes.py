@@ -15,7 +15,7 @@ from fastapi import Body, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, TextModelError
 
 from .dicomweb import DICOM_JSON
 from .events import job_events, report_events
@@ -229,6 +229,8 @@ class Routes:
                 status_code=job.error.get("status", 400),
             )
         assert job.result is not None  # a succeeded job has its report
+        if fmt == "sr" and not job.input:
+            raise TextModelError("the job's report is a text model's: it has no source study to file an SR in")
         delivered = self.daemon.store.stored_sr(job.id) if fmt == "sr" else None
         if delivered is not None:  # the SR the destinations got
             return Response(delivered, media_type=DICOM_MEDIA_TYPE)

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import Any
 
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, TextModelError
 
 from .intake import Ingestor
 from .jobs import JobStore
@@ -73,14 +73,19 @@ class ReportRunner:
     def _report(self, work: Work, loaded: Loaded) -> dict[str, Any]:
         t0 = time.perf_counter()
         variant, reporter = loaded.name, loaded.reporter
-        if work.study is None:  # a recovered job: ingested here, its bytes held like any other study's
+        has_study = work.study is not None or work.study_path is not None
+        if reporter.is_text and has_study:  # a received study, or a job whose variant became a text model
+            raise TextModelError(f"variant {variant!r} is a text model: it cannot report on a study")
+        if not reporter.is_text and work.study is None:  # a recovered job: ingested here, held like any other
             work.study, work.reservation = self.ingestor.load(work.study_path, force=True)
-        study = work.study
         opts = generation_options(work.options, reporter.generation_config)
         on_token = finish = None
         if work.stream is not None:
             on_token, finish = token_sink(reporter.tokenizer, work.stream)
-        report = reporter.report(study, work.prompt, opts, on_token=on_token, cancel=work.cancel)
+        if reporter.is_text:
+            report = reporter.report_text(work.prompt, opts, on_token=on_token, cancel=work.cancel)
+        else:
+            report = reporter.report(work.study, work.prompt, opts, on_token=on_token, cancel=work.cancel)
         new_tokens = report.timings.get("new_tokens", 0)
         out = {**report.to_dict(), "variant": variant}
         if work.routing:

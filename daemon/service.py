@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, TextModelError
 from edgekit.ingest.entropy import display_entropy_bits
 
 from .config import DaemonConfig, load_config
@@ -320,12 +320,13 @@ class Daemon:
         self.policy.configure(settings_from_json(body, self.policy.settings))
         return self.policy.describe()
 
-    def _admit(self, form: ReportForm) -> tuple[WorkQueue, str, dict[str, int]]:
+    def _admit(self, form: ReportForm) -> tuple[WorkQueue, str, dict[str, int], bool]:
         """The checks both upload routes make before reading the upload; the variant the work is pinned to (a
-        switch during the upload does not move it) and the served point's per-report knobs, read once here: the
+        switch during the upload does not move it), the served point's per-report knobs, read once here (the
         upload is ingested with its frame skipping and the report written under its cap, even if a policy tick
-        or the precision gate moves the variant meanwhile. `quality: "max"` asked for the best point, which
-        skips no frame and caps no report."""
+        or the precision gate moves the variant meanwhile; `quality: "max"` asked for the best point, which
+        skips no frame and caps no report), and whether the variant is a text model's: its request carries a
+        prompt and no files, a VLM's its study."""
         registry, queue = self.serving()
         form.options.check(self.cfg.max_new_tokens_limit)
         chosen = form.variant
@@ -334,9 +335,14 @@ class Daemon:
         elif form.quality is not None:
             raise PolicyNotConfiguredError("quality needs a [policy] in the daemon's config")
         variant = registry.check(chosen or registry.active)
-        self._check_prompt(variant, form)
+        text = registry.is_text(variant)
+        if text:
+            check_text_request(variant, form)
+        else:
+            form.require_files()
+        self._check_prompt(variant, form, "" if text else None)  # a text prompt has no modality: counted exactly
         knobs = self.policy.knobs(variant) if self.policy is not None and form.quality != "max" else {}
-        return queue, variant, knobs
+        return queue, variant, knobs, text
 
     def precision_gate(self, variant: str, study) -> tuple[str, dict[str, Any] | None]:
         """The input-adaptive precision gate (`[precision_gate]`, off unless configured): a low-entropy study goes
@@ -376,8 +382,19 @@ class Daemon:
         reporter.context.fit(tokens, generation_options(form.options, reporter.generation_config), [])
 
     async def report(self, form: ReportForm, *, keep_evidence: bool, stream: bool) -> Accepted:
-        """Queue a synchronous report; the upload's files are gone once it is ingested (the study is in memory)."""
-        queue, variant, knobs = self._admit(form)
+        """Queue a synchronous report; the upload's files are gone once it is ingested (the study is in memory). A
+        text model's report is queued at once: there is nothing to ingest."""
+        queue, variant, knobs, text = self._admit(form)
+        if text:
+            if keep_evidence:
+                raise TextModelError(
+                    f"variant {variant!r} is a text model: its report has no source study to file an SR in"
+                )
+            work = Work(
+                None, form.prompt, capped(form.options, knobs), variant, stream=TokenStream() if stream else None
+            )
+            queue.submit(work)
+            return Accepted(work, None)
         queue.reserve()
         tmp = None
         intake = None
@@ -418,7 +435,7 @@ class Daemon:
         self.serving()  # "not ready" before "bad key", as before the service existed
         if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
             raise IdempotencyError("Idempotency-Key must be 1-128 characters of A-Z a-z 0-9 . _ : -")
-        queue, variant, knobs = self._admit(form)
+        queue, variant, knobs, text = self._admit(form)
         job_id = self.store.new_id()
         job_dir = self.store.job_dir(job_id)
         queue.reserve()
@@ -426,26 +443,29 @@ class Daemon:
         intake = None
         try:
             self._check_free_space()
-            intake = await self.ingestor.take(
-                form.files, job_dir / "input", keep_evidence=True, video_max_frames=knobs.get("video_max_frames")
-            )
-            variant, routing = await self._gate_upload(variant, intake.study, form)
-            self._check_prompt(variant, form, intake.study.modality)
+            routing = None
+            if not text:  # a text model's job has no input: its prompt is in the job
+                intake = await self.ingestor.take(
+                    form.files, job_dir / "input", keep_evidence=True, video_max_frames=knobs.get("video_max_frames")
+                )
+                variant, routing = await self._gate_upload(variant, intake.study, form)
+                self._check_prompt(variant, form, intake.study.modality)
             job = self._new_job(job_id, form, idempotency_key, intake)
-            self.store.save_evidence(job_id, intake.evidence or [])
+            if intake is not None:  # the headers its SR is filed under (a text model's report has no SR)
+                self.store.save_evidence(job_id, intake.evidence or [])
             stored = await asyncio.to_thread(self.store.insert, job)
             if stored.id != job_id:
                 if stored.fingerprint != job.fingerprint:
                     raise IdempotencyConflictError("this Idempotency-Key was used for a different request")
                 return Submitted(stored, created=False)
             work = self.work_for(job, variant)
-            work.study = intake.study
-            work.reservation = intake.reservation
+            if intake is not None:
+                work.study, work.reservation = intake.study, intake.reservation
             work.routing = routing
             work.options = capped(work.options, knobs)
             queue.submit(work, reserved=True)
             submitted = True
-            log.info("job %s accepted study=%s", job_id, intake.study.uid_hash)
+            log.info("job %s accepted study=%s", job_id, intake.study.uid_hash if intake is not None else "-")
             return Submitted(job, created=True)
         except (OSError, sqlite3.OperationalError) as err:  # a full disk, as ENOSPC or SQLite's "disk is full"
             raise storage_error(err) from None
@@ -457,10 +477,12 @@ class Daemon:
                 shutil.rmtree(job_dir, ignore_errors=True)
 
     @staticmethod
-    def _new_job(job_id: str, form: ReportForm, key: str | None, intake: Intake) -> Job:
+    def _new_job(job_id: str, form: ReportForm, key: str | None, intake: Intake | None) -> Job:
+        """`intake` None: a text model's job, whose input is its prompt alone."""
         options = form.options.as_dict()
+        digest = intake.saved.digest if intake is not None else ""
         fingerprint = hashlib.sha256(
-            json.dumps([intake.saved.digest, form.prompt, options, form.variant], sort_keys=True).encode()
+            json.dumps([digest, form.prompt, options, form.variant], sort_keys=True).encode()
         ).hexdigest()
         return Job(
             id=job_id,
@@ -470,14 +492,14 @@ class Daemon:
             variant=form.variant,
             prompt=form.prompt,
             options=options,
-            input=str(intake.saved.path),
+            input=str(intake.saved.path) if intake is not None else "",
             created=time.time(),
         )
 
     def work_for(self, job: Job, variant: str) -> Work:
         """A stored job as queue work on `variant` (the job's own, or the one active when it was accepted)."""
         return Work(
-            study_path=Path(job.input),
+            study_path=Path(job.input) if job.input else None,
             prompt=job.prompt,
             options=RequestOptions.from_dict(job.options),
             variant=variant,
@@ -532,6 +554,20 @@ class Daemon:
         if job is None:
             raise JobNotFoundError("no such job (it may have passed its retention)")
         return job
+
+
+def check_text_request(variant: str, form: ReportForm) -> None:
+    """A text model's request is a prompt: files are refused (they would be ignored), an empty prompt too."""
+    from edgekit.reporter import EmptyPromptError
+
+    if form.files:
+        raise TextModelError(
+            f"variant {variant!r} is a text model (no vision graph): it writes reports from the prompt; send no files"
+        )
+    if not form.prompt.strip():
+        raise EmptyPromptError(
+            f"variant {variant!r} is a text model: it writes its report from the prompt, which is empty"
+        )
 
 
 def free_bytes(path: Path) -> int | None:

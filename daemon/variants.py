@@ -84,6 +84,7 @@ class VariantRegistry:
         self._loading: dict[str, threading.Lock] = {}
         self.loaded: dict[str, Loaded] = {}
         self.specs: dict[str, Variant] = {}
+        self._text: dict[str, bool] = {}  # whether a variant's bundle is a text model's, read from its manifest
         self.active = ""
         self.threads: int | None = None
         self.meter = None  # the energy meter each report is billed by (edgekit.energy), where the target has none
@@ -101,6 +102,7 @@ class VariantRegistry:
             specs = {DEFAULT_VARIANT: Variant(DEFAULT_VARIANT, default_bundle(cfg, self._say))}
         with self._lock:
             self.specs = specs
+            self._text.clear()  # a reload may point a name at another bundle
             for name in list(self.loaded):
                 if name not in specs:
                     del self.loaded[name]
@@ -115,6 +117,19 @@ class VariantRegistry:
             if name not in self.specs:
                 raise UnknownVariantError(f"unknown variant {name!r} (known: {', '.join(sorted(self.specs))})")
             return name
+
+    def is_text(self, name: str) -> bool:
+        """Whether variant `name` (configured: `check`) is a text model's bundle, which writes reports from a prompt
+        alone: known without loading it (its manifest says), so a request is routed before its upload is read."""
+        from edgekit import names
+        from edgekit.bundle import peek_manifest
+
+        with self._lock:
+            if name in self.loaded:
+                return self.loaded[name].reporter.is_text
+            if name not in self._text:
+                self._text[name] = names.VISION not in peek_manifest(self.specs[name].bundle).components
+            return self._text[name]
 
     def get(self, name: str | None = None, *, hold: bool = False) -> Loaded:
         """The loaded variant `name` (default: the active one), loading and warming it first if needed.

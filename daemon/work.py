@@ -23,11 +23,12 @@ class Work:
     """`job_id` set: a durable job (its state lives in the store); else a synchronous request.
 
     `study` is the already-ingested study when a route validated the upload up front; a job recovered after a
-    restart has only `study_path` and is ingested when it runs. `variant` is pinned by the service before the work
+    restart has only `study_path` and is ingested when it runs. A text model's work has neither (`study_path`
+    None): its report is written from the prompt. `variant` is pinned by the service before the work
     is queued, so a later switch does not move accepted work.
     """
 
-    study_path: Path  # a synchronous request's upload is deleted once ingested: only `study` is read then
+    study_path: Path | None  # a synchronous request's upload is deleted once ingested: only `study` is read then
     prompt: str
     options: RequestOptions
     variant: str

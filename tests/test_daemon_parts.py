@@ -252,6 +252,7 @@ def test_runner_fails_a_job_whose_prompt_is_too_long_with_its_code_not_500(tmp_p
     class Reporter:
         generation_config = {"max_new_tokens": 8}
         tokenizer = None
+        is_text = False  # a VLM's: the work's study is reported
 
         def report(self, *_a, **_k):
             raise PromptTooLongError("prompt is 300 tokens; this model's context of 128 positions holds ...")

@@ -7,6 +7,7 @@ looks like a complete bundle; loads verify every byte so a corrupt download fail
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -292,6 +293,24 @@ def _extract_archive(path: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def peek_manifest(path: str | os.PathLike) -> Manifest:
+    """A bundle's manifest (directory or `.ekb`) read without checking its files or extracting an archive: what a
+    caller needs to route a request before the bundle is loaded (a text model's bundle or a VLM's), cheaply.
+    `load_bundle` still verifies everything before anything runs."""
+    path = Path(path)
+    if path.is_dir():
+        return read_manifest(path)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            data = zf.read(MANIFEST_NAME)
+    except (OSError, zipfile.BadZipFile, KeyError):
+        raise BundleError("not a bundle: no readable manifest (directory or .ekb file)", path) from None
+    try:
+        return Manifest.from_dict(json.loads(data), path)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BundleError("manifest is not valid JSON", path) from None
 
 
 def load_bundle(path: str | os.PathLike, *, required_roles: tuple[str, ...] | None = None) -> Bundle:
