@@ -35,7 +35,9 @@ app = typer.Typer(help="Build a deployable bundle for a target.")
         "also be a local Hugging Face VLM directory (llava, llava_next, idefics3, smolvlm, qwen2_vl, qwen2_5_vl) "
         "such as ~/models/llava-1.5-7b-hf: its tokenizer.json, chat template and image preprocessing go into the "
         "bundle (docs/hf-import.md). A stock Qwen2-VL download (dynamic resolution) builds at the side "
-        "--image-size pins (e.g. 448 for Qwen2-VL-2B-Instruct: 256 image tokens).",
+        "--image-size pins (e.g. 448 for Qwen2-VL-2B-Instruct: 256 image tokens). A decoder alone (llama, qwen2, "
+        "mistral) becomes a text bundle, served from a prompt: edgekit build ~/models/Qwen2-0.5B-Instruct "
+        "--recipe int4 -o out/qwen2-int4, then edgekit run out/qwen2-int4 -p TEXT.",
     )
 )
 def build(
