@@ -233,6 +233,7 @@ def test_the_documented_upload_body_is_the_checked_one():
 
     schema = UPLOAD_OPENAPI["requestBody"]["content"]["multipart/form-data"]["schema"]
     assert set(schema["properties"]) == {"files", *FormFields.model_fields}
-    assert schema["required"] == ["files"]
+    # files are optional in the schema (a text model's variant takes a prompt alone) and the description says when
+    assert "required" not in schema and "text model" in schema["properties"]["files"]["description"]
     assert schema["properties"]["prompt"]["maxLength"] == MAX_PROMPT_CHARS
     assert schema["properties"]["files"]["items"]["contentMediaType"] == "application/octet-stream"

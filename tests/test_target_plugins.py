@@ -25,7 +25,10 @@ SAMPLE = Path(str(files("edgekit.models") / "samples" / "cr_chest"))
 
 
 class CountingBackend(CpuBackend):
-    """ORT underneath; counts decoder calls per report as the toy target's 'cost'."""
+    """ORT underneath; counts decoder calls per report as the toy target's 'cost'. A cost read per call can be
+    billed to one report only if reports run one at a time: so it does not batch rows (`batch_rows`)."""
+
+    batch_rows = False
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)

@@ -193,10 +193,13 @@ def capability(
     if path.is_file() and path.suffix == ".onnx":
         files = [path]
     else:
+        from edgekit.names import GRAPH_FILES, graph_roles_in
         from edgekit.passes.pipeline import resolve_source
 
         root = resolve_source(path)
-        files = sorted(root.glob("*.onnx"))
+        # a bundle's portable graphs are what TensorRT builds; another target's own graphs beside them (the cpu
+        # target's fused decoder) are not: a folder of other graphs is checked whole
+        files = [root / GRAPH_FILES[r] for r in graph_roles_in(root)] or sorted(root.glob("*.onnx"))
         if not files:
             raise ConfigError("holds no .onnx graphs", path)
     from edgekit.names import graph_role

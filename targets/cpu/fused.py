@@ -56,6 +56,8 @@ MAX_SEQ = "max_seq"
 # checked at float activations; 4 is what onnxruntime-genai ships for them on CPU, and the build's parity figure
 # (cpu_fused_parity) records what it moved for each bundle.
 ACCURACY_LEVEL = 4
+# ORT's CPU GroupQueryAttention refuses other head sizes at run time ("head_size must be a multiple of 8", ORT 1.32)
+GQA_HEAD_DIM_MULTIPLE = 8
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,12 @@ class FuseCpuDecoder(ir.passes.InPlacePass):
         layers = [find_attention(graph, i) for i in range(attention_layers(graph))]
         expect(bool(layers), "the decoder has no attention layers")
         expect(all(a.freqs is layers[0].freqs for a in layers), "layers rotate by different RoPE angles")
+        head_dim = layers[0].head_dim
+        expect(
+            head_dim % GQA_HEAD_DIM_MULTIPLE == 0,
+            f"head_dim {head_dim} is not a multiple of {GQA_HEAD_DIM_MULTIPLE}, which ONNX Runtime's CPU "
+            "GroupQueryAttention requires",
+        )
         norms = find_rms_norms(graph)
         expect(bool(norms) and _reaches(norms[-1].out, names.LOGITS), "no RMSNorm in front of the LM head")
         projections = float_projections(model)

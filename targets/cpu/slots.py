@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgekit import names
-from edgekit.errors import BundleError, ConfigError
+from edgekit.errors import BundleError, ConfigError, TextModelError
 from edgekit.ort import CpuBackend, physical_cores, session_options
 
 from .fused import SEQLENS_K, TOTAL_SEQUENCE_LENGTH, FusedSignature
@@ -110,13 +110,14 @@ class CpuSlotBackend:
         self._outputs = [o.name for o in self.decoder.get_outputs()]
 
     # images and tokens ----------------------------------------------------------------------------------------
-    def encode_images(self, pixel_values: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+    def encode_images(self, pixel_values: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+        """Image features of a batch of studies; `rows` (the engine's) does not matter here: images hold no cache."""
         if self.vision is None:
-            raise ConfigError("this decoder was loaded without a vision encoder (text only)")
+            raise TextModelError.no_vision_graph()
         pv = np.ascontiguousarray(pixel_values, dtype=np.float32)
         return self.vision.run(None, {names.PIXEL_VALUES: pv})[0]
 
-    def embed(self, input_ids: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+    def embed(self, input_ids: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
         ids = np.ascontiguousarray(input_ids, dtype=np.int64)
         return self.embed_session.run(None, {names.INPUT_IDS: ids})[0]
 
