@@ -72,9 +72,7 @@ def serve(reporter, study, arrivals: np.ndarray, sampler) -> dict:
         source = reading.source if reading is not None else None
     ms = np.asarray(lat) * 1e3
     bw = engine.stats.bandwidth()
-    limit = getattr(engine.controller, "limit_bytes_per_s", None) or getattr(
-        engine.slots, "bandwidth_limit_bytes_per_s", None
-    )
+    limit = getattr(engine.slots, "bandwidth_limit_bytes_per_s", None) or copy_bandwidth()
     return {
         "throughput_rps": len(arrivals) / wall,
         "p50_ms": float(np.percentile(ms, 50)),
@@ -101,7 +99,7 @@ def main() -> None:
     ap.add_argument("--load", default="1.5,4", help="arrival rates as multiples of the one-row capacity")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--latency-target-ms", type=float, default=0.0, help="0: 1.5x the one-row step time")
+    ap.add_argument("--latency-target-ms", type=float, default=0.0, help="0: twice the one-row step time")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "engine_control.json")
     args = ap.parse_args()
     from edgekit.energy.discover import open_sampler
@@ -120,7 +118,7 @@ def main() -> None:
             cap = capacity(one, study)
             step_s = statistics.median(s for _, s, _ in one.engine.stats.recent)
             one.close()
-            target_s = args.latency_target_ms / 1e3 or 1.5 * step_s
+            target_s = args.latency_target_ms / 1e3 or 2.0 * step_s
             for load in (float(x) for x in args.load.split(",")):
                 rng = np.random.default_rng(0)
                 arrivals = np.cumsum(rng.exponential(1 / (load * cap), args.requests))
