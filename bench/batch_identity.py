@@ -110,9 +110,8 @@ def main() -> None:
     print(f"{'run':>8} {'finding F1':>11} {'tok/s':>8}")
     for name in f1:
         print(f"{name:>8} {f1[name]:11.3f} {doc['decode_tok_s'][name]:8.0f}")
-    print(
-        f"identical reports: {sum(same)}/{len(same)}" + (f"; first difference {doc['first_difference']}" * bool(first))
-    )
+    differs = "" if first is None else f"; first difference {doc['first_difference']}"
+    print(f"identical reports: {sum(same)}/{len(same)}{differs}")
     print(f"wrote {a.out}")
 
 
