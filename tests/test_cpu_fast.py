@@ -336,3 +336,38 @@ def test_profiling_traces_the_fused_decoder(radreport, tmp_path):
     traces = fused.end_profiling()
     assert len(traces) == 3
     assert any("GroupQueryAttention" in t.read_text() for t in traces)
+
+
+def test_prefill_keeps_its_bound_inputs_alive_while_other_threads_allocate(radreport):
+    """ORT reads a bound input through its raw pointer when the run starts: an input array freed before then (a
+    temporary made for the binding) and reused by another thread's allocation fed GroupQueryAttention a garbage
+    total length (edgekitd, 43 of 200 reports at concurrency 8: 500s). Prefill under a thread that keeps
+    allocating and filling small arrays gives the same logits every time."""
+    import threading
+
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder, max_rows=1)
+    rng = np.random.default_rng(9)
+    x = fused.embed(rng.integers(5, 500, (1, 12)))
+    positions = np.arange(12)[None]
+    want = fused.prefill(0, x, positions).copy()
+    fused.release(0)
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            junk = [np.full(n, 0x3F000000, np.int32) for n in (1, 1, 2, 12, 24, 1)]
+            del junk
+
+    workers = [threading.Thread(target=churn, daemon=True) for _ in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        for _ in range(300):
+            got = fused.prefill(0, x, positions)
+            fused.release(0)
+            np.testing.assert_array_equal(got, want)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()

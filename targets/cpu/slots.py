@@ -148,17 +148,18 @@ class CpuSlotBackend:
         seq = inputs_embeds.shape[1]
         self.kv.reserve([row], seq)
         p, length = self.kv.physical(row), self.kv.length_of(row)
-        logits = np.zeros((1, 1, self.signature.vocab), np.float32)
-        binding = self.bind(
+        # the binding holds raw pointers: every bound array must stay referenced until the run returns (a
+        # temporary freed before it is read, and reused by another thread, fed ORT garbage lengths under load)
+        bound = (
             np.ascontiguousarray(inputs_embeds, np.float32),
             np.ascontiguousarray(position_ids, np.int64),
             np.asarray([length + seq - 1], np.int32),
             np.asarray(length + seq, np.int32),
-            logits,
-            p,
-            1,
+            np.zeros((1, 1, self.signature.vocab), np.float32),
         )
+        binding = self.bind(*bound, p, 1)
         self.decoder.run_with_iobinding(binding)
+        logits = bound[-1]
         self.kv.advance(p, seq)
         return logits[0, 0]
 
