@@ -19,29 +19,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from x1_batching import requests  # each study's request as the Reporter makes it (bench/ is on sys.path)
+
 from edgekit.bundle import load_bundle
 from edgekit.engine import Engine, Request
 from edgekit.eval.finding_metrics import prf, score_study
 from edgekit.eval.runner import default_test_split, load_split
 from edgekit.findings import Finding, parse_report
-from edgekit.ingest import load_study
 from edgekit.plugins import load_backend
 from edgekit.reporter import Reporter
 from edgekit.target import RuntimeOptions
 
 HERE = Path(__file__).resolve().parent
-
-
-def requests(reporter: Reporter, data: Path, studies: list[dict]) -> list[Request]:
-    """Each study's request as the Reporter makes it: its prompt, its frames, the bundle's stop token."""
-    out = []
-    for s in studies:
-        study = load_study(data / s["path"])
-        layout = reporter.prompt(study.modality, s.get("indication", ""))
-        out.append(
-            Request(layout.ids, reporter.default_options, reporter.pixel_values(study)[0], image_slot=layout.image_slot)
-        )
-    return out
 
 
 def run(backend, positions, reqs: list[Request], batch: int) -> tuple[list[list[int]], float]:
