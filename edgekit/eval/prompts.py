@@ -11,7 +11,6 @@ studies, a prompt that fails (too long for the model's context) is recorded as a
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import numpy as np
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.eval.bootstrap import bootstrap_ci
 from edgekit.eval.finding_metrics import prf, score_study
+from edgekit.eval.jsonl import json_objects
 from edgekit.eval.runner import speed, text_scores
 from edgekit.eval.text_metrics import rouge_l
 from edgekit.findings import Finding, parse_report
@@ -36,20 +36,8 @@ def load_prompts(path: Path) -> list[dict]:
         raise EdgekitError(
             'not a file: a text model is evaluated on a JSON Lines file of {"prompt": ..., "reference": ...}', path
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise EdgekitError(f"not UTF-8 text (byte {e.start})", path) from e
     samples = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EdgekitError(f"line {number}: not a JSON object ({e.msg}, column {e.colno})", path) from e
-        if not isinstance(record, dict):
-            raise EdgekitError(f"line {number}: not a JSON object (a {type(record).__name__})", path)
+    for number, record in json_objects(path):
         prompt, reference = record.get("prompt"), record.get("reference")
         if not isinstance(prompt, str) or not prompt.strip():
             raise EdgekitError(f"line {number}: needs a non-empty string 'prompt'", path)

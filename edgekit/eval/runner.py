@@ -8,7 +8,6 @@ failure and the run goes on: one bad file never loses the rest of an evaluation.
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import numpy as np
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.eval.bootstrap import bootstrap_ci
 from edgekit.eval.finding_metrics import prf, score_study
+from edgekit.eval.jsonl import json_objects
 from edgekit.eval.text_metrics import bleu_from_statistics, bleu_statistics, rouge_l
 from edgekit.findings import Finding
 
@@ -38,20 +38,8 @@ def load_split(data_dir: Path) -> list[dict]:
     index = data_dir / "studies.jsonl"
     if not index.is_file():
         raise EdgekitError("no studies.jsonl here; write a split with `edgekit data synth`", data_dir)
-    try:
-        text = index.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise EdgekitError(f"not UTF-8 text (byte {e.start}); write a split with `edgekit data synth`", index) from e
     studies = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EdgekitError(f"line {number}: not a JSON object ({e.msg}, column {e.colno})", index) from e
-        if not isinstance(record, dict):
-            raise EdgekitError(f"line {number}: not a JSON object (a {type(record).__name__})", index)
+    for number, record in json_objects(index, hint="; write a split with `edgekit data synth`"):
         missing = [k for k in _STUDY_KEYS if k not in record]
         if missing:
             raise EdgekitError(f"line {number}: study record without {', '.join(missing)}", index)

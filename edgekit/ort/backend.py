@@ -42,7 +42,8 @@ def session_options(
     return so
 
 
-def _open(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+def open_session(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    """A CPU session of `path`, or a one-line BundleError naming the file (missing, corrupt, foreign)."""
     if not path.is_file():
         raise BundleError("ONNX graph not found", path)
     try:
@@ -77,9 +78,9 @@ class CpuBackend:
             prefix = self.profile_dir / name if self.profile_dir is not None else None
             return session_options(intra_op_threads=self.intra_op_threads, profile_prefix=prefix)
 
-        self.vision = None if vision_encoder is None else _open(Path(vision_encoder), opts("vision_encoder"))
-        self.embed_session = _open(Path(embed_tokens), opts("embed_tokens"))
-        self.decoder = _open(Path(decoder), opts("decoder"))
+        self.vision = None if vision_encoder is None else open_session(Path(vision_encoder), opts("vision_encoder"))
+        self.embed_session = open_session(Path(embed_tokens), opts("embed_tokens"))
+        self.decoder = open_session(Path(decoder), opts("decoder"))
         self._decoder_path = Path(decoder)
         self._read_decoder_signature()
 

@@ -22,21 +22,12 @@ import onnxruntime as ort
 
 from edgekit import names
 from edgekit.errors import BundleError, ConfigError, TextModelError
-from edgekit.ort import CpuBackend, physical_cores, session_options
+from edgekit.ort import CpuBackend, open_session, physical_cores, session_options
 
 from .fused import SEQLENS_K, TOTAL_SEQUENCE_LENGTH, FusedSignature
 from .kv_buffers import KvBuffers
 
 DEFAULT_CAPACITY = 256  # positions per row before the first doubling
-
-
-def _open(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
-    if not path.is_file():
-        raise BundleError("ONNX graph not found", path)
-    try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ORT raises Fail/InvalidGraph/InvalidProtobuf for corrupt or foreign files
-        raise BundleError(f"ONNX Runtime cannot load this graph ({type(exc).__name__})", path) from exc
 
 
 def _bind(binding: ort.IOBinding, name: str, array: np.ndarray, *, output: bool = False) -> None:
@@ -93,9 +84,9 @@ class CpuSlotBackend:
             return session_options(intra_op_threads=self.intra_op_threads, profile_prefix=prefix)
 
         self._decoder_path = Path(decoder)
-        self.decoder = _open(self._decoder_path, opts("decoder"))
-        self.embed_session = _open(Path(embed_tokens), opts("embed_tokens"))
-        self.vision = _open(Path(vision_encoder), opts("vision_encoder")) if vision_encoder is not None else None
+        self.decoder = open_session(self._decoder_path, opts("decoder"))
+        self.embed_session = open_session(Path(embed_tokens), opts("embed_tokens"))
+        self.vision = open_session(Path(vision_encoder), opts("vision_encoder")) if vision_encoder is not None else None
         inputs = {i.name: i.shape for i in self.decoder.get_inputs()}
         if not {SEQLENS_K, TOTAL_SEQUENCE_LENGTH, names.INPUTS_EMBEDS, names.past_key(0)} <= inputs.keys():
             raise BundleError("not a fused cpu decoder (seqlens_k / past_key_values inputs missing)", decoder)
