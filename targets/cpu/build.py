@@ -48,7 +48,7 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
     try:
         check = fused_parity(inputs.graphs, fused)
     except Exception as exc:  # ORT refuses a kernel's shape or layout at load or run: the portable decoder serves
-        reason = f"ONNX Runtime cannot run the fused decoder: {_first_line(exc)}"
+        reason = f"ONNX Runtime cannot run the fused decoder: {_last_line(exc)}"
         inputs.say(f"cpu: no fused decoder, the portable one serves ({reason})")
         return _portable(inputs, reason)
     ops: dict[str, int] = {}
@@ -79,7 +79,8 @@ def _portable(inputs: BuildInputs, reason: str) -> TargetBuild:
     )
 
 
-def _first_line(exc: BaseException) -> str:
+def _last_line(exc: BaseException) -> str:
+    """ORT's own reason: the last line of its message (the lines before it name the node and the kernel)."""
     text = str(exc).strip().splitlines()
     return text[-1] if text else type(exc).__name__
 
