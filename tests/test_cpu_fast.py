@@ -371,3 +371,19 @@ def test_prefill_keeps_its_bound_inputs_alive_while_other_threads_allocate(radre
         stop.set()
         for w in workers:
             w.join()
+
+
+def test_decode_token_embeddings_from_the_cache_equal_the_graphs(radreport, monkeypatch):
+    """A decode step's token embeddings come from a cache of rows the embedding graph wrote (ids seen before, new
+    ids in one call, the cache emptied when full): the same arrays as the graph gives."""
+    import edgekit.targets.cpu.slots as slots
+
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder)
+    portable = _portable(graphs)
+    monkeypatch.setattr(slots, "EMBED_CACHE_TOKENS", 6)
+    for ids in ([[7], [9], [7]], [[9], [11], [12], [13]], [[7], [40]], [[3]]):  # repeats, misses, then a refill
+        ids = np.asarray(ids)
+        np.testing.assert_array_equal(fused.embed(ids), portable.embed(ids))
+        assert len(fused._embeddings) <= 6
+    assert fused.embed(np.asarray([[5, 6, 7]])).shape[1] == 3  # a prompt goes through the graph
