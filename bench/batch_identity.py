@@ -1,14 +1,17 @@
-"""Reports are unchanged by batching on the cpu target: the eval split written one at a time and eight at a time.
+"""Reports are unchanged by batching: the eval split written one at a time and eight at a time, on cpu or orin.
 
-The default model's cpu bundle (radreport-tiny, built here as `edgekit build --target cpu` builds it: the fused
-decoder served by `CpuSlotBackend`) writes the reports of the first `--studies` studies of the eval split twice
-through one engine: with one row (each report alone) and with up to `--batch` rows (all submitted at once; a row
-that finishes is replaced by the next waiting report, so rows of different lengths decode together). Greedy, the
-bundle's own options and stop token. It counts the reports whose tokens are identical, names the first that
-differs (and where), and gives both runs' finding F1 against the references and their decode tokens/s.
-`--decoder portable` does the same with the portable decoder (`CpuBackend`, rows left-padded into one batch).
+The default model's bundle for `--target` (radreport-tiny, built here as `edgekit build --target T` builds it;
+cpu: the fused decoder served by `CpuSlotBackend`; orin: its graphs in ONNX Runtime, the reference TensorRT is
+held to, `engine = "onnxruntime"`, rows by `targets/orin/rows.py`; x1 has its own, `bench/x1_batching.py`)
+writes the reports of the first `--studies` studies of the eval split twice through one engine: with one row
+(each report alone) and with up to `--batch` rows (all submitted at once; a row that finishes is replaced by the
+next waiting report, so rows of different lengths decode together). Greedy, the bundle's own options and stop
+token. It counts the reports whose tokens are identical, names the first that differs (and where), and gives
+both runs' finding F1 against the references and their decode tokens/s. `--decoder portable` does the same with
+the cpu target's portable decoder (`CpuBackend`, rows left-padded into one batch).
 
-    python bench/batch_identity.py [--studies 48] [--batch 8] [--decoder fused|portable] [--out FILE]
+    python bench/batch_identity.py [--target cpu|orin] [--studies 48] [--batch 8] [--decoder fused|portable]
+                                   [--out FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from edgekit.reporter import Reporter
 from edgekit.target import RuntimeOptions
 
 HERE = Path(__file__).resolve().parent
+SETTINGS = {  # the run side's settings for an engine of `--batch` rows
+    "cpu": lambda a: {"decoder": a.decoder, "max_rows": a.batch},
+    "orin": lambda a: {"engine": "onnxruntime", "max_batch": a.batch},
+}
 
 
 def run(backend, positions, reqs: list[Request], batch: int) -> tuple[list[list[int]], float]:
@@ -49,16 +56,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--studies", type=int, default=48, help="the first N studies of the eval split")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--decoder", choices=("fused", "portable"), default="fused")
-    ap.add_argument("--out", type=Path, default=HERE / "batch_identity.json")
+    ap.add_argument("--target", choices=("cpu", "orin"), default="cpu")
+    ap.add_argument("--decoder", choices=("fused", "portable"), default="fused", help="cpu: which decoder serves")
+    ap.add_argument("--out", type=Path, help="default: bench/batch_identity[_orin].json")
     a = ap.parse_args()
+    a.out = a.out or HERE / ("batch_identity.json" if a.target == "cpu" else f"batch_identity_{a.target}.json")
     data = default_test_split()
     studies = load_split(data)[: a.studies]
     with tempfile.TemporaryDirectory(prefix="edgekit-batch-identity-") as tmp:
         from edgekit.build import build
 
-        b = load_bundle(build("cpu", Path(tmp) / "cpu", parity=False).bundle)
-        options = RuntimeOptions(threads=2, settings={"decoder": a.decoder, "max_rows": a.batch})
+        b = load_bundle(build(a.target, Path(tmp) / a.target, parity=False).bundle)
+        settings = SETTINGS[a.target](a)
+        options = RuntimeOptions(threads=2, settings=settings)
         backend = load_backend(b, options)
         reporter = Reporter(b, backend=backend)
         reqs = requests(reporter, data, studies)
@@ -83,6 +93,8 @@ def main() -> None:
         where = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
     doc = {
         "model": b.name,
+        "target": a.target,
+        "settings": settings,
         "decoder": type(backend).__name__,
         "split": str(data.name),
         "studies": len(studies),
@@ -95,7 +107,7 @@ def main() -> None:
         f"{a.batch} rows; F1 of edgekit.findings against the split's reference reports",
     }
     a.out.write_text(json.dumps(doc, indent=2))
-    print(f"{b.name} cpu ({doc['decoder']}), eval split '{doc['split']}', {len(studies)} studies, greedy")
+    print(f"{b.name} {a.target} ({doc['decoder']}), eval split '{doc['split']}', {len(studies)} studies, greedy")
     print(f"{'run':>8} {'finding F1':>11} {'tok/s':>8}")
     for name in f1:
         print(f"{name:>8} {f1[name]:11.3f} {doc['decode_tok_s'][name]:8.0f}")
