@@ -382,7 +382,15 @@ def test_decode_token_embeddings_from_the_cache_equal_the_graphs(radreport, monk
     fused = _fused(graphs, decoder)
     portable = _portable(graphs)
     monkeypatch.setattr(slots, "EMBED_CACHE_TOKENS", 6)
-    for ids in ([[7], [9], [7]], [[9], [11], [12], [13]], [[7], [40]], [[3]]):  # repeats, misses, then a refill
+    # repeats, misses, a refill, then a refill whose step mixes a cached token with new ones
+    for ids in (
+        [[7], [9], [7]],
+        [[9], [11], [12], [13]],
+        [[7], [40]],
+        [[3]],
+        [[60], [61], [62], [63]],
+        [[3], [70], [71]],
+    ):
         ids = np.asarray(ids)
         np.testing.assert_array_equal(fused.embed(ids), portable.embed(ids))
         assert len(fused._embeddings) <= 6

@@ -118,12 +118,14 @@ class CpuSlotBackend:
         if ids.ndim != 2 or ids.shape[1] != 1:
             return self.embed_session.run(None, {names.INPUT_IDS: ids})[0]
         cache, tokens = self._embeddings, ids[:, 0].tolist()
-        missing = sorted({t for t in tokens if t not in cache})
+        missing = {t for t in tokens if t not in cache}
         if missing:
-            rows_out = self.embed_session.run(None, {names.INPUT_IDS: np.asarray([missing], np.int64)})[0][0]
-            if len(cache) + len(missing) > EMBED_CACHE_TOKENS:
+            if len(cache) + len(missing) > EMBED_CACHE_TOKENS:  # full: start again from this step's tokens
                 cache.clear()
-            cache.update(zip(missing, rows_out))
+                missing = set(tokens)
+            wanted = sorted(missing)
+            rows_out = self.embed_session.run(None, {names.INPUT_IDS: np.asarray([wanted], np.int64)})[0][0]
+            cache.update(zip(wanted, rows_out))
         return np.stack([cache[t] for t in tokens])[:, None]
 
     # the cache --------------------------------------------------------------------------------------------
