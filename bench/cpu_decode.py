@@ -60,12 +60,13 @@ VARIANTS = {
     "nopack": {"pack_qkv": False},
     "nonorm": {"fuse_norms": False},
 }
-SMOLLM2 = dict(
+SMOLLM2 = dict(  # SmolLM2-135M's shape as transformers' LlamaConfig takes it (bench/decode_vs_genai.py too)
     hidden_size=576,
     intermediate_size=1536,
     num_hidden_layers=30,
     num_attention_heads=9,
     num_key_value_heads=3,
+    head_dim=64,
     vocab_size=49152,
     tie_word_embeddings=True,
     max_position_embeddings=8192,

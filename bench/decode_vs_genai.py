@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from cpu_decode import SMOLLM2  # bench/ is on sys.path when a bench runs
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT_TOKENS = 32
@@ -79,19 +80,7 @@ THREADS = 2
 BATCHES = (1, 8)
 MODELS = ("smollm", "radreport")
 LABELS = {"smollm": "SmolLM2-135M shape", "radreport": "radreport-tiny decoder"}
-SMOLLM_SHAPE = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    max_position_embeddings=8192,
-    rope_theta=100000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-)
+SMOLLM_SHAPE = SMOLLM2  # one definition of the shape, bench/cpu_decode.py's
 SMOLLM_SPECIALS = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
 CHATML = (  # SmolLM2-Instruct's template
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
