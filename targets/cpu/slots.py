@@ -32,10 +32,13 @@ EMBED_CACHE_TOKENS = 4096  # embedding rows kept for decode steps (SmolLM2's 576
 
 
 def _bind(binding: ort.IOBinding, name: str, array: np.ndarray, *, output: bool = False) -> None:
-    """Bind `array`'s own memory (C-contiguous) to `name`: ORT reads or writes it in place."""
+    """Bind `array`'s own memory (C-contiguous) to `name`: ORT reads or writes it in place. ORT keeps only the
+    pointer, so the binding keeps the array: a temporary bound and freed before the run, its memory reused by
+    another thread, once fed GroupQueryAttention a garbage length (edgekitd under load)."""
     assert array.flags.c_contiguous, name
     bind = binding.bind_output if output else binding.bind_input
     bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+    binding.__dict__.setdefault("_edgekit_arrays", []).append(array)
 
 
 class _Step:
@@ -155,18 +158,17 @@ class CpuSlotBackend:
         seq = inputs_embeds.shape[1]
         self.kv.reserve([row], seq)
         p, length = self.kv.physical(row), self.kv.length_of(row)
-        # the binding holds raw pointers: every bound array must stay referenced until the run returns (a
-        # temporary freed before it is read, and reused by another thread, fed ORT garbage lengths under load)
-        bound = (
+        logits = np.zeros((1, 1, self.signature.vocab), np.float32)
+        binding = self.bind(
             np.ascontiguousarray(inputs_embeds, np.float32),
             np.ascontiguousarray(position_ids, np.int64),
             np.asarray([length + seq - 1], np.int32),
             np.asarray(length + seq, np.int32),
-            np.zeros((1, 1, self.signature.vocab), np.float32),
+            logits,
+            p,
+            1,
         )
-        binding = self.bind(*bound, p, 1)
-        self.decoder.run_with_iobinding(binding)
-        logits = bound[-1]
+        self.decoder.run_with_iobinding(binding)  # the binding holds its arrays (`_bind`) until it goes
         self.kv.advance(p, seq)
         return logits[0, 0]
 
