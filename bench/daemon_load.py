@@ -1,14 +1,15 @@
 """edgekitd under load over its Unix socket vs the same generation in-process, side by side in one run.
 
-Latency p50/p95/p99 and throughput at concurrency 1, 4, 8 and 16 (synchronous POST /v1/reports of one DICOM
-file), with continuous batching (the default: 8 workers, the token engine's max_batch 8) and, beside it, the same
-daemon serving one report at a time (`--workers 1 --max-batch 1`, as before the engine batched), so the ratio
-c=8 / c=1 is measured against its own baseline in one run. The daemon's overhead at concurrency 1: p50(daemon) /
-p50(in-process Reporter.report on the same bundle and file) - 1. Both sides use one ONNX Runtime thread. Then the
-faults, counted: `kill -9` with durable jobs accepted and a restart (every accepted job must complete), overload at
-4x capacity (answers must be 2xx or 503 only; the daemon's RSS before/after and its peak; healthy afterwards), and
-RSS over `--soak` reports at concurrency 8 (sampled every 50; flat means no growth after the first 100).
-`--x1` adds the default model's x1 bundle served at c=1 and c=8: emulated latency and energy per report.
+Latency p50/p95/p99 and throughput at concurrency 1, 4, 8 and 16 (synchronous POST /v1/reports of one DICOM file), with
+continuous batching (the default: 8 workers, the token engine's max_batch 8) and, beside it, the same daemon serving one
+report at a time (`--workers 1 --max-batch 1`, as before the engine batched), so the ratio c=8 / c=1 is measured against
+its own baseline in one run, and the same batched daemon with ingest in its own threads (`--ingest-processes 0`, as
+before ingest moved to worker processes) at c=1 and c=8. The daemon's overhead at concurrency 1: p50(daemon) / p50(in-
+process Reporter.report on the same bundle and file) - 1. Both sides use one ONNX Runtime thread. Then the faults,
+counted: `kill -9` with durable jobs accepted and a restart (every accepted job must complete), overload at 4x capacity
+(answers must be 2xx or 503 only; the daemon's RSS before/after and its peak; healthy afterwards), and RSS (the daemon's
+and its ingest processes', summed) over `--soak` reports at concurrency 8 (sampled every 50; flat means no growth after
+the first 100). `--x1` adds the default model's x1 bundle served at c=1 and c=8: emulated latency and energy per report.
 Prints tables, writes JSON.
 
     python bench/daemon_load.py [--model-dir DIR] [--requests 30] [--soak 500] [--x1] [--out bench/daemon_load.json]
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.daemon.client import study_files
-from edgekit.daemon.testing import DaemonProcess, write_tiny_model
+from edgekit.daemon.testing import DaemonProcess, proc_kib, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "models" / "samples" / "cr_chest" / "image.dcm"
@@ -151,9 +152,9 @@ def x1_rows(tmp: Path, model: Path, n: int) -> dict:
 
 
 def rss_kib(pid: int) -> dict:
-    """Resident set now and its peak (VmHWM), from /proc."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return {"rss_kib": int(fields["VmRSS"].split()[0]), "peak_kib": int(fields["VmHWM"].split()[0])}
+    """Resident set now and its peak (VmHWM), from /proc: the daemon's and its ingest processes', summed."""
+    kib = proc_kib(pid)
+    return {"rss_kib": kib["VmRSS"], "peak_kib": kib["VmHWM"]}
 
 
 def kill9_recovery(state: Path, model: Path, n_jobs: int) -> dict:
@@ -267,6 +268,14 @@ def main() -> None:
                 rows[f"serial c={c}"] = over_socket(serial, args.requests * 2, c)
         finally:
             serial.stop()
+        threads = DaemonProcess(
+            tmp / "state-threads", model, extra_args=["--max-queue", "64", "--ingest-processes", "0"]
+        ).start(wait_ready=600)
+        try:
+            for c in (1, 8):
+                rows[f"threads c={c}"] = over_socket(threads, args.requests * (2 if c > 1 else 1), c)
+        finally:
+            threads.stop()
         d = DaemonProcess(tmp / "state", model, extra_args=["--max-queue", "64"]).start(wait_ready=600)
         try:
             rows.update(
@@ -298,8 +307,9 @@ def main() -> None:
         else "random (tiny test shape)",
         "study": STUDY.name,
         "threads": 1,
-        "workers": {"daemon": 8, "serial": 1},
-        "max_batch": {"daemon": 8, "serial": 1},
+        "workers": {"daemon": 8, "threads": 8, "serial": 1},
+        "max_batch": {"daemon": 8, "threads": 8, "serial": 1},
+        "ingest": {"daemon": "worker processes (the default)", "threads": "the daemon's threads", "serial": "worker"},
         "rows": rows,
         "scaling": {
             "daemon_rps_c8_over_c1": rows["daemon c=8"]["throughput_rps"] / rows["daemon c=1"]["throughput_rps"],
@@ -307,6 +317,8 @@ def main() -> None:
             "daemon_rps_c16_over_c1": rows["daemon c=16"]["throughput_rps"] / rows["daemon c=1"]["throughput_rps"],
             "serial_rps_c8_over_c1": rows["serial c=8"]["throughput_rps"] / rows["serial c=1"]["throughput_rps"],
             "daemon_c8_over_serial_c8": rows["daemon c=8"]["throughput_rps"] / rows["serial c=8"]["throughput_rps"],
+            "threads_rps_c8_over_c1": rows["threads c=8"]["throughput_rps"] / rows["threads c=1"]["throughput_rps"],
+            "daemon_c8_over_threads_c8": rows["daemon c=8"]["throughput_rps"] / rows["threads c=8"]["throughput_rps"],
         },
         "soak": soaked,
         "faults": faults,
@@ -329,7 +341,8 @@ def main() -> None:
         f"scaling: req/s c=8 / c=1 = {sc['daemon_rps_c8_over_c1']:.2f}x (serial daemon: "
         f"{sc['serial_rps_c8_over_c1']:.2f}x), p95 c=8 / c=1 = {sc['daemon_p95_c8_over_c1']:.2f}x, "
         f"c=16 / c=1 = {sc['daemon_rps_c16_over_c1']:.2f}x; batched / serial at c=8 = "
-        f"{sc['daemon_c8_over_serial_c8']:.2f}x"
+        f"{sc['daemon_c8_over_serial_c8']:.2f}x; ingest in processes / in threads at c=8 = "
+        f"{sc['daemon_c8_over_threads_c8']:.2f}x (threads: c=8 / c=1 = {sc['threads_rps_c8_over_c1']:.2f}x)"
     )
     for name, r in rows.items():
         if "emulated_mj_per_report" in r:

@@ -1,21 +1,23 @@
 """Hostile inputs against a running edgekitd: small requests with big consequences, each measured on its own.
 
-What it measures, per case (and per variant of a case, one table row each): the HTTP statuses the daemon answered,
-its peak RSS over idle (VmHWM after resetting it with /proc/<pid>/clear_refs, and VmRSS sampled every 20 ms; the
-larger), the wall time, whether GET /v2/health/ready stayed 200 throughout (probed every 0.5 s, 2 s timeout, from a
-thread), and what the daemon logged. Every case runs against a fresh edgekitd (its own state dir and log, a tiny
-random-weights model, the config's defaults except where a case says), is bounded in time and request count, and
-stops by itself; an RSS watchdog SIGKILLs the daemon past 6 GiB ("killed by watchdog at X GiB"), a daemon that dies
-is reported and restarted. The daemon gets the RLIMIT_NOFILE its systemd unit gives it (the unit's LimitNOFILE=, else
-systemd's default soft limit 1024; `--daemon-nofile` overrides). The inputs are written by bench/hostile_corpus.py.
-To measure another tree (the code before a fix), run from outside the checkout with PYTHONPATH=that tree.
+What it measures, per case (and per variant of a case, one table row each): the HTTP statuses the daemon answered, its
+peak RSS over idle (VmHWM after resetting it with /proc/<pid>/clear_refs, and VmRSS sampled every 20 ms; the larger;
+both summed over the daemon and its ingest worker processes), the wall time, whether GET /v2/health/ready stayed 200
+throughout (probed every 0.5 s, 2 s timeout, from a thread), and what the daemon logged. Every case runs against a fresh
+edgekitd (its own state dir and log, a tiny random-weights model, the config's defaults except where a case says), is
+bounded in time and request count, and stops by itself; an RSS watchdog past 6 GiB SIGKILLs the largest process of the
+tree, as the kernel's OOM killer would at the unit's MemoryMax ("killed by watchdog at X GiB"), a daemon that dies is
+reported and restarted. The daemon gets the RLIMIT_NOFILE its systemd unit gives it (the unit's LimitNOFILE=, else
+systemd's default soft limit 1024; `--daemon-nofile` overrides). The inputs are written by bench/hostile_corpus.py. To
+measure another tree (the code before a fix), run from outside the checkout with PYTHONPATH=that tree.
 
     python bench/hostile_inputs.py [--only CASE[,CASE]] [--out bench/hostile_inputs.json] [--cases]
 
-Targets (the issue's): peak <= 1 GiB over idle at default settings; 0 x 5xx; 0 health-probe failures during slow
-bodies; a normal one-instance STOW-RS < 1 s during a large ingest; 0 PHI hits in the log; a poison study ends as
-one quarantined (failed) job after at most 5 restarts. Needs root for two cases: disk_full mounts a tmpfs (skipped
-with the reason otherwise) and slow_bodies raises this process's RLIMIT_NOFILE up to its hard limit.
+Targets (the issue's): peak <= 1 GiB over idle at default settings; 0 x 5xx; 0 health-probe failures during slow bodies;
+a normal one-instance STOW-RS < 1 s during a large ingest; 0 PHI hits in the log; a poison study ends as one failed job:
+`ingest_crashed` when only its ingest worker is killed, else quarantined after at most 5 restarts. Needs root for two
+cases: disk_full mounts a tmpfs (skipped with the reason otherwise) and slow_bodies raises this process's RLIMIT_NOFILE
+up to its hard limit.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import hostile_corpus as hc
 from pydicom.uid import generate_uid
 
 from edgekit.daemon.client import Client, Reply, multipart
-from edgekit.daemon.testing import DaemonProcess, write_tiny_model
+from edgekit.daemon.testing import DaemonProcess, proc_kib, proc_kib_one, process_tree, write_tiny_model
 from edgekit.daemon.testing_pacs import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,27 +70,21 @@ TARGETS = {
 
 
 # --- the daemon's memory ----------------------------------------------------------------------------------------
-def proc_kib(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of `pid` in KiB ({} once it is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return {}
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    return {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM") if k in fields}
-
-
 def reset_hwm(pid: int) -> bool:
-    """Reset the peak (VmHWM) to the current RSS; False where the kernel or our rights refuse."""
+    """Reset the peak (VmHWM) of `pid` and its descendants to their current RSS; False where the kernel or our
+    rights refuse."""
     try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        for p in process_tree(pid):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                Path(f"/proc/{p}/clear_refs").write_text("5")
         return True
     except OSError:
         return False
 
 
 class Monitor(threading.Thread):
-    """Samples the current daemon's VmRSS every 20 ms (its max since `reset()`) and SIGKILLs it past `limit`."""
+    """Samples the current daemon's VmRSS (with its workers') every 20 ms (its max since `reset()`) and SIGKILLs it
+    past `limit`."""
 
     def __init__(self, run: Run):
         super().__init__(name="rss-watchdog", daemon=True)
@@ -108,11 +104,14 @@ class Monitor(threading.Thread):
                 continue
             rss = proc_kib(d.proc.pid).get("VmRSS", 0)
             self.max_kib = max(self.max_kib, rss)
-            if rss * 1024 > self.limit and d.proc.pid not in self.killed:
+            if rss * 1024 > self.limit:
+                victim = max(process_tree(d.proc.pid), key=lambda p: proc_kib_one(p).get("VmRSS", 0))
+                if victim in self.killed:
+                    continue
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(d.proc.pid, signal.SIGKILL)
-                self.killed.add(d.proc.pid)
-                self.kills.append((d.proc.pid, rss))
+                    os.kill(victim, signal.SIGKILL)
+                self.killed.add(victim)
+                self.kills.append((victim, rss))
 
 
 class Prober(threading.Thread):

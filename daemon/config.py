@@ -60,6 +60,9 @@ class DaemonConfig:
     keep_alive_s: float = 300.0  # idle non-active variants unload after this long (< 0: never), as Ollama's 5 min
     threads: int | None = None  # ONNX Runtime intra-op threads per loaded variant (None: physical cores)
     workers: int = 8  # reports in progress at once: ingest and preprocessing overlap, generation batches
+    # Processes that decode studies (edgekit.ingest.workers), off the server's GIL; 0: in the daemon's own threads.
+    # None: half the physical cores, 1 to 4 (measured on 2 cores: 1 and 2 serve the same).
+    ingest_processes: int | None = None
     max_queue: int = 16
     # The token engine per loaded variant (edgekit.engine): rows decoding together, their KV budget, the batch
     # controller (fixed | bandwidth | latency) and its target, the prefill chunk (None: whole prompts)
@@ -82,6 +85,7 @@ class DaemonConfig:
     ingest_memory_bytes: int = 1024**3
     video_max_source_frames: int = 200_000
     video_decode_timeout_s: float = 120.0
+    ingest_timeout_s: float = 300.0  # wall time one study's decode may take in its worker process; then killed
     # Slow or stalled clients (middleware.Guard): request bodies being read at once, the time a body may take to
     # start and the rate it must keep after that; connections in all (uvicorn's limit_concurrency)
     max_uploads: int = 32
@@ -118,6 +122,7 @@ _KEYS: dict[tuple[str, str], tuple[str, type | tuple[type, ...]]] = {
     ("listen", "tcp_port"): ("tcp_port", int),
     ("listen", "tcp_token_file"): ("tcp_token_file", str),
     ("scheduler", "workers"): ("workers", int),
+    ("scheduler", "ingest_processes"): ("ingest_processes", int),
     ("scheduler", "max_queue"): ("max_queue", int),
     ("engine", "max_batch"): ("max_batch", int),
     ("engine", "kv_budget_bytes"): ("kv_budget_bytes", int),
@@ -133,6 +138,7 @@ _KEYS: dict[tuple[str, str], tuple[str, type | tuple[type, ...]]] = {
     ("limits", "ingest_memory_bytes"): ("ingest_memory_bytes", int),
     ("limits", "video_max_source_frames"): ("video_max_source_frames", int),
     ("limits", "video_decode_timeout_s"): ("video_decode_timeout_s", (int, float)),
+    ("limits", "ingest_timeout_s"): ("ingest_timeout_s", (int, float)),
     ("limits", "max_uploads"): ("max_uploads", int),
     ("limits", "body_timeout_s"): ("body_timeout_s", (int, float)),
     ("limits", "min_body_rate"): ("min_body_rate", int),
@@ -328,9 +334,19 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
         raise ConfigError(f"engine.latency_target_ms must be > 0, got {cfg.latency_target_ms!r}", path)
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"threads must be >= 1, got {cfg.threads}", path)
+    value = cfg.ingest_processes
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError(f"scheduler.ingest_processes must be a whole number >= 0, got {value!r}", path)
     if isinstance(cfg.min_free_bytes, bool) or not isinstance(cfg.min_free_bytes, int) or cfg.min_free_bytes < 0:
         raise ConfigError(f"min_free_bytes must be a whole number of bytes >= 0, got {cfg.min_free_bytes!r}", path)
-    for name in ("sync_timeout_s", "drain_timeout_s", "job_retention_s", "video_decode_timeout_s", "body_timeout_s"):
+    for name in (
+        "sync_timeout_s",
+        "drain_timeout_s",
+        "job_retention_s",
+        "video_decode_timeout_s",
+        "ingest_timeout_s",
+        "body_timeout_s",
+    ):
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name} must be > 0", path)
     if not (math.isfinite(cfg.policy_tick_s) and cfg.policy_tick_s > 0):

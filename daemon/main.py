@@ -54,6 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--default-model-dir", help="weights of the default model served when no variant is configured")
     p.add_argument("--workers", type=int)
     p.add_argument("--max-queue", type=int)
+    p.add_argument("--ingest-processes", type=int, help="processes that decode studies (0: the daemon's own threads)")
     p.add_argument("--max-batch", type=int, help="reports decoding together per variant (1: one at a time)")
     p.add_argument("--batch-controller", choices=["fixed", "bandwidth", "latency"], dest="batch_controller")
     p.add_argument("--threads", type=int, help="ONNX Runtime threads per variant")
@@ -85,6 +86,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         "default_model_dir": args.default_model_dir,
         "workers": args.workers,
         "max_queue": args.max_queue,
+        "ingest_processes": args.ingest_processes,
         "max_batch": args.max_batch,
         "batch_controller": args.batch_controller,
         "threads": args.threads,
@@ -107,11 +109,17 @@ def main(argv: list[str] | None = None) -> int:
         level=cfg.log_level.upper(), stream=sys.stderr, format="edgekitd[%(process)d] %(levelname)s %(message)s"
     )
     if args.check_config:
+        from .intake import ingest_processes
         from .memory import cgroup_memory_max, check_memory
 
         try:
             check_files(cfg)
-            check_memory(cfg.ingest_memory_bytes, cfg.max_upload_bytes, cgroup_memory_max(cfg.signals_root))
+            check_memory(
+                cfg.ingest_memory_bytes,
+                cfg.max_upload_bytes,
+                cgroup_memory_max(cfg.signals_root),
+                ingest_processes(cfg),
+            )
         except EdgekitError as err:
             print(f"edgekitd: error: {err}", file=sys.stderr)
             return 2
@@ -154,12 +162,15 @@ def missing_serve_module() -> str | None:
 def serve(cfg: DaemonConfig, overrides: dict[str, Any], token: str | None) -> int:
     from . import logs
     from .api import create_app
+    from .intake import ingest_processes
     from .listen import open_listeners
     from .memory import cgroup_memory_max, check_memory
     from .service import Daemon
 
     try:  # one budget against the unit's MemoryMax=: a config that cannot fit does not start
-        check_memory(cfg.ingest_memory_bytes, cfg.max_upload_bytes, cgroup_memory_max(cfg.signals_root))
+        check_memory(
+            cfg.ingest_memory_bytes, cfg.max_upload_bytes, cgroup_memory_max(cfg.signals_root), ingest_processes(cfg)
+        )
     except EdgekitError as err:
         log.error("%s", err)
         return 2

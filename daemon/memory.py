@@ -7,8 +7,9 @@ with 503 and Retry-After (the queue already holds that much), one larger than th
 itself. `max_queue` needs no term of its own: queued studies are in the pool.
 
 At start the config is checked as one budget against the cgroup's memory.max (systemd's `MemoryMax=`): the pool,
-one request body's part held in memory (`max_upload_bytes`: a STOW-RS instance is read whole to be checked), and
-a reserve for the interpreter, ONNX Runtime and the model. A config that cannot fit does not start.
+one request body's part held in memory (`max_upload_bytes`: a STOW-RS instance is read whole to be checked), a
+reserve for the interpreter, ONNX Runtime and the model, and one for each ingest worker process (the unit's cgroup
+holds them too). A config that cannot fit does not start.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from edgekit.ingest.budget import mib
 # The interpreter, numpy, ONNX Runtime with the loaded variants and the web stack, measured idle with the default
 # model at about 330 MiB RSS (bench/daemon_load.py); the rest is headroom for a larger model.
 RUNTIME_RESERVE = 768 * 2**20
+# One ingest worker process (edgekit.ingest.workers) idle: the interpreter, numpy, pydicom and the decoders, measured
+# at 70-73 MiB RSS after a JPEG 2000 study; a study's own memory is in the pool (its frames are shared, not copied).
+INGEST_WORKER_RESERVE = 96 * 2**20
 
 
 class IngestBusyError(EdgekitError):
@@ -100,13 +104,14 @@ def cgroup_memory_max(root: Path = Path("/")) -> int | None:
     return min(limits) if limits else None
 
 
-def check_memory(ingest_memory_bytes: int, max_upload_bytes: int, limit: int | None) -> None:
+def check_memory(ingest_memory_bytes: int, max_upload_bytes: int, limit: int | None, ingest_processes: int = 0) -> None:
     """Refuse a config whose budget cannot fit in `limit` (None: no limit, nothing to check), naming the numbers."""
-    need = ingest_memory_bytes + max_upload_bytes + RUNTIME_RESERVE
+    workers = ingest_processes * INGEST_WORKER_RESERVE
+    need = ingest_memory_bytes + max_upload_bytes + RUNTIME_RESERVE + workers
     if limit is not None and need > limit:
         raise ConfigError(
             f"the config needs about {mib(need)} (limits.ingest_memory_bytes {mib(ingest_memory_bytes)} + "
-            f"limits.max_upload_bytes {mib(max_upload_bytes)} + {mib(RUNTIME_RESERVE)} for the runtime and model) "
-            f"but this process's memory limit (cgroup memory.max, systemd's MemoryMax=) is {mib(limit)}: lower "
-            "those limits or raise MemoryMax="
+            f"limits.max_upload_bytes {mib(max_upload_bytes)} + {mib(RUNTIME_RESERVE)} for the runtime and model + "
+            f"{mib(workers)} for {ingest_processes} ingest process(es)) but this process's memory limit (cgroup "
+            f"memory.max, systemd's MemoryMax=) is {mib(limit)}: lower those limits or raise MemoryMax="
         )

@@ -36,6 +36,47 @@ TINY = dict(
 )
 
 
+def process_tree(pid: int) -> list[int]:
+    """The daemon and its descendants (its ingest worker processes): all in the service's cgroup, all under its
+    MemoryMax, so all counted here."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    return tree
+
+
+def proc_kib_one(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of `pid` alone in KiB ({} once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM") if k in fields}
+
+
+def proc_kib(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM in KiB of `pid` and its descendants, summed ({} once `pid` is gone). Pages a worker shares
+    with the daemon (a study's frames, handed over in a memfd) count in both: an upper bound."""
+    total: dict[str, int] = {}
+    for p in process_tree(pid):
+        one = proc_kib_one(p)
+        if not one and p == pid:
+            return {}
+        for k, v in one.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
 def write_tiny_model(
     out: Path, *, seed: int = 0, max_new_tokens: int = 24, full_size: bool = False, num_frames: int | None = None
 ) -> Path:

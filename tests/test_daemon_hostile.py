@@ -14,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -234,7 +235,8 @@ def test_a_config_that_cannot_fit_the_memory_limit_does_not_start(tmp_path):
     (root / "sys/fs/cgroup/system.slice/memory.max").write_text("max\n")
     config = tmp_path / "edgekitd.toml"
     config.write_text(
-        f'[limits]\ningest_memory_bytes = {3 * 2**30}\n[policy]\nprofile = "p.json"\nsignals_root = "{root}"\n'
+        f"[scheduler]\ningest_processes = 2\n[limits]\ningest_memory_bytes = {3 * 2**30}\n"
+        f'[policy]\nprofile = "p.json"\nsignals_root = "{root}"\n'
     )
     from edgekit.daemon.memory import cgroup_memory_max
 
@@ -249,9 +251,11 @@ def test_a_config_that_cannot_fit_the_memory_limit_does_not_start(tmp_path):
         [sys.executable, "-m", "edgekit.daemon", "--config", str(config), "--check-config"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert checked.returncode == 2 and "needs about 4352 MiB" in checked.stderr  # --check-config says so too
+    # 3072 + 512 (max_upload_bytes) + 768 (runtime) + 2 x 96 (ingest processes)
+    assert checked.returncode == 2 and "needs about 4544 MiB" in checked.stderr  # --check-config says so too
     assert (
-        "needs about 4352 MiB" in out.stderr
+        "needs about 4544 MiB" in out.stderr
+        and "192 MiB for 2 ingest process(es)" in out.stderr
         and "memory limit (cgroup memory.max, systemd's MemoryMax=) is 4096 MiB" in out.stderr
     )
 
@@ -368,3 +372,34 @@ def test_state_dir_database_is_created_private(tmp_path):
         os.umask(old)
     assert (tmp_path / "jobs.sqlite3").stat().st_mode & 0o777 == 0o600
     assert sqlite3.connect(tmp_path / "jobs.sqlite3").execute("SELECT COUNT(*) FROM jobs").fetchone() == (0,)
+
+
+def test_a_stalled_or_crashed_decoder_fails_its_study_only(tmp_path):
+    """The study's ingest process stalls (SIGSTOP: a decoder in an endless loop) and then dies (SIGKILL: a decoder's
+    segfault, the OOM killer): each is that report's 422, the daemon keeps serving and replaces the process."""
+    from edgekit.daemon.testing import process_tree
+
+    sample = SAMPLES / "cr_chest" / "image.dcm"
+    with tiny_daemon(tmp_path, "[limits]\ningest_timeout_s = 2.0\n") as d:
+        assert d.client.post_study("/v1/reports", study_files(sample)).status == 200  # starts its ingest process
+        (worker,) = [p for p in process_tree(d.proc.pid) if p != d.proc.pid]
+        os.kill(worker, signal.SIGSTOP)
+        reply = d.client.post_study("/v1/reports", study_files(sample))
+        assert reply.status == 422 and reply.json()["error"]["code"] == "ingest_timeout", reply.body[:300]
+        assert "longer than 2 s" in reply.json()["error"]["message"]
+        assert d.client.post_study("/v1/reports", study_files(sample)).status == 200
+        (worker,) = [p for p in process_tree(d.proc.pid) if p != d.proc.pid]
+
+        def kill_when_decoding() -> None:
+            os.kill(worker, signal.SIGSTOP)  # held at its next study, then killed mid-study
+            time.sleep(0.5)
+            os.kill(worker, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_when_decoding)
+        killer.start()
+        reply = d.client.post_study("/v1/reports", study_files(sample))
+        killer.join()
+        assert reply.status == 422 and reply.json()["error"]["code"] == "ingest_crashed", reply.body[:300]
+        assert "killed by SIGKILL" in reply.json()["error"]["message"]
+        assert d.client.post_study("/v1/reports", study_files(sample)).status == 200
+        assert d.proc.poll() is None

@@ -63,6 +63,8 @@ def test_config_file_values_relative_paths_and_overrides(tmp_path):
         ("[scheduler]\nworkerz = 1\n", "unknown key scheduler.workerz"),
         ('[scheduler]\nworkers = "two"\n', "scheduler.workers has the wrong type"),
         ("[scheduler]\nworkers = 0\n", "workers must be a positive integer"),
+        ("[scheduler]\ningest_processes = -1\n", "ingest_processes must be a whole number >= 0"),
+        ("[limits]\ningest_timeout_s = 0\n", "ingest_timeout_s must be > 0"),
         ("[listen]\ntcp = true\n", "tcp_token_file"),
         ("[models]\nkeep_alive_s = true\n", "models.keep_alive_s has the wrong type"),
         ("[models]\nkeep_alive_s = nan\n", "keep_alive_s must be a number of seconds"),

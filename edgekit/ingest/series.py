@@ -17,7 +17,7 @@ from edgekit.ingest.decode import Window, decode_image, display_window
 from edgekit.ingest.dicom import DicomImage, SliceError, header_meta, slice_name
 from edgekit.ingest.phi import hash_uid
 from edgekit.ingest.pixels import luminance, min_max_in_place, to_display
-from edgekit.ingest.study import IngestLimits, Study
+from edgekit.ingest.study import IngestLimits, Study, allocate_frames
 
 # Per-object failures a series goes on without; limits and series-level problems still fail the whole study.
 SKIPPABLE = (SliceError, UnsupportedTransferSyntaxError)
@@ -125,7 +125,7 @@ def assemble(
         admit(cost)
     of = images[0].of or None
     first = images[0]
-    out = np.empty((sum(img.frames for img in images), first.rows, first.columns), dtype=np.float32)
+    out = allocate_frames((sum(img.frames for img in images), first.rows, first.columns))
     windows = [display_window(img, img.ds) for img in images]
     # Each object's own window is the faithful rendering; without one everywhere, one min-max over the whole
     # series keeps slices comparable (a per-slice min-max would flicker in brightness).

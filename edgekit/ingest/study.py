@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,26 @@ class Study:
     @property
     def num_frames(self) -> int:
         return int(self.frames.shape[0])
+
+
+Allocator = Callable[[tuple[int, ...]], np.ndarray]  # a float32 C-ordered array of that shape
+_ALLOCATOR: ContextVar[Allocator | None] = ContextVar("edgekit_frames_allocator", default=None)
+
+
+def allocate_frames(shape: tuple[int, ...]) -> np.ndarray:
+    """The one array a reader decodes a study's display frames into (float32, uninitialised): plain memory, or
+    what `frames_allocated_by` says (an ingest worker's memfd, so the frames reach the daemon without a copy)."""
+    allocator = _ALLOCATOR.get()
+    return np.empty(shape, dtype=np.float32) if allocator is None else allocator(shape)
+
+
+@contextmanager
+def frames_allocated_by(allocator: Allocator) -> Iterator[None]:
+    token = _ALLOCATOR.set(allocator)
+    try:
+        yield
+    finally:
+        _ALLOCATOR.reset(token)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from edgekit.ingest import budget
 from edgekit.ingest.budget import Admit
 from edgekit.ingest.phi import hash_bytes, scrub
 from edgekit.ingest.pixels import luminance, min_max_in_place
-from edgekit.ingest.study import IngestLimits, Study
+from edgekit.ingest.study import IngestLimits, Study, allocate_frames
 from edgekit.preprocess import sample_indices
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v")
@@ -61,7 +61,7 @@ def _allocate(
     budget.check(cost, limits, path, "decoding this video")
     if admit is not None:
         admit(cost)
-    return np.empty((frames, height, width), dtype=np.float32)
+    return allocate_frames((frames, height, width))
 
 
 def _check_deadline(deadline: float, limits: IngestLimits, path: Path) -> None:
