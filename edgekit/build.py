@@ -110,13 +110,13 @@ def build(
     if hf:
         text = _check_hf_source(model_dir) == "decoder"
         if text and image_size is not None:
-            from edgekit.hf.qwen2_vl import image_size_refused
+            from edgekit.hf.qwen2_vl_processor import image_size_refused
 
             raise image_size_refused(read_model_type(model_dir), model_dir / "config.json", "decoder")
     else:
         _check_source(model_dir)
         if image_size is not None:
-            from edgekit.hf.qwen2_vl import image_size_refused
+            from edgekit.hf.qwen2_vl_processor import image_size_refused
 
             raise image_size_refused("edgekit's own model", model_dir, "edgekit")
     loaded_recipe = _load_recipe(recipe) if recipe is not None else None

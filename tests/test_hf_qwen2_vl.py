@@ -506,7 +506,7 @@ def test_pinned_sides_are_fixed_whatever_the_processors_float_arithmetic_does_to
     """min_pixels = max_pixels = S*S fixes S for the S x S frames edgekit feeds. transformers' smart_resize sends
     a 65536 px image to S - 28 for these S (float rounding), which the dynamic-resolution probe refused before
     (`--image-size 392` on Qwen2-VL-2B was refused as dynamic)."""
-    from edgekit.hf.qwen2_vl import fixed_side, pin_processor, smart_resize
+    from edgekit.hf.qwen2_vl_processor import fixed_side, pin_processor, smart_resize
 
     pre = pin_processor(None, side, patch, 2, 2)
     assert fixed_side(pre, patch, 2, Path("preprocessor_config.json")) == side

@@ -42,7 +42,7 @@ def convert(
         from edgekit.export import export_default
 
         if image_size is not None:
-            from edgekit.hf.qwen2_vl import image_size_refused
+            from edgekit.hf.qwen2_vl_processor import image_size_refused
 
             raise image_size_refused("edgekit's own model", model or default_model_dir(), "edgekit")
 

@@ -33,7 +33,7 @@ from edgekit.positions import MROPE, POSITIONS_KEY
 
 from .checkpoint import CheckpointError, SafetensorsCheckpoint, ShapeOnlyWeights, attach_lazy_weights
 from .config import decoder_spec, model_kind, read_config_file, read_hf_config
-from .qwen2_vl import image_size_refused
+from .qwen2_vl_processor import image_size_refused
 from .vision_tower import VisionTowerSpec, build_vision_tower, vision_tower_spec
 from .vlm import VlmSpec, build_vlm_vision, expected_vlm_shapes, span_rows, vlm_spec
 

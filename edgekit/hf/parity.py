@@ -27,7 +27,7 @@ def hf_pixel_values(spec: VlmSpec, gray: np.ndarray) -> np.ndarray:
     split (idefics3 tiles, llava_next anyres): (1, r*r + 1, C, M, M), the crops and the whole image as the vision
     graph cuts them, `edgekit.hf.frame_split`)."""
     if spec.family == "qwen2_vl":
-        from .qwen2_vl import hf_pixel_values as qwen2_vl_pixels
+        from .qwen2_vl_processor import hf_pixel_values as qwen2_vl_pixels
 
         return qwen2_vl_pixels(spec, gray)
     c = spec.tower.channels

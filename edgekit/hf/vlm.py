@@ -35,6 +35,7 @@ from . import idefics3, llava, llava_next, qwen2_vl
 from .checkpoint import ModuleNames, SafetensorsCheckpoint
 from .config import VLM_TYPES, language_model_config, language_model_spec, read_config_file
 from .frame_split import split_frame
+from .qwen2_vl_processor import image_size_refused
 from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states, normalize_frames
 
 __all__ = ["VLM_TYPES", "VlmSpec", "build_vlm_vision", "expected_vlm_shapes", "vlm_spec"]
@@ -237,7 +238,7 @@ def vlm_spec(
         mean_std = lambda t: _mean_std(pre, t, pre_path, clip=True)  # noqa: E731
         return check_span_fits(qwen2_vl.qwen2_vl_spec(cfg, model_dir, names_, pre, mean_std, image_size), cfg, where)
     if image_size is not None:
-        raise qwen2_vl.image_size_refused(mt, where)
+        raise image_size_refused(mt, where)
     text = _text_config(cfg, where)
     source_text_type = text.pop("_source_model_type")
     image_token = cfg.get("image_token_id", cfg.get("image_token_index"))
