@@ -46,9 +46,10 @@ from edgekit.export.irbuilder import GraphBuilder, scope_of
 from edgekit.export.specs import DecoderSpec
 from edgekit.positions import MROPE, PositionScheme
 
-from .checkpoint import ModuleNames, find_prefix
+from .checkpoint import find_prefix
 from .config import language_model_config, language_model_spec, rope_parameters
 from .qwen2_vl_processor import check_image_size, fixed_side, pin_processor
+from .spec_base import VlmSpecBase
 from .vision_tower import GELU, activation, normalize_frames
 
 F32 = ir.DataType.FLOAT
@@ -100,7 +101,7 @@ class Qwen2VisionSpec:
 
 
 @dataclass(frozen=True)
-class Qwen2VlSpec(ModuleNames):
+class Qwen2VlSpec(VlmSpecBase):
     """What the three graphs of a Qwen2-VL need; the same interface as `edgekit.hf.vlm.VlmSpec` where serving,
     parity and conversion read one (the span, the normalisation, the names)."""
 
@@ -122,6 +123,10 @@ class Qwen2VlSpec(ModuleNames):
     @property
     def image_size(self) -> int:
         return self.tower.image_size
+
+    @property
+    def tower_layers(self) -> int:
+        return self.tower.layers
 
     def processor_config(self, pre: Mapping[str, Any] | None) -> dict[str, Any]:
         """The image processor settings that go with these graphs: the directory's own, pinned to the side when
@@ -156,17 +161,8 @@ class Qwen2VlSpec(ModuleNames):
     def positions(self) -> PositionScheme:
         return PositionScheme(MROPE, self.tower.merged_grid)
 
-    def to_dict(self) -> dict[str, Any]:
+    def family_summary(self) -> dict[str, Any]:
         return {
-            "family": self.family,
-            "model_type": self.model_type,
-            "text_model_type": self.text_model_type,
-            "image_size": self.image_size,
-            "image_tokens": self.num_image_tokens,
-            "span_tokens": self.span_length,
-            "tower": self.tower.family,
-            "tower_layers": self.tower.layers,
-            "decoder_layers": self.decoder.layers,
             "image_grid_thw": [1, self.tower.grid, self.tower.grid],
             **(
                 {"window": self.tower.window, "full_attention": list(self.tower.full_attention)}

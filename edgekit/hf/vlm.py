@@ -32,10 +32,11 @@ from edgekit.export.specs import DecoderSpec
 from edgekit.positions import PositionScheme
 
 from . import idefics3, llava, llava_next, qwen2_vl
-from .checkpoint import ModuleNames, SafetensorsCheckpoint
+from .checkpoint import SafetensorsCheckpoint
 from .config import VLM_TYPES, language_model_config, language_model_spec, read_config_file
 from .frame_split import split_frame
 from .qwen2_vl_processor import image_size_refused
+from .spec_base import VlmSpecBase
 from .vision_tower import VisionTowerSpec, expected_tower_shapes, hidden_states, normalize_frames
 
 __all__ = ["VLM_TYPES", "VlmSpec", "build_vlm_vision", "expected_vlm_shapes", "vlm_spec"]
@@ -47,7 +48,7 @@ HALF = (0.5, 0.5, 0.5)
 
 
 @dataclass(frozen=True)
-class VlmSpec(ModuleNames):
+class VlmSpec(VlmSpecBase):
     """What the three graphs of one VLM need: the tower, how its output becomes image tokens, the decoder."""
 
     family: str  # "llava" | "llava_next" | "idefics3" (smolvlm is idefics3's architecture)
@@ -127,19 +128,8 @@ class VlmSpec(ModuleNames):
     def span_length(self) -> int:
         return len(self.span_ids)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "model_type": self.model_type,
-            "text_model_type": self.text_model_type,
-            "image_size": self.image_size,
-            "image_tokens": self.num_image_tokens,
-            "span_tokens": self.span_length,
-            "tower": self.tower.family,
-            "tower_layers": self.tower_layers,
-            "decoder_layers": self.decoder.layers,
-            **({"image_splitting": {"rows": self.tiles, "cols": self.tiles}} if self.tiles else {}),
-        }
+    def family_summary(self) -> dict[str, Any]:
+        return {"image_splitting": {"rows": self.tiles, "cols": self.tiles}} if self.tiles else {}
 
 
 def _text_config(cfg: dict[str, Any], where: Path) -> dict[str, Any]:
