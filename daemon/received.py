@@ -23,7 +23,6 @@ from edgekit.errors import EdgekitError
 from .jobs import Job
 from .memory import IngestBusyError
 from .options import RequestOptions
-from .policy_loop import capped
 from .uploads import storage_error
 
 if TYPE_CHECKING:
@@ -92,12 +91,11 @@ class ReceivedStudies:
                 log.info("received study job %s failed at ingest: %s", job_id, error.code)
                 daemon.delivery.wake()
                 return
-            variant, routing = daemon.precision_gate(variant, study)
-            work = daemon.work_for(job, variant)
-            work.study = study
-            work.reservation, reservation = reservation, None
-            work.routing = routing
-            work.options = capped(work.options, knobs)
+            variant, routing = daemon.submissions.precision_gate(variant, study)
+            work = daemon.submissions.work_for(
+                job, variant, study=study, reservation=reservation, routing=routing, knobs=knobs
+            )
+            reservation = None  # the work's now
             work.future.add_done_callback(lambda _f: daemon.delivery.wake())
             queue.submit(work, force=True)
             daemon.metrics.dicom_studies.labels("queued").inc()

@@ -78,14 +78,18 @@ class ReportRunner:
             raise TextModelError(f"variant {variant!r} is a text model: it cannot report on a study")
         if not reporter.is_text and work.study is None:  # a recovered job: ingested here, held like any other
             work.study, work.reservation = self.ingestor.load(work.study_path, force=True)
-        opts = generation_options(work.options, reporter.generation_config)
+        # the prompt as admitted, when this same reporter fitted it; else the options merged and fitted here
+        fitted = work.fitted.prompt if work.fitted is not None and work.fitted.reporter is reporter else None
+        opts = fitted.options if fitted is not None else generation_options(work.options, reporter.generation_config)
         on_token = finish = None
         if work.stream is not None:
             on_token, finish = token_sink(reporter.tokenizer, work.stream)
         if reporter.is_text:
-            report = reporter.report_text(work.prompt, opts, on_token=on_token, cancel=work.cancel)
+            report = reporter.report_text(work.prompt, opts, on_token=on_token, cancel=work.cancel, fitted=fitted)
         else:
-            report = reporter.report(work.study, work.prompt, opts, on_token=on_token, cancel=work.cancel)
+            report = reporter.report(
+                work.study, work.prompt, opts, on_token=on_token, cancel=work.cancel, fitted=fitted
+            )
         new_tokens = report.timings.get("new_tokens", 0)
         out = {**report.to_dict(), "variant": variant}
         if work.routing:

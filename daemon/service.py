@@ -1,60 +1,46 @@
 """The service: the daemon's parts wired together, its life (start, reload, drain), and the one object routes call.
 
-Routes parse and answer; everything a request means happens here, once for both upload routes: options checked
-against the configured bound, the variant checked and pinned before the upload is read, a queue slot held while it
-is read, the prompt checked against the variant's context (before and after ingest), the study ingested, and, for
-a durable job, the job created under its idempotency key. Kept apart from HTTP (`api.py`, `routes.py`) and from
-the process (`main.py`) so tests and the bench drive this same object.
+Routes parse and answer; what a report request means happens once for both upload routes, in `submit.py` (the
+variant pinned, the upload ingested, the prompt fitted, the work built whole); received studies become jobs in
+`received.py`. Kept apart from HTTP (`api.py`, `routes.py`) and from the process (`main.py`) so tests and the
+bench drive this same object.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import json
 import logging
 import os
 import re
-import shutil
-import sqlite3
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekit.errors import EdgekitError, TextModelError
-from edgekit.ingest.entropy import display_entropy_bits
+from edgekit.errors import EdgekitError
 
 from .config import DaemonConfig, load_config
 from .delivery import DeliveryWorker
 from .dicomweb import BodyChunks, StoreResult, StowService
 from .dimse import StorageScp
 from .forms import ReportForm
-from .intake import Ingestor, Intake
+from .intake import Ingestor
 from .jobs import DeliveryStore, Job, JobStore
 from .metrics import Metrics
 from .notify import Notifier
-from .options import RequestOptions, generation_options
-from .policy_loop import PolicyLoop, PolicyNotConfiguredError, capped, settings_from_json
+from .policy_loop import PolicyLoop, PolicyNotConfiguredError, settings_from_json
 from .queue import WorkQueue
 from .received import QuarantinedError, ReceivedStudies
 from .runner import ReportRunner
 from .signals import SignalReader
-from .streams import StreamHub, TokenStream
+from .streams import StreamHub
 from .studies import StudyInbox
-from .uploads import InsufficientStorageError, storage_error
+from .submit import Accepted, Submissions, Submitted
+from .uploads import InsufficientStorageError
 from .variants import Loaded, VariantRegistry
-from .work import Work
 
 log = logging.getLogger("edgekitd")
 
-IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
-# Tokens the modality's absence might save when the prompt is counted before ingest (with byte-level BPE it saves
-# none: pre-tokenization splits at the ": "); the exact count, with the modality, follows ingest.
-PROMPT_SLACK_TOKENS = 4
 
 
 class NotReadyError(EdgekitError):
@@ -72,31 +58,6 @@ class StowDisabledError(EdgekitError):
     http_status = 404
 
 
-class IdempotencyError(EdgekitError):
-    code = "invalid_idempotency_key"
-
-
-class IdempotencyConflictError(EdgekitError):
-    code = "idempotency_key_reused"
-    http_status = 409
-
-
-@dataclass
-class Accepted:
-    """A synchronous report in the queue; `evidence` is kept when the answer is to be an SR."""
-
-    work: Work
-    evidence: list[dict[str, Any]] | None
-
-
-@dataclass
-class Submitted:
-    """A durable job: `created` is False when its idempotency key named an earlier, identical request."""
-
-    job: Job
-    created: bool
-
-
 class Daemon:
     def __init__(self, cfg: DaemonConfig, *, notifier: Notifier | None = None, overrides: dict[str, Any] | None = None):
         self.cfg = cfg
@@ -106,6 +67,7 @@ class Daemon:
         Path(cfg.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         self.store = JobStore(cfg.state_dir)
         self.streams = StreamHub()
+        self.submissions = Submissions(self)
         self.ingestor = Ingestor(cfg, self.metrics.ingest_memory.set)
         self.registry: VariantRegistry | None = None
         self.queue: WorkQueue | None = None
@@ -206,7 +168,7 @@ class Daemon:
                 if job.attempts >= self.cfg.max_attempts:
                     self._quarantine_job(job)
                     continue
-                self.queue.submit(self.work_for(job, job.variant or registry.active), force=True)
+                self.queue.submit(self.submissions.work_for(job, job.variant or registry.active), force=True)
                 self.recovered += 1
         except Exception as exc:
             self.failed = str(exc)
@@ -280,7 +242,7 @@ class Daemon:
             raise NotReadyError("the model is still loading; retry shortly")
         return self.registry, self.queue
 
-    def _check_free_space(self) -> None:
+    def check_free_space(self) -> None:
         """507 before an upload is written when the state directory is nearly full (readiness says so too)."""
         free = free_bytes(self.cfg.state_dir)
         if free is not None and free < self.cfg.min_free_bytes:
@@ -320,193 +282,12 @@ class Daemon:
         self.policy.configure(settings_from_json(body, self.policy.settings))
         return self.policy.describe()
 
-    def _admit(self, form: ReportForm) -> tuple[WorkQueue, str, dict[str, int], bool]:
-        """The checks both upload routes make before reading the upload; the variant the work is pinned to (a
-        switch during the upload does not move it), the served point's per-report knobs, read once here (the
-        upload is ingested with its frame skipping and the report written under its cap, even if a policy tick
-        or the precision gate moves the variant meanwhile; `quality: "max"` asked for the best point, which
-        skips no frame and caps no report), and whether the variant is a text model's: its request carries a
-        prompt and no files, a VLM's its study."""
-        registry, queue = self.serving()
-        form.options.check(self.cfg.max_new_tokens_limit)
-        chosen = form.variant
-        if self.policy is not None:
-            chosen = self.policy.variant_for(form.quality, form.variant)
-        elif form.quality is not None:
-            raise PolicyNotConfiguredError("quality needs a [policy] in the daemon's config")
-        variant = registry.check(chosen or registry.active)
-        text = registry.is_text(variant)
-        if text:
-            check_text_request(variant, form)
-        else:
-            form.require_files()
-        self._check_prompt(variant, form, "" if text else None)  # a text prompt has no modality: counted exactly
-        knobs = self.policy.knobs(variant) if self.policy is not None and form.quality != "max" else {}
-        return queue, variant, knobs, text
-
-    def precision_gate(self, variant: str, study) -> tuple[str, dict[str, Any] | None]:
-        """The input-adaptive precision gate (`[precision_gate]`, off unless configured): a low-entropy study goes
-        to the higher-precision variant."""
-        gate = self.cfg.precision_gate
-        if gate is None:
-            return variant, None
-        bits = display_entropy_bits(study.frames)
-        routed = bits < gate.entropy_below and variant != gate.variant
-        self.metrics.precision_gate.labels("higher_precision" if routed else "as_served").inc()
-        chosen = self.registry.check(gate.variant) if routed else variant
-        if routed:
-            log.info("precision gate: study=%s entropy=%.2f bits -> %s", study.uid_hash, bits, chosen)
-        info = {"entropy_bits": round(bits, 4), "entropy_below": gate.entropy_below, "routed": routed}
-        return chosen, {"precision_gate": {**info, "variant": chosen}}
-
-    async def _gate_upload(self, variant: str, study, form: ReportForm) -> tuple[str, dict[str, Any] | None]:
-        """The gate for an upload, off the event loop: the histogram reads every pixel (0.3 s for a 200-slice CT
-        on the dev machine), which would stall every other request and the watchdog's heartbeat. A request that
-        named its variant or quality is left as asked."""
-        asked = form.variant is not None or form.quality is not None
-        if self.cfg.precision_gate is None or asked:
-            return variant, None
-        return await asyncio.to_thread(self.precision_gate, variant, study)
-
-    def _check_prompt(self, variant: str, form: ReportForm, modality: str | None = None) -> None:
-        """`prompt_too_long` (422) before the report is queued or the job stored, when the variant is loaded (else
-        the report itself says so, and its job fails with the same code). Before ingest the modality is unknown:
-        the prompt is counted without it, less a slack, so that a prompt that fits is never refused."""
-        loaded = self.registry.peek(variant) if self.registry is not None else None
-        if loaded is None:
-            return
-        reporter = loaded.reporter
-        tokens = reporter.prompt_ids(modality or "", form.prompt).shape[1]
-        if modality is None:
-            tokens = max(1, tokens - PROMPT_SLACK_TOKENS)
-        reporter.context.fit(tokens, generation_options(form.options, reporter.generation_config), [])
-
+    # --- the upload routes' ways in (submit.py) --------------------------------------------------------------------
     async def report(self, form: ReportForm, *, keep_evidence: bool, stream: bool) -> Accepted:
-        """Queue a synchronous report; the upload's files are gone once it is ingested (the study is in memory). A
-        text model's report is queued at once: there is nothing to ingest."""
-        queue, variant, knobs, text = self._admit(form)
-        if text:
-            if keep_evidence:
-                raise TextModelError(
-                    f"variant {variant!r} is a text model: its report has no source study to file an SR in"
-                )
-            work = Work(
-                None, form.prompt, capped(form.options, knobs), variant, stream=TokenStream() if stream else None
-            )
-            queue.submit(work)
-            return Accepted(work, None)
-        queue.reserve()
-        tmp = None
-        intake = None
-        try:
-            self._check_free_space()
-            tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
-            intake = await self.ingestor.take(
-                form.files, tmp / "in", keep_evidence=keep_evidence, video_max_frames=knobs.get("video_max_frames")
-            )
-            variant, routing = await self._gate_upload(variant, intake.study, form)
-            self._check_prompt(variant, form, intake.study.modality)
-        except BaseException as err:
-            queue.release()
-            if intake is not None:
-                intake.reservation.release()
-            if isinstance(err, OSError):
-                raise storage_error(err) from None
-            raise
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-        work = Work(
-            study_path=intake.saved.path,
-            prompt=form.prompt,
-            options=capped(form.options, knobs),
-            variant=variant,
-            study=intake.study,
-            stream=TokenStream() if stream else None,
-            routing=routing,
-            reservation=intake.reservation,
-        )
-        queue.submit(work, reserved=True)
-        return Accepted(work, intake.evidence)
+        return await self.submissions.report(form, keep_evidence=keep_evidence, stream=stream)
 
     async def create_job(self, form: ReportForm, idempotency_key: str | None) -> Submitted:
-        """Commit a durable job (input fsynced, evidence beside it) and queue it. A key seen before answers with
-        its job when the request is the same (study bytes, prompt, options, variant), else a conflict."""
-        self.serving()  # "not ready" before "bad key", as before the service existed
-        if idempotency_key is not None and not IDEMPOTENCY_KEY.match(idempotency_key):
-            raise IdempotencyError("Idempotency-Key must be 1-128 characters of A-Z a-z 0-9 . _ : -")
-        queue, variant, knobs, text = self._admit(form)
-        job_id = self.store.new_id()
-        job_dir = self.store.job_dir(job_id)
-        queue.reserve()
-        submitted = False
-        intake = None
-        try:
-            self._check_free_space()
-            routing = None
-            if not text:  # a text model's job has no input: its prompt is in the job
-                intake = await self.ingestor.take(
-                    form.files, job_dir / "input", keep_evidence=True, video_max_frames=knobs.get("video_max_frames")
-                )
-                variant, routing = await self._gate_upload(variant, intake.study, form)
-                self._check_prompt(variant, form, intake.study.modality)
-            job = self._new_job(job_id, form, idempotency_key, intake)
-            if intake is not None:  # the headers its SR is filed under (a text model's report has no SR)
-                self.store.save_evidence(job_id, intake.evidence or [])
-            stored = await asyncio.to_thread(self.store.insert, job)
-            if stored.id != job_id:
-                if stored.fingerprint != job.fingerprint:
-                    raise IdempotencyConflictError("this Idempotency-Key was used for a different request")
-                return Submitted(stored, created=False)
-            work = self.work_for(job, variant)
-            if intake is not None:
-                work.study, work.reservation = intake.study, intake.reservation
-            work.routing = routing
-            work.options = capped(work.options, knobs)
-            queue.submit(work, reserved=True)
-            submitted = True
-            log.info("job %s accepted study=%s", job_id, intake.study.uid_hash if intake is not None else "-")
-            return Submitted(job, created=True)
-        except (OSError, sqlite3.OperationalError) as err:  # a full disk, as ENOSPC or SQLite's "disk is full"
-            raise storage_error(err) from None
-        finally:
-            if not submitted:
-                queue.release()
-                if intake is not None:
-                    intake.reservation.release()
-                shutil.rmtree(job_dir, ignore_errors=True)
-
-    @staticmethod
-    def _new_job(job_id: str, form: ReportForm, key: str | None, intake: Intake | None) -> Job:
-        """`intake` None: a text model's job, whose input is its prompt alone."""
-        options = form.options.as_dict()
-        digest = intake.saved.digest if intake is not None else ""
-        fingerprint = hashlib.sha256(
-            json.dumps([digest, form.prompt, options, form.variant], sort_keys=True).encode()
-        ).hexdigest()
-        return Job(
-            id=job_id,
-            idempotency_key=key,
-            fingerprint=fingerprint,
-            state="queued",
-            variant=form.variant,
-            prompt=form.prompt,
-            options=options,
-            input=str(intake.saved.path) if intake is not None else "",
-            created=time.time(),
-        )
-
-    def work_for(self, job: Job, variant: str) -> Work:
-        """A stored job as queue work on `variant` (the job's own, or the one active when it was accepted)."""
-        return Work(
-            study_path=Path(job.input) if job.input else None,
-            prompt=job.prompt,
-            options=RequestOptions.from_dict(job.options),
-            variant=variant,
-            job_id=job.id,
-            cleanup=self.store.job_dir(job.id) / "input",
-            stream=self.streams.open(job.id),
-        )
+        return await self.submissions.create_job(form, idempotency_key)
 
     # --- DICOM networking -----------------------------------------------------------------------------------------
     async def store_instances(
@@ -516,7 +297,7 @@ class Daemon:
         and its parts stored off the event loop; instances are kept even while the model loads."""
         if not self.cfg.dicom.stow:
             raise StowDisabledError("STOW-RS is off in this daemon's config (dicom.stow = false)")
-        self._check_free_space()  # 507 before the body is spooled; C-STORE meets the same floor in the inbox
+        self.check_free_space()  # 507 before the body is spooled; C-STORE meets the same floor in the inbox
         spool_dir = Path(self.cfg.state_dir) / "stow-spool"
         return await self.stow.store(body, content_type, study_uid, complete, spool_dir)
 
@@ -554,20 +335,6 @@ class Daemon:
         if job is None:
             raise JobNotFoundError("no such job (it may have passed its retention)")
         return job
-
-
-def check_text_request(variant: str, form: ReportForm) -> None:
-    """A text model's request is a prompt: files are refused (they would be ignored), an empty prompt too."""
-    from edgekit.reporter import EmptyPromptError
-
-    if form.files:
-        raise TextModelError(
-            f"variant {variant!r} is a text model (no vision graph): it writes reports from the prompt; send no files"
-        )
-    if not form.prompt.strip():
-        raise EmptyPromptError(
-            f"variant {variant!r} is a text model: it writes its report from the prompt, which is empty"
-        )
 
 
 def free_bytes(path: Path) -> int | None:

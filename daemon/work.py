@@ -13,9 +13,19 @@ from .options import RequestOptions
 
 if TYPE_CHECKING:
     from edgekit.ingest import Study
+    from edgekit.reporter import FittedPrompt
 
     from .memory import Reservation
     from .streams import TokenStream
+
+
+@dataclass(frozen=True)
+class FittedFor:
+    """A prompt tokenised and fitted by one loaded variant's reporter when the request was admitted; the report
+    reuses it only on that same reporter (a reload may bring another tokenizer or context)."""
+
+    reporter: Any
+    prompt: FittedPrompt
 
 
 @dataclass
@@ -38,6 +48,7 @@ class Work:
     stream: TokenStream | None = None  # fed with text deltas as the report is generated
     routing: dict[str, Any] | None = None  # why the work went to its variant, when a gate chose (report JSON)
     reservation: Reservation | None = None  # the study's bytes in the ingest pool, released when the work ends
+    fitted: FittedFor | None = None  # the prompt as admitted (tokenised and fitted once); None: the report does it
     future: cf.Future[dict[str, Any]] = field(default_factory=cf.Future)
     cancel: threading.Event = field(default_factory=threading.Event)  # a synchronous caller gave up: stop decoding
     accepted: float = field(default_factory=time.perf_counter)

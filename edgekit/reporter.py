@@ -123,6 +123,18 @@ class ContextBudget:
         return options
 
 
+@dataclass(frozen=True)
+class FittedPrompt:
+    """A prompt tokenised and fitted to the context once: what `Reporter.fit_prompt` makes and `report` or
+    `report_text` take instead of doing it again (the daemon fits a request's prompt when it admits it)."""
+
+    modality: str
+    prompt: str
+    layout: PromptLayout
+    options: GenerationOptions  # with the bundle's stop token, capped to what the context leaves
+    warnings: tuple[str, ...] = ()
+
+
 class Reporter:
     """A loaded bundle ready to write reports. Loading is the expensive part; reuse one per process."""
 
@@ -273,6 +285,25 @@ class Reporter:
             )
         return {"used": used, "of": total, "model_frames": count}
 
+    def fit_prompt(self, modality: str, prompt: str, options: GenerationOptions | None = None) -> FittedPrompt:
+        """The prompt's tokens and the options fitted to the context (`prompt_too_long` when it cannot fit)."""
+        layout = self.prompt(modality, prompt)
+        warnings: list[str] = []
+        opts = options or self.default_options
+        if not opts.stop_token_ids:  # a copy: the caller's options stay as they were
+            opts = replace(opts, stop_token_ids=[self.generation_config["eos_token_id"]])
+        return FittedPrompt(
+            modality, prompt, layout, self.context.fit(len(layout.ids), opts, warnings), tuple(warnings)
+        )
+
+    def _fitted(
+        self, modality: str, prompt: str, options: GenerationOptions | None, fitted: FittedPrompt | None
+    ) -> FittedPrompt:
+        """`fitted` when it is this prompt's (modality and text), else fitted here."""
+        if fitted is not None and (fitted.modality, fitted.prompt) == (modality, prompt):
+            return fitted
+        return self.fit_prompt(modality, prompt, options)
+
     def report(
         self,
         study: Study | str | Path,
@@ -280,21 +311,23 @@ class Reporter:
         options: GenerationOptions | None = None,
         on_token: OnToken | None = None,
         cancel=None,
+        fitted: FittedPrompt | None = None,
     ) -> Report:
         """`on_token(token_id, index)` sees each report token as it is generated (the daemon streams them);
-        setting `cancel` (a threading.Event) ends the report at the engine's next step (`Cancelled`)."""
+        setting `cancel` (a threading.Event) ends the report at the engine's next step (`Cancelled`); `fitted`:
+        the prompt already fitted (`fit_prompt`), its options used in place of `options`."""
         if self.is_text:
             raise TextModelError("this bundle is a text model (no vision graph): it writes reports from a prompt alone")
         t0 = time.perf_counter()
         if not isinstance(study, Study):
             study = load_study(study, limits=self.limits)
         t1 = time.perf_counter()
-        layout = self.prompt(study.modality, prompt)
-        warnings = list(study.warnings)
-        opts = self._fit(layout, options, warnings)
+        fit = self._fitted(study.modality, prompt, options, fitted)
+        warnings = [*study.warnings, *fit.warnings]
         pixels = self.pixel_values(study)
         frames = self.frames_used(study, warnings)
-        report = self._write(layout, opts, pixels, warnings, on_token, cancel, {"ingest_ms": study.ingest_ms}, t0, t1)
+        timings = {"ingest_ms": study.ingest_ms}
+        report = self._write(fit.layout, fit.options, pixels, warnings, on_token, cancel, timings, t0, t1)
         return replace(report, modality=study.modality, study=study.uid_hash, frames=frames)
 
     def report_text(
@@ -303,6 +336,7 @@ class Reporter:
         options: GenerationOptions | None = None,
         on_token: OnToken | None = None,
         cancel=None,
+        fitted: FittedPrompt | None = None,
     ) -> Report:
         """A text model's report of `prompt` (structured findings, a prior report, a question): as `report`, with
         no study (`modality`, `study` and `frames` are empty)."""
@@ -311,17 +345,8 @@ class Reporter:
         if not prompt.strip():
             raise EmptyPromptError("a text model writes its report from the prompt, and the prompt is empty")
         t0 = time.perf_counter()
-        layout = self.prompt("", prompt)
-        warnings: list[str] = []
-        opts = self._fit(layout, options, warnings)
-        return self._write(layout, opts, None, warnings, on_token, cancel, {}, t0, t0)
-
-    def _fit(self, layout: PromptLayout, options: GenerationOptions | None, warnings: list[str]) -> GenerationOptions:
-        """The request's options with the bundle's end token to stop at, capped to what the context leaves."""
-        opts = options or self.default_options
-        if not opts.stop_token_ids:  # a copy: the caller's options stay as they were
-            opts = replace(opts, stop_token_ids=[self.generation_config["eos_token_id"]])
-        return self.context.fit(len(layout.ids), opts, warnings)
+        fit = self._fitted("", prompt, options, fitted)
+        return self._write(fit.layout, fit.options, None, list(fit.warnings), on_token, cancel, {}, t0, t0)
 
     def _write(
         self, layout: PromptLayout, opts, pixels, warnings: list[str], on_token, cancel, before: dict, t0, t1

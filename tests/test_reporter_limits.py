@@ -63,3 +63,38 @@ def test_eval_refuses_a_limit_below_one_instead_of_slicing_from_the_end(reporter
     for bad in (-1, 0):
         with pytest.raises(ConfigError, match="limit must be >= 1"):
             evaluate(reporter, tmp_path, limit=bad)
+
+
+class _CountingTokenizer:
+    """The reporter's own tokenizer, counting its encodes (what fitting a prompt costs)."""
+
+    def __init__(self, inner):
+        self.inner, self.encodes = inner, 0
+
+    def encode(self, *args, **kwargs):
+        self.encodes += 1
+        return self.inner.encode(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_prompt_fitted_once_is_not_tokenised_again_and_keeps_its_warnings(reporter, monkeypatch):
+    """The daemon fits a request's prompt when it admits it; the report reuses that, for the same modality and
+    text, and fits again for any other."""
+    from edgekit.ingest import load_study
+
+    study = load_study(SAMPLES / "cr_chest")
+    counting = _CountingTokenizer(reporter.tokenizer)
+    monkeypatch.setattr(reporter, "tokenizer", counting)
+    opts = reporter.default_options
+    opts.max_new_tokens = 250  # more than the context leaves: the fit lowers it and says so
+    fitted = reporter.fit_prompt(study.modality, "cough", opts)
+    assert counting.encodes == 1 and any("max_new_tokens lowered" in w for w in fitted.warnings)
+    once = reporter.report(study, "cough", fitted=fitted)
+    assert counting.encodes == 1  # the report did not tokenise the prompt again
+    again = reporter.report(study, "cough", opts)
+    assert counting.encodes == 2 and once.text == again.text and once.warnings == again.warnings
+    other = reporter.fit_prompt("MR", "cough", opts)
+    reporter.report(study, "cough", fitted=other)  # another modality's fit is not this study's: fitted anew
+    assert counting.encodes == 4
