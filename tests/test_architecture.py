@@ -13,6 +13,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,6 +150,25 @@ def test_every_package_is_in_the_wheel():
 
 def test_no_package_cycles():
     assert _cycles(unit_graph()) == []
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Module-level imports inside `package` (its `__init__` aside: the package's own facade)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        if name.startswith(package + "."):
+            graph[name]
+            graph[name] |= {d for d in _imports(name, path, modules) if d.startswith(package + ".") and d != name}
+    return graph
+
+
+@pytest.mark.parametrize("target", ["cpu", "orin", "x1"])
+def test_no_module_cycles_inside_a_target(target):
+    """A target's modules import one way, type-only imports included: x1's patterns see the walk through
+    `LoweringContext`, its binder the emulator through `BindEnv`."""
+    graph = module_graph(f"edgekit.targets.{target}")
+    assert len(graph) > 3 and _cycles(graph) == []
 
 
 def test_the_core_imports_no_target_model_daemon_or_cli():

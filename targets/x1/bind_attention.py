@@ -14,7 +14,7 @@ from .step_costs import Entry
 
 
 def kv_evict(binder, attr, ins, outs, layer):
-    costs, kv_bits = binder.costs, binder.emu.machine.kv_bits
+    costs, kv_bits = binder.costs, binder.env.machine.kv_bits
     k_id = ins[0]
 
     def run(store, ctx):
@@ -32,7 +32,7 @@ def kv_evict(binder, attr, ins, outs, layer):
 
 
 def kv_append(binder, attr, ins, outs, layer):
-    costs, kv_bits, ops = binder.costs, binder.emu.machine.kv_bits, binder.v.quantize_ops
+    costs, kv_bits, ops = binder.costs, binder.env.machine.kv_bits, binder.v.quantize_ops
     k_id, v_id = ins[0], ins[1]
     table: dict = {}
 
@@ -52,7 +52,7 @@ def kv_append(binder, attr, ins, outs, layer):
 
 
 def kv_load(binder, attr, ins, outs, layer):
-    emu, costs = binder.emu, binder.costs
+    env, costs = binder.env, binder.costs
 
     def run(store, ctx):
         res, dram = ctx.kv.length(layer)
@@ -61,32 +61,32 @@ def kv_load(binder, attr, ins, outs, layer):
             return None
         groups = ctx.groups_active(layer)
         b_ = ctx.kv.batch(layer)
-        bits = groups * dram * emu.head_dim * emu.machine.kv_bits * 2 * b_
+        bits = groups * dram * env.head_dim * env.machine.kv_bits * 2 * b_
         return costs.vector("kv_load", layer, 0, 1, {"dram_read_bit": bits, "sram_write_bit": bits})
 
     return run
 
 
 def attn_entry(binder, kind, layer, ctx, t, rows) -> Entry:
-    emu = binder.emu
+    env = binder.env
     return binder.costs.attention(
         kind,
         layer,
-        emu.heads * ctx.frac_or_one(layer),
+        env.heads * ctx.frac_or_one(layer),
         ctx.groups_active(layer),
         t,
         rows,
-        emu.head_dim,
-        emu.kv_bytes_per_token,
-        emu.window,
+        env.head_dim,
+        env.kv_bytes_per_token,
+        env.window,
     )
 
 
 def scores(binder, attr, ins, outs, layer):
-    emu = binder.emu
+    env = binder.env
     q_id, m_id, s_id = ins[0], ins[1], outs[0]
     scale = np.float32(attr["scale"])
-    kvh = emu.kv_heads
+    kvh = env.kv_heads
 
     def run(store, ctx):
         q, mask = store[q_id], store[m_id]
@@ -151,9 +151,9 @@ def attn_softmax(binder, attr, ins, outs, layer):
 
 
 def pv(binder, attr, ins, outs, layer):
-    emu = binder.emu
+    env = binder.env
     p_id, o_id = ins[0], outs[0]
-    kvh = emu.kv_heads
+    kvh = env.kv_heads
 
     def run(store, ctx):
         p_int, p_s = store[p_id]

@@ -28,18 +28,18 @@ def fusable_gemms(binder) -> dict[int, FusedGemm]:
     out = {}
     for members in by_input.values():
         if len(members) > 1:
-            fused = FusedGemm([binder.int_gemm(a) for a in members], members, binder.emu.head_dim)
+            fused = FusedGemm([binder.int_gemm(a) for a in members], members, binder.env.head_dim)
             for a in members:
                 out[id(a)] = fused
     return out
 
 
 def gemm(binder, mnem, attr, ins, outs, layer):
-    w, emu, costs = binder.program.weights, binder.emu, binder.costs
+    w, env, costs = binder.program.weights, binder.env, binder.costs
     name = attr["weight"]
     k, n = attr["k"], attr["n"]
     dtype = {16: "fp16", 8: "int8", 4: "int4"}[attr["bits"]]
-    role = attr.get("head_role") if emu.head_dim else None
+    role = attr.get("head_role") if env.head_dim else None
     x_id, y_id = ins[0], outs[0]
     table: dict = {}
 

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import bind_attention, bind_generic, bind_matrix, bind_vector
+from .bind_env import EmulatorError
 from .kernels import IntGemm, unpack_int4_weight
 from .program import Program
 
 if TYPE_CHECKING:
+    from .bind_env import BindEnv
     from .bind_matrix import FusedGemm
-    from .emulator import Emulator
 
 
 _MAKERS = {
@@ -39,9 +40,9 @@ class Binder:
     indexed by memory-plan tensor id) and the per-call state (`ctx`), write their outputs back, and return their
     cost entry (None: free, or predicated off)."""
 
-    def __init__(self, emu: Emulator, program: Program):
-        self.emu, self.program = emu, program
-        self.costs, self.v = emu.costs, emu.machine.vector
+    def __init__(self, env: BindEnv, program: Program):
+        self.env, self.program = env, program
+        self.costs, self.v = env.costs, env.machine.vector
         self.fused: dict[int, FusedGemm] = bind_matrix.fusable_gemms(self)
         self.signed_sin: list = [None]  # (sin array, its RoPE-signed copy): see `bind_vector.rope`
         readers: dict[int, int] = {}
@@ -82,8 +83,6 @@ class Binder:
         if maker is None:
 
             def unknown(store, ctx):
-                from .emulator import EmulatorError
-
                 raise EmulatorError(f"instruction {mnem} has no semantics in this emulator")
 
             return unknown

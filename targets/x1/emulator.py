@@ -37,9 +37,9 @@ import time
 
 import numpy as np
 
-from edgekit.errors import EdgekitError
 from edgekit.names import DECODER_ROLE, PAST_PREFIX, past_key, past_value
 
+from .bind_env import BindEnv, EmulatorError
 from .blas_threads import blas_limiter
 from .kvcache import KVCache, kv_window
 from .machine import Machine
@@ -49,10 +49,6 @@ from .run_result import InstrRecord, RunResult
 from .step_costs import Costs
 
 __all__ = ["Emulator", "EmulatorError", "InstrRecord", "KVCache", "RunResult", "kv_window"]
-
-
-class EmulatorError(EdgekitError):
-    """Inputs a program cannot run on (missing feed, wrong shape or dtype)."""
 
 
 class Emulator:
@@ -86,7 +82,10 @@ class Emulator:
                         self.heads = attr["n"] // self.head_dim
                         break
             self.window, self.kv_bytes_per_token = kv_window(machine, self.layers, self.kv_heads, self.head_dim)
-        self.prepared = {name: Prepared(name, p, self) for name, p in programs.items()}
+        env = BindEnv(
+            machine, self.costs, self.heads, self.kv_heads, self.head_dim, self.window, self.kv_bytes_per_token
+        )
+        self.prepared = {name: Prepared(name, p, env) for name, p in programs.items()}
 
     # ---------------------------------------------------------------------------------------------------------
     def new_kv(self) -> KVCache:

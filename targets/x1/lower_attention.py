@@ -16,7 +16,7 @@ import onnx_ir as ir
 from edgekit.names import PAST_PREFIX, past_value
 
 if TYPE_CHECKING:
-    from .lowering import Lowering
+    from .lowering_context import LoweringContext
 
 
 def _past_key_layer(v: ir.Value | None) -> int | None:
@@ -26,7 +26,7 @@ def _past_key_layer(v: ir.Value | None) -> int | None:
     return int(v.name[len(PAST_PREFIX) :].split(".")[0])
 
 
-def try_attention(low: Lowering, n: ir.Node) -> bool:
+def try_attention(low: LoweringContext, n: ir.Node) -> bool:
     """Concat(past_key_values.i.key, k) ... Softmax ... MatMul(P, V): the whole GQA block over the KV ring."""
     g = low.g
     layer = _past_key_layer(n.inputs[0]) if n.op_type == "Concat" else None
@@ -78,7 +78,7 @@ def try_attention(low: Lowering, n: ir.Node) -> bool:
     return True
 
 
-def try_rope(low: Lowering, n: ir.Node) -> bool:
+def try_rope(low: LoweringContext, n: ir.Node) -> bool:
     """x * cos + Concat(-x2, x1) * sin, from the Split of x into halves."""
     g = low.g
     if n.op_type != "Split" or len(n.outputs) != 2:

@@ -19,12 +19,12 @@ from edgekit import names
 from .graph_view import attrs
 
 if TYPE_CHECKING:
-    from .lowering import Lowering
+    from .lowering_context import LoweringContext
 
 _INT4_TYPES = (ir.DataType.INT4, ir.DataType.UINT4)
 
 
-def try_gemm(low: Lowering, n: ir.Node) -> bool:
+def try_gemm(low: LoweringContext, n: ir.Node) -> bool:
     g = low.g
     if n.op_type != "MatMul" or g.is_const(n.inputs[0]):
         return False
@@ -78,7 +78,7 @@ DECODER_NAMES = (names.DECODER_ROLE, names.DECODER)
 DECODER_ATTENTION = re.compile(r"/layers\.\d+/self_attn/")
 
 
-def try_conv(low: Lowering, n: ir.Node) -> bool:
+def try_conv(low: LoweringContext, n: ir.Node) -> bool:
     """A patch embedding (stride = kernel, no padding, groups, or dilation): an im2col FP16 GEMM."""
     g = low.g
     if n.op_type != "Conv" or not g.is_init(n.inputs[1]):

@@ -9,7 +9,7 @@ import numpy as np
 import onnx_ir as ir
 
 if TYPE_CHECKING:
-    from .lowering import Lowering
+    from .lowering_context import LoweringContext
 
 
 def _single_user(g, v: ir.Value, op_type: str) -> ir.Node | None:
@@ -18,7 +18,7 @@ def _single_user(g, v: ir.Value, op_type: str) -> ir.Node | None:
     return nxt[0] if len(nxt) == 1 and nxt[0].op_type == op_type else None
 
 
-def try_rmsnorm(low: Lowering, n: ir.Node) -> bool:
+def try_rmsnorm(low: LoweringContext, n: ir.Node) -> bool:
     """x * Reciprocal(Sqrt(ReduceMean(x * x) + eps)) * gamma."""
     g = low.g
     if n.op_type != "ReduceMean":
@@ -55,7 +55,7 @@ def try_rmsnorm(low: Lowering, n: ir.Node) -> bool:
     return True
 
 
-def try_silu_mul(low: Lowering, n: ir.Node) -> bool:
+def try_silu_mul(low: LoweringContext, n: ir.Node) -> bool:
     """(x * Sigmoid(x)) * up: the SwiGLU MLP's gate."""
     g = low.g
     if n.op_type != "Sigmoid":
@@ -77,7 +77,7 @@ def try_silu_mul(low: Lowering, n: ir.Node) -> bool:
     return True
 
 
-def try_gelu(low: Lowering, n: ir.Node) -> bool:
+def try_gelu(low: LoweringContext, n: ir.Node) -> bool:
     """x * 0.5 * (1 + Erf(x / sqrt(2))), matched from its Erf."""
     g = low.g
     if n.op_type != "Erf":

@@ -18,7 +18,7 @@ from .binder import Binder
 from .program import Program
 
 if TYPE_CHECKING:
-    from .emulator import Emulator
+    from .bind_env import BindEnv
 
 
 class Step:
@@ -43,7 +43,7 @@ _INT_DTYPES = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # ONNX uint8 int8 uint16 int16 int3
 class Prepared:
     """One program bound for execution: its steps, the tensor table's initial contents, and its I/O."""
 
-    def __init__(self, name: str, program: Program, emu: Emulator):
+    def __init__(self, name: str, program: Program, env: BindEnv):
         self.name, self.program = name, program
         plan = program.memory_plan["tensors"]
         self.ids = {t["name"]: i for i, t in enumerate(plan)}
@@ -51,7 +51,7 @@ class Prepared:
         self.preload: dict[int, np.ndarray] = {}
         self.steps: list[Step] = []
         self.host_sessions = {}
-        binder = Binder(emu, program)
+        binder = Binder(env, program)
         for idx, ins in enumerate(program.instructions):
             if ins.mnemonic == "END":
                 continue
