@@ -11,6 +11,9 @@ order (no act-order): the blocks must stay contiguous along K for those encoding
 With float zero points (`float_zeros`, asymmetric, MatMulNBits only) the sweep is followed by a refit: the codes
 fixed, each row's block scales and offsets are solved jointly by least squares on the whole output error
 (W - Q) H (W - Q)^T, cross-block terms included, which the block-by-block choice during the sweep cannot see.
+H there is the sweep's own, damped and shrunk towards its diagonal. On the raw X^T X, a calibration set with about
+as few tokens as a row has parameters (2 K / block) let the solve fit the calibration outputs exactly, with scales
+and offsets that held-out inputs met as noise (2-5x RTN's output error, where the sweep alone beat RTN).
 `code_sweeps` then revisits every code once per sweep, moving it one step where that lowers the row's output
 error (GPTQ rounds each column once, against the columns still to come; this also sees the ones before), and
 refits again: a local search towards the nearest grid point in the output metric.
@@ -110,10 +113,10 @@ def gptq_quantize(
     target = np.asarray(w_nk, np.float64).copy()
     target[:, dead] = 0.0
     if float_zeros:
-        scales, zeros = refit_scales_offsets(target, h, codes, scales, zeros, block)
+        scales, zeros = refit_scales_offsets(target, hd, codes, scales, zeros, block)
         if code_sweeps:
             codes = search_codes(target, hd, codes, scales, zeros, block, qmax, code_sweeps)
-            scales, zeros = refit_scales_offsets(target, h, codes, scales, zeros, block)
+            scales, zeros = refit_scales_offsets(target, hd, codes, scales, zeros, block)
         return QuantizedWeight(q=codes, scales=scales, zero_points=zeros, bits=bits, block=block)
     if code_sweeps:
         codes = search_codes(target, hd, codes, scales, zeros, block, qmax, code_sweeps)
@@ -127,7 +130,9 @@ def refit_scales_offsets(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the block scales s_g and offsets b_g minimising (Q - W) H (Q - W)^T for Q = s_g c + b_g on block
     g (codes c fixed); returned as (scales, float zero points = -b/s), float32 (N, K/B). A row keeps its old
-    parameters where the solve does not lower that error (an ill-conditioned H)."""
+    parameters where the solve does not lower that error (an ill-conditioned H). Pass the regularised Hessian GPTQ
+    sweeps with (`gptq_quantize`'s), not the raw calibration one: with about as few tokens as a row's 2 K / B
+    parameters the raw H lets the solve fit them exactly, and the check on the same H cannot see it."""
     n, k = w.shape
     g = k // block
     hr = h.reshape(g, block, g, block)
