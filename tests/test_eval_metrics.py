@@ -86,3 +86,36 @@ def test_counted_types_are_scored_apart_so_always_one_findings_cannot_hide_a_mis
     assert (s.counted_matches, s.counted_correct) == (1, 0)  # the one finding whose count can be wrong, is wrong
     right = score_study(truth, [], [F("nodule", "left", 30, 1)], [])
     assert (right.counted_matches, right.counted_correct) == (1, 1)
+
+
+def test_summarise_findings_reports_what_edgekit_eval_reports_under_the_same_names():
+    """The training run's probes score through `summarise_findings`; `edgekit eval` must report the same figures
+    under the same names, so the two vocabularies cannot drift apart again."""
+    from dataclasses import asdict
+
+    from edgekit.eval.finding_metrics import summarise_findings
+    from edgekit.eval.runner import _summarise
+
+    scores = [
+        score_study([F("nodule", "right lung", 12, 2)], [], [F("nodule", "right lung", 10, 3)], []),
+        score_study([F("pleural effusion", "left")], [], [F("mass", "left lung", 40)], ["pleural effusion"]),
+        score_study([], ["mass"], [], ["mass"]),
+        score_study([F("mass", "left lung", 30)], [], [F("mass", "left lung", 30)], []),
+    ]
+    records = [
+        {
+            "score": asdict(s),
+            "text": "a",
+            "references": ["a"],
+            "rouge_l": 1.0,
+            "timings": {"total_ms": 1.0},
+            "cost": {},
+        }
+        for s in scores
+    ]
+    summary = summarise_findings(scores, resamples=200, seed=0)
+    assert summary["hallucinated_finding_rate"] == pytest.approx(1 / 3)  # a rate over predicted findings
+    assert summary["contradiction_rate"] == 0.25 and summary["reports_with_hallucination"] == 0.25
+    assert summary["count_accuracy_counted_types"] == {"value": 0.0, "correct": 0, "n": 1}
+    overall = _summarise(records, resamples=200, seed=0)
+    assert summary == {k: overall[k] for k in summary}

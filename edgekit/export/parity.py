@@ -31,6 +31,8 @@ class TorchBackend:
     """The model family's PyTorch reference behind the generation backend protocol (numpy in, numpy out,
     float32, no grad)."""
 
+    batch_rows = True  # `decode` keeps no per-sequence state: the engine may batch rows of different lengths
+
     def __init__(self, weights: Mapping[str, np.ndarray], config: ModelConfig, family: str | None = None):
         from edgekit.plugins import DEFAULT_MODEL, get_model_family
 
@@ -38,6 +40,14 @@ class TorchBackend:
         self.torch = torch
         self.model = get_model_family(family or DEFAULT_MODEL).reference_model(config).eval()
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in weights.items()})
+
+    @classmethod
+    def of_model(cls, model) -> TorchBackend:
+        """A reference model already in memory (one a training run or a recipe is scoring), its weights shared
+        rather than copied, so what it generates goes through the engine every target's reports go through."""
+        backend = cls.__new__(cls)
+        backend.torch, backend.model = _torch(), model
+        return backend
 
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
         with self.torch.no_grad():
