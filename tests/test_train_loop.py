@@ -9,14 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from edgekit.models.radreport_tiny.data import build_split, encode_split, iterate_batches, tokenizer_corpus  # noqa: E402
+from edgekit.models.radreport_tiny.determinism import set_determinism, to_torch  # noqa: E402
 from edgekit.models.radreport_tiny.tokenizer import train_tokenizer  # noqa: E402
-from edgekit.models.radreport_tiny.train import (  # noqa: E402
-    TrainOptions,
-    build_model,
-    greedy_generate,
-    set_determinism,
-    train_loop,
-)
+from edgekit.models.radreport_tiny.train import TrainOptions, build_model, train_loop  # noqa: E402
+from edgekit.models.radreport_tiny.validation import greedy_reports  # noqa: E402
 from edgekit.preprocess import PreprocessConfig  # noqa: E402
 
 TINY = dict(
@@ -71,7 +67,7 @@ def test_greedy_kv_cache_matches_full_recompute(enc):
     model = build_model(opts.model_config(enc.vocab_size, PreprocessConfig()), 0).eval()
     pv = torch.from_numpy(enc.data.pixels[:3].astype("float32"))
     prompts = [enc.prompts[i][enc.data.texts[i].modality] for i in range(3)]
-    batched = greedy_generate(model, pv, prompts, max_new_tokens=6)
+    batched = greedy_reports(model, pv.numpy(), prompts, max_new_tokens=6)  # the core's engine, rows together
     for i in range(3):
         ids = list(prompts[i])
         with torch.no_grad():
@@ -90,7 +86,7 @@ def test_model_options_are_checked():
 
 def test_count_map_loss_is_the_squared_count_error_per_cell_and_leaves_the_lm_loss_alone(enc):
     from edgekit.models.radreport_tiny.data import COUNT_CHANNELS, make_batch
-    from edgekit.models.radreport_tiny.train import CountMapProbe, to_torch, training_loss
+    from edgekit.models.radreport_tiny.objectives import CountMapProbe, training_loss
 
     set_determinism(0, 2)
     cfg = TrainOptions(model=TINY).model_config(enc.vocab_size, PreprocessConfig())
@@ -112,7 +108,6 @@ def test_count_map_loss_is_the_squared_count_error_per_cell_and_leaves_the_lm_lo
 def test_head_gates_close_the_lowest_heads_on_schedule_and_fold_into_o_proj_exactly(enc):
     from edgekit.models.radreport_tiny.data import make_batch
     from edgekit.models.radreport_tiny.head_gates import HeadGates, closed_target
-    from edgekit.models.radreport_tiny.train import to_torch
 
     assert [closed_target(s, 100, 24, 0.375, 0.4, 0.6) for s in (0, 38, 49, 59, 99)] == [0, 0, 4, 9, 9]
     set_determinism(0, 2)
@@ -139,3 +134,56 @@ def test_head_gates_close_the_lowest_heads_on_schedule_and_fold_into_o_proj_exac
     assert model.model.layers[0].self_attn.o_proj.weight[:, 3 * hd : 4 * hd].eq(0).all()
     assert doc["layers"][0]["score"][3] == 0.0 and doc["layers"][1]["closed"] == [0, 1, 2]
     assert doc["layers"][0]["score"][0] == pytest.approx(torch.sigmoid(torch.tensor(3.0)).item())
+
+
+def test_cli_flags_set_the_options_they_name(monkeypatch, tmp_path):
+    """`python -m edgekit.models.radreport_tiny.train`: every flag keeps its meaning (the typer command only maps
+    flags onto TrainOptions and calls `run`)."""
+    from typer.testing import CliRunner
+
+    from edgekit.errors import ConfigError
+    from edgekit.models.radreport_tiny import train
+
+    calls = []
+    monkeypatch.setattr(train, "run", lambda opts, out, **kw: calls.append((opts, out, kw)))
+    runner = CliRunner()
+    result = runner.invoke(train.app, ["--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert calls.pop() == (TrainOptions(), tmp_path, {"evaluate": True, "cache": True})
+    flags = [
+        *("--out", str(tmp_path), "--train-studies", "40", "--val-studies", "6", "--epochs", "3"),
+        *("--batch-size", "5", "--lr", "0.01", "--seed", "3", "--workers", "1", "--eval-studies", "4"),
+        *("--phrasings", "2", "--aux-weight", "1.5", "--presence-probe-only", "--count-map-weight", "0.5"),
+        *("--head-gate-rate", "0.25", "--head-gate-weight", "0.1", "--model", '{"hidden": 64}'),
+        *("--no-eval", "--no-cache"),
+    ]
+    result = runner.invoke(train.app, flags)
+    assert result.exit_code == 0, result.output
+    expected = TrainOptions(
+        train_studies=40,
+        val_studies=6,
+        epochs=3,
+        batch_size=5,
+        lr=0.01,
+        seed=3,
+        workers=1,
+        eval_studies=4,
+        phrasings=2,
+        aux_weight=1.5,
+        probe_attributes=False,
+        count_map_weight=0.5,
+        head_gate_rate=0.25,
+        head_gate_weight=0.1,
+        model={"hidden": 64},
+    )
+    assert calls.pop() == (expected, tmp_path, {"evaluate": False, "cache": False})
+    for bad in (["--epochs", "0"], ["--batch-size", "64", "--train-studies", "32"], ["--model", "{hidden"]):
+        result = runner.invoke(train.app, ["--out", str(tmp_path), *bad])
+        assert result.exit_code == 2 and not calls, (bad, result.output)
+
+    def refuse(opts, out, **kw):
+        raise ConfigError("unknown model option: hiddne")
+
+    monkeypatch.setattr(train, "run", refuse)
+    result = runner.invoke(train.app, ["--out", str(tmp_path), "--model", '{"hiddne": 3}'])
+    assert result.exit_code == 2 and "error: unknown model option" in result.output

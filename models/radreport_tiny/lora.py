@@ -25,7 +25,9 @@ import torch
 from edgekit.preprocess import PreprocessConfig
 
 from .data import SplitData, build_split, encode_split, iterate_batches, make_batch
-from .train import greedy_generate, lm_loss, set_determinism, to_torch
+from .determinism import set_determinism, to_torch
+from .objectives import lm_loss
+from .validation import greedy_reports
 
 # The site's phrasing: (canonical, site). Applied in order; the inverse applies them backwards.
 SITE_REWRITES = (
@@ -83,9 +85,9 @@ def generate_reports(model, tok, enc, max_new_tokens: int, batch: int) -> list[s
     out = []
     for s in range(0, len(enc.data), batch):
         idx = list(range(s, min(s + batch, len(enc.data))))
-        pv = torch.from_numpy(enc.data.pixels[idx].astype(np.float32))
+        pv = enc.data.pixels[idx].astype(np.float32)
         prompts = [enc.prompts[i][enc.data.texts[i].modality] for i in idx]
-        out += [decode_report(tok, ids) for ids in greedy_generate(model, pv, prompts, max_new_tokens)]
+        out += [decode_report(tok, ids) for ids in greedy_reports(model, pv, prompts, max_new_tokens)]
     return out
 
 

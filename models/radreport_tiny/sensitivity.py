@@ -24,8 +24,9 @@ from torch import nn
 from edgekit.preprocess import PreprocessConfig
 
 from .data import build_split, encode_split, make_batch
+from .determinism import set_determinism, to_torch
 from .lora import load_base
-from .train import lm_loss, set_determinism, to_torch
+from .objectives import lm_loss
 
 
 def decoder_linears(model) -> dict[str, nn.Linear]:

@@ -6,11 +6,14 @@ Every source of randomness is seeded and torch runs deterministic kernels on a f
 code, data and torch build give the same weights bit for bit. DIR receives the committed artefacts
 (`model.safetensors`, `config.json`, `tokenizer.json`, `generation_config.json`, `preprocessor_config.json`,
 `training_log.json`) and a float16 pixel cache under `DIR/cache` that makes reruns skip data generation.
+
+This module is the training loop and its artefacts; what it minimises is in `objectives.py`, what makes it repeat
+in `determinism.py`, and what it reports about the trained model on val (loss, greedy reports scored by
+`edgekit.eval`) in `validation.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -19,10 +22,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+import typer
+from tokenizers import Tokenizer
 from torch import nn
 
 from edgekit.errors import ConfigError
@@ -32,23 +37,33 @@ from edgekit.preprocess import PreprocessConfig
 from .data import (
     COUNT_CHANNELS,
     FINDING_LABELS,
-    IGNORE,
     PRESENCE_LABELS,
     EncodedSplit,
+    SplitData,
     build_split,
     encode_split,
-    eval_items,
     iterate_batches,
-    make_batch,
     tokenizer_corpus,
 )
+from .determinism import set_determinism, to_torch
 from .head_gates import HeadGates, closed_target
 from .modeling import RadReportTiny
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, PROMPT_TEMPLATE, SEP_ID, decode_report, train_tokenizer
+from .objectives import CountMapProbe, FindingProbe, training_loss
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, PROMPT_TEMPLATE, SEP_ID, train_tokenizer
+from .validation import eval_loss, evaluate_generation
 
 HERE = Path(__file__).resolve().parent
-# beside this file; plus the core's config
-CODE_FILES = ("modeling.py", "tokenizer.py", "data.py", "train.py", "head_gates.py")
+# beside this file; plus the core's config and gates
+CODE_FILES = (
+    "modeling.py",
+    "tokenizer.py",
+    "data.py",
+    "train.py",
+    "head_gates.py",
+    "objectives.py",
+    "determinism.py",
+    "validation.py",
+)
 
 
 @dataclass
@@ -84,12 +99,6 @@ class TrainOptions:
             raise ConfigError(f"unknown model option: {e}") from None
 
 
-def set_determinism(seed: int, threads: int) -> None:
-    torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(threads)
-
-
 def init_weights(model: RadReportTiny, seed: int) -> None:
     """Small normal init (std 0.02) for every matrix and embedding; torch's default N(0, 1) embeddings and
     fan-in uniform linears train noticeably slower at this size. Norms stay at one, biases at zero."""
@@ -107,95 +116,6 @@ def build_model(cfg: ModelConfig, seed: int) -> RadReportTiny:
     model = RadReportTiny(cfg)
     init_weights(model, seed)
     return model
-
-
-def to_torch(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """Copies into torch's own (64-byte aligned) memory: BLAS kernels may round differently on numpy's
-    16-byte aligned buffers, which made identical runs drift apart in the last bit."""
-    return {k: torch.from_numpy(v).clone() for k, v in batch.items()}
-
-
-class FindingProbe(nn.Module):
-    """Training-only: a linear read-out of every (type, location) finding from the flattened image tokens.
-
-    It gives the vision encoder a direct signal for what the report must say and where, instead of only the
-    gradient that trickles back through the decoder's cross-attention to image tokens. With it, the 2-core
-    training budget reaches the finding F1 the decoder alone did not (0.77 -> see training_log.json). It is
-    not part of the exported model.
-    """
-
-    def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__()
-        self.proj = nn.Linear(cfg.num_image_tokens * cfg.hidden, num_labels)
-
-    def forward(self, image_features: torch.Tensor) -> torch.Tensor:
-        return self.proj(image_features.flatten(1))
-
-
-class CountMapProbe(nn.Module):
-    """Training-only: from each image token alone, how many findings of each counted type and side (nodules in
-    the left and in the right lung) are centred in that token's cell of the image.
-
-    A study's count is otherwise taught by one label per study (a report word, three of the finding probe's
-    labels), and the encoder did not learn to count small blobs from it: CT nodule counts were right in 16 of 28
-    test studies, with every stage of the vision path equally poor at it under a linear read-out. Counting
-    where each nodule is gives every cell its own target. It is not part of the exported model.
-    """
-
-    def __init__(self, cfg: ModelConfig, num_channels: int):
-        super().__init__()
-        self.proj = nn.Linear(cfg.hidden, num_channels)
-
-    def forward(self, image_features: torch.Tensor) -> torch.Tensor:  # (b, tokens, hidden) -> (b, channels, tokens)
-        return self.proj(image_features).transpose(1, 2)
-
-    def loss(self, image_features: torch.Tensor, count_maps: torch.Tensor) -> torch.Tensor:
-        """Squared error summed over a study's channels and cells, mean over studies."""
-        return (self(image_features) - count_maps).pow(2).sum((1, 2)).mean()
-
-
-def training_loss(
-    model: RadReportTiny,
-    probe: FindingProbe | None,
-    batch: dict[str, torch.Tensor],
-    aux_weight: float,
-    count_probe: CountMapProbe | None = None,
-    count_map_weight: float = 0.0,
-    gates: HeadGates | None = None,
-    gate_weight: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(total loss, LM loss): report cross-entropy plus `aux_weight` x the probe's binary cross-entropy plus
-    `count_map_weight` x the count-map probe's squared error (`CountMapProbe.loss`) plus `gate_weight` x the
-    mean open head gate, with the decoder's heads scaled by `gates`."""
-    if gates is not None:
-        with gates.applied(model):
-            total, lm = training_loss(model, probe, batch, aux_weight, count_probe, count_map_weight)
-        return total + gate_weight * gates.penalty(), lm
-    img = model.encode_images(batch["pixel_values"])
-    x = torch.cat([img, model.model.embed_tokens(batch["input_ids"])], dim=1)
-    mask = torch.cat(
-        [torch.ones(x.shape[0], img.shape[1], dtype=batch["attention_mask"].dtype), batch["attention_mask"]], 1
-    )
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model.decode(x, mask, pos)[0][:, img.shape[1] :]
-    lm = F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]), batch["labels"][:, 1:].reshape(-1), ignore_index=IGNORE
-    )
-    total = lm
-    if probe is not None and aux_weight != 0:
-        labels = batch["finding_labels"][:, : probe.proj.out_features]  # presence first, then count and size
-        total = total + aux_weight * F.binary_cross_entropy_with_logits(probe(img), labels)
-    if count_probe is not None and count_map_weight != 0:
-        total = total + count_map_weight * count_probe.loss(img, batch["count_maps"])
-    return total, lm
-
-
-def lm_loss(model: RadReportTiny, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean cross-entropy of the report tokens and <eos>: logits at t - 1 predict the label at t."""
-    logits = model(batch["pixel_values"], batch["input_ids"], batch["attention_mask"])
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]), batch["labels"][:, 1:].reshape(-1), ignore_index=IGNORE
-    )
 
 
 def make_optimizer(model: RadReportTiny, opts: TrainOptions, total_steps: int):
@@ -267,120 +187,6 @@ def train_loop(
     return losses
 
 
-@torch.no_grad()
-def eval_loss(model, enc: EncodedSplit, batch_size: int) -> float:
-    """Teacher-forced loss over every val study (first reference), weighted per token."""
-    model.eval()
-    items = [(i, t.modality, 0) for i, t in enumerate(enc.data.texts)]
-    total, count = 0.0, 0
-    for s in range(0, len(items), batch_size):
-        b = to_torch(make_batch(enc, items[s : s + batch_size]))
-        n = int((b["labels"][:, 1:] != IGNORE).sum())
-        total += float(lm_loss(model, b)) * n
-        count += n
-    return total / max(1, count)
-
-
-@torch.no_grad()
-def greedy_generate(
-    model, pixel_values: torch.Tensor, prompts: list[list[int]], max_new_tokens: int
-) -> list[list[int]]:
-    """Batched greedy decoding with the KV cache of `model.decode`; prompts are left-padded and masked."""
-    model.eval()
-    b = len(prompts)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((b, width), PAD_ID, dtype=torch.long)
-    pmask = torch.zeros((b, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        pmask[i, width - len(p) :] = 1
-    img = model.encode_images(pixel_values)
-    x = torch.cat([img, model.model.embed_tokens(ids)], 1)
-    mask = torch.cat([torch.ones(b, img.shape[1], dtype=torch.long), pmask], 1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits, past = model.decode(x, mask, pos)
-    next_pos = pos[:, -1:] + 1
-    out = [[] for _ in range(b)]
-    done = torch.zeros(b, dtype=torch.bool)
-    for _ in range(max_new_tokens):
-        tok = logits[:, -1].argmax(-1)
-        for i in range(b):
-            if not done[i]:
-                out[i].append(int(tok[i]))
-        done |= tok == EOS_ID
-        if bool(done.all()):
-            break
-        mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.long)], 1)
-        logits, past = model.decode(model.model.embed_tokens(tok[:, None]), mask, next_pos, past)
-        next_pos = next_pos + 1
-    return out
-
-
-def evaluate_generation(
-    model, tok, enc: EncodedSplit, max_new_tokens: int, batch_size: int = 64, limit: int | None = None
-) -> dict:
-    """Greedy reports for the val studies, parsed and scored at finding level against the ground truth."""
-    from edgekit.eval.finding_metrics import prf, score_study
-    from edgekit.findings import parse_report
-
-    items = eval_items(enc)
-    if limit is not None:
-        items = [it for it in items if it[0] < limit]
-    tp = fp = fn = halluc = predicted = contra = count_ok = 0
-    size_err: list[float] = []
-    unparsable, per_type, samples = 0, {}, []
-    for s in range(0, len(items), batch_size):
-        chunk = items[s : s + batch_size]
-        pv = torch.from_numpy(enc.data.pixels[[i for i, _, _ in chunk]].astype(np.float32))
-        gen = greedy_generate(model, pv, [enc.prompts[i][m] for i, m, _ in chunk], max_new_tokens)
-        for (i, modality, _), ids in zip(chunk, gen):
-            t = enc.data.texts[i]
-            text = decode_report(tok, ids)
-            try:
-                parsed = parse_report(text)
-            except Exception:  # a garbled report scores as predicting nothing
-                unparsable += 1
-                parsed = None
-            pred = list(parsed.findings) if parsed else []
-            pneg = list(parsed.negatives) if parsed else []
-            sc = score_study(list(t.findings), list(t.negatives), pred, pneg)
-            tp, fp, fn = tp + sc.tp, fp + sc.fp, fn + sc.fn
-            halluc, predicted, contra = halluc + sc.hallucinated, predicted + sc.predicted, contra + sc.contradictions
-            count_ok += sc.count_correct
-            size_err += sc.size_abs_err_mm
-            for f in t.findings:
-                d = per_type.setdefault(f.type, {"truth": 0, "found": 0})
-                d["truth"] += 1
-            truth_keys = [(f.type, f.location) for f in t.findings]
-            for f in pred:
-                if (f.type, f.location) in truth_keys:
-                    truth_keys.remove((f.type, f.location))
-                    per_type.setdefault(f.type, {"truth": 0, "found": 0})["found"] += 1
-            if len(samples) < 6 and s == 0:
-                samples.append(
-                    {"modality": modality, "indication": t.indication, "generated": text, "reference": t.references[0]}
-                )
-    p, r, f1 = prf(tp, fp, fn)
-    return {
-        "reports": len(items),
-        "studies": len({i for i, _, _ in items}),
-        "precision": p,
-        "recall": r,
-        "f1": f1,
-        "tp": tp,
-        "fp": fp,
-        "fn": fn,
-        "false_positive_rate": fp / predicted if predicted else 0.0,
-        "hallucination_rate": halluc / predicted if predicted else 0.0,
-        "contradictions": contra,
-        "count_accuracy": count_ok / tp if tp else None,
-        "size_mae_mm": float(np.mean(size_err)) if size_err else None,
-        "unparsable": unparsable,
-        "recall_by_type": {k: round(v["found"] / v["truth"], 4) for k, v in sorted(per_type.items()) if v["truth"]},
-        "samples": samples,
-    }
-
-
 def code_digest() -> str:
     import edgekit.export.model_config
     import edgekit.finetune.gates
@@ -421,9 +227,24 @@ def save_artifacts(
         (out / "head_importance.json").write_text(json.dumps(importance, indent=1) + "\n")
 
 
-def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = True) -> dict:
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    set_determinism(opts.seed, opts.threads)
+@dataclass
+class Prepared:
+    """The splits, the tokenizer trained on the train split's text, and what the model's shape takes from them."""
+
+    train: SplitData
+    val: SplitData
+    data_s: float  # seconds from the run's start to both splits in memory
+    tok: Tokenizer
+    enc_train: EncodedSplit
+    enc_val: EncodedSplit
+    longest: int  # tokens of the longest reference
+    max_new: int  # the generation config's max_new_tokens
+    pcfg: PreprocessConfig
+    cfg: ModelConfig
+
+
+def prepare(opts: TrainOptions, out: Path, cache: bool, wall0: float) -> Prepared:
+    """Data (from the pixel cache under `out` when `cache`), tokenizer and model config."""
     pcfg = PreprocessConfig()
     cache_dir = out / "cache" if cache else None
     train = build_split("train", opts.train_studies, pcfg, cache_dir=cache_dir, workers=opts.workers)
@@ -437,13 +258,14 @@ def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = T
     max_new = int(math.ceil(longest * 1.25)) + 8
     cfg = opts.model_config(tok.get_vocab_size(), pcfg)
     print(f"tokenizer: {tok.get_vocab_size()} tokens; longest report {longest} tokens", flush=True)
+    return Prepared(train, val, data_s, tok, enc_train, enc_val, longest, max_new, pcfg, cfg)
 
-    model = build_model(cfg, opts.seed)
-    n_params = sum(p.numel() for p in model.parameters())
-    steps_per_epoch = len(train) // opts.batch_size
-    total = steps_per_epoch * opts.epochs
-    print(f"model: {n_params / 1e6:.2f}M params; {total} steps of {opts.batch_size}", flush=True)
-    t_train = time.perf_counter()
+
+def train_with_heads(
+    model: RadReportTiny, cfg: ModelConfig, enc_train: EncodedSplit, opts: TrainOptions, total_steps: int
+) -> tuple[list[float], dict | None]:
+    """Train `model` beside the training-only heads `opts` turns on (finding probe, count-map probe, head gates);
+    returns the per-step LM losses and, with gates, their importance document, the gates folded into the model."""
     n_labels = len(FINDING_LABELS) if opts.probe_attributes else PRESENCE_LABELS
     probe = FindingProbe(cfg, n_labels) if opts.aux_weight > 0 else None
     if probe is not None:
@@ -464,22 +286,37 @@ def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = T
             count_cells=cfg.grid // cfg.pool_stride if count_probe is not None else None,
         ),
         opts,
-        total,
+        total_steps,
         probe=probe,
         count_probe=count_probe,
         gates=gates,
     )
     importance = None
-    if gates is not None:  # what is evaluated and saved below is the model with the gates folded in
+    if gates is not None:  # what is evaluated and saved after this is the model with the gates folded in
         importance = gates.importance_doc(model)
         gates.fold_into(model)
+    return losses, importance
+
+
+def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = True) -> dict:
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    set_determinism(opts.seed, opts.threads)
+    data = prepare(opts, out, cache, wall0)
+
+    model = build_model(data.cfg, opts.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    steps_per_epoch = len(data.train) // opts.batch_size
+    total = steps_per_epoch * opts.epochs
+    print(f"model: {n_params / 1e6:.2f}M params; {total} steps of {opts.batch_size}", flush=True)
+    t_train = time.perf_counter()
+    losses, importance = train_with_heads(model, data.cfg, data.enc_train, opts, total)
     train_s = time.perf_counter() - t_train
-    val_loss = eval_loss(model, enc_val, 64)
+    val_loss = eval_loss(model, data.enc_val, 64)
     print(f"val loss {val_loss:.4f}", flush=True)
     metrics = None
     if evaluate:
         t_eval = time.perf_counter()
-        metrics = evaluate_generation(model, tok, enc_val, max_new, limit=opts.eval_studies)
+        metrics = evaluate_generation(model, data.tok, data.enc_val, data.max_new, limit=opts.eval_studies)
         metrics["seconds"] = round(time.perf_counter() - t_eval, 1)
         print("val generation: " + json.dumps({k: v for k, v in metrics.items() if k != "samples"}), flush=True)
 
@@ -491,106 +328,100 @@ def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = T
         "params": n_params,
         "steps": total,
         "samples": total * opts.batch_size,
-        "train_studies": len(train),
-        "val_studies": len(val),
-        "vocab_size": tok.get_vocab_size(),
-        "longest_report_tokens": longest,
+        "train_studies": len(data.train),
+        "val_studies": len(data.val),
+        "vocab_size": data.tok.get_vocab_size(),
+        "longest_report_tokens": data.longest,
         "loss_curve": [round(float(np.mean(losses[i : i + 50])), 4) for i in range(0, len(losses), 50)],
         "final_train_loss": round(float(np.mean(losses[-max(1, steps_per_epoch // 4) :])), 4),
         "final_val_loss": round(val_loss, 4),
         "val_generation": metrics,
-        "data_sha256": {"train": train.digest(), "val": val.digest()},
+        "data_sha256": {"train": data.train.digest(), "val": data.val.digest()},
         "code_sha256": code_digest(),
         "seconds": {
-            "data": round(data_s, 1),
+            "data": round(data.data_s, 1),
             "train": round(train_s, 1),
             "wall_total": round(time.perf_counter() - wall0, 1),
             "cpu_total": round(time.process_time() - cpu0, 1),  # this process only (not the data workers)
         },
     }
-    save_artifacts(out, model, cfg, tok, pcfg, generation_config(max_new), log, importance)
+    save_artifacts(out, model, data.cfg, data.tok, data.pcfg, generation_config(data.max_new), log, importance)
     print(
         f"wrote {out} in {log['seconds']['wall_total']:.0f}s wall, {log['seconds']['cpu_total']:.0f}s CPU", flush=True
     )
     return log
 
 
-def parse_args(argv: list[str] | None) -> tuple[TrainOptions, argparse.Namespace]:
-    d = TrainOptions()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="directory for the weights and training_log.json")
-    ap.add_argument("--train-studies", type=int, default=d.train_studies)
-    ap.add_argument("--val-studies", type=int, default=d.val_studies)
-    ap.add_argument("--epochs", type=int, default=d.epochs)
-    ap.add_argument("--batch-size", type=int, default=d.batch_size)
-    ap.add_argument("--lr", type=float, default=d.lr)
-    ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--workers", type=int, default=d.workers)
-    ap.add_argument("--eval-studies", type=int, default=None)
-    ap.add_argument(
-        "--phrasings",
-        type=int,
-        default=d.phrasings,
-        help="train on the first N of the 4 reference phrasings (4: every one, the recipe before this option)",
-    )
-    ap.add_argument("--aux-weight", type=float, default=d.aux_weight, help="finding-probe loss weight (0: off)")
-    ap.add_argument(
-        "--presence-probe-only",
-        action="store_true",
-        help="the probe reads presence only, not counts and sizes (the recipe before this option)",
-    )
-    ap.add_argument(
-        "--count-map-weight",
-        type=float,
-        default=d.count_map_weight,
-        help="count-map probe loss weight (0: off, the recipe before this option)",
-    )
-    ap.add_argument(
-        "--head-gate-rate",
-        type=float,
-        default=d.head_gate_rate,
-        help="fraction of decoder heads the learned gates close (0: no gates, the recipe before this option)",
-    )
-    ap.add_argument("--head-gate-weight", type=float, default=d.head_gate_weight, help="L1 penalty on open gates")
-    ap.add_argument("--model", type=json.loads, default={}, help='ModelConfig overrides as JSON, e.g. {"hidden": 128}')
-    ap.add_argument("--no-eval", action="store_true", help="skip greedy generation on val")
-    ap.add_argument("--no-cache", action="store_true", help="do not read or write the pixel cache")
-    a = ap.parse_args(argv)
-    opts = replace(
-        d,
-        train_studies=a.train_studies,
-        val_studies=a.val_studies,
-        epochs=a.epochs,
-        batch_size=a.batch_size,
-        lr=a.lr,
-        seed=a.seed,
-        workers=a.workers,
-        eval_studies=a.eval_studies,
-        model=a.model,
-        aux_weight=a.aux_weight,
-        probe_attributes=not a.presence_probe_only,
-        count_map_weight=a.count_map_weight,
-        head_gate_rate=a.head_gate_rate,
-        head_gate_weight=a.head_gate_weight,
-        phrasings=a.phrasings,
-    )
-    for name in ("train_studies", "val_studies", "epochs", "batch_size", "phrasings"):
-        if getattr(opts, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
-    if opts.batch_size > opts.train_studies:
-        raise ConfigError("--batch-size must not exceed --train-studies")
-    return opts, a
+# the command line: `python -m edgekit.models.radreport_tiny.train`, each flag one field of TrainOptions
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, help=__doc__.split("\n")[0])
+_D = TrainOptions()
+_BEFORE = "the recipe before this option"
 
 
-def main(argv: list[str] | None = None) -> int:
+@app.command()
+def main(
+    out: Annotated[Path, typer.Option(help="Directory for the weights and training_log.json.", show_default=False)],
+    train_studies: Annotated[int, typer.Option(min=1)] = _D.train_studies,
+    val_studies: Annotated[int, typer.Option(min=1)] = _D.val_studies,
+    epochs: Annotated[int, typer.Option(min=1)] = _D.epochs,
+    batch_size: Annotated[int, typer.Option(min=1, help="At most --train-studies.")] = _D.batch_size,
+    lr: float = _D.lr,
+    seed: int = _D.seed,
+    workers: Annotated[int, typer.Option(help="Processes generating studies before training.")] = _D.workers,
+    eval_studies: Annotated[
+        int | None, typer.Option(help="Greedy generation on the val studies below this (default: all).")
+    ] = None,
+    phrasings: Annotated[
+        int, typer.Option(min=1, help=f"Train on the first N of the 4 reference phrasings (4: every one, {_BEFORE}).")
+    ] = _D.phrasings,
+    aux_weight: Annotated[float, typer.Option(help="Finding-probe loss weight (0: off).")] = _D.aux_weight,
+    presence_probe_only: Annotated[
+        bool,
+        typer.Option("--presence-probe-only", help=f"The probe reads presence only, not counts and sizes ({_BEFORE})."),
+    ] = False,
+    count_map_weight: Annotated[
+        float, typer.Option(help=f"Count-map probe loss weight (0: off, {_BEFORE}).")
+    ] = _D.count_map_weight,
+    head_gate_rate: Annotated[
+        float, typer.Option(help=f"Fraction of decoder heads the learned gates close (0: no gates, {_BEFORE}).")
+    ] = _D.head_gate_rate,
+    head_gate_weight: Annotated[float, typer.Option(help="L1 penalty on open gates.")] = _D.head_gate_weight,
+    model: Annotated[str, typer.Option(help='ModelConfig overrides as JSON, e.g. {"hidden": 128}.')] = "{}",
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip greedy generation on val.")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the pixel cache.")] = False,
+) -> None:
+    """Train radreport-tiny from scratch into the --out directory (the defaults are the recipe's; the committed
+    weights' run is in the model's README)."""
+    if batch_size > train_studies:
+        raise typer.BadParameter("must not exceed --train-studies", param_hint="--batch-size")
     try:
-        opts, a = parse_args(argv)
-        run(opts, a.out, evaluate=not a.no_eval, cache=not a.no_cache)
+        overrides = json.loads(model)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"not JSON: {e}", param_hint="--model") from None
+    opts = replace(
+        _D,
+        train_studies=train_studies,
+        val_studies=val_studies,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        workers=workers,
+        eval_studies=eval_studies,
+        model=overrides,
+        aux_weight=aux_weight,
+        probe_attributes=not presence_probe_only,
+        count_map_weight=count_map_weight,
+        head_gate_rate=head_gate_rate,
+        head_gate_weight=head_gate_weight,
+        phrasings=phrasings,
+    )
+    try:
+        run(opts, out, evaluate=not no_eval, cache=not no_cache)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        raise typer.Exit(2) from None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app()
