@@ -196,7 +196,8 @@ def other_fronts(paths: dict[str, list[Path]], args, data: Path) -> dict:
     from edgekit.pareto.energy import describe_meter
     from edgekit.pareto.run import run_pareto
 
-    common = ["--data", str(data), "--limit", str(args.limit), "--json"] + (["--force"] if args.fresh else [])
+    common = ["--data", str(data), "--limit", str(args.limit), "--json", "--no-default-grid"]
+    common += ["--force"] if args.fresh else []
     pareto = [sys.executable, "-m", "edgekit.cli.app", "pareto"]
     cpu_out = args.out.with_name(args.out.name + "-cpu")
     subprocess.run(

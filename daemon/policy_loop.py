@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from edgekit.errors import ConfigError, EdgekitError
-from edgekit.pareto import Point, read_profile
+from edgekit.pareto import Point, read_profile, split_fronts
 
 from .config import DaemonConfig
 from .metrics import Metrics
@@ -76,7 +76,22 @@ def match_profile(cfg: DaemonConfig, registry: VariantRegistry) -> list[Point]:
                 cfg.policy_profile,
             )
         points += [replace(p, settings={**p.settings, "variant": name}) for p in mine]
+    one_front(points, cfg.policy_profile)
     return points
+
+
+def one_front(points: list[Point], where) -> None:
+    """The policy ranks its points by energy and latency, so they must share a front: one energy source and one
+    latency source (the device the daemon runs on). A profile may hold several fronts (`edgekit pareto` on cpu and
+    x1 bundles); the configured variants pick one by their digests. Variants on two fronts refuse the start."""
+    fronts = split_fronts(points)
+    if len(fronts) > 1:
+        seen = "; ".join(f"{', '.join(sorted({p.settings['variant'] for p in f.points}))}: {f.label}" for f in fronts)
+        raise ConfigError(
+            f"the configured variants' points lie on {len(fronts)} fronts ({seen}): figures from different "
+            "sources are never compared; configure the variants of one device, or profile them with one meter",
+            where,
+        )
 
 
 def settings_from_json(body: dict[str, Any], current: PolicySettings) -> PolicySettings:

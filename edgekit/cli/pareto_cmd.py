@@ -1,4 +1,5 @@
-"""`edgekit pareto`: every variant x knob measured on an eval split, the energy-quality-latency front, a plot."""
+"""`edgekit pareto`: every variant x knob measured on an eval split, the energy-quality-latency front of each
+device, a plot."""
 
 from __future__ import annotations
 
@@ -7,30 +8,45 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from edgekit.cli.common import JsonOption, console, emit, examples, progress, writable_out
+from edgekit.pareto.configs import DEFAULT_GRID, describe_default_grid
 
 app = typer.Typer(help="Profile variants: energy, quality and latency, and their Pareto front.")
 
 GRID_HELP = "Repeat to vary it: each value is one configuration per bundle."
 
 
-def _rows(profile) -> list[dict]:
-    front = {p.id for p in profile.front}
+def _default(knob: str) -> str:
+    values, targets = DEFAULT_GRID[knob]
+    return ", ".join(map(str, values)) + (f" on {', '.join(targets)}" if targets else "") + ", beside the bundle's own"
+
+
+DEFAULT_GRID_NOTE = (
+    "With no knob flag (--max-new-tokens, --video-max-frames, --sparsity-target, --threads), each bundle is "
+    "measured at its own settings and then at each value of the default grid, one knob at a time: "
+    + describe_default_grid()
+    + ". --no-default-grid: one point per bundle. Each device has a front of its own (the X1's emulated figures, "
+    "an Orin estimate per device and mode, this machine's wall clock and meter): figures from different sources "
+    "are never ranked together."
+)
+
+
+def _rows(front) -> list[dict]:
+    on = {p.id for p in front.front}
     rows = []
-    for p in sorted(profile.points, key=lambda p: (p.energy_j if math.isfinite(p.energy_j) else math.inf, -p.f1)):
+    for p in sorted(front.points, key=lambda p: (p.energy_j if math.isfinite(p.energy_j) else math.inf, -p.f1)):
         lo, hi = p.f1_ci
         rows.append(
             {
                 "point": p.id,
-                "front": "*" if p.id in front else "",
+                "front": "*" if p.id in on else "",
                 "target": p.target,
                 "F1 [95% CI]": f"{p.f1:.3f} [{lo:.3f}, {hi:.3f}]",
                 "halluc.": f"{p.hallucination_rate:.3f}",
-                "p50 / p95 ms": f"{p.latency_p50_ms:.0f} / {p.latency_p95_ms:.0f}",
-                "latency source": p.latency_source,
+                "p50 / p95 ms": f"{p.latency_p50_ms:.3g} / {p.latency_p95_ms:.3g}",
                 "J / report": f"{p.energy_j:.3g}",
-                "energy source": p.energy_source,
                 "peak MiB": f"{p.peak_rss_mib:.0f}",
                 "n": p.count,
             }
@@ -40,18 +56,19 @@ def _rows(profile) -> list[dict]:
 
 @app.command(
     epilog=examples(
-        "edgekit pareto out/radreport-tiny-cpu out/radreport-tiny-x1 -o out/pareto --data data/test --limit 4",
+        "edgekit pareto out/radreport-tiny-cpu out/radreport-tiny-x1 -o out/pareto --data data/test --limit 2  "
+        "# the default grid: two fronts",
         "edgekit pareto out/radreport-tiny-x1 -o out/pareto-dss --data data/test --limit 2 --sparsity-target 0.2 "
         "--sparsity-target 0.5",
-        "edgekit pareto out/radreport-tiny-cpu -o out/pareto --data data/test --limit 4 --json",
-        "edgekit build --target orin -o out/radreport-tiny-orin --no-parity && edgekit pareto "
+        "edgekit pareto out/radreport-tiny-cpu -o out/pareto-cpu --data data/test --limit 4 --no-default-grid --json",
+        "edgekit build --target orin -o out/radreport-tiny-orin --no-parity --force && edgekit pareto "
         "out/radreport-tiny-orin -o out/pareto-orin --data data/test --limit 2 --orin-estimate agx-orin-64:MAXN "
-        "--orin-estimate orin-nano-8:15W",
-        note="Run again with the same -o to resume: points already measured (same id, same bundle) are kept. "
-        "Without --data: the default model family's test split, generated once into the cache. Writes "
-        "pareto.json (what edgekitd's [policy] reads) and pareto.png / pareto.svg. --orin-estimate runs an orin "
-        "bundle's graphs in ONNX Runtime and bills each report by the Orin cost model: estimated figures, "
-        "labelled estimated:orin-<model>-<mode>.",
+        "--orin-estimate orin-nano-8:15W --no-default-grid",
+        note=DEFAULT_GRID_NOTE + " Run again with the same -o to resume: points already measured (same id, same "
+        "bundle) are kept. Without --data: the default model family's test split, generated once into the cache. "
+        "Writes pareto.json (its fronts are what edgekitd's [policy] reads) and pareto.png / pareto.svg, a panel "
+        "per front. --orin-estimate runs an orin bundle's graphs in ONNX Runtime and bills each report by the "
+        "Orin cost model: estimated figures, labelled estimated:orin-<model>-<mode>, a front per device and mode.",
     )
 )
 def pareto(
@@ -61,25 +78,36 @@ def pareto(
         Path | None, typer.Option(help="Eval split (`edgekit data synth`); default: the test split.")
     ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Only the first N studies of the split.")] = None,
-    max_new_tokens: Annotated[list[int] | None, typer.Option(min=1, help=f"Caps on report length. {GRID_HELP}")] = None,
+    max_new_tokens: Annotated[
+        list[int] | None,
+        typer.Option(min=1, help=f"Caps on report length. {GRID_HELP} Default grid: {_default('max_new_tokens')}."),
+    ] = None,
     video_max_frames: Annotated[
         list[int] | None,
         typer.Option(
             min=1,
             help="Frames sampled per video clip; below the model's own count (8) the encoder sees fewer: frame "
-            f"skipping. {GRID_HELP}",
+            f"skipping. {GRID_HELP} Default grid: {_default('video_max_frames')}.",
         ),
     ] = None,
     sparsity_target: Annotated[
-        list[float] | None, typer.Option(min=0.0, max=0.95, help=f"X1 DSS sparsity targets (x1 only). {GRID_HELP}")
+        list[float] | None,
+        typer.Option(
+            min=0.0,
+            max=0.95,
+            help=f"X1 DSS sparsity targets (x1 only). {GRID_HELP} Default grid: {_default('sparsity_target')}.",
+        ),
     ] = None,
-    threads: Annotated[list[int] | None, typer.Option(min=1, help=f"Threads. {GRID_HELP}")] = None,
+    threads: Annotated[
+        list[int] | None, typer.Option(min=1, help=f"Threads. {GRID_HELP} Default grid: {_default('threads')}.")
+    ] = None,
     orin_estimate: Annotated[
         list[str] | None,
         typer.Option(
             metavar="DEVICE:MODE",
             help="Orin bundles only: bill each report by the Orin cost model for this device and power mode "
-            f"(e.g. agx-orin-64:MAXN, orin-nano-8:15W), the graphs run in ONNX Runtime. {GRID_HELP}",
+            "(e.g. agx-orin-64:MAXN, orin-nano-8:15W), the graphs run in ONNX Runtime. Repeat for more devices "
+            "or modes: each is a front of its own, and not a knob flag (the default grid still applies).",
         ),
     ] = None,
     meter: Annotated[
@@ -89,14 +117,21 @@ def pareto(
         bool,
         typer.Option("--force", help="Measure every point again, replacing the profile in --out (default: resume)."),
     ] = False,
-    plot: Annotated[bool, typer.Option(help="Write pareto.png and pareto.svg.")] = True,
+    default_grid: Annotated[
+        bool,
+        typer.Option(
+            help="Without knob flags, measure the default grid (see below); --no-default-grid: one point per bundle."
+        ),
+    ] = True,
+    plot: Annotated[bool, typer.Option(help="Write pareto.png and pareto.svg (a panel per front).")] = True,
     as_json: JsonOption = False,
 ) -> None:
     """Measure latency p50/p95, energy per report (with its source), peak memory, finding F1 with 95% CI and the
-    hallucination rate of every configuration, and write the non-dominated front over energy x F1 x latency."""
+    hallucination rate of every configuration, and write the non-dominated front over energy x F1 x latency of
+    each device: points whose energy or latency come from different sources are on different fronts."""
     from edgekit.bundle import load_bundle
     from edgekit.eval.runner import default_test_split, load_split
-    from edgekit.pareto.configs import expand
+    from edgekit.pareto.configs import plan
     from edgekit.pareto.energy import describe_meter
     from edgekit.pareto.plot import plot_profile
     from edgekit.pareto.run import PROFILE_NAME, run_pareto
@@ -112,14 +147,14 @@ def pareto(
         orin_estimate = [canonical_estimate(v) for v in orin_estimate]
     data_dir = data if data is not None else default_test_split()
     studies = load_split(data_dir)
-    grid = {
+    knobs = {
         "max_new_tokens": max_new_tokens,
         "video_max_frames": video_max_frames,
         "sparsity_target": sparsity_target,
         "threads": threads,
         "orin_estimate": orin_estimate,
     }
-    configs = expand(loaded, grid)
+    configs, grid = plan(loaded, knobs, use_default=default_grid)
     meter_info = describe_meter(meter)
     split = {"name": data_dir.name if data is not None else "test", "count": min(limit or len(studies), len(studies))}
     split["source"] = str(data_dir)
@@ -135,13 +170,27 @@ def pareto(
             meters=[meter_info],
             resume=not force,
             on_point=lambda _c, _reused: task.advance(),
+            grid=grid,
         )
     images = plot_profile(profile, out / "pareto") if plot else []
+    files = [out / PROFILE_NAME, *images]
     if as_json:
-        emit({**profile.to_dict(), "files": [str(out / PROFILE_NAME), *map(str, images)]}, True)
+        emit({**profile.to_dict(), "files": [str(f) for f in files]}, True)
         return
-    emit(_rows(profile), False, title=f"{len(profile.points)} points, {len(profile.front)} on the front (*)")
-    console.print(
-        f"[dim]{split['name']} split, {split['count']} studies; energy meter: {meter_info['description']}; "
-        f"wrote {out / PROFILE_NAME}" + (f", {images[0].name}, {images[1].name}" if images else "") + "[/dim]"
+    _show(profile, f"{split['name']} split, {split['count']} studies", meter_info["description"], files)
+
+
+def _show(profile, split: str, meter: str, files: list[Path]) -> None:
+    """A table per front, titled with its device and sources, then what was varied and where it was written."""
+    from edgekit.pareto.configs import describe_grid
+
+    fronts = profile.fronts
+    for i, front in enumerate(fronts, 1):
+        title = f"front {i} of {len(fronts)}: {front.label}; {len(front.points)} points, {len(front.front)} on it (*)"
+        emit(_rows(front), False, title=escape(title))
+    wrote = ", ".join([str(files[0]), *(f.name for f in files[1:])])
+    line = (
+        f"{describe_grid(profile.grid)}. {split}; energy meter for host-timed targets: {meter}; fronts are never "
+        f"compared with each other; wrote {wrote}"
     )
+    console.print("[dim]" + escape(line) + "[/dim]")

@@ -1,36 +1,61 @@
-"""The picture of a profile: energy per report against finding F1, the front drawn through, latency as colour."""
+"""The picture of a profile: one panel per front (device), energy per report against finding F1, the front drawn
+through, latency as colour. Fronts never share axes: their energies and latencies come from different sources."""
 
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
-from edgekit.pareto.profile import Profile
+from edgekit.pareto.profile import Front, Profile
 
 
 def plot_profile(profile: Profile, out_stem: Path) -> list[Path]:
-    """Write `<out_stem>.png` and `.svg`; their paths. Headless (Agg): no display needed."""
+    """Write `<out_stem>.png` and `.svg` (a panel per front, two across); their paths. Headless (Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [p for p in profile.points if math.isfinite(p.energy_j)]
-    front = {p.id for p in profile.front}
-    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    fronts = profile.fronts
+    cols = min(len(fronts), 2) or 1
+    rows = max(1, math.ceil(len(fronts) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(8 * cols, 5.5 * rows), dpi=120, squeeze=False)
+    for ax, front in zip(axes.flat, fronts):
+        _panel(fig, ax, front, profile.split)
+    for ax in list(axes.flat)[len(fronts) :]:
+        ax.set_visible(False)
+    if not fronts:
+        axes[0][0].set_visible(True)
+        axes[0][0].set_title("edgekit pareto: no points")
+    if len(fronts) > 1:
+        fig.suptitle(f"edgekit pareto: {len(fronts)} fronts, one per device; never compared with each other")
+    fig.tight_layout()
+    out = []
+    for suffix in (".png", ".svg"):
+        path = out_stem.with_suffix(suffix)
+        fig.savefig(path)
+        out.append(path)
+    plt.close(fig)
+    return out
+
+
+def _panel(fig, ax, front: Front, split: dict) -> None:
+    points = [p for p in front.points if math.isfinite(p.energy_j)]
+    on = {p.id for p in front.front}
     if points:
         sc = ax.scatter(
             [p.energy_j for p in points],
             [p.f1 for p in points],
             c=[p.latency_p95_ms for p in points],
             cmap="viridis",
-            s=[90 if p.id in front else 40 for p in points],
-            edgecolors=["black" if p.id in front else "none" for p in points],
+            s=[90 if p.id in on else 40 for p in points],
+            edgecolors=["black" if p.id in on else "none" for p in points],
             linewidths=1.2,
             zorder=3,
         )
-        fig.colorbar(sc, ax=ax, label="latency p95 (ms)")
-        on_front = sorted((p for p in points if p.id in front), key=lambda p: p.energy_j)
+        fig.colorbar(sc, ax=ax, label=f"latency p95 (ms; {front.latency_source})")
+        on_front = sorted((p for p in points if p.id in on), key=lambda p: p.energy_j)
         ax.step(
             [p.energy_j for p in on_front],
             [p.f1 for p in on_front],
@@ -57,21 +82,12 @@ def plot_profile(profile: Profile, out_stem: Path) -> list[Path]:
             and max(p.energy_j for p in points) / min(p.energy_j for p in points) > 20
         ):
             ax.set_xscale("log")
-    sources = sorted({p.energy_source for p in points})
-    ax.set_xlabel(f"energy per report (J; {', '.join(sources) or 'no meter'})")
-    split = profile.split
+        ax.legend(loc="lower right", fontsize=8)
+    source = front.energy_source if points else "no meter"
+    ax.set_xlabel(f"energy per report (J; {source})")
     ax.set_ylabel(f"finding F1 ({split.get('name', '?')} split, {split.get('count', '?')} studies; 95% CI bars)")
-    ax.set_title("edgekit pareto: energy vs quality")
+    ax.set_title("\n".join(textwrap.wrap(front.label, 70)), fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    out = []
-    for suffix in (".png", ".svg"):
-        path = out_stem.with_suffix(suffix)
-        fig.savefig(path)
-        out.append(path)
-    plt.close(fig)
-    return out
 
 
 def label_offsets(anchors: list[tuple[float, float]], *, line: float = 9.0, wide: float = 150.0) -> list[float]:

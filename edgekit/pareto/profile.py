@@ -4,6 +4,12 @@ A point is one configuration (a bundle, by its digest, plus the run-time knobs t
 measured on an eval split: latency, energy per report with the energy's source, peak memory and finding F1 with
 its 95% interval. The front is the points no other point beats on all of energy, F1 and latency.
 
+Fronts are per device: a `Front` holds the points whose figures come from one place, one energy source and one
+latency source (this machine's meter and wall clock; the X1 emulator; the Orin cost model at one device and power
+mode). An emulated millijoule and an estimated joule, or 1 ms of emulated NPU time and 645 ms of wall clock, are
+not the same quantity, so points of different fronts are never compared: `non_dominated` refuses a mixed list, and
+a profile of cpu and x1 bundles has two fronts, each with its own plot panel and table.
+
 `f1` scores the split's DICOM studies. Where the split has video clips (cine loops as MP4), their F1 is kept
 apart (`video_f1`): a knob that changes only video (frame skipping) must show its cost in quality there, so two
 points that both have it are compared on it too, and the daemon's quality floor holds for it as well.
@@ -86,9 +92,15 @@ def _energy(p: Point) -> float:
     return math.inf if math.isnan(p.energy_j) else p.energy_j
 
 
+def front_key(p: Point) -> tuple[str, str]:
+    """Where a point's figures come from: its energy source and its latency source. Points compare only when
+    both are the same."""
+    return (p.energy_source, p.latency_source)
+
+
 def dominates(a: Point, b: Point) -> bool:
     """`a` is no worse than `b` on energy, F1 and p95 latency (and video F1 when both have it), and better on at
-    least one."""
+    least one. Both must be of one front (`front_key`): `non_dominated` checks that."""
     ea, eb = _energy(a), _energy(b)
     no_worse = ea <= eb and a.f1 >= b.f1 and a.latency_p95_ms <= b.latency_p95_ms
     better = ea < eb or a.f1 > b.f1 or a.latency_p95_ms < b.latency_p95_ms
@@ -99,10 +111,65 @@ def dominates(a: Point, b: Point) -> bool:
 
 
 def non_dominated(points: Iterable[Point]) -> list[Point]:
-    """The Pareto front over energy x F1 x latency, cheapest first."""
+    """The Pareto front over energy x F1 x latency, cheapest first, of points of one front; points whose figures
+    come from different sources are refused (split them with `split_fronts`)."""
     points = list(points)
+    keys = sorted({front_key(p) for p in points})
+    if len(keys) > 1:
+        seen = "; ".join(f"energy {e}, latency {lat}" for e, lat in keys)
+        raise ConfigError(f"points with figures from different sources are not compared on one front ({seen})")
     front = [p for p in points if not any(dominates(q, p) for q in points if q is not p)]
     return sorted(front, key=lambda p: (_energy(p), -p.f1))
+
+
+@dataclass(frozen=True)
+class Front:
+    """The points of one device: one energy source and one latency source, and their non-dominated ones."""
+
+    energy_source: str
+    latency_source: str
+    points: tuple[Point, ...]
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.target for p in self.points))
+
+    @property
+    def device(self) -> str:
+        """What the figures describe: a cost model that states both latency and energy is its own device (the X1
+        emulator, the Orin estimate at one power mode); otherwise the host's clock and meter are: this machine."""
+        if self.latency_source == self.energy_source and ":" in self.energy_source:
+            kind, model = self.energy_source.split(":", 1)
+            return f"{model} ({kind})"
+        return "this machine"
+
+    @property
+    def label(self) -> str:
+        targets = ", ".join(self.targets)
+        return f"{self.device}, target {targets}: energy {self.energy_source}, latency {self.latency_source}"
+
+    @property
+    def front(self) -> list[Point]:
+        return non_dominated(self.points)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "device": self.device,
+            "targets": list(self.targets),
+            "energy_source": self.energy_source,
+            "latency_source": self.latency_source,
+            "points": [p.id for p in self.points],
+            "front": [p.id for p in self.front],
+        }
+
+
+def split_fronts(points: Iterable[Point]) -> list[Front]:
+    """`points` by where their figures come from, in the order each front's first point comes."""
+    groups: dict[tuple[str, str], list[Point]] = {}
+    for p in points:
+        groups.setdefault(front_key(p), []).append(p)
+    return [Front(energy, latency, tuple(ps)) for (energy, latency), ps in groups.items()]
 
 
 @dataclass
@@ -112,10 +179,17 @@ class Profile:
     machine: dict[str, Any] = field(default_factory=dict)
     meters: list[dict[str, Any]] = field(default_factory=list)
     source: Path | None = None
+    grid: dict[str, Any] = field(default_factory=dict)  # the knobs varied: {"kind": "default" | "flags", ...}
+
+    @property
+    def fronts(self) -> list[Front]:
+        """One front per device (energy and latency source): `edgekit pareto` on cpu and x1 bundles has two."""
+        return split_fronts(self.points)
 
     @property
     def front(self) -> list[Point]:
-        return non_dominated(self.points)
+        """The non-dominated points of every front, front after front (each compared only within its own)."""
+        return [p for f in self.fronts for p in f.front]
 
     def by_id(self) -> dict[str, Point]:
         return {p.id: p for p in self.points}
@@ -126,8 +200,10 @@ class Profile:
             "split": self.split,
             "machine": self.machine,
             "meters": self.meters,
+            "grid": self.grid,
             "points": [p.to_dict() for p in self.points],
-            "front": [p.id for p in self.front],
+            "fronts": [f.to_dict() for f in self.fronts],
+            "front": [p.id for p in self.front],  # every front's, for readers of one front
         }
 
 
@@ -144,7 +220,14 @@ def read_profile(path: str | os.PathLike) -> Profile:
     points = [Point.from_dict(p, path) for p in data.get("points") or []]
     if not points:
         raise ConfigError("the Pareto profile has no points", path)
-    return Profile(points, data.get("split") or {}, data.get("machine") or {}, data.get("meters") or [], path)
+    return Profile(
+        points,
+        data.get("split") or {},
+        data.get("machine") or {},
+        data.get("meters") or [],
+        path,
+        data.get("grid") or {},
+    )
 
 
 def write_profile(profile: Profile, path: str | os.PathLike) -> Path:

@@ -67,11 +67,13 @@ def run_pareto(
     meters: list[dict] | None = None,
     resume: bool = True,
     on_point: Callable[[Config, bool], None] = lambda _c, _reused: None,
+    grid: dict | None = None,
 ) -> Profile:
-    """Measure `configs` (keeping points already in `out_dir/pareto.json` when `resume`) and write the profile."""
+    """Measure `configs` (keeping points already in `out_dir/pareto.json` when `resume`) and write the profile
+    (`grid`: what was varied, recorded as said)."""
     path = out_dir / PROFILE_NAME
     previous = _previous(path) if resume else {}
-    profile = Profile([], split=split, machine=_machine(), meters=meters or [])
+    profile = Profile([], split=split, machine=_machine(), meters=meters or [], grid=grid or {})
     for config in configs:
         known = previous.get((config.id, config.digest))
         if known is not None and known.count >= (limit or 0):
