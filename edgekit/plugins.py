@@ -56,16 +56,34 @@ def register_target(name: str, target) -> None:
     _loaded.pop(("target", name), None)
 
 
-def load_backend(bundle, options=None):
-    """The generation backend of `bundle`, from its target's run side (`options`: an `edgekit.target.
-    RuntimeOptions`; default: the bundle's own runtime settings, physical-core threads)."""
-    from edgekit.target import RuntimeOptions
-
+def _runnable_target(bundle):
     if bundle.target not in TARGETS:
         raise ConfigError(
             f"this bundle is for target '{bundle.target}', which cannot run here "
             f"(runnable: {', '.join(target_names())})",
             bundle.source,
         )
-    target = get_target(bundle.target)
-    return target.load_backend(bundle, options if options is not None else RuntimeOptions())
+    return get_target(bundle.target)
+
+
+def resolve_engine(bundle, engine: str | None = None) -> str | None:
+    """The engine that runs `bundle`: `engine` when its target has it (`Target.engines`), else one line naming the
+    ones it has; None asks for the target's own (its first engine; None when the plug-in names none)."""
+    target = _runnable_target(bundle)
+    engines = tuple(getattr(target, "engines", ()))
+    if engine is None:
+        return engines[0] if engines else None
+    if engine not in engines:
+        has = f"its engine{'s' if len(engines) > 1 else ''}: {', '.join(engines)}" if engines else "it names none"
+        raise ConfigError(f"`engine={engine}` does not run {bundle.target} bundles ({has})", bundle.source)
+    return engine
+
+
+def load_backend(bundle, options=None):
+    """The generation backend of `bundle`, from its target's run side (`options`: an `edgekit.target.
+    RuntimeOptions`; default: the bundle's own runtime settings, physical-core threads, the target's own engine)."""
+    from edgekit.target import RuntimeOptions
+
+    options = options if options is not None else RuntimeOptions()
+    resolve_engine(bundle, options.engine)  # an engine the target does not have: one line, before anything loads
+    return _runnable_target(bundle).load_backend(bundle, options)

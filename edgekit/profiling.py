@@ -12,33 +12,54 @@ from pathlib import Path
 
 
 def profile_report(
-    bundle_path, study, prompt: str, out: Path, *, threads: int | None = None, settings: dict | None = None
+    bundle_path,
+    study,
+    prompt: str,
+    out: Path,
+    *,
+    threads: int | None = None,
+    settings: dict | None = None,
+    engine: str | None = None,
 ) -> dict:
     """One report on the bundle's target with its profiler on; the target's run side writes the trace, tables and
-    plot into `out` (ORT kernel traces on cpu, emulated instruction records on x1). Returns profile.json's body."""
+    plot into `out` (ORT kernel traces on cpu, emulated instruction records on x1). `engine`: one of the target's
+    engines (`RuntimeOptions.engine`; orin's `onnxruntime`: its graphs' ORT trace), None its own; on another than
+    its own, the summary says so, and states what the report was billed (orin: the estimate). Returns
+    profile.json's body."""
     import shutil
 
     from edgekit.bundle import load_bundle
-    from edgekit.plugins import load_backend
+    from edgekit.plugins import load_backend, resolve_engine
     from edgekit.reporter import Reporter
     from edgekit.target import RuntimeOptions
 
     b = load_bundle(bundle_path)
+    used, own = resolve_engine(b, engine), resolve_engine(b)  # an engine the target lacks: refused before `out`
     out.mkdir(parents=True, exist_ok=True)
     raw = out / "raw"
     shutil.rmtree(raw, ignore_errors=True)
-    backend = load_backend(b, RuntimeOptions(threads=threads, profile_dir=raw, settings=settings or {}))
+    options = RuntimeOptions(threads=threads, profile_dir=raw, settings=settings or {}, engine=engine)
+    backend = load_backend(b, options)
     report = Reporter(b, backend=backend).report(study, prompt)
     prof = backend.write_profile(report, out)
+    summary, title = prof["summary"], prof["summary_title"]
+    if used != own:  # the target's own profile view states its own figures; another engine's says what it billed
+        title = f"{title}: {b.target} via {used} (not {own})"
+        if report.energy_j is not None and "latency_ms" in report.cost:
+            billed = f"{report.cost['latency_ms']:.3g} ms, {report.energy_j * 1e3:.3g} mJ ({report.energy_source})"
+            summary = {**summary, "billed / report": billed}
     result = {
         "bundle": b.name,
         "target": b.target,
+        "engine": used,
         **prof["details"],
         "timings_ms": report.timings,
         "cost": report.cost,
+        "energy_j": report.energy_j,
+        "energy_source": report.energy_source,
         "warnings": report.warnings,
-        "summary": prof["summary"],
-        "summary_title": prof["summary_title"],
+        "summary": summary,
+        "summary_title": title,
         "tables": prof["tables"],
         "files": prof["files"],
         "trace": prof["trace"],

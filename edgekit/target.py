@@ -43,12 +43,15 @@ class RuntimeOptions:
     """How to run a bundle. `settings` are target-specific overrides of the bundle's `runtime` section (for x1:
     `dss`, `sparsity_target`, `sensitivity_threshold`); a target refuses settings it does not know. `state_dir` is
     where a target may keep what it builds on the device (orin: TensorRT engines), so a service's copies live in
-    its own state directory; None: the target's default."""
+    its own state directory; None: the target's default. `engine` names which of the target's engines runs the
+    bundle (`Target.engines`: orin's `onnxruntime` runs its ONNX graphs in ONNX Runtime off the device); None: the
+    target's own (`edgekit.plugins.resolve_engine` checks it)."""
 
     threads: int | None = None
     profile_dir: Path | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     state_dir: Path | None = None
+    engine: str | None = None
 
 
 class Target(Protocol):
@@ -59,6 +62,9 @@ class Target(Protocol):
     # generic build sets it on every recipe pass that has that field, so one recipe builds for every target; None
     # keeps the recipe's own encodings (a plug-in without the attribute reads as None).
     weight_encoding: str | None
+    # The engines that run this target's bundles, its own first (orin: tensorrt, onnxruntime); `RuntimeOptions.engine`
+    # names one. A plug-in without the attribute runs on its own engine only, and any other is refused.
+    engines: tuple[str, ...]
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
         """Refuse, up front and in one line, a recipe this target cannot build."""

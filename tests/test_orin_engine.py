@@ -16,7 +16,7 @@ from edgekit.bundle import load_bundle
 from edgekit.cli.app import main
 from edgekit.errors import ConfigError
 from edgekit.plugins import load_backend
-from edgekit.targets.orin import TRT_MISSING
+from edgekit.targets.orin import OFF_DEVICE_HINT, TRT_MISSING
 from edgekit.targets.orin.onnx_backend import OrinOnnxBackend
 from edgekit.targets.orin.plan import with_overrides
 from edgekit.targets.orin.profiles import ProfileError, select_profile
@@ -86,12 +86,14 @@ def test_without_tensorrt_the_run_side_fails_in_one_line(orin_bundle, capsys, tm
 
     with pytest.raises(DeviceRuntimeMissing) as err:
         load_backend(orin_bundle)
-    assert str(err.value) == TRT_MISSING == "TensorRT not importable (needs JetPack 6.x / TensorRT ≥ 10.3)"
+    assert TRT_MISSING == "TensorRT not importable (needs JetPack 6.x / TensorRT ≥ 10.3)"
+    assert str(err.value) == f"{orin_bundle.source}: {TRT_MISSING}; {OFF_DEVICE_HINT}"  # and how to run it anyway
     with pytest.raises(DeviceRuntimeMissing, match="TensorRT not importable"):  # the first start builds nothing
         load_backend(orin_bundle, RuntimeOptions(state_dir=tmp_path / "state", settings={"engine": "tensorrt"}))
     assert not (tmp_path / "state").exists()
     assert main(["run", str(orin_bundle.source), "--study", str(SAMPLE)]) == 2
-    assert capsys.readouterr().err.strip() == f"error: {TRT_MISSING}"
+    err_line = capsys.readouterr().err.strip()
+    assert err_line.startswith(f"error: {orin_bundle.source}: {TRT_MISSING}; ") and "--engine onnxruntime" in err_line
     assert main(["engine", "build", str(orin_bundle.source), "--json"]) == 2
     out, err_text = capsys.readouterr()
     assert json.loads(out)["error"]["code"] == "device_runtime_missing" and err_text.count("\n") == 1

@@ -28,6 +28,7 @@ app = typer.Typer(help="Build a deployable bundle for a target.")
     epilog=examples(
         "edgekit build --target cpu -o out/radreport-tiny-cpu     # the embedded model; parity against PyTorch",
         "edgekit build --target x1 -o out/radreport-tiny-x1 --no-parity          # compiled for the X1 NPU",
+        "edgekit build --target orin -o out/radreport-tiny-orin --no-parity      # for TensorRT on a Jetson",
         "edgekit build models/radreport_tiny/weights -o out/radreport-tiny.ekb --archive --no-parity",
         "edgekit build --recipe int4 -o out/radreport-tiny-int4 --no-parity      # or int4-awq, int8, fp16, ...",
         "edgekit build -o out/radreport-tiny-cpu --force --no-parity --eval data/test --eval-limit 4 --json",

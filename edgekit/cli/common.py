@@ -5,9 +5,10 @@ As in Polygraphy's argument groups, a flag is defined once, here, and every subc
 
 - `BundleArgument`, `ModelArgument`: the positional input (a bundle; a model directory, default the embedded one).
 - `StudyOption` (`--study/-s`; `OptionalStudyOption` where a text model's bundle may take none), `PromptOption`
-  (`--prompt/-p`), `ThreadsOption` (`--threads`), `MachineOption` (`--machine`), `JsonOption` (`--json`),
-  `ImageSizeOption` (`--image-size`: pins a Hugging Face Qwen2-VL's dynamic resolution; `build` and `convert` hand
-  it to the library's `image_size`).
+  (`--prompt/-p`), `ThreadsOption` (`--threads`), `EngineOption` (`--engine default|onnxruntime`, for the
+  commands that run a bundle: `engine_name` turns it into `RuntimeOptions.engine`, `runs_on` names what ran),
+  `MachineOption` (`--machine`), `JsonOption` (`--json`), `ImageSizeOption` (`--image-size`: pins a Hugging Face
+  Qwen2-VL's dynamic resolution; `build` and `convert` hand it to the library's `image_size`).
 - `out_option(what)` (`--out/-o`) with `ForceOption` (`--force`): an output that already exists is refused, naming
   it, unless `--force` is given; so is one that cannot be created (under a file, in a folder not writable). Both
   before the command body runs. Every command that writes an output takes both flags.
@@ -41,6 +42,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -94,6 +96,43 @@ PromptOption = Annotated[str, typer.Option("--prompt", "-p", help="Clinical indi
 ThreadsOption = Annotated[
     int | None, typer.Option("--threads", min=1, help="Intra-op threads (default: physical cores).")
 ]
+
+
+class Engine(str, Enum):
+    """`--engine`: the bundle's target's own engine, or its ONNX graphs in ONNX Runtime (the library checks that
+    the target has it: `edgekit.plugins.resolve_engine`)."""
+
+    default = "default"
+    onnxruntime = "onnxruntime"
+
+
+EngineOption = Annotated[
+    Engine,
+    typer.Option(
+        "--engine",
+        help="What runs the bundle: default, its target's own engine (cpu: ONNX Runtime; x1: the emulator; orin: "
+        "TensorRT, on the Jetson), or onnxruntime, its ONNX graphs in ONNX Runtime on this machine's CPU: an orin "
+        "bundle off the Jetson, with latency and energy estimated by the Orin cost model (labelled estimated, "
+        "not measured).",
+    ),
+]
+
+
+def engine_name(engine: Engine | str) -> str | None:
+    """`RuntimeOptions.engine` for `--engine`: None for the target's own."""
+    value = engine.value if isinstance(engine, Engine) else str(engine)
+    return None if value == Engine.default.value else value
+
+
+def runs_on(bundle, engine: str | None) -> tuple[str | None, str]:
+    """The engine that runs `bundle` (`engine`, checked: one its target has; None: the target's own) and the words
+    a title names it with: `orin` on the target's own engine, `orin via onnxruntime (not tensorrt)` on another."""
+    from edgekit.plugins import resolve_engine
+
+    used, own = resolve_engine(bundle, engine), resolve_engine(bundle)
+    return used, bundle.target if used == own else f"{bundle.target} via {used} (not {own})"
+
+
 MachineOption = Annotated[
     Path | None, typer.Option("--machine", help="X1 machine description TOML (default: the bundled x1-default.toml).")
 ]
@@ -235,15 +274,22 @@ PARAM_FLAGS: dict[str, str] = {
     "model_dir": "MODEL",
     "eval_data": "--eval",
     "image_size": "--image-size",
+    "engine": "--engine",
 }
 _NAMES = "|".join(PARAM_FLAGS)
 _PARAM_RE = re.compile(rf"`({_NAMES})(=[^`]*)?`|\b({_NAMES})=True\b")
 
 
+def _as_flag(m: re.Match) -> str:
+    flag = PARAM_FLAGS[m.group(1) or m.group(3)]
+    value = (m.group(2) or "=True")[1:]
+    return flag if value in ("True", "False") else f"{flag} {value}"
+
+
 def cli_message(message: str) -> str:
-    """Rewrite the parameters a library error names, in backquotes (`passes`, `overwrite=True`) or as a bare
-    `name=True`, as their CLI flags."""
-    return _PARAM_RE.sub(lambda m: PARAM_FLAGS[m.group(1) or m.group(3)], message)
+    """Rewrite the parameters a library error names, in backquotes (`passes`, `overwrite=True`, `engine=onnxruntime`)
+    or as a bare `name=True`, as their CLI flags (a value other than True/False stays: `--engine onnxruntime`)."""
+    return _PARAM_RE.sub(_as_flag, message)
 
 
 def error_json(err: BaseException, message: str, code: str = "usage_error") -> dict:

@@ -11,14 +11,17 @@ import typer
 
 from edgekit.cli.common import (
     BundleArgument,
+    EngineOption,
     ForceOption,
     JsonOption,
     ThreadsOption,
     console,
     emit,
+    engine_name,
     examples,
     out_option,
     progress,
+    runs_on,
     warn,
 )
 
@@ -56,9 +59,44 @@ def text_table_rows(result: dict) -> list[dict]:
             "finding F1 [95% CI]": f1,
             "p50 ms": f"{s['latency_ms']['p50']:.0f}",
             "decode tok/s": f"{s['decode_tokens_per_s']:.0f}",
+            **cost_cells(s),
             "failed": s["failed"],
         }
     ]
+
+
+def cost_cells(s: dict) -> dict:
+    """What the target billed per report (x1: emulated; an orin bundle in ONNX Runtime: estimated), named by the
+    kind of its source, and the DSS skip rate with the heads skipped per token where the target skipped heads."""
+    cells = {}
+    billed = s.get("billed")
+    if billed:
+        kind = billed["figure_source"].split(":")[0]
+        cells[f"{kind} ms / mJ"] = f"{billed['latency_ms_per_report']:.3g} / {billed['energy_j_per_report'] * 1e3:.3g}"
+    dss = s.get("dss")
+    if dss:  # the rate, then the heads skipped per token of the heads a token has
+        cells["DSS skip (heads/tok)"] = (
+            f"{dss['skip_rate']:.3f} ({dss['heads_skipped_per_token']:.2f} of {dss['heads_per_token']:.0f})"
+        )
+    return cells
+
+
+def cost_notes(result: dict) -> list[str]:
+    """Where the billed and DSS columns come from, one line each (the overall figures')."""
+    s = result["overall"]
+    notes = []
+    if s.get("billed"):
+        b = s["billed"]
+        kind = b["figure_source"].split(":")[0]
+        source = b["source"] if b["source"].startswith(b["figure_source"]) else f"{b['figure_source']} ({b['source']})"
+        notes.append(f"{kind} ms / mJ: per report, {source}; p50 ms: this machine's clock")
+    if s.get("dss"):
+        d = s["dss"]
+        notes.append(
+            f"DSS: {d['heads_skipped']} of {d['heads_total']} heads skipped over {d['tokens']} decode tokens "
+            f"(target {d['sparsity_target']}, {d['source']})"
+        )
+    return notes
 
 
 def table_rows(result: dict) -> list[dict]:
@@ -84,6 +122,7 @@ def table_rows(result: dict) -> list[dict]:
                 "ROUGE-L": _fmt(s["rouge_l"]["value"]),
                 "p50 ms": f"{s['latency_ms']['p50']:.0f}",
                 "decode tok/s": f"{s['decode_tokens_per_s']:.0f}",
+                **cost_cells(s),
                 "failed": s["failed"],
             }
         )
@@ -95,10 +134,15 @@ def table_rows(result: dict) -> list[dict]:
         "edgekit eval out/radreport-tiny-cpu --data data/test --limit 8",
         "edgekit eval out/radreport-tiny-x1 --data data/test --limit 4 --no-video -o out/eval-x1.json",
         "edgekit eval out/radreport-tiny-cpu --data data/test --limit 4 --json | jq .overall.finding_f1",
+        "edgekit eval out/radreport-tiny-x1 --data data/test --limit 2 --no-video --json | jq .overall.dss",
+        "edgekit build --target orin -o out/radreport-tiny-orin --no-parity && edgekit eval out/radreport-tiny-orin "
+        "--engine onnxruntime --data data/test --limit 2 --no-video",
         note="Without --data: the 240-study synthetic test split, generated once into the cache. A text model's "
         'bundle (a decoder alone) is evaluated on --data PROMPTS.jsonl, one {"prompt": ..., "reference": ...} per '
         "line (reference: a string or a list of phrasings): BLEU-4, ROUGE-L, and finding F1 where the references "
-        "state findings.",
+        "state findings. An x1 bundle adds its emulated ms and mJ per report and the DSS skip rate with the heads "
+        "skipped per token (in --json: overall.billed, overall.dss); an orin bundle off the Jetson runs with "
+        "--engine onnxruntime, its ms and mJ estimated by the Orin cost model.",
     )
 )
 def eval(  # noqa: A001 - the subcommand's name
@@ -116,19 +160,22 @@ def eval(  # noqa: A001 - the subcommand's name
     out: Annotated[Path | None, out_option("Write the full result (with per-study records) as JSON here.")] = None,
     force: ForceOption = False,
     threads: ThreadsOption = None,
+    engine: EngineOption = "default",
     as_json: JsonOption = False,
 ) -> None:
     """Finding-level P/R/F1, hallucination rate, BLEU-4 and ROUGE-L with bootstrap intervals, and latency."""
     from edgekit.bundle import load_bundle
     from edgekit.errors import ConfigError
+    from edgekit.target import RuntimeOptions
 
     loaded = load_bundle(bundle)
+    runtime = RuntimeOptions(threads=threads, engine=engine_name(engine))
     if loaded.is_text:
         if data is None:
             raise ConfigError(
                 'a text model\'s bundle is evaluated on --data PROMPTS.jsonl ({"prompt", "reference"} lines)', bundle
             )
-        return _eval_text(loaded, data, limit, out, threads, as_json)
+        return _eval_text(loaded, data, limit, out, runtime, as_json)
     if data is not None and data.is_file():
         raise ConfigError(
             "a file of prompts is for a text model's bundle; this one is a vision-language model's, evaluated on a "
@@ -139,7 +186,7 @@ def eval(  # noqa: A001 - the subcommand's name
     from edgekit.reporter import Reporter
 
     data_dir = data if data is not None else default_test_split()
-    reporter = Reporter.from_bundle(loaded, threads=threads)
+    reporter = Reporter.from_bundle(loaded, runtime=runtime)
     with progress("reports", as_json=as_json) as task:
         result = evaluate(
             reporter,
@@ -148,6 +195,7 @@ def eval(  # noqa: A001 - the subcommand's name
             include_video=video,
             progress=lambda done, total: task.update(completed=done, total=total),
         )
+    result["engine"], where = runs_on(loaded, runtime.engine)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
@@ -163,21 +211,24 @@ def eval(  # noqa: A001 - the subcommand's name
     emit(
         table_rows(result),
         False,
-        title=f"{result['bundle']} on {result['target']}: synthetic test split, {result['studies']} studies",
+        title=f"{result['bundle']} on {where}: synthetic test split, {result['studies']} studies",
     )
+    for line in cost_notes(result):
+        console.print(line, style="dim", markup=False)
     console.print(f"[dim]{result['notes']['ci95']}; eval wall time {result['wall_s']:.1f} s[/dim]")
 
 
-def _eval_text(bundle, data: Path, limit: int | None, out: Path | None, threads: int | None, as_json: bool) -> None:
+def _eval_text(bundle, data: Path, limit: int | None, out: Path | None, runtime, as_json: bool) -> None:
     """A text model's bundle on a JSON Lines file of prompts and references."""
     from edgekit.eval.prompts import evaluate_prompts
     from edgekit.reporter import Reporter
 
-    reporter = Reporter.from_bundle(bundle, threads=threads)
+    reporter = Reporter.from_bundle(bundle, runtime=runtime)
     with progress("reports", as_json=as_json) as task:
         result = evaluate_prompts(
             reporter, data, limit=limit, progress=lambda done, total: task.update(completed=done, total=total)
         )
+    result["engine"], where = runs_on(bundle, runtime.engine)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
@@ -185,6 +236,8 @@ def _eval_text(bundle, data: Path, limit: int | None, out: Path | None, threads:
     if as_json:
         emit(summary, True)
         return
-    title = f"{result['bundle']} on {result['target']}: {result['split']}, {result['samples']} prompts"
+    title = f"{result['bundle']} on {where}: {result['split']}, {result['samples']} prompts"
     emit(text_table_rows(result), False, title=title)
+    for line in cost_notes(result):
+        console.print(line, style="dim", markup=False)
     console.print(f"[dim]{result['notes']['ci95']}; eval wall time {result['wall_s']:.1f} s[/dim]")

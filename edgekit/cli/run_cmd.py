@@ -6,6 +6,7 @@ import typer
 
 from edgekit.cli.common import (
     BundleArgument,
+    EngineOption,
     JsonOption,
     MaxNewTokensOption,
     OptionalStudyOption,
@@ -16,8 +17,10 @@ from edgekit.cli.common import (
     TopPOption,
     console,
     emit,
+    engine_name,
     err_console,
     examples,
+    runs_on,
     warn,
 )
 
@@ -30,10 +33,14 @@ app = typer.Typer(help="Generate a report for a study with a bundle.")
         "edgekit run out/radreport-tiny-x1 -s models/samples/cr_chest -p Follow-up.   # on the X1 emulator",
         "edgekit run out/radreport-tiny-cpu -s models/samples/us_cardiac/cine.mp4 --temperature 0.7 --top-p 0.9 "
         "--seed 1 --json",
+        "edgekit build --target orin -o out/radreport-tiny-orin --no-parity && edgekit run out/radreport-tiny-orin "
+        "--engine onnxruntime -s models/samples/cr_chest   # off the Jetson",
         note="Sampling flags override the bundle's generation config (greedy unless --temperature is above 0). "
         "A text model's bundle (built from a LLaMA, Qwen2 or Mistral directory: docs/hf-import.md) takes no "
         "--study: edgekit run out/llama-cpu --prompt 'FINDINGS: 6 mm nodule, right upper lobe. Write the "
-        "impression.'",
+        "impression.' An orin bundle runs on TensorRT on the Jetson; elsewhere --engine onnxruntime runs its ONNX "
+        "graphs in ONNX Runtime on this CPU, and the report's latency and energy (cost, energy_j) are estimated by "
+        "the Orin cost model (agx-orin-64 at MAXN), labelled estimated:orin-..., not measured.",
     )
 )
 def run(
@@ -45,19 +52,22 @@ def run(
     top_p: TopPOption = 1.0,
     seed: SeedOption = None,
     threads: ThreadsOption = None,
+    engine: EngineOption = "default",
     as_json: JsonOption = False,
 ) -> None:
     """Write a report: findings, impression, and where the time went."""
     from edgekit.bundle import load_bundle
     from edgekit.errors import StudyRequiredError, TextModelError
     from edgekit.reporter import Reporter
+    from edgekit.target import RuntimeOptions
 
     loaded = load_bundle(bundle)
     if loaded.is_text and study is not None:
         raise TextModelError("a text model's bundle (no vision graph) takes --prompt alone, not --study", bundle)
     if not loaded.is_text and study is None:
         raise StudyRequiredError("--study is required: this bundle is a vision-language model", bundle)
-    reporter = Reporter.from_bundle(loaded, threads=threads)
+    used, where = runs_on(loaded, engine_name(engine))
+    reporter = Reporter.from_bundle(loaded, runtime=RuntimeOptions(threads=threads, engine=engine_name(engine)))
     options = reporter.options(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     if loaded.is_text:
         report = reporter.report_text(prompt, options)
@@ -66,7 +76,7 @@ def run(
     for message in report.warnings:  # what ingest skipped or changed, what was capped; --json also lists them
         warn(message)
     if as_json:
-        emit(report.to_dict(), True)
+        emit({**report.to_dict(), "engine": used}, True)
         return
     from rich.markup import escape
 
@@ -75,7 +85,14 @@ def run(
         console.print(f"[bold]IMPRESSION:[/bold] {escape(report.impression)}", highlight=False)
     t = report.timings
     source = f"{report.modality} study {report.study}" if report.study else "text"
+    # what the target billed (x1: emulated; orin via onnxruntime: estimated), labelled, beside this machine's clock
+    billed = (
+        f" · {report.energy_source}: {report.cost['latency_ms']:.3g} ms, {report.energy_j * 1e3:.3g} mJ"
+        if report.energy_j is not None and "latency_ms" in report.cost
+        else ""
+    )
     err_console.print(
-        f"[dim]{report.model} on {report.target} · {escape(source)} · "
-        f"{t['total_ms']:.0f} ms ({t['new_tokens']} tokens, {t.get('decode_tokens_per_s', 0):.0f} tok/s decode)[/dim]"
+        f"[dim]{escape(report.model)} on {escape(where)} · {escape(source)} · "
+        f"{t['total_ms']:.0f} ms ({t['new_tokens']} tokens, {t.get('decode_tokens_per_s', 0):.0f} tok/s decode)"
+        f"{escape(billed)}[/dim]"
     )

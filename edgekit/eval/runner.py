@@ -2,8 +2,10 @@
 with intervals.
 
 Every figure names its split and sample count; what the target emulated or metered per report (x1: time and
-energy) is averaged beside the wall-clock latency, with its source. A study that cannot be read is recorded as a
-failure and the run goes on: one bad file never loses the rest of an evaluation.
+energy; an orin bundle run in ONNX Runtime: the Orin estimate's) is averaged beside the wall-clock latency, with
+its source (`billed`), and where the target skipped attention heads (x1's dynamic head sparsity, a `dss` record
+in each report's cost), the skip rate and heads skipped per token pooled over the reports (`dss`). A study that
+cannot be read is recorded as a failure and the run goes on: one bad file never loses the rest of an evaluation.
 """
 
 from __future__ import annotations
@@ -110,13 +112,58 @@ def text_scores(ok: list[dict], *, resamples: int, seed: int) -> dict:
     }
 
 
+def billed(costs: list[dict]) -> dict | None:
+    """The latency and energy the target billed per report (`energy_from_cost`'s keys: `latency_ms`, `energy_j`,
+    `figure_source`), averaged, when every report states them under one label (`emulated:x1`,
+    `estimated:orin-...`): the device's figures, not this machine's wall clock."""
+    if not costs or not all("latency_ms" in c and "energy_j" in c for c in costs):
+        return None
+    labels = {c.get("figure_source") for c in costs}
+    if len(labels) != 1 or None in labels:
+        return None
+    return {
+        "latency_ms_per_report": float(np.mean([c["latency_ms"] for c in costs])),
+        "energy_j_per_report": float(np.mean([c["energy_j"] for c in costs])),
+        "figure_source": labels.pop(),
+        "source": costs[0].get("source", "the target's backend") + f", mean of {len(costs)} reports",
+    }
+
+
+def head_skipping(costs: list[dict]) -> dict | None:
+    """Dynamic head sparsity over the reports (x1: each cost's `dss` record, `targets/x1/dss.py`'s counts of the
+    decode tokens a head mask was made for and the heads it skipped), pooled: the skip rate is every skipped head
+    over every head of every such token, as `edgekit profile` states it for one report. None unless every report
+    has a record (DSS off: none)."""
+    records = [c.get("dss") for c in costs]
+    if not records or any(not isinstance(r, dict) for r in records):
+        return None
+    tokens = sum(r["tokens"] for r in records)
+    total = sum(r["heads_total"] for r in records)
+    skipped = sum(r["heads_skipped"] for r in records)
+    first = records[0]
+    return {
+        "skip_rate": skipped / total if total else 0.0,
+        "heads_skipped_per_token": skipped / tokens if tokens else 0.0,
+        "heads_per_token": total / tokens if tokens else 0.0,
+        "sparsity_target": first.get("sparsity_target"),
+        "budget_heads_per_token": first.get("budget_heads_per_token"),
+        "tokens": tokens,
+        "heads_total": total,
+        "heads_skipped": skipped,
+        "reports": len(records),
+        "source": "the target's head masks (DSS), pooled over the decode tokens of every report",
+    }
+
+
 def speed(ok: list[dict]) -> dict:
-    """Wall-clock latency and decode speed of the records, and what the target emulated, when it did for all."""
+    """Wall-clock latency and decode speed of the records, and what the target emulated or billed and how many
+    heads it skipped, when it did for all."""
     total_ms = np.array([r["timings"]["total_ms"] for r in ok])
     tps = np.array([r["timings"].get("decode_tokens_per_s", 0.0) for r in ok])
     costs = [r["cost"] for r in ok if r.get("cost")]
+    every = len(costs) == len(ok)
     emulated = None
-    if costs and len(costs) == len(ok) and all("mj_total" in c for c in costs):
+    if costs and every and all("mj_total" in c for c in costs):
         emulated = {
             "ms_per_report": float(np.mean([c["emulated_ms_total"] for c in costs])),
             "mj_per_report": float(np.mean([c["mj_total"] for c in costs])),
@@ -127,6 +174,8 @@ def speed(ok: list[dict]) -> dict:
         "latency_ms": {"p50": float(np.percentile(total_ms, 50)), "p95": float(np.percentile(total_ms, 95))},
         "decode_tokens_per_s": float(tps.mean()),
         "emulated": emulated,
+        "billed": billed(costs) if every else None,
+        "dss": head_skipping(costs) if every else None,
     }
 
 

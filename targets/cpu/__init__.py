@@ -14,6 +14,7 @@ class CpuTarget:
     name = "cpu"
     takes_machine = False
     weight_encoding = None  # ONNX Runtime reads every encoding: recipes keep their own
+    engines = ("onnxruntime",)
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
         """ONNX Runtime runs every recipe's graphs."""

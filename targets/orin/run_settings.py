@@ -10,6 +10,11 @@
 - the other plan keys a request may override (`plan.OVERRIDABLE`: workspace, optimisation level, DLA), for
   TensorRT only.
 Unknown keys are refused by name (`edgekit.target.runtime_settings`), and so is a setting the chosen engine ignores.
+
+`RuntimeOptions.engine` (what `edgekit run | eval | profile --engine onnxruntime` sets, off the device) names the
+engine too, and then the run is billed by the Orin estimate even when no `estimate` is given (the cost model's
+default device and mode, `estimate.DEFAULT_DEVICE`:`DEFAULT_MODE`): an Orin bundle run off the device states
+estimated Orin figures, labelled so, rather than none. The two must agree when both are given.
 """
 
 from __future__ import annotations
@@ -64,13 +69,23 @@ def canonical_estimate(text: str, where=None) -> str:
     return ":".join(parse_estimate(text, where))
 
 
-def read_settings(overrides: Mapping[str, Any], where) -> RunSettings:
+def read_settings(overrides: Mapping[str, Any], where, engine: str | None = None) -> RunSettings:
     """A request's settings, checked: unknown keys, an unknown engine or estimate, and settings the chosen engine
-    would ignore are each refused in one line naming `where` (the bundle)."""
+    would ignore are each refused in one line naming `where` (the bundle). `engine`: the run's
+    `RuntimeOptions.engine`, if any (with `onnxruntime`, an estimate by default: see the module's docstring)."""
     merged = runtime_settings(DEFAULTS, {}, overrides, where)  # the plan in the manifest is `plan.with_overrides`'
+    off_device = engine == "onnxruntime"
+    if engine is not None:
+        if overrides.get("engine", engine) != engine:
+            raise ConfigError(f"engine {engine!r} and orin setting engine = {overrides['engine']!r} disagree", where)
+        merged["engine"] = engine
     engine = merged["engine"]
     if engine not in ENGINES:
         raise ConfigError(f"orin setting engine = {engine!r} (expected {' or '.join(ENGINES)})", where)
+    if off_device and merged["estimate"] is None:  # billed, so every figure of the run states where it came from
+        from .estimate import DEFAULT_DEVICE, DEFAULT_MODE
+
+        merged["estimate"] = f"{DEFAULT_DEVICE}:{DEFAULT_MODE}"
     estimate = None if merged["estimate"] is None else parse_estimate(merged["estimate"], where)
     plan_overrides = {k: v for k, v in overrides.items() if k in OVERRIDABLE}
     if engine == "tensorrt" and estimate is not None:

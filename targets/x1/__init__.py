@@ -13,6 +13,7 @@ class X1Target:
     name = "x1"
     takes_machine = True
     weight_encoding = "x1"  # blocked DequantizeLinear, which the compiler reads as XL_GEMM.W4A8 / W8A8
+    engines = ("emulator",)  # the X1 emulator: integer numerics, cycles and energy per instruction
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
         """Every recipe builds: its passes write the x1 encoding (`weight_encoding`), which the generic build checks

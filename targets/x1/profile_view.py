@@ -16,6 +16,11 @@ from edgekit.errors import ConfigError
 from .trace import write_profile as write_trace
 
 
+def _per_token(dss: dict) -> str:
+    """Heads DSS skipped per decode token, of the heads a token has (layers x heads)."""
+    return f"{dss['heads_skipped'] / dss['tokens']:.2f} of {dss['heads_total'] // dss['tokens']}"
+
+
 def write_profile(backend, report, out: Path) -> dict:
     """The last report's runs on `backend` (an `X1Backend` loaded with `keep_runs`) written under `out`."""
     if not backend.keep_runs:
@@ -53,6 +58,7 @@ def write_profile(backend, report, out: Path) -> dict:
                 if backend.dss_active
                 else "off"
             ),
+            **({"heads skipped / token": _per_token(dss)} if backend.dss_active and dss.get("tokens") else {}),
         },
         "summary_title": f"x1 emulated, machine {m.machine.name} ({m.short_hash})",
         "tables": {
