@@ -61,3 +61,25 @@ def placeholder_bundle(tmp_path, monkeypatch) -> Path:
         provenance={"passes": []},
         figures={"parity": {"max_abs": 0.0, "source": "test"}},
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_orin_bundles(tmp_path_factory):
+    """The tiny random-weights model (seed 3, 8 new tokens) built for orin and for cpu: (orin, cpu) bundle paths.
+    orin's graphs run in ONNX Runtime here, billed by its cost model; nothing is measured on an Orin."""
+    from edgekit.build import build
+    from edgekit.daemon.testing import write_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny-orin")
+    model = write_tiny_model(root / "model", seed=3, max_new_tokens=8)
+    build("orin", root / "tiny-orin", model_dir=model, parity=False)
+    build("cpu", root / "tiny-cpu", model_dir=model, parity=False)
+    return root / "tiny-orin", root / "tiny-cpu"
+
+
+@pytest.fixture(scope="session")
+def synth_split3(tmp_path_factory):
+    """A synthetic test split of 3 studies (the folder `--data` takes)."""
+    from edgekit.models.synth import write_split
+
+    return write_split(tmp_path_factory.mktemp("synth-split3") / "test", "test", 3).parent

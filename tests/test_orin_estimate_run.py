@@ -12,7 +12,6 @@ import pytest
 
 from edgekit.bundle import load_bundle
 from edgekit.cli.app import main
-from edgekit.daemon.testing import write_tiny_model
 from edgekit.errors import ConfigError
 from edgekit.pareto import read_profile
 from edgekit.reporter import Reporter
@@ -24,26 +23,8 @@ SAMPLE = files("edgekit.models") / "samples" / "cr_chest"
 ESTIMATE = {"engine": "onnxruntime", "estimate": "agx-orin-64:MAXN"}
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from edgekit.build import build
-
-    root = tmp_path_factory.mktemp("orin-estimate")
-    model = write_tiny_model(root / "model", seed=3, max_new_tokens=8)
-    build("cpu", root / "tiny-cpu", model_dir=model, parity=False)
-    build("orin", root / "tiny-orin", model_dir=model, parity=False)
-    return root / "tiny-orin", root / "tiny-cpu"
-
-
-@pytest.fixture(scope="module")
-def split(tmp_path_factory):
-    from edgekit.models.synth import write_split
-
-    return write_split(tmp_path_factory.mktemp("orin-estimate-split") / "test", "test", 3).parent
-
-
-def test_each_report_is_billed_by_the_estimate_for_its_own_tokens(tiny):
-    path, _cpu = tiny
+def test_each_report_is_billed_by_the_estimate_for_its_own_tokens(tiny_orin_bundles):
+    path, _cpu = tiny_orin_bundles
     bundle = load_bundle(path)
     reporter = Reporter(bundle, runtime=RuntimeOptions(threads=1, settings=ESTIMATE))
     assert isinstance(reporter.backend, OrinOnnxBackend)
@@ -64,8 +45,8 @@ def test_each_report_is_billed_by_the_estimate_for_its_own_tokens(tiny):
     assert plain.text == reporter.report(SAMPLE).text  # billing changes the figures, not the report
 
 
-def test_lower_power_modes_are_not_faster_and_say_which_mode(tiny):
-    bundle = load_bundle(tiny[0])
+def test_lower_power_modes_are_not_faster_and_say_which_mode(tiny_orin_bundles):
+    bundle = load_bundle(tiny_orin_bundles[0])
     costs = {}
     for mode in ("MAXN", "30W", "15W"):
         settings = {"engine": "onnxruntime", "estimate": f"agx64:{mode.lower()}"}  # labels and any case work
@@ -91,18 +72,18 @@ def test_lower_power_modes_are_not_faster_and_say_which_mode(tiny):
         ({"engine": "onnxruntime", "workspace_mib": 64}, "workspace_mib: TensorRT build settings"),
     ],
 )
-def test_bad_settings_are_one_line_naming_the_bundle(tiny, settings, message):
-    bundle = load_bundle(tiny[0])
+def test_bad_settings_are_one_line_naming_the_bundle(tiny_orin_bundles, settings, message):
+    bundle = load_bundle(tiny_orin_bundles[0])
     with pytest.raises(ConfigError) as err:
         Reporter(bundle, runtime=RuntimeOptions(settings=settings))
     line = str(err.value)
     assert "\n" not in line and line.startswith(str(bundle.source)) and message in line
 
 
-def test_pareto_grids_over_orin_power_modes(tiny, split, tmp_path, capsys):
-    orin, cpu = tiny
+def test_pareto_grids_over_orin_power_modes(tiny_orin_bundles, synth_split3, tmp_path, capsys):
+    orin, cpu = tiny_orin_bundles
     out = tmp_path / "profile"
-    args = ["pareto", str(orin), str(cpu), "-o", str(out), "--data", str(split), "--limit", "2", "--json"]
+    args = ["pareto", str(orin), str(cpu), "-o", str(out), "--data", str(synth_split3), "--limit", "2", "--json"]
     assert main([*args, "--orin-estimate", "agx-orin-64:MAXN", "--orin-estimate", "AGX-ORIN-64:15w"]) == 0
     json.loads(capsys.readouterr().out)
     points = read_profile(out / "pareto.json").by_id()
@@ -115,9 +96,9 @@ def test_pareto_grids_over_orin_power_modes(tiny, split, tmp_path, capsys):
     assert points["tiny-cpu"].energy_source.startswith(("measured:", "estimated:cpu"))  # the knob is orin's only
 
 
-def test_pareto_refuses_an_unknown_orin_mode_in_one_line(tiny, split, tmp_path, capsys):
-    orin, cpu = tiny
-    base = ["pareto", str(orin), "-o", str(tmp_path / "p"), "--data", str(split)]
+def test_pareto_refuses_an_unknown_orin_mode_in_one_line(tiny_orin_bundles, synth_split3, tmp_path, capsys):
+    orin, cpu = tiny_orin_bundles
+    base = ["pareto", str(orin), "-o", str(tmp_path / "p"), "--data", str(synth_split3)]
     assert main([*base, "--orin-estimate", "agx-orin-64:MAXN", "--orin-estimate", "orin-nano-8:MAXN"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: unknown Orin estimate 'orin-nano-8:MAXN'")

@@ -14,57 +14,20 @@ import pytest
 from edgekit.bundle import load_bundle
 from edgekit.cli.app import main
 from edgekit.cli.common import cli_message
-from edgekit.daemon.testing import write_tiny_model
 from edgekit.errors import ConfigError
 from edgekit.plugins import load_backend, resolve_engine
 from edgekit.reporter import Reporter
 from edgekit.target import RuntimeOptions
-from edgekit.targets.orin import OFF_DEVICE_HINT, TRT_MISSING
 from edgekit.targets.orin.estimate import estimate_report
 from edgekit.targets.orin.onnx_backend import OrinOnnxBackend
-from edgekit.targets.orin.trt_import import DeviceRuntimeMissing, tensorrt_available
+from edgekit.targets.orin.trt_import import tensorrt_available
 
 SAMPLE = files("edgekit.models") / "samples" / "cr_chest"
 NO_TRT = pytest.mark.skipif(tensorrt_available(), reason="TensorRT is importable here: the off-device line cannot show")
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from edgekit.build import build
-
-    root = tmp_path_factory.mktemp("orin-off-device")
-    model = write_tiny_model(root / "model", seed=3, max_new_tokens=8)
-    build("orin", root / "tiny-orin", model_dir=model, parity=False)
-    build("cpu", root / "tiny-cpu", model_dir=model, parity=False)
-    return root / "tiny-orin", root / "tiny-cpu"
-
-
-@pytest.fixture(scope="module")
-def split(tmp_path_factory):
-    from edgekit.models.synth import write_split
-
-    return write_split(tmp_path_factory.mktemp("orin-off-device-split") / "test", "test", 3).parent
-
-
-@NO_TRT
-def test_without_the_flag_the_one_line_names_the_bundle_and_the_flag(tiny, capsys):
-    orin, _cpu = tiny
-    for command in (["run", str(orin), "-s", str(SAMPLE)], ["eval", str(orin), "--limit", "1"]):
-        assert main(command) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "Traceback" not in err
-        assert err.strip() == f"error: {orin}: {TRT_MISSING}; {cli_message(OFF_DEVICE_HINT)}"
-        assert "run the bundle's ONNX graphs in ONNX Runtime with --engine onnxruntime" in err
-    assert main(["run", str(orin), "-s", str(SAMPLE), "--json"]) == 2
-    error = json.loads(capsys.readouterr().out)["error"]
-    assert error["code"] == "device_runtime_missing" and "--engine onnxruntime" in error["message"]
-    with pytest.raises(DeviceRuntimeMissing) as raised:  # the library names the setting, not the flag
-        load_backend(load_bundle(orin))
-    assert "`engine=onnxruntime`" in raised.value.reason and raised.value.path == str(orin)
-
-
-def test_run_writes_the_report_in_onnx_runtime_billed_by_the_estimate(tiny, capsys):
-    orin, _cpu = tiny
+def test_run_writes_the_report_in_onnx_runtime_billed_by_the_estimate(tiny_orin_bundles, capsys):
+    orin, _cpu = tiny_orin_bundles
     assert main(["run", str(orin), "-s", str(SAMPLE), "--engine", "onnxruntime", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["target"] == "orin" and report["engine"] == "onnxruntime"
@@ -84,9 +47,11 @@ def test_run_writes_the_report_in_onnx_runtime_billed_by_the_estimate(tiny, caps
     assert "on orin via onnxruntime (not tensorrt)" in err and "estimated:orin-agx64-maxn: " in err and " mJ" in err
 
 
-def test_eval_scores_the_split_and_states_where_each_figure_comes_from(tiny, split, tmp_path, capsys):
-    orin, _cpu = tiny
-    args = ["eval", str(orin), "--engine", "onnxruntime", "--data", str(split), "--no-video"]
+def test_eval_scores_the_split_and_states_where_each_figure_comes_from(
+    tiny_orin_bundles, synth_split3, tmp_path, capsys
+):
+    orin, _cpu = tiny_orin_bundles
+    args = ["eval", str(orin), "--engine", "onnxruntime", "--data", str(synth_split3), "--no-video"]
     assert main([*args, "-o", str(tmp_path / "eval.json"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["engine"] == "onnxruntime" and summary["target"] == "orin"
@@ -106,8 +71,8 @@ def test_eval_scores_the_split_and_states_where_each_figure_comes_from(tiny, spl
     assert "estimated ms / mJ: per report, estimated:orin-agx64-maxn (" in table and "not measured" in table
 
 
-def test_profile_writes_the_ort_trace_and_a_billed_row(tiny, tmp_path, capsys):
-    orin, _cpu = tiny
+def test_profile_writes_the_ort_trace_and_a_billed_row(tiny_orin_bundles, tmp_path, capsys):
+    orin, _cpu = tiny_orin_bundles
     out = tmp_path / "profile"
     assert main(["profile", str(orin), "--engine", "onnxruntime", "-s", str(SAMPLE), "-o", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -122,8 +87,8 @@ def test_profile_writes_the_ort_trace_and_a_billed_row(tiny, tmp_path, capsys):
     assert trace and json.loads((out / "profile.json").read_text())["engine"] == "onnxruntime"
 
 
-def test_the_flag_checks_the_target_has_the_engine(tiny, capsys):
-    orin, cpu = tiny
+def test_the_flag_checks_the_target_has_the_engine(tiny_orin_bundles, capsys):
+    orin, cpu = tiny_orin_bundles
     assert main(["run", str(cpu), "-s", str(SAMPLE), "--engine", "onnxruntime", "--json"]) == 0  # cpu's own
     report = json.loads(capsys.readouterr().out)
     assert report["engine"] == "onnxruntime" and report["energy_source"] is None  # nothing billed on cpu
@@ -136,8 +101,8 @@ def test_the_flag_checks_the_target_has_the_engine(tiny, capsys):
     assert "'trt' is not one of 'default', 'onnxruntime'" in capsys.readouterr().err
 
 
-def test_the_engine_option_bills_the_estimate_a_setting_names_and_refuses_a_conflict(tiny):
-    bundle = load_bundle(tiny[0])
+def test_the_engine_option_bills_the_estimate_a_setting_names_and_refuses_a_conflict(tiny_orin_bundles):
+    bundle = load_bundle(tiny_orin_bundles[0])
     options = RuntimeOptions(threads=1, engine="onnxruntime", settings={"estimate": "orin-nano-8:15W"})
     assert Reporter(bundle, runtime=options).report(SAMPLE).energy_source == "estimated:orin-nano8-15w"
     with pytest.raises(ConfigError, match="engine 'onnxruntime' and orin setting engine = 'tensorrt' disagree"):
