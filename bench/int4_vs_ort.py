@@ -6,7 +6,10 @@ points; needs torch, skipped without it), k-quant (llama.cpp's scale search, dat
 (its vendored Neural Compressor code, fed the same calibration feeds as edgekit), symmetric and asymmetric. ORT's
 GPTQ as shipped pushes no rounding error onward (see `_GPTQ_FIX`), so its codes are its RTN's; one more row, not
 counted in ORT's best, runs it with that fixed.
-edgekit's side: each `int4` method, and the pass's default.
+edgekit's side: each `int4` method at both symmetries (the grid: rtn, hqq, awq, gptq, awq-gptq x sym, asym), a few
+variants of the GPTQ methods, and the pass's default. No method that calibrates (awq, gptq, awq-gptq) may be worse
+than edgekit's RTN at the same symmetry on any model: the grid's check, printed and written to the JSON
+(`grid_worse_than_rtn`, empty when it holds). `--rows grid` runs ORT's rows, the grid and the default only.
 
 Models, none of them written for this bench's methods:
 - `radreport-tiny`: the default model's decoder, exported from its trained weights (`--model-dir` takes a folder
@@ -36,7 +39,8 @@ HQQ, the Hessian's GM/AM of eigenvalues (GPTQ's gain over rounding on one grid),
 end-to-end error with HQQ's weight error scaled by 0.9..0.6 (what a quantizer that far below HQQ everywhere gets),
 and scaled apart on layer 0's q_proj/k_proj and on the rest (where the factory-init LLaVA decoder's error sits).
 
-    python bench/int4_vs_ort.py [--model-dir DIR] [--block 32] [--calib 128] [--models a,b] [--json OUT.json]
+    python bench/int4_vs_ort.py [--model-dir DIR] [--block 32] [--calib 128] [--models a,b] [--rows all|grid]
+                                [--json OUT.json]
     python bench/int4_vs_ort.py --headroom --models llava-qwen2,llava-qwen2-hfinit
     python bench/int4_vs_ort.py --tuning 'sequential=false|'   # settings compared on the tuning models
 
@@ -82,15 +86,13 @@ CALIB_SAMPLES = Int4Config().calib  # x 32 tokens: the pass's default; the same 
 # Held-out feeds the table's errors are measured on. It was 8 (256 tokens): too few, since on llama-outliers plain
 # GPTQ measured 0.108 -> 0.139 there with 64 -> 256 calibration feeds and 0.142 -> 0.123 on 32 other eval feeds.
 EVAL_FEEDS = 64
-EDGEKIT = [  # (row label, pass spec after `int4:block=B,`)
+GRID_METHODS = ("rtn", "hqq", "awq", "gptq", "awq-gptq")  # every method, each at both symmetries
+CALIBRATED = ("awq", "gptq", "awq-gptq")  # held to: no worse than edgekit's RTN at the same symmetry
+SYMMETRIES = {"sym": "true", "asym": "false"}
+GRID = [(f"{m} {s}", f"method={m},symmetric={v}") for m in GRID_METHODS for s, v in SYMMETRIES.items()]
+EDGEKIT = [  # (row label, pass spec after `int4:block=B,`): the grid, then variants
+    *GRID,
     ("rtn sym, max/7 (edgekit <= 0.9)", "method=rtn,symmetric=true,scale_search=false"),
-    ("rtn sym", "method=rtn,symmetric=true"),
-    ("rtn asym", "method=rtn,symmetric=false"),
-    ("hqq sym", "method=hqq,symmetric=true"),
-    ("awq sym", "method=awq,symmetric=true"),
-    ("gptq sym", "method=gptq,symmetric=true"),
-    ("gptq asym", "method=gptq,symmetric=false"),
-    ("awq-gptq sym", "method=awq-gptq,symmetric=true"),
     # sequential GPTQ with asymmetric calibration (GPTAQ) and one code sweep are the GPTQ methods' defaults now;
     # these rows are the same methods without them (the default before, and each piece alone)
     ("gptq asym, not sequential, no sweep", "method=gptq,symmetric=false,sequential=false,code_sweeps=0"),
@@ -285,7 +287,9 @@ def edgekit_int4(proto: onnx.ModelProto, spec: str, calib) -> bytes:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-def measure(label: str, proto: onnx.ModelProto, calib, evals, output: str, block: int) -> list[dict]:
+def measure(
+    label: str, proto: onnx.ModelProto, calib, evals, output: str, block: int, edgekit_rows=tuple(EDGEKIT)
+) -> list[dict]:
     ref = run_all(session(proto.SerializeToString()), evals)
     todo: list[tuple[str, str, Callable[[], bytes]]] = []
     for name, algo, sym in ort_rows():
@@ -296,7 +300,7 @@ def measure(label: str, proto: onnx.ModelProto, calib, evals, output: str, block
             return ort_int4(proto, block, "gptq", False, calib)
 
     todo.append((ORT_GPTQ_FIXED, "reference", fixed_gptq))
-    for name, extra in EDGEKIT:
+    for name, extra in edgekit_rows:
         spec = f"int4:block={block}" + (f",{extra}" if extra else "")
         todo.append((f"edgekit {name}", "edgekit", lambda sp=spec: edgekit_int4(proto, sp, calib)))
     todo.append(
@@ -352,7 +356,32 @@ def measure(label: str, proto: onnx.ModelProto, calib, evals, output: str, block
         same = rtn["asym" if "asym" in r["method"] else "sym"]
         r["ratio_vs_ort_rtn_same_symmetry"] = r["rel_l2"] / same if same else None
         r["ratio_vs_fixed_ort_gptq"] = r["rel_l2"] / fixed if fixed else None
+    own_rtn = {
+        s: next((r["rel_l2"] for r in rows if r["method"] == f"edgekit rtn {s}" and "rel_l2" in r), None)
+        for s in SYMMETRIES
+    }
+    for r in rows:
+        if "rel_l2" in r and r["by"] == "edgekit":
+            same = own_rtn["asym" if "asym" in r["method"] else "sym"]
+            r["ratio_vs_edgekit_rtn_same_symmetry"] = r["rel_l2"] / same if same else None
     return rows
+
+
+def grid(rows: list[dict]) -> tuple[dict, list[dict]]:
+    """Per model, each method's error at each symmetry, and the calibrated cells worse than RTN beside them."""
+    table: dict[str, dict[str, dict[str, float | None]]] = {}
+    for r in rows:
+        m = re.fullmatch(r"edgekit (\S+) (sym|asym)", r["method"])
+        if m and m.group(1) in GRID_METHODS:
+            table.setdefault(r["model"], {}).setdefault(m.group(1), {})[m.group(2)] = r.get("rel_l2")
+    worse = []
+    for model, cells in table.items():
+        for method in CALIBRATED:
+            for sym in SYMMETRIES:
+                err, rtn = cells.get(method, {}).get(sym), cells.get("rtn", {}).get(sym)
+                if err is None or rtn is None or err > rtn:
+                    worse.append({"model": model, "method": method, "symmetry": sym, "rel_l2": err, "rtn": rtn})
+    return table, worse
 
 
 def headroom(label: str, proto: onnx.ModelProto, calib, evals, output: str, block: int) -> dict:
@@ -541,6 +570,12 @@ def main() -> None:
     )
     ap.add_argument("--json", type=Path, default=Path("bench/int4_vs_ort.json"))
     ap.add_argument(
+        "--rows",
+        choices=("all", "grid"),
+        default="all",
+        help="edgekit rows: all, or the method x symmetry grid and the default only (ORT's rows either way)",
+    )
+    ap.add_argument(
         "--calib",
         type=int,
         default=CALIB_SAMPLES,
@@ -563,7 +598,11 @@ def main() -> None:
         path.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "rows": found}, indent=2))
         print(f"wrote {path}")
         return
-    measure_fn = headroom if args.headroom else measure
+    rows_wanted = tuple(EDGEKIT) if args.rows == "all" else tuple(GRID)
+
+    def measure_fn(*a):
+        return headroom(*a) if args.headroom else measure(*a, edgekit_rows=rows_wanted)
+
     logging.disable(logging.WARNING)  # ORT's quantizer logs every node at INFO
 
     wanted = args.models.split(",")
@@ -589,7 +628,7 @@ def main() -> None:
             proto = heavy_tailed_mlp()
             label, output = name, proto.graph.output[0].name
             if not args.headroom:  # the MLP's graph is not a decoder: the headroom analysis reads decoder MatMuls
-                rows += measure(label, proto, mlp_feeds(args.calib, 1), mlp_feeds(args.eval, 2), output, args.block)
+                rows += measure_fn(label, proto, mlp_feeds(args.calib, 1), mlp_feeds(args.eval, 2), output, args.block)
             continue
         else:
             raise SystemExit(f"unknown model {name!r}")
@@ -605,16 +644,18 @@ def main() -> None:
 
     print(
         f"\nINT4 block={args.block}: output relative L2 error vs FP32 on held-out feeds (lower is better); "
-        "ratio = error / ORT's best on that model; rtn ratio = error / ORT's RTN at the same symmetry"
+        "ratio = error / ORT's best on that model; rtn ratio = error / ORT's RTN at the same symmetry; "
+        "own rtn = error / edgekit's RTN at the same symmetry"
     )
-    print(f"{'model':<34} {'method':<52} {'rel L2':>8} {'ratio':>6} {'rtn r.':>6} {'quant s':>8}")
+    print(f"{'model':<34} {'method':<52} {'rel L2':>8} {'ratio':>6} {'rtn r.':>6} {'own r.':>6} {'quant s':>8}")
     for r in rows:
         if "rel_l2" not in r:
             print(f"{r['model'][:34]:<34} {r['method'][:52]:<52} {'n/a':>8}  {r.get('error', '')[:60]}")
             continue
         print(
             f"{r['model'][:34]:<34} {r['method'][:52]:<52} {r['rel_l2']:8.4f} {r['ratio_vs_ort_best']:6.3f} "
-            f"{r['ratio_vs_ort_rtn_same_symmetry'] or float('nan'):6.3f} {r['quantize_s']:8.2f}"
+            f"{r['ratio_vs_ort_rtn_same_symmetry'] or float('nan'):6.3f} "
+            f"{r.get('ratio_vs_edgekit_rtn_same_symmetry') or float('nan'):6.3f} {r['quantize_s']:8.2f}"
         )
     summary = {}
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -628,6 +669,16 @@ def main() -> None:
         fixed = s["ratio_vs_fixed_ort_gptq"]
         versus = f"   ({fixed:.3f} x ORT's GPTQ with its error feedback fixed)" if fixed else ""
         print(f"  {model:<40} {s['default']:.4f}  {s['ratio']:.3f} x {s['ort_best']}  {verdict}{versus}")
+    table, worse = grid(rows)
+    print("\nevery method at both symmetries (edgekit; sym / asym); a calibrated method must not be worse than rtn:")
+    print(f"  {'model':<40} " + " ".join(f"{m:>17}" for m in GRID_METHODS))
+    for model, cells in table.items():
+        row = [cells.get(m, {}) for m in GRID_METHODS]
+        shown = [" / ".join("  n/a " if c.get(s) is None else f"{c[s]:.4f}" for s in SYMMETRIES) for c in row]
+        print(f"  {model[:40]:<40} " + " ".join(f"{x:>17}" for x in shown))
+    for w in worse:
+        print(f"  WORSE THAN RTN: {w['model']}: {w['method']} {w['symmetry']} {w['rel_l2']} > rtn {w['rtn']}")
+    print("  every calibrated method <= rtn at the same symmetry on every model" if not worse else "")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(
@@ -637,6 +688,8 @@ def main() -> None:
                 "calibration": f"{args.calib} feeds x 32 tokens; eval {args.eval} held-out feeds",
                 "command": "python " + " ".join(sys.argv),
                 "summary": summary,
+                "grid": table,  # model -> method -> {"sym": error, "asym": error}
+                "grid_worse_than_rtn": worse,
                 "rows": rows,
             },
             indent=2,
