@@ -19,161 +19,44 @@ Why these pieces:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
-from edgekit.names import DECODER, VISION_ENCODER
 from edgekit.onnx_model import NodeNames
 
 from .base import GraphPass, PassChanges, PassContext
-from .calibration import capture_values, embedding_table, sample_feeds, vision_feeds
-from .config import PassConfig, param
+from .calibration import capture_values
 from .gptq import block_hessians, gptq_quantize, hessian
 from .hqq import hqq_quantize
+from .int4_config import (
+    AWQ_CHECK_MARGIN,
+    AWQ_MAX_TOKENS,
+    CALIB_SAMPLES,
+    DATA_METHODS,
+    GPTQ_METHODS,
+    GRAPHS,
+    HESSIAN_MAX_TOKENS,
+    METHODS,
+    RETARGET,
+    SHRINK_PER_CHANNEL_PER_TOKEN,
+    Int4Config,
+)
 from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
+from .int4_graph import (
+    calibration_feeds,
+    held_out,
+    new_initializer,
+    norm_weight,
+    quantize_other_weights,
+    release_weight,
+    subsample,
+)
 from .int4_sequential import InputFit, input_fit, matmul_waves, retarget_weight
-from .patterns import WeightMatMul, add_initializer, matches_any, remove_if_unused, require_weight_matmuls
+from .patterns import WeightMatMul, matches_any, remove_if_unused, require_weight_matmuls
 
-AWQ_MAX_TOKENS = 512  # tokens the alpha search multiplies through (the Hessians use up to HESSIAN_MAX_TOKENS)
-HESSIAN_MAX_TOKENS = 8192
-# awq-gptq drops an input's AWQ scale only when GPTQ's held-out error with it is this much higher: the held-out
-# quarter of the calibration tokens is small, and on the default model every ratio fell within 0.94-1.10
-AWQ_CHECK_MARGIN = 1.15
-# GPTQ fits H = X^T X from the calibration tokens; with few tokens per input channel it fits the calibration set's
-# own directions and rounds worse on new inputs. Shrinking H towards its diagonal by K / tokens times this (each
-# channel by its own energy, so outlier channels do not swamp the rest as a mean-diagonal damping would) moves
-# GPTQ towards RTN with the activation-weighted scale search as the estimate gets noisier.
-SHRINK_PER_CHANNEL_PER_TOKEN = 0.5
-# sequential GPTQ takes the isotropic gain of each input's least-squares target in full and this share of each
-# row's James-Stein-corrected rest (int4_sequential.retarget_weight); chosen on the tuning models the bench does not
-# score, at the default calibration budget (the lowest mean ratio to ORT's best of 0.5, 0.7, 0.85 and 1 at 128
-# feeds; level with 0.5 at 64: docs/passes-int4.md)
-RETARGET = 0.7
-# Generated calibration samples when none are given: the sample count of GPTQ's paper and the default of AutoAWQ
-# (max_calib_samples) and NNCF (subset_size). At 64 x 32 tokens the sequential target is noise-limited (the tuning
-# models' mean ratio to ORT's best 0.758 at 64, 0.737 at 128 with retarget 0.5, 0.722 with 0.7; for 1.1-1.6x the
-# pass's time: docs/passes-int4.md).
-CALIB_SAMPLES = 128
-METHODS = ("rtn", "hqq", "awq", "gptq", "awq-gptq")
-GPTQ_METHODS = ("gptq", "awq-gptq")
-DATA_METHODS = ("awq", "gptq", "awq-gptq")  # the ones that read calibration activations
-GRAPHS = {"decoder": DECODER, "vision": VISION_ENCODER}  # the `graphs` parameter's names for the files
-
-
-@dataclass
-class Int4Config(PassConfig):
-    block: int = param(32, choices=(16, 32, 64, 128), help="block size along K")
-    symmetric: bool | None = param(
-        None,
-        help="symmetric (no zero points; required for orin/x1) or asymmetric; unset: symmetric for orin/x1, and "
-        "for cpu per MatMul by held-out calibration error with gptq/awq-gptq (asymmetric with the others)",
-    )
-    method: str = param(
-        "awq-gptq",
-        choices=METHODS,
-        help="rtn: round to nearest; hqq: data-free l_p refinement of the scales; awq: activation-aware scaling "
-        "with an output-error clipping search; gptq: error-compensating rounding (Hessian of calibration "
-        "activations); awq-gptq (default): GPTQ, with AWQ's scaling for each input where it lowers the "
-        "error on held-out calibration tokens",
-    )
-    float_zeros: bool | None = param(
-        None,
-        help="asymmetric MatMuls: float zero points (MatMulNBits takes them, as ORT's HQQ writes them), with "
-        "GPTQ's block scales and offsets refitted by least squares; unset: on for cpu with gptq/awq-gptq",
-    )
-    sequential: bool | None = param(
-        None,
-        help="gptq/awq-gptq: quantize in topological waves, each fitted on its inputs from the model with the "
-        "earlier waves quantized, against the float model's outputs (GPTAQ; one calibration run per wave); "
-        "unset: on for gptq/awq-gptq",
-    )
-    retarget: float | None = param(
-        None,
-        min=0.0,
-        max=1.0,
-        help="sequential: the least-squares target W X X_q^T (X_q X_q^T)^-1 fits the float output from the "
-        "quantized inputs; its isotropic gain is always taken, and this share of each row's rest, scaled by its "
-        f"James-Stein factor against the calibration noise (0: the gain alone); unset: {RETARGET}",
-    )
-    code_sweeps: int = param(
-        1,
-        min=0,
-        max=10,
-        help="gptq: coordinate-descent sweeps over the codes after the sweep (each code one step where the "
-        "output error falls); 1 since sequential: 1-4 percent lower error on the LLaVA tuning decoders, level "
-        "on the default model's decoder (docs/passes-int4.md)",
-    )
-    target: str = param(
-        "cpu", choices=("cpu", "orin", "x1"), help="encoding: cpu=MatMulNBits, orin/x1=blocked DequantizeLinear INT4"
-    )
-    clip: int = param(
-        0, min=0, max=50, help="range-shrink search steps per block (0: none for rtn/hqq; the data methods use 10)"
-    )
-    scale_search: bool = param(
-        True,
-        help="symmetric: ORT's scale, abs-max/-8 with the abs-max's sign (positive-only for orin/x1), and with "
-        "calibration data also max/7 and max/7.5, chosen by output error (false: max/7 only, edgekit <= 0.9)",
-    )
-    refine: int = param(0, min=0, max=20, help="least-squares scale re-estimation steps after rounding (rtn/awq)")
-    awq_check: bool = param(
-        True,
-        help="awq-gptq: drop AWQ's scale for an input where GPTQ's held-out calibration error is clearly higher",
-    )
-    damp: float = param(0.01, min=0.0, max=10.0, help="gptq: damping, as a fraction of the Hessian's mean diagonal")
-    shrink: float | None = param(
-        None,
-        min=0.0,
-        max=100.0,
-        help="gptq: add this fraction of each channel's own Hessian diagonal; unset: "
-        f"{SHRINK_PER_CHANNEL_PER_TOKEN} x K / calibration tokens (more when the calibration set is small)",
-    )
-    accuracy_level: int = param(0, choices=(0, 1, 2, 3, 4), help="MatMulNBits accuracy_level (cpu only)")
-    mixed: int = param(0, min=0, max=1000, help="keep the N most sensitive MatMuls at keep_bits")
-    keep: list[str] = param([], help="module-name patterns always kept at keep_bits (e.g. lm_head)")
-    keep_bits: int = param(8, choices=(8, 32), help="precision of kept MatMuls (8 or 32 = float)")
-    exclude: list[str] = param([], help="module-name patterns left untouched")
-    calib: int = param(
-        CALIB_SAMPLES,
-        min=1,
-        max=4096,
-        help="calibration samples generated when none are given (GPTQ wants tokens >> K; 128 as GPTQ, AutoAWQ, NNCF)",
-    )
-    seq: int = param(32, min=1, max=4096, help="tokens per generated calibration sample")
-    awq_grid: int = param(10, min=1, max=100, help="alpha grid points in [0, 1] for awq")
-    graphs: list[str] = param(
-        ["decoder"], choices=tuple(GRAPHS), help="graphs whose weight MatMuls are quantized (decoder;vision)"
-    )
-    fit_block: bool = param(
-        False,
-        help="use the largest block <= block that divides each K (e.g. 128 where K "
-        "allows, 64 for K=192) instead of refusing a K it does not divide",
-    )
-    other_bits: int = param(
-        0,
-        choices=(0, 4, 8),
-        help="also store other large float weights (a patch Conv, a position table) at these "
-        "bits as blocked DequantizeLinear; 0 leaves them float",
-    )
-
-    def validate(self, where: str) -> None:
-        if self.target in ("orin", "x1") and self.symmetric is False:
-            raise ConfigError(
-                f"{where}.symmetric: target {self.target} takes symmetric INT4 only (TensorRT 10 refuses zero points)"
-            )
-        if not self.graphs:
-            raise ConfigError(f"{where}.graphs: name at least one of {', '.join(GRAPHS)}")
-        if self.target in ("orin", "x1") and self.float_zeros:
-            raise ConfigError(f"{where}.float_zeros: target {self.target} takes no zero points (symmetric INT4 only)")
-        if self.sequential and self.method not in GPTQ_METHODS:
-            raise ConfigError(f"{where}.sequential: only gptq and awq-gptq quantize sequentially")
-        if self.retarget is not None and (self.sequential is False or self.method not in GPTQ_METHODS):
-            raise ConfigError(f"{where}.retarget: only sequential gptq / awq-gptq retarget (it would be ignored here)")
-        if self.method == "hqq" and self.float_zeros:
-            raise ConfigError(f"{where}.float_zeros: method hqq keeps integer zero points; use gptq, awq or rtn")
+__all__ = ["CALIB_SAMPLES", "METHODS", "RETARGET", "Int4Config", "Int4Pass", "quantize_other_weights"]
 
 
 class Int4Pass(GraphPass):
@@ -246,10 +129,10 @@ class Int4Pass(GraphPass):
         acts: dict[str, np.ndarray] = {}
         feeds: list[dict[str, np.ndarray]] = []
         if needs_data:
-            feeds = ctx.feeds() or _calibration_feeds(model, ctx, cfg)
+            feeds = ctx.feeds() or calibration_feeds(model, ctx, cfg)
             names = sorted({m.activation.name for m in mms})
             acts = {
-                k: _subsample(v, ctx.seed, HESSIAN_MAX_TOKENS) for k, v in capture_values(model, names, feeds).items()
+                k: subsample(v, ctx.seed, HESSIAN_MAX_TOKENS) for k, v in capture_values(model, names, feeds).items()
             }
 
         # cpu with `symmetric` unset and a GPTQ method: each MatMul takes the symmetry with the lower held-out
@@ -276,7 +159,7 @@ class Int4Pass(GraphPass):
                 if ratio >= AWQ_CHECK_MARGIN:
                     awq_dropped.append(act_name)
                     del scales[act_name]
-        # Weights are read per MatMul when quantized and released after (see `_release`), never all at once:
+        # Weights are read per MatMul when quantized and released after (see `release_weight`), never all at once:
         # with external data this keeps the pass at about one float weight in memory, whatever the model size.
         act_of = {id(m): m.activation.name for m in mms}  # fixed now: applying scales re-points activations
         clip = cfg.clip or (10 if cfg.method in DATA_METHODS else 0)
@@ -345,14 +228,14 @@ class Int4Pass(GraphPass):
             if sequential and index > 0:  # wave 0's inputs depend on no weight MatMul: the float ones
                 wanted = sorted({m.activation.name for m in wave})  # as the graph now feeds them
                 got = capture_values(model, wanted, feeds)
-                live = {k: _subsample(v, ctx.seed, HESSIAN_MAX_TOKENS) for k, v in got.items()}
+                live = {k: subsample(v, ctx.seed, HESSIAN_MAX_TOKENS) for k, v in got.items()}
                 fits.clear()
             for m in wave:
                 transpose = m.transpose
                 if m.name in kept and cfg.keep_bits == 32:
                     s = scales.get(act_of[id(m)])
                     kn = m.kn() if s is None else m.kn() * s[:, None]
-                    value = _new_initializer(model.graph, kn, f"{m.name}.weight_kn")
+                    value = new_initializer(model.graph, kn, f"{m.name}.weight_kn")
                     m.node.replace_input_with(1, value)
                     counts["fp32"] += 1
                 else:
@@ -368,7 +251,7 @@ class Int4Pass(GraphPass):
                 if m.weight.is_initializer() and not m.weight.uses():
                     model.graph.initializers.pop(m.weight.name, None)
                 if not m.weight.uses():  # replaced (remove_if_unused may already have dropped the initializer)
-                    _release(m.weight)
+                    release_weight(m.weight)
         others = quantize_other_weights(model, cfg.other_bits, cfg.block, changes, node_names) if cfg.other_bits else []
         changes.notes = {
             "other_weights": others,
@@ -415,7 +298,7 @@ class Int4Pass(GraphPass):
             groups[m.activation.name].append(m)
         out = {}
         for act_name, members in groups.items():
-            x = _subsample(acts[act_name], seed, AWQ_MAX_TOKENS)
+            x = subsample(acts[act_name], seed, AWQ_MAX_TOKENS)
             mean_abs = np.abs(x).mean(0)
             live = mean_abs > 0  # the rest were never seen: left unscaled
             if not live.any():
@@ -450,7 +333,7 @@ class Int4Pass(GraphPass):
         """Output error of GPTQ of this input's MatMuls with AWQ's scale over that without, fitted on three
         quarters of the calibration tokens and measured on the rest. Why: the scale is chosen on RTN's
         error, and GPTQ, which already compensates along the input channels, sometimes does better without."""
-        fit, val = _held_out(x, seed)
+        fit, val = held_out(x, seed)
         if val.shape[0] == 0:
             return 0.0
         h = hessian(fit)
@@ -476,7 +359,7 @@ class Int4Pass(GraphPass):
         """Whether symmetric GPTQ of `w` (N, K) has no higher output error than asymmetric, fitted on three
         quarters of the calibration tokens `x` and measured on the rest. Why per MatMul: a zero point pays where a
         block's weights are skewed, and costs a step where they are not; the bench's models disagree on which."""
-        fit, val = _held_out(x, seed + 1)
+        fit, val = held_out(x, seed + 1)
         if val.shape[0] == 0:
             return False
         h = hessian(fit)
@@ -540,13 +423,13 @@ class Int4Pass(GraphPass):
             members = [m for m in mms if m.activation.name == act_name]
             act = members[0].activation
             producer = act.producer()
-            gamma = _norm_weight(producer, act, s.shape[0])
+            gamma = norm_weight(producer, act, s.shape[0])
             if gamma is not None:
                 gamma.const_value = ir.Tensor((gamma.const_value.numpy() / s).astype(np.float32), name=gamma.name)
                 changes.initializers_touched.append(gamma.name)
                 folded += 1
                 continue
-            inv = _new_initializer(model.graph, (1.0 / s).astype(np.float32), f"{members[0].name}.awq_inv_scale")
+            inv = new_initializer(model.graph, (1.0 / s).astype(np.float32), f"{members[0].name}.awq_inv_scale")
             mul = ir.node("Mul", [act, inv], name=node_names.take(f"{members[0].name}_awq_scale"))
             mul.outputs[0].name = f"{inv.name}_out"
             if act.dtype is not None:
@@ -556,113 +439,3 @@ class Int4Pass(GraphPass):
                 m.node.replace_input_with(0, mul.outputs[0])
             changes.nodes_added += 1
         return folded
-
-
-OTHER_MIN_ELEMENTS = 4096  # below this a float tensor (a norm, a bias) costs less than its DequantizeLinear node
-
-
-def quantize_other_weights(
-    model: ir.Model, bits: int, block: int, changes: PassChanges, node_names: NodeNames | None = None
-) -> list[str]:
-    """Float initializers of >= OTHER_MIN_ELEMENTS that are not MatMul weights or Gather tables (a patch Conv's
-    kernel, an added position table) -> symmetric blocked DequantizeLinear along their flattened trailing axes,
-    reshaped back when they are not 2-D. Why: with the MatMuls at 4 bits these few float tensors are a visible
-    share of a small encoder. Consumers see the same shape and dtype."""
-    done = []
-    node_names = node_names or NodeNames(model.graph)
-    for value in list(model.graph.initializers.values()):
-        arr = value.const_value.numpy() if value.const_value is not None else None
-        if (
-            arr is None
-            or value.dtype != ir.DataType.FLOAT
-            or arr.ndim < 2
-            or arr.size < OTHER_MIN_ELEMENTS
-            or not value.uses()
-            or any(u.node.op_type in ("MatMul", "Gather", "Transpose") for u in value.uses())
-        ):
-            continue
-        flat = arr.reshape(arr.shape[0], -1).astype(np.float32)
-        b = int(np.gcd(block, flat.shape[1]))
-        qw = quantize_blocks(flat, b, bits=bits, symmetric=True, name=value.name)
-        signed = (qw.q.astype(np.int16) - 2 ** (bits - 1)).astype(ml_dtypes.int4 if bits == 4 else np.int8)
-        dq = ir.node(
-            "DequantizeLinear",
-            [
-                add_initializer(model.graph, signed, f"{value.name}.q{bits}"),
-                add_initializer(model.graph, qw.scales, f"{value.name}.scales"),
-            ],
-            {"axis": 1, "block_size": b},
-            name=node_names.take(f"{value.name}_DequantizeLinear"),
-        )
-        out, nodes = dq.outputs[0], [dq]
-        out.name, out.dtype, out.shape = f"{value.name}_dq", ir.DataType.FLOAT, ir.Shape(list(flat.shape))
-        if arr.ndim != 2:
-            shape = add_initializer(model.graph, np.asarray(arr.shape, np.int64), f"{value.name}.shape")
-            reshape = ir.node("Reshape", [out, shape], name=node_names.take(f"{value.name}_Reshape"))
-            out = reshape.outputs[0]
-            out.name, out.dtype, out.shape = f"{value.name}_dqr", ir.DataType.FLOAT, ir.Shape(list(arr.shape))
-            nodes.append(reshape)
-        first = min((u.node for u in value.uses()), key=lambda n: list(model.graph).index(n))
-        for node in nodes:
-            model.graph.insert_before(first, node)
-        value.replace_all_uses_with(out)
-        model.graph.initializers.pop(value.name, None)
-        changes.nodes_added += len(nodes)
-        changes.initializers_touched.append(value.name)
-        done.append(value.name)
-    return done
-
-
-def _calibration_feeds(model: ir.Model, ctx: PassContext, cfg: Int4Config) -> list[dict[str, np.ndarray]]:
-    """Decoder: token-embedding rows as inputs. Vision encoder: the model family's preprocessed calibration
-    studies (`calibration.vision_feeds`), falling back to the graph's signature when their shape does not fit."""
-    if ctx.graph == VISION_ENCODER:
-        feeds = vision_feeds(model, cfg.calib, seed=ctx.seed)
-        if feeds:
-            return feeds
-    return sample_feeds(model, cfg.calib, seq=cfg.seq, seed=ctx.seed, embeddings=embedding_table(ctx.model_dir))
-
-
-def _release(weight: ir.Value) -> None:
-    """Unmap a replaced external weight now, so its pages leave the process instead of piling up."""
-    release = getattr(weight.const_value, "release", None)
-    if release is not None:
-        try:
-            release()
-        except BufferError:  # a numpy view is still alive somewhere: the mapping goes with it later
-            pass
-
-
-def _norm_weight(producer: ir.Node | None, act: ir.Value, k: int) -> ir.Value | None:
-    """The 1-D weight initializer of a `Mul(normed, weight)` producing `act`, if nothing else reads either."""
-    if producer is None or producer.op_type != "Mul" or act.is_graph_output():
-        return None
-    for v in producer.inputs:
-        if (
-            v is not None
-            and v.is_initializer()
-            and v.const_value is not None
-            and v.shape is not None
-            and list(v.shape) == [k]
-            and len(v.uses()) == 1
-        ):
-            return v
-    return None
-
-
-def _new_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
-    return add_initializer(graph, np.ascontiguousarray(array, dtype=np.float32), name)
-
-
-def _held_out(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Three quarters of the tokens `x` (drawn by `seed`) to fit on, the rest to measure on."""
-    order = np.random.default_rng(seed).permutation(x.shape[0])
-    cut = max(1, (3 * x.shape[0]) // 4)
-    return x[order[:cut]], x[order[cut:]]
-
-
-def _subsample(x: np.ndarray, seed: int, limit: int) -> np.ndarray:
-    if x.shape[0] <= limit:
-        return x
-    idx = np.random.default_rng(seed).choice(x.shape[0], limit, replace=False)
-    return x[np.sort(idx)]
