@@ -309,7 +309,11 @@ def main() -> None:
         "threads": 1,
         "workers": {"daemon": 8, "threads": 8, "serial": 1},
         "max_batch": {"daemon": 8, "threads": 8, "serial": 1},
-        "ingest": {"daemon": "worker processes (the default)", "threads": "the daemon's threads", "serial": "worker"},
+        "ingest": {
+            "daemon": "worker processes (the default)",
+            "threads": "the daemon's threads",
+            "serial": "worker processes",
+        },
         "rows": rows,
         "scaling": {
             "daemon_rps_c8_over_c1": rows["daemon c=8"]["throughput_rps"] / rows["daemon c=1"]["throughput_rps"],
