@@ -16,9 +16,9 @@ import json
 import sys
 from pathlib import Path
 
+from edgekit.model_description import QWEN2_7B
 from edgekit.targets.x1.costmodel import Workload, estimate_decode
 from edgekit.targets.x1.machine import Machine, load_machine
-from edgekit.targets.x1.model_configs import QWEN2_7B
 
 SEED_X1 = {"ms_per_token": 5.2, "j_per_token": 0.21}  # seed-figures.md: X1, INT4 + sparsity
 SEED_A100_FP16 = {"ms_per_token": 18.7, "j_per_token": 0.89}  # seed-figures.md: A100 FP16

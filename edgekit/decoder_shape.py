@@ -2,7 +2,7 @@
 
 Why one module: the X1 and Orin cost models budget the same decoders (RMSNorm, RoPE, GQA, SwiGLU MLP) before any
 weights exist, and count their matmul weights the same way; each used to carry its own copy of these fields, their
-checks and that count. Orin's shape adds a vision encoder on top (`targets/orin/estimate/model.py`).
+checks and that count. `edgekit.model_description.ModelDescription` adds the vision tower and the position scheme.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from edgekit.errors import ConfigError
+from edgekit.model_description import QWEN2_7B, SMOLLM2_135M, describe
 from edgekit.targets.x1.costmodel import Workload, estimate_decode, kv_placement
 from edgekit.targets.x1.machine import Machine, load_machine
-from edgekit.targets.x1.model_configs import QWEN2_7B, SMOLLM2_135M, radreport_tiny, resolve
 
 
 @pytest.fixture(scope="module")
@@ -126,13 +126,13 @@ def test_weights_beyond_near_memory_stream_from_dram(machine):
 
 
 def test_small_models_and_tables(machine):
-    tiny = estimate_decode(radreport_tiny(), machine, Workload("int4", 0.0, 128))
+    tiny = estimate_decode(describe("radreport-tiny"), machine, Workload("int4", 0.0, 128))
     smol = estimate_decode(SMOLLM2_135M, machine, Workload("int4", 0.0, 1024))
     assert 0 < tiny.time_s < smol.time_s < estimate_decode(QWEN2_7B, machine, Workload()).time_s
     rows = tiny.by_kind()
     assert sum(r["time_pct"] for r in rows) == pytest.approx(100)
     assert {r["bound"] for r in rows} <= {"memory", "compute", "dispatch"}
-    assert len(tiny.per_layer()) == radreport_tiny().layers + 1
+    assert len(tiny.per_layer()) == describe("radreport-tiny").layers + 1
     json.dumps(tiny.to_dict())  # JSON-ready
 
 
@@ -151,7 +151,7 @@ def test_bad_workload_is_refused_by_name(kwargs, field):
 
 
 def test_model_shapes_resolve_and_bad_ones_are_refused(tmp_path):
-    assert resolve("qwen2-7b").linear_params() == pytest.approx(7.07e9, rel=0.01)
+    assert describe("qwen2-7b").linear_params() == pytest.approx(7.07e9, rel=0.01)
     hf = tmp_path / "config.json"
     hf.write_text(
         json.dumps(
@@ -166,12 +166,12 @@ def test_model_shapes_resolve_and_bad_ones_are_refused(tmp_path):
             }
         )
     )
-    assert dataclasses.replace(resolve(str(tmp_path)), name="smollm2-135m") == SMOLLM2_135M
+    assert dataclasses.replace(describe(str(tmp_path)), name="smollm2-135m") == SMOLLM2_135M
     hf.write_text(json.dumps({"hidden_size": 576}))
     with pytest.raises(ConfigError, match="num_hidden_layers"):
-        resolve(str(hf))
+        describe(str(hf))
     with pytest.raises(ConfigError, match="unknown model"):
-        resolve("llama-999b")
+        describe("llama-999b")
     with pytest.raises(ConfigError, match="kv_heads"):
         dataclasses.replace(QWEN2_7B, kv_heads=5)
 

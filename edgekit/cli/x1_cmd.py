@@ -53,11 +53,11 @@ def estimate(
     as_json: JsonOption = False,
 ) -> None:
     """Per-token decode latency and energy from the analytic cost model, by op type, with the bound type."""
+    from edgekit.model_description import describe
     from edgekit.targets.x1.costmodel import Workload, estimate_decode
     from edgekit.targets.x1.machine import load_machine
-    from edgekit.targets.x1.model_configs import resolve
 
-    shape = resolve(model or "radreport-tiny")
+    shape = describe(model or "radreport-tiny")
     mach = load_machine(machine)
     result = estimate_decode(shape, mach, Workload(weights=weights, head_sparsity=head_sparsity, context=context))
     if as_json:

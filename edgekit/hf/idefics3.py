@@ -17,6 +17,7 @@ Written from transformers' `Idefics3Connector` (pixel_shuffle by `scale_factor`,
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection
 from pathlib import Path
@@ -25,12 +26,16 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from edgekit import names
 from edgekit.errors import ConfigError
 from edgekit.export.blocks import layer_norm, linear
 from edgekit.export.irbuilder import GraphBuilder
 
 from .checkpoint import find_prefix
+from .config import language_model_spec
+from .tower_family import TowerFamily
 from .vision_tower import VisionTowerSpec, tower_spec
+from .vlm_spec import VlmSpec
 
 TOWER_PREFIXES = ("model.vision_model.", "vision_model.")
 CONNECTOR_PREFIXES = ("model.connector.", "connector.")
@@ -159,3 +164,102 @@ def split_span_text(tiles: int, seq_len: int) -> str:
             text += f"{FAKE_TOKEN}<row_{r + 1}_col_{c + 1}>" + IMAGE_TOKEN * seq_len
         text += "\n"
     return text + f"\n{FAKE_TOKEN}{GLOBAL_TOKEN}" + IMAGE_TOKEN * seq_len + FAKE_TOKEN
+
+
+def split_span(model_dir: Path, tiles: int, seq_len: int, image_token: int) -> tuple[int, ...]:
+    """The split image's span as the processor's tokenizer gives it: the processor writes the span's text into
+    the prompt and tokenizes it whole; the span opens and closes with a special token, so it tokenizes alone as
+    it does in place (newlines included, however the tokenizer merges them)."""
+    from tokenizers import Tokenizer
+
+    path = model_dir / names.WEIGHT_FILES["tokenizer"]
+    if not path.is_file():
+        raise ConfigError("image splitting needs tokenizer.json: the split span is the tokenizer's", model_dir)
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises its own exception type for a foreign file
+        raise ConfigError(f"not a tokenizers tokenizer.json ({type(exc).__name__})", path) from None
+    ids = tuple(tokenizer.encode(split_span_text(tiles, seq_len), add_special_tokens=False).ids)
+    runs, run = [], 0
+    for t in (*ids, None):
+        if t == image_token:
+            run += 1
+        elif run:
+            runs, run = [*runs, run], 0
+    if runs != [seq_len] * (tiles * tiles + 1):
+        raise ConfigError(
+            f"the tokenizer does not give image_token_id {image_token} for each of the processor's "
+            f"{tiles * tiles + 1} x {seq_len} {IMAGE_TOKEN} tokens",
+            path,
+        )
+    return ids
+
+
+def special_id(model_dir: Path, token: str) -> int | None:
+    """A special token's id from tokenizer.json's added tokens (None when the tokenizer does not have it)."""
+    path = model_dir / names.WEIGHT_FILES["tokenizer"]
+    if not path.is_file():
+        return None
+    try:
+        added = json.loads(path.read_text()).get("added_tokens", [])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError("not valid JSON", path) from None
+    return next((int(t["id"]) for t in added if t.get("content") == token), None)
+
+
+class Idefics3(TowerFamily):
+    """A SigLIP tower through its post-norm, the pixel-shuffle connector, the processor's wrapper tokens."""
+
+    name = "idefics3"
+    fallback_template = "<|im_start|>User:<image>{prompt}<end_of_utterance>\nAssistant:"
+
+    def fields(self, cfg, model_dir, names_, pre, text, image_token):
+        where = model_dir / "config.json"
+        pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+        tower = tower_of(cfg, names_, where)
+        if not np.array_equal(position_ids(tower), np.arange(tower.num_patches)):
+            raise ConfigError("the vision tower's patch position ids are not the identity for a full image", where)
+        fake, glob = (special_id(model_dir, t) for t in (FAKE_TOKEN, GLOBAL_TOKEN))
+        sf = scale_factor(cfg, tower, where)
+        tiles = split_tiles(pre, tower, pre_path)
+        return dict(
+            tower=tower,
+            tower_layers=tower.layers,
+            connector_prefix=connector_prefix(names_, where),
+            decoder=language_model_spec(text, model_dir, names_, LM_PREFIXES)[0],
+            scale_factor=sf,
+            span_before=tuple(t for t in (fake, glob) if t is not None),
+            span_after=(fake,) if fake is not None else (),
+            tiles=tiles,
+            split_span=split_span(model_dir, tiles, tower.num_patches // sf**2, image_token) if tiles else (),
+        )
+
+    def connector_shapes(self, spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        t = spec.tower
+        final = f"{t.name('final')}"
+        return {
+            f"{final}.weight": (t.hidden,),
+            f"{final}.bias": (t.hidden,),
+            **connector_shapes(spec.connector_prefix, t, spec.scale_factor, spec.decoder.hidden),
+        }
+
+    def project(self, b: GraphBuilder, states: list[ir.Value], spec: VlmSpec) -> ir.Value:
+        return pixel_shuffle_project(b, tower_output(b, states, spec), spec)
+
+    def processor_record(self, spec: VlmSpec, hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        if not spec.tiles:
+            return hf, {}
+        splitting = {  # the graph cuts the frame as the processor does
+            "rows": spec.tiles,
+            "cols": spec.tiles,
+            "tile_size": spec.tower.image_size,
+            "global_image": f"the frame averaged over {spec.tiles}x{spec.tiles} blocks in {names.VISION_ENCODER} "
+            "(BOX at an integer factor; the processor's own resample is in hf_image_processor)",
+        }
+        return hf, {"image_splitting": splitting}
+
+    def pooling(self, cfg: dict[str, Any]) -> int:
+        return int(cfg.get("scale_factor") or 1)
+
+
+FAMILY = Idefics3()

@@ -8,10 +8,12 @@ Written from transformers' `LlavaModel.get_image_features` and `LlavaMultiModalP
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
@@ -19,7 +21,10 @@ from edgekit.export.blocks import gelu, linear
 from edgekit.export.irbuilder import GraphBuilder, scope_of
 
 from .checkpoint import find_prefix
+from .config import language_model_spec
+from .tower_family import TowerFamily
 from .vision_tower import VisionTowerSpec, tower_spec
+from .vlm_spec import VlmSpec
 
 TOWERS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
 TOWER_PREFIXES = (
@@ -34,6 +39,7 @@ LM_PREFIXES = (  # (decoder module prefix, lm_head module)
     ("language_model.model.", "language_model.lm_head"),
     ("model.language_model.", "lm_head"),
 )
+NEWLINE_MODULE = "model.image_newline"  # LLaVA-NeXT's image_newline parameter under transformers 5's module name
 
 
 def tower_of(cfg: dict[str, Any], names: Collection[str], where: Path) -> VisionTowerSpec:
@@ -99,3 +105,78 @@ def select_and_project(b: GraphBuilder, states: list[ir.Value], spec) -> ir.Valu
     y = linear(b, x, f"{p}linear_1", bias=spec.connector_bias)
     y = gelu(b, y, scope_of(p.rstrip(".")), approximate=spec.connector_act)
     return linear(b, y, f"{p}linear_2", bias=spec.connector_bias)
+
+
+LLAVA_MODULES = {"tower": "model.vision_tower.", "connector": "model.multi_modal_projector."}
+LLAVA_LM, LLAVA_HEAD = "model.language_model.", "lm_head"
+
+
+def module_names(spec: VlmSpec) -> VlmSpec:
+    """LLaVA's graph under transformers 5's module names (`model.language_model.layers.0...`,
+    `model.vision_tower...`, `lm_head`), whichever layout its checkpoint was saved in (transformers 4 and 5 both
+    write `language_model.model.*` / `vision_tower.*` to disk)."""
+    d = spec.decoder
+    lm = d.layer_prefix[: -len("layers")]
+    pairs = [
+        (spec.tower.prefix, LLAVA_MODULES["tower"]),
+        (spec.connector_prefix, LLAVA_MODULES["connector"]),
+        (lm, LLAVA_LM),
+    ]
+    if not d.lm_head.startswith(lm):  # untied: its own module
+        pairs.append((d.lm_head, LLAVA_HEAD))
+    if spec.newline:  # llava_next's image_newline parameter
+        pairs.append((spec.newline, NEWLINE_MODULE))
+    renames = tuple((c, m) for c, m in pairs if c != m)
+    named = dataclasses.replace(spec, renames=renames)
+    return dataclasses.replace(
+        named,
+        tower=dataclasses.replace(spec.tower, prefix=LLAVA_MODULES["tower"]),
+        connector_prefix=LLAVA_MODULES["connector"],
+        decoder=dataclasses.replace(
+            d,
+            layer_prefix=named.to_module(d.layer_prefix),
+            embed_tokens=named.to_module(d.embed_tokens),
+            final_norm=named.to_module(d.final_norm),
+            lm_head=named.to_module(d.lm_head),
+        ),
+    )
+
+
+class Llava(TowerFamily):
+    name = "llava"
+    fallback_template = "USER: <image>\n{prompt} ASSISTANT:"
+
+    def fields(self, cfg, model_dir, names_, pre, text, image_token):
+        where = model_dir / "config.json"
+        tower = tower_of(cfg, names_, where)
+        layers = feature_layers(cfg, tower, where)
+        return dict(
+            tower=tower,
+            tower_layers=max(layers),
+            connector_prefix=projector_prefix(names_, where),
+            decoder=language_model_spec(text, model_dir, names_, LM_PREFIXES)[0],
+            feature_layers=layers,
+            drop_first=select_strategy(cfg, where),
+            connector_bias=bool(cfg.get("multimodal_projector_bias", True)),
+            connector_act=projector_act(cfg, where),
+        )
+
+    def finish(self, spec: VlmSpec, where: Path) -> VlmSpec:
+        return module_names(spec)
+
+    def image_tokens(self, spec: VlmSpec) -> int:
+        return spec.tower.num_tokens - (1 if spec.drop_first else 0)
+
+    def connector_shapes(self, spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        in_dim = spec.tower.hidden * len(spec.feature_layers)
+        return projector_shapes(spec.connector_prefix, in_dim, spec.decoder.hidden, spec.connector_bias)
+
+    def project(self, b: GraphBuilder, states: list[ir.Value], spec: VlmSpec) -> ir.Value:
+        return select_and_project(b, states, spec)
+
+    def hf_pixel_values(self, spec: VlmSpec, gray: np.ndarray) -> np.ndarray:
+        """LLaVA's processor gives one image as (1, C, S, S)."""
+        return super().hf_pixel_values(spec, gray)[0]
+
+
+FAMILY = Llava()

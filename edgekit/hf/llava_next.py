@@ -20,17 +20,21 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
+from edgekit import names
 from edgekit.errors import ConfigError
 from edgekit.export.irbuilder import GraphBuilder
 
+from .llava import NEWLINE_MODULE, Llava
+from .tower_family import TowerFamily
 from .vision_tower import VisionTowerSpec
+from .vlm_spec import VlmSpec
 
 # LlavaNextConfig's default pinpoints (llava-v1.6's), used where config.json does not say
 DEFAULT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
 NEWLINE_NAMES = ("image_newline", "model.image_newline")  # transformers 4/5 on disk; transformers 5's module
-NEWLINE_MODULE = "model.image_newline"
 
 
 def pinpoints(cfg: dict[str, Any], where: Path) -> tuple[tuple[int, int], ...]:
@@ -155,3 +159,53 @@ def pack(b: GraphBuilder, y: ir.Value, spec) -> ir.Value:
     grid = b.op(scope, "Concat", [grid, b.op(scope, "Expand", [newline, shape])], {"axis": 2})
     grid = b.op(scope, "Reshape", [grid, b.const([-1, r * p * (r * p + 1), h])])
     return b.op(scope, "Concat", [base, grid], {"axis": 1})
+
+
+class LlavaNext(Llava):
+    """LLaVA's tower and projector, the frame cut into the anyres grid, the features packed with newlines."""
+
+    name = "llava_next"
+    clip_defaults = True
+    hf_pixel_values = TowerFamily.hf_pixel_values  # the crops and the base image, (1, r*r + 1, C, M, M)
+
+    def fields(self, cfg, model_dir, names_, pre, text, image_token):
+        own = super().fields(cfg, model_dir, names_, pre, text, image_token)
+        where, pre_path = model_dir / "config.json", model_dir / names.WEIGHT_FILES["preprocessor_config"]
+        return {
+            **own,
+            "tiles": grid_side(cfg, pre, own["tower"], where, pre_path),
+            "newline": newline_name(names_, where),
+            "whole_image_first": True,  # the base image before the crops
+        }
+
+    def finish(self, spec: VlmSpec, where: Path) -> VlmSpec:
+        check_tokens(spec, where)
+        return super().finish(spec, where)
+
+    def image_tokens(self, spec: VlmSpec) -> int:
+        return num_image_tokens(spec)
+
+    def connector_shapes(self, spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        return {**super().connector_shapes(spec, cfg), NEWLINE_MODULE: (spec.decoder.hidden,)}
+
+    def project(self, b: GraphBuilder, states: list[ir.Value], spec: VlmSpec) -> ir.Value:
+        return pack(b, super().project(b, states, spec), spec)
+
+    def hf_image_inputs(self, spec: VlmSpec, gray: np.ndarray) -> dict[str, Any]:
+        import torch
+
+        return {**super().hf_image_inputs(spec, gray), "image_sizes": torch.tensor([list(gray.shape)])}
+
+    def processor_record(self, spec: VlmSpec, hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        anyres = {  # the graph cuts the frame as the processor's anyres does
+            "grid_pinpoint": [spec.image_size, spec.image_size],
+            "rows": spec.tiles,
+            "cols": spec.tiles,
+            "crop_size": spec.tower.image_size,
+            "base_image": f"the frame averaged over {spec.tiles}x{spec.tiles} blocks in {names.VISION_ENCODER} "
+            "(BOX at an integer factor; the processor's own resample is in hf_image_processor)",
+        }
+        return hf, {"anyres": anyres}
+
+
+FAMILY = LlavaNext()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .frame_split import split_frame_np
-from .vlm import VlmSpec
+from .family import family_named, family_of
+from .spec_base import VlmSpecBase
 
 NOT_MEASURED = {
     "measured": False,
@@ -22,46 +22,26 @@ NOT_MEASURED = {
 }
 
 
-def hf_pixel_values(spec: VlmSpec, gray: np.ndarray) -> np.ndarray:
-    """(S, S) in [0, 1] -> transformers' pixel_values for one image (llava: (1, C, S, S); idefics3: (1, 1, C, S, S);
-    split (idefics3 tiles, llava_next anyres): (1, r*r + 1, C, M, M), the crops and the whole image as the vision
-    graph cuts them, `edgekit.hf.frame_split`)."""
-    if spec.family == "qwen2_vl":
-        from .qwen2_vl_processor import hf_pixel_values as qwen2_vl_pixels
-
-        return qwen2_vl_pixels(spec, gray)
-    c = spec.tower.channels
-    mean = np.asarray(spec.image_mean, np.float32)[:, None, None]
-    std = np.asarray(spec.image_std, np.float32)[:, None, None]
-    if spec.tiles:
-        images = split_frame_np(gray, spec.tiles, spec.tower.image_size, spec.whole_image_first)
-        return ((np.repeat(images[:, None], c, axis=1) - mean) / std)[None].astype(np.float32)
-    x = ((np.repeat(gray[None], c, axis=0) - mean) / std)[None].astype(np.float32)
-    return x if spec.family == "llava" else x[None]
+def hf_pixel_values(spec: VlmSpecBase, gray: np.ndarray) -> np.ndarray:
+    """(S, S) in [0, 1] -> transformers' pixel_values for one image, as the family's processor writes them."""
+    return family_named(spec.family).hf_pixel_values(spec, gray)
 
 
-def hf_image_inputs(spec: VlmSpec, gray: np.ndarray) -> dict:
-    """The image keyword arguments transformers' model takes for one frame (llava_next also its `image_sizes`)."""
-    import torch
-
-    out = {"pixel_values": torch.tensor(hf_pixel_values(spec, gray))}
-    if spec.family == "llava_next":
-        out["image_sizes"] = torch.tensor([list(gray.shape)])
-    if spec.family == "qwen2_vl":  # the processor's grid, and its token types (M-RoPE reads them)
-        out["image_grid_thw"] = torch.tensor([[1, spec.tower.grid, spec.tower.grid]])
-    return out
+def hf_image_inputs(spec: VlmSpecBase, gray: np.ndarray) -> dict:
+    """The image keyword arguments transformers' model takes for one frame, as the family's processor gives them
+    (`edgekit.hf.family`: pixel values, LLaVA-NeXT's `image_sizes`, Qwen2-VL's `image_grid_thw`)."""
+    return family_named(spec.family).hf_image_inputs(spec, gray)
 
 
 def hf_token_inputs(spec, ids) -> dict:
-    """What else transformers' model takes with `input_ids`: Qwen2-VL's `mm_token_type_ids` (1 on the image's
-    tokens), which its `get_rope_index` needs to place the M-RoPE positions."""
-    if getattr(spec, "family", None) != "qwen2_vl":  # None: a decoder alone (fine-tuning's text-only spec)
-        return {}
-    return {"mm_token_type_ids": (ids == spec.image_token_id).int()}
+    """What else transformers' model takes with `input_ids` (Qwen2-VL's `mm_token_type_ids`); none for a spec
+    without a family (a decoder alone, fine-tuning's text-only spec)."""
+    family = family_of(spec)
+    return family.hf_token_inputs(spec, ids) if family else {}
 
 
 def compare(
-    model, backend, spec: VlmSpec, gray: np.ndarray, text_ids: list[int], new_tokens: int, slot: int = 0
+    model, backend, spec: VlmSpecBase, gray: np.ndarray, text_ids: list[int], new_tokens: int, slot: int = 0
 ) -> dict:
     """One case (the image before text token `slot`): relative logit error of the prefill and whether greedy
     tokens agree."""
@@ -89,7 +69,9 @@ def compare(
     }
 
 
-def measure_hf_parity(onnx_dir: Path, model_dir: Path, spec: VlmSpec, samples: int = 4, new_tokens: int = 8) -> dict:
+def measure_hf_parity(
+    onnx_dir: Path, model_dir: Path, spec: VlmSpecBase, samples: int = 4, new_tokens: int = 8
+) -> dict:
     try:
         import torch
         import transformers

@@ -23,7 +23,7 @@ The image span is the `<|image_pad|>` tokens alone (`<|vision_start|>` / `<|visi
 chat template, as the processor leaves them), and its M-RoPE grid, (1, S / (patch * merge), same), is recorded
 in the bundle (`edgekit.positions`) for the runtime to place the positions.
 The processor's own arithmetic (`smart_resize`, the fixed side, pinning it, its `pixel_values`) is in
-`qwen2_vl_processor`.
+`qwen2_vl_processor`, the vision graph in `qwen2_vl_graph`; `FAMILY` answers for both model types.
 """
 
 from __future__ import annotations
@@ -36,23 +36,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx_ir as ir
 
 from edgekit import names
 from edgekit.errors import ConfigError
-from edgekit.export.blocks import layer_norm, linear, rms_norm, silu
-from edgekit.export.decoder import apply_rope
-from edgekit.export.irbuilder import GraphBuilder, scope_of
 from edgekit.export.specs import DecoderSpec
+from edgekit.model_description import VisionDescription
 from edgekit.positions import MROPE, PositionScheme
 
 from .checkpoint import find_prefix
 from .config import language_model_config, language_model_spec, rope_parameters
-from .qwen2_vl_processor import check_image_size, fixed_side, pin_processor
+from .family import VlmFamily
+from .qwen2_vl_processor import check_image_size, fixed_side, hf_pixel_values, pin_processor
 from .spec_base import VlmSpecBase
-from .vision_tower import GELU, activation, normalize_frames
+from .vision_tower import GELU
+from .vlm_spec import check_span_fits, mean_std
 
-F32 = ir.DataType.FLOAT
 VISUAL_PREFIXES = ("visual.", "model.visual.")  # the Hub's layout (and transformers 5's save_pretrained), modules
 LM_PREFIXES = (("model.language_model.", "lm_head"), ("model.", "lm_head"))
 VISUAL_MODULE, LM_MODULE = "model.visual.", "model.language_model."
@@ -312,168 +310,97 @@ def qwen2_vl_spec(
     return spec
 
 
-MLP_ROLES = {False: ("mlp.fc1", "mlp.fc2"), True: ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+class Qwen2Vl(VlmFamily):
+    """Qwen2-VL / Qwen2.5-VL: its own tower and merger at one fixed side, M-RoPE in the decoder."""
 
-
-def vision_names(t: Qwen2VisionSpec, i: int) -> dict[str, str]:
-    p = f"{t.prefix}blocks.{i}."
-    return {r: p + r for r in ("norm1", "norm2", "attn.qkv", "attn.proj", *MLP_ROLES[t.v25])}
-
-
-def expected_shapes(spec: Qwen2VlSpec) -> dict[str, tuple[int, ...]]:
-    """Every tensor the vision graph reads, with the shape config.json implies (module names)."""
-    t, p = spec.tower, spec.tower.prefix
-    d, m2 = t.hidden, t.hidden * t.merge_size**2
-    shapes = {f"{p}patch_embed.proj.weight": (d, t.channels, t.temporal_patch_size, t.patch_size, t.patch_size)}
-    norms = ("weight",) if t.v25 else ("weight", "bias")  # Qwen2.5-VL: RMSNorm
-    for i in range(t.layers):
-        n = vision_names(t, i)
-        for r in ("norm1", "norm2"):
-            shapes.update({f"{n[r]}.{k}": (d,) for k in norms})
-        shapes.update({f"{n['attn.qkv']}.weight": (3 * d, d), f"{n['attn.qkv']}.bias": (3 * d,)})
-        shapes.update({f"{n['attn.proj']}.weight": (d, d), f"{n['attn.proj']}.bias": (d,)})
-        *ups, down = MLP_ROLES[t.v25]
-        for r in ups:
-            shapes.update({f"{n[r]}.weight": (t.mlp, d), f"{n[r]}.bias": (t.mlp,)})
-        shapes.update({f"{n[down]}.weight": (d, t.mlp), f"{n[down]}.bias": (d,)})
-    shapes.update({f"{p}merger.ln_q.{k}": (d,) for k in norms})
-    shapes.update({f"{p}merger.mlp.0.weight": (m2, m2), f"{p}merger.mlp.0.bias": (m2,)})
-    shapes.update({f"{p}merger.mlp.2.weight": (t.out_hidden, m2), f"{p}merger.mlp.2.bias": (t.out_hidden,)})
-    return shapes
-
-
-def patch_positions(t: Qwen2VisionSpec) -> np.ndarray:
-    """(patches, 2) row and column of each patch in the processor's merge-window order
-    (transformers' `get_vision_position_ids` for grid (1, g, g))."""
-    g, m = t.grid, t.merge_size
-    hpos, wpos = np.meshgrid(np.arange(g), np.arange(g), indexing="ij")
-    shape = (g // m, m, g // m, m)
-    return np.stack([a.reshape(shape).transpose(0, 2, 1, 3).reshape(-1) for a in (hpos, wpos)], axis=-1)
-
-
-def vision_rope_tables(t: Qwen2VisionSpec) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin (patches, 1, head_dim): `Qwen2VLVisionRotaryEmbedding` for the fixed grid, in float32."""
-    spatial = (t.hidden // t.heads) // 2
-    inv_freq = (1.0 / (np.float32(t.rope_theta) ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))).astype(
-        np.float32
+    name = "qwen2_vl"
+    positions = MROPE
+    fallback_template = (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+        "<|vision_start|><image><|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n"
     )
-    freqs = patch_positions(t).astype(np.float32)[..., None] * inv_freq  # (N, 2, hd/4)
-    hw = np.concatenate([freqs[:, 0], freqs[:, 1]], axis=-1)  # (N, hd/2)
-    emb = np.concatenate([hw, hw], axis=-1)[:, None, :]
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+    def spec(self, cfg, model_dir, names_, pre, image_size):
+        pre_path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
+        mean_std_of = lambda t: mean_std(pre, t, pre_path, clip=True)  # noqa: E731
+        spec = qwen2_vl_spec(cfg, model_dir, names_, pre, mean_std_of, image_size)
+        return check_span_fits(spec, cfg, model_dir / "config.json")
+
+    def image_tokens(self, spec: Qwen2VlSpec) -> int:
+        t, h, w = spec.tower.merged_grid
+        return t * h * w
+
+    def expected_shapes(self, spec, cfg):
+        from .qwen2_vl_graph import expected_shapes
+
+        return expected_shapes(spec)
+
+    def build_vision(self, weights, spec):
+        from .qwen2_vl_graph import build_vision
+
+        return build_vision(weights, spec)
+
+    def span_hint(self, spec: Qwen2VlSpec, positions: int) -> str:
+        """(side / (patch * merge))^2 image tokens, the whole span: the largest side that leaves room."""
+        t = spec.tower
+        side = math.isqrt(max(positions - 2, 0)) * t.patch_size * t.merge_size
+        return f"; the largest `image_size` that leaves room is {side}" if side else ""
+
+    def processor_record(self, spec: Qwen2VlSpec, hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The processor pinned to the graphs' side where the caller set it (`image_size`); one fixed grid."""
+        t = spec.tower
+        by = "pinned by the image_size argument (--image-size); hf_image_processor is the model's own, so pinned"
+        pinned = f", {by}" if spec.pinned else ""
+        fixed = {
+            "image_grid_thw": [1, t.grid, t.grid],
+            "patch_size": t.patch_size,
+            "merge_size": t.merge_size,
+            "temporal_patch_size": t.temporal_patch_size,
+            "note": f"every image becomes one {t.image_size}x{t.image_size} frame (the side the processor's "
+            f"min_pixels/max_pixels give every square image{pinned}); patchify, the temporal copies and the vision "
+            f"rotary tables are constants of {names.VISION_ENCODER}",
+        }
+        return spec.processor_config(hf), {"fixed_resolution": fixed}
+
+    def hf_pixel_values(self, spec: Qwen2VlSpec, gray: np.ndarray) -> np.ndarray:
+        return hf_pixel_values(spec, gray)
+
+    def hf_image_inputs(self, spec: Qwen2VlSpec, gray: np.ndarray) -> dict[str, Any]:
+        import torch
+
+        grid = torch.tensor([[1, spec.tower.grid, spec.tower.grid]])  # the processor's grid
+        return {**super().hf_image_inputs(spec, gray), "image_grid_thw": grid}
+
+    def hf_token_inputs(self, spec: Qwen2VlSpec, ids) -> dict[str, Any]:
+        """`mm_token_type_ids` (1 on the image's tokens), which `get_rope_index` needs to place M-RoPE."""
+        return {"mm_token_type_ids": (ids == spec.image_token_id).int()}
+
+    def vision_description(self, cfg: dict[str, Any], built: dict[str, Any]) -> VisionDescription | None:
+        """The tower at the fixed side edgekit built (`edgekit_vlm.image_size`; None before import, which fixes
+        it): every patch through the blocks, the 2 x 2 merge as the pooling (the merger takes 4 patches' width),
+        the still image's temporal copies as input channels of the patch embedding. Qwen2.5-VL's SwiGLU counts
+        three matrices (mlp = 1.5 x intermediate) and its windowed blocks are costed as full attention: edgekit's
+        graph computes every score and masks the ones outside a window (a constant block mask), so that is what
+        the engine runs; a window-by-window kernel would do 1 / windows of it."""
+        v = cfg.get("vision_config") or {}
+        if not v or not built.get("image_size"):
+            return None
+        merge = int(v.get("spatial_merge_size", 2))
+        if built.get("model_type") == "qwen2_5_vl":
+            hidden, mlp = int(v["hidden_size"]), int(1.5 * int(v["intermediate_size"]))
+        else:
+            hidden = int(v["embed_dim"])
+            mlp = int(hidden * float(v.get("mlp_ratio", 4)))
+        return VisionDescription(
+            image_size=int(built["image_size"]),
+            patch_size=int(v["patch_size"]),
+            hidden=hidden,
+            layers=int(built.get("tower_layers") or v["depth"]),
+            mlp=mlp,
+            channels=int(v.get("in_channels", 3)) * int(v.get("temporal_patch_size", 2)),
+            pool_stride=merge,
+            connector_in=hidden * merge * merge,
+        )
 
 
-def window_index(t: Qwen2VisionSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Qwen2.5-VL's `get_vision_window_index` for the fixed grid (1, g, g): the merge units' order (windows of
-    `t.window` x `t.window` units, row by row, each window's units row by row) and each unit's window id in that
-    order (transformers pads the grid up to whole windows, a whole extra window when it divides; the empty ones
-    hold no unit)."""
-    g, w = t.grid // t.merge_size, t.window
-    index = np.arange(g * g).reshape(g, g)
-    pad = w - g % w
-    padded = np.pad(index, ((0, pad), (0, pad)), constant_values=-100)
-    n = (g + pad) // w
-    padded = padded.reshape(n, w, n, w).transpose(0, 2, 1, 3).reshape(n * n, w * w)
-    ids = np.repeat(np.arange(n * n), w * w).reshape(n * n, w * w)
-    keep = padded != -100
-    return padded[keep], ids[keep]
-
-
-def _rms_or_layer_norm(b: GraphBuilder, x: ir.Value, prefix: str, t: Qwen2VisionSpec) -> ir.Value:
-    return rms_norm(b, x, prefix, t.ln_eps) if t.v25 else layer_norm(b, x, prefix, t.ln_eps)
-
-
-def _patches(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec) -> ir.Value:
-    """(n, C, S, S) normalised -> (n, patches, C * T * p * p): the processor's `patchify` for a still image
-    (merge-window order, the frame repeated `temporal_patch_size` times), then the Conv3d as one MatMul."""
-    scope = scope_of(f"{t.prefix}patch_embed")
-    c, g, m, p, tt = t.channels, t.grid, t.merge_size, t.patch_size, t.temporal_patch_size
-    x = b.op(scope, "Reshape", [x, b.const([-1, c, g // m, m, p, g // m, m, p])])
-    x = b.op(scope, "Transpose", [x], {"perm": [0, 2, 5, 3, 6, 1, 4, 7]})  # (n, g/m, g/m, m, m, C, p, p)
-    x = b.op(scope, "Reshape", [x, b.const([-1, g * g, c, 1, p * p])])
-    if tt > 1:
-        x = b.op(scope, "Concat", [x] * tt, {"axis": 3})
-    x = b.op(scope, "Reshape", [x, b.const([-1, g * g, c * tt * p * p])])
-    name = f"{t.prefix}patch_embed.proj"
-    w = b.op(scope, "Reshape", [b.weight(f"{name}.weight"), b.const([t.hidden, c * tt * p * p])])
-    return b.op(scope, "MatMul", [x, b.op(scope, "Transpose", [w], {"perm": [1, 0]})])
-
-
-def _attention(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec, i: int, cos, sin, mask=None) -> ir.Value:
-    n = vision_names(t, i)
-    scope = scope_of(n["attn.qkv"].rsplit(".", 1)[0])
-    h, hd = t.heads, t.hidden // t.heads
-    qkv = b.op(scope, "Reshape", [linear(b, x, n["attn.qkv"], bias=True), b.const([0, 0, 3, h, hd])])
-    parts = b.op_multi(scope, "Split", [qkv], 3, {"axis": 2, "num_outputs": 3})
-    q, k, v = (b.op(scope, "Squeeze", [y, b.const([2])]) for y in parts)
-    q = apply_rope(b, q, cos, sin, f"{scope}/rotary_q")  # (n, N, h, hd) against (N, 1, hd)
-    k = apply_rope(b, k, cos, sin, f"{scope}/rotary_k")
-    q = b.op(scope, "Transpose", [q], {"perm": [0, 2, 1, 3]})
-    k_t = b.op(scope, "Transpose", [k], {"perm": [0, 2, 3, 1]})
-    v = b.op(scope, "Transpose", [v], {"perm": [0, 2, 1, 3]})
-    scores = b.op(scope, "Div", [b.op(scope, "MatMul", [q, k_t]), b.const(math.sqrt(hd), np.float32)])
-    if mask is not None:  # Qwen2.5-VL's windows: the scores outside a patch's window at float32's lowest
-        scores = b.op(scope, "Add", [scores, mask])
-    y = b.op(scope, "MatMul", [b.op(scope, "Softmax", [scores], {"axis": -1}), v])
-    y = b.op(scope, "Reshape", [b.op(scope, "Transpose", [y], {"perm": [0, 2, 1, 3]}), b.const([0, 0, t.hidden])])
-    return linear(b, y, n["attn.proj"], bias=True)
-
-
-def _mlp(b: GraphBuilder, x: ir.Value, t: Qwen2VisionSpec, n: dict[str, str], scope: str) -> ir.Value:
-    if not t.v25:
-        y = activation(b, linear(b, x, n["mlp.fc1"], bias=True), scope, t.act)
-        return linear(b, y, n["mlp.fc2"], bias=True)
-    gate = silu(b, linear(b, x, n["mlp.gate_proj"], bias=True), scope_of(n["mlp.gate_proj"]))
-    up = linear(b, x, n["mlp.up_proj"], bias=True)
-    return linear(b, b.op(scope, "Mul", [gate, up]), n["mlp.down_proj"], bias=True)
-
-
-def _window_mask(b: GraphBuilder, t: Qwen2VisionSpec, window_ids: np.ndarray) -> ir.Value:
-    """(N, N) additive mask: 0 where two patches (in window order) share a window, float32's lowest elsewhere,
-    from one window id per patch (the merge unit's, repeated)."""
-    scope = f"{t.prefix}window_attention"
-    ids = b.const(np.repeat(window_ids, t.merge_size**2).astype(np.int64))
-    same = b.op(
-        scope, "Equal", [b.op(scope, "Unsqueeze", [ids, b.const([1])]), b.op(scope, "Unsqueeze", [ids, b.const([0])])]
-    )
-    return b.op(scope, "Where", [same, b.const(0.0, np.float32), b.const(np.finfo(np.float32).min, np.float32)])
-
-
-def build_vision(weights: Mapping[str, np.ndarray], spec: Qwen2VlSpec) -> ir.Model:
-    """pixel_values (batch, 1, 1, S, S) display values -> image_features (batch, span, text hidden)."""
-    t = spec.tower
-    b = GraphBuilder(weights, "vision_encoder")
-    s, c = t.image_size, t.channels
-    pixels = b.input(names.PIXEL_VALUES, F32, ["batch", 1, 1, s, s])
-    scope = "/image_processor"
-    x = b.op(scope, "Reshape", [pixels, b.const([-1, 1, s, s])])
-    x = normalize_frames(b, x, c, spec.image_mean, spec.image_std, scope)
-    x = _patches(b, x, t)
-    cos_np, sin_np = vision_rope_tables(t)
-    units, unit_dim, mask = spec.num_image_tokens, t.hidden * t.merge_size**2, None
-    if t.window:  # the window permutation of merge units, on the patches and on the rotary tables
-        order, window_ids = window_index(t)
-        wscope = f"{t.prefix}window_index"
-        x = b.op(wscope, "Reshape", [x, b.const([0, units, unit_dim])])
-        x = b.op(wscope, "Gather", [x, b.const(order)], {"axis": 1})
-        x = b.op(wscope, "Reshape", [x, b.const([0, t.num_patches, t.hidden])])
-        shape = (units, t.merge_size**2, 1, -1)
-        cos_np, sin_np = (a.reshape(shape)[order].reshape(t.num_patches, 1, -1) for a in (cos_np, sin_np))
-        mask = _window_mask(b, t, window_ids)
-    cos, sin = b.const(cos_np, np.float32), b.const(sin_np, np.float32)
-    for i in range(t.layers):
-        n = vision_names(t, i)
-        bscope = scope_of(f"{t.prefix}blocks.{i}")
-        windowed = mask if t.window and i not in t.full_attention else None
-        h = _rms_or_layer_norm(b, x, n["norm1"], t)
-        x = b.op(bscope, "Add", [x, _attention(b, h, t, i, cos, sin, windowed)])
-        x = b.op(bscope, "Add", [x, _mlp(b, _rms_or_layer_norm(b, x, n["norm2"], t), t, n, bscope)])
-    merger = f"{t.prefix}merger"
-    x = _rms_or_layer_norm(b, x, f"{merger}.ln_q", t)
-    x = b.op(scope_of(merger), "Reshape", [x, b.const([0, units, unit_dim])])
-    x = activation(b, linear(b, x, f"{merger}.mlp.0", bias=True), scope_of(merger), "none")
-    x = linear(b, x, f"{merger}.mlp.2", bias=True)
-    if t.window:  # back to the image's row order (transformers' argsort of the window index)
-        x = b.op(scope_of(merger), "Gather", [x, b.const(np.argsort(order))], {"axis": 1})
-    b.output(x, names.IMAGE_FEATURES, F32, ["batch", spec.span_length, spec.decoder.hidden])
-    return b.model()
+FAMILY = Qwen2Vl()

@@ -24,21 +24,12 @@ from edgekit.positions import MROPE, POSITIONS_KEY
 from edgekit.prompt import IMAGE_TOKEN, prompt_layout
 
 from .config import read_config_file
-from .vlm import VlmSpec
+from .family import family_named
+from .vlm_spec import VlmSpec
 
 SENTINEL = "\x00PROMPT\x00"
 DEFAULT_PROMPT = "Describe the image."
 DEFAULT_MAX_NEW_TOKENS = 128
-# used when the model directory has no chat template (or jinja2 is not installed): the families' own layouts
-FALLBACK_TEMPLATES = {
-    "llava": "USER: <image>\n{prompt} ASSISTANT:",
-    "idefics3": "<|im_start|>User:<image>{prompt}<end_of_utterance>\nAssistant:",
-}
-FALLBACK_TEMPLATES["llava_next"] = FALLBACK_TEMPLATES["llava"]
-FALLBACK_TEMPLATES["qwen2_vl"] = (
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
-    "<|vision_start|><image><|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n"
-)
 
 
 def _optional(path: Path) -> dict[str, Any]:
@@ -101,8 +92,8 @@ def _turn_text(spec: VlmSpec, model_dir: Path, tokenizer) -> tuple[str, str]:
     image = tokenizer.id_to_token(spec.image_token_id)
     if image is None:
         raise ConfigError(f"image_token_id {spec.image_token_id} is not in tokenizer.json", model_dir)
-    if text is None:
-        text = FALLBACK_TEMPLATES[spec.family].replace("{prompt}", SENTINEL).replace("<image>", image)
+    if text is None:  # the family's own layout
+        text = family_named(spec.family).fallback_template.replace("{prompt}", SENTINEL).replace("<image>", image)
     if SENTINEL not in text:
         raise ConfigError("the chat template drops the user's text for an image turn", model_dir)
     if text.count(image) != 1:
@@ -202,11 +193,10 @@ def generation_ends(model_dir: Path, tokenizer) -> dict[str, int]:
 def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
     """edgekit's preprocessing for the vision graph (one frame, resized to the tower's square, values in [0, 1]:
     the graph normalises) and, for the record, the model's own image processor settings."""
-    path = model_dir / names.WEIGHT_FILES["preprocessor_config"]
-    hf = _optional(path)
-    if spec.family == "qwen2_vl":  # pinned to the graphs' side where the caller set it (`image_size`)
-        hf = spec.processor_config(hf)
-    out = {
+    hf, notes = family_named(spec.family).processor_record(
+        spec, _optional(model_dir / names.WEIGHT_FILES["preprocessor_config"])
+    )
+    return {
         "image_size": spec.image_size,
         "num_frames": 1,
         "mean": 0.0,
@@ -219,38 +209,8 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
         },
         "resample": "box (edgekit.preprocess: Pillow BOX in mode F to image_size x image_size, no crop)",
         "hf_image_processor": hf,
+        **notes,  # how the vision graph follows the family's processor (anyres, splitting, a fixed grid)
     }
-    if spec.family == "llava_next":  # the graph cuts the frame as the processor's anyres does
-        out["anyres"] = {
-            "grid_pinpoint": [spec.image_size, spec.image_size],
-            "rows": spec.tiles,
-            "cols": spec.tiles,
-            "crop_size": spec.tower.image_size,
-            "base_image": f"the frame averaged over {spec.tiles}x{spec.tiles} blocks in {names.VISION_ENCODER} "
-            "(BOX at an integer factor; the processor's own resample is in hf_image_processor)",
-        }
-    elif spec.family == "qwen2_vl":  # one fixed grid: the processor's dynamic resolution pinned to the frame
-        t = spec.tower
-        by = "pinned by the image_size argument (--image-size); hf_image_processor is the model's own, so pinned"
-        pinned = f", {by}" if spec.pinned else ""
-        out["fixed_resolution"] = {
-            "image_grid_thw": [1, t.grid, t.grid],
-            "patch_size": t.patch_size,
-            "merge_size": t.merge_size,
-            "temporal_patch_size": t.temporal_patch_size,
-            "note": f"every image becomes one {t.image_size}x{t.image_size} frame (the side the processor's "
-            f"min_pixels/max_pixels give every square image{pinned}); patchify, the temporal copies and the vision "
-            f"rotary tables are constants of {names.VISION_ENCODER}",
-        }
-    elif spec.tiles:  # the graph cuts the frame as the processor does
-        out["image_splitting"] = {
-            "rows": spec.tiles,
-            "cols": spec.tiles,
-            "tile_size": spec.tower.image_size,
-            "global_image": f"the frame averaged over {spec.tiles}x{spec.tiles} blocks in {names.VISION_ENCODER} "
-            "(BOX at an integer factor; the processor's own resample is in hf_image_processor)",
-        }
-    return out
 
 
 def model_config(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,9 @@ import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+from edgekit.decoder_shape import DecoderShape
 from edgekit.errors import ConfigError
 from edgekit.targets.x1.machine import Machine
-from edgekit.targets.x1.model_configs import DecoderShape
 
 WEIGHT_DTYPES = ("int4", "int8", "fp16")
 _MAC_ACTION = {"int4": "mac_int4xint8", "int8": "mac_int8xint8", "fp16": "mac_fp16"}

@@ -30,8 +30,9 @@ API, for `edgekit pareto` and the orin bundle build:
 An unknown device or mode raises `ConfigError` with one line that lists the known ones.
 
 One module per job: `data.py` reads and checks devices.toml; `rates.py` scales a module's peaks to a power mode;
-`model.py` holds what is run (`ModelShape`, presets, `Precision`, `ReportTokens`); `bundle.py` reads a bundle into
-those; `report.py` costs the phases of one report (`estimate_report`) and checks it against `reference_checks`.
+`model.py` holds what is run (the core's `ModelDescription`, presets, `Precision`, `ReportTokens`); `bundle.py`
+reads a bundle into those; `report.py` costs the phases of one report (`estimate_report`) and checks it against
+`reference_checks`.
 """
 
 from .bundle import precision_from_manifest, read_bundle
@@ -56,10 +57,10 @@ from .model import (
     SCALE_BYTES,
     SIGLIP_B16_256,
     WEIGHT_DTYPES,
-    ModelShape,
+    ModelDescription,
     Precision,
     ReportTokens,
-    VisionShape,
+    VisionDescription,
     preset,
     shape_from_params,
 )
@@ -79,7 +80,7 @@ __all__ = [
     "SIGLIP_B16_256",
     "WEIGHT_DTYPES",
     "Device",
-    "ModelShape",
+    "ModelDescription",
     "OrinData",
     "OrinEstimate",
     "Phase",
@@ -87,7 +88,7 @@ __all__ = [
     "Precision",
     "Rates",
     "ReportTokens",
-    "VisionShape",
+    "VisionDescription",
     "estimate_report",
     "get_device",
     "known_devices",

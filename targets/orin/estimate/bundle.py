@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .model import WEIGHT_DTYPES, ModelShape, Precision, ReportTokens
+from .model import WEIGHT_DTYPES, Precision, ReportTokens
 
 
 def precision_from_manifest(manifest) -> tuple[Precision, list[str]]:
@@ -66,7 +66,7 @@ def read_bundle(path: str | Path):
     from edgekit.bundle import load_bundle
     from edgekit.bundle.manifest import read_manifest
     from edgekit.errors import BundleError, EdgekitError
-    from edgekit.export.model_config import ModelConfig
+    from edgekit.model_description import describe_config
     from edgekit.prompt import prompt_ids
 
     root = Path(path)
@@ -79,13 +79,8 @@ def read_bundle(path: str | Path):
     if "model_config" not in comps:
         raise BundleError("the manifest lists no model_config (config.json)", root / "manifest.json")
     try:
-        raw = json.loads((root / comps["model_config"].path).read_text())
-        if "model_type" in raw:  # an imported Hugging Face VLM
-            shape = ModelShape.from_hf_config(raw, name=manifest.name)
-        else:
-            shape = ModelShape.from_model_config(
-                ModelConfig.load(root / comps["model_config"].path), name=manifest.name
-            )
+        config_path = root / comps["model_config"].path
+        shape = describe_config(json.loads(config_path.read_text()), manifest.name, config_path)
         gen = json.loads((root / comps["generation_config"].path).read_text()) if "generation_config" in comps else {}
     except (OSError, ValueError, TypeError, KeyError, EdgekitError) as err:
         raise BundleError(f"cannot read the model's config: {err}", root) from None

@@ -17,7 +17,7 @@ from edgekit.errors import ConfigError
 
 from .bundle import read_bundle
 from .data import DEFAULT_DEVICE, DEFAULT_MODE, Device, PowerMode, get_device, load_data
-from .model import PRESETS, ModelShape, Precision, ReportTokens, preset
+from .model import PRESETS, ModelDescription, Precision, ReportTokens, preset
 from .rates import Rates, mode_rates
 
 
@@ -70,7 +70,7 @@ class Phase:
 class OrinEstimate:
     device: Device
     mode: PowerMode
-    shape: ModelShape
+    shape: ModelDescription
     precision: Precision
     report: ReportTokens
     rates: Rates
@@ -163,7 +163,7 @@ class _Costing:
     """What every phase of one estimate is costed with, worked out once: the mode's rates, the assumptions, the
     effective bandwidth and GEMM rate, and the bytes of the weights each phase streams."""
 
-    shape: ModelShape
+    shape: ModelDescription
     precision: Precision
     rates: Rates
     a: dict[str, float]
@@ -176,7 +176,7 @@ class _Costing:
     vision_bytes: float
 
     @classmethod
-    def of(cls, shape: ModelShape, precision: Precision, rates: Rates, a: dict[str, float]) -> _Costing:
+    def of(cls, shape: ModelDescription, precision: Precision, rates: Rates, a: dict[str, float]) -> _Costing:
         sparse_math = (
             a["sparse24_math_speedup"] if precision.sparse24 and precision.weights in ("fp16", "int8") else 1.0
         )
@@ -205,7 +205,7 @@ class _Costing:
 
 
 def estimate_report(
-    model: str | Path | ModelShape,
+    model: str | Path | ModelDescription,
     device: str | Device = DEFAULT_DEVICE,
     mode: str = DEFAULT_MODE,
     *,
@@ -215,7 +215,7 @@ def estimate_report(
     vision_on: str = "gpu",
     assumptions: dict[str, float] | None = None,
 ) -> OrinEstimate:
-    """Latency and energy of one report: `model` is a bundle (directory or .ekb), a preset name or a `ModelShape`;
+    """Latency and energy of one report: `model` is a bundle (directory or .ekb), a preset name or a `ModelDescription`;
     `weights` is a dtype name or a `Precision`: it replaces a bundle's own formats (read from its manifest when
     omitted); a shape runs in FP16 unless told otherwise.
     `assumptions` overrides named entries of devices.toml's [assumptions] (for sensitivity studies)."""
@@ -251,18 +251,18 @@ def _assumptions(defaults: dict[str, float], overrides: dict[str, float] | None)
 
 
 def _workload(
-    model: str | Path | ModelShape,
+    model: str | Path | ModelDescription,
     weights: str | Precision | None,
     prompt_tokens: int | None,
     new_tokens: int | None,
-) -> tuple[ModelShape, Precision, ReportTokens, list[str], dict[str, Any]]:
+) -> tuple[ModelDescription, Precision, ReportTokens, list[str], dict[str, Any]]:
     """(shape, precision, tokens, notes, facts) to estimate: a bundle's own, or a preset's or shape's in FP16 with
     the default report, each field replaced where the caller names it."""
     notes: list[str] = []
     facts: dict[str, Any] = {}
     report = ReportTokens()
     precision = Precision()
-    if isinstance(model, ModelShape):
+    if isinstance(model, ModelDescription):
         shape = model
     elif isinstance(model, str) and model in PRESETS:
         shape = preset(model)
