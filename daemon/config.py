@@ -12,8 +12,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from edgekit.bundle.minisign import PublicKey
 from edgekit.compat import tomllib
-from edgekit.errors import ConfigError
+from edgekit.errors import ConfigError, EdgekitError
 
 from .dicom_config import SECTIONS as DICOM_SECTIONS
 from .dicom_config import DicomSettings, read_sections
@@ -101,6 +102,10 @@ class DaemonConfig:
     policy_tick_s: float = 1.0
     signals_root: Path = Path("/")  # where /sys, /etc are read from (a fixture tree in tests)
     precision_gate: PrecisionGate | None = None
+    # [trust] public_keys: the minisign keys a variant's bundle must be signed by (several while keys rotate); empty:
+    # bundles load unsigned. A bundle that is unsigned, tampered or signed by another key is refused on every load
+    # and every switch (edgekit.bundle.signing).
+    trusted_keys: tuple[PublicKey, ...] = ()
     # [dicom], [dimse], [delivery], [[destinations]]: DICOM networking (dicom_config.py)
     dicom: DicomSettings = DicomSettings()
     source: Path | None = None  # the file this was read from (None: defaults only)
@@ -219,6 +224,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
         if section == "precision_gate":
             out["precision_gate"] = _precision_gate(table, path)
             continue
+        if section == "trust":
+            out["trusted_keys"] = _trust(table, path)
+            continue
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] must be a table", path)
         for key, value in table.items():
@@ -288,6 +296,24 @@ def _policy(table: Any, path: Path) -> dict[str, Any]:
     if "signals_root" in table:
         out["signals_root"] = _resolve(Path(table["signals_root"]), path)
     return out
+
+
+def _trust(table: Any, path: Path) -> tuple[PublicKey, ...]:
+    """[trust] public_keys = ["release.pub", "RWQ..."]: minisign public key files (relative to this file) or keys."""
+    from edgekit.bundle.signing import read_public_keys
+
+    if not isinstance(table, dict):
+        raise ConfigError("[trust] must be a table", path)
+    unknown = sorted(set(table) - {"public_keys"})
+    if unknown:
+        raise ConfigError(f"unknown key trust.{unknown[0]} (known: public_keys)", path)
+    keys = table.get("public_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise ConfigError("trust.public_keys must be a list of .pub files or minisign keys (RW...)", path)
+    try:
+        return tuple(read_public_keys(keys, base=path.parent))
+    except EdgekitError as err:
+        raise ConfigError(f"trust.public_keys: {err}", path) from None
 
 
 def _precision_gate(table: Any, path: Path) -> PrecisionGate:
@@ -377,7 +403,8 @@ def _check(cfg: DaemonConfig, path: Path | None) -> None:
 
 
 def check_files(cfg: DaemonConfig) -> None:
-    """What `--check-config` adds to parsing: every variant's bundle and the default model's weights are there.
+    """What `--check-config` adds to parsing: every variant's bundle and the default model's weights are there,
+    and with [trust] keys every bundle is signed by one of them.
 
     Cheap checks only (a bundle is a directory with a manifest, or an .ekb file); the daemon verifies checksums when
     it loads a variant. Not part of `load_config`, which a reload and the tests call on configs whose bundles are
@@ -388,6 +415,13 @@ def check_files(cfg: DaemonConfig) -> None:
                 raise ConfigError(f"variant {v.name!r}: not a bundle (no manifest.json)", v.bundle)
         elif not v.bundle.is_file():
             raise ConfigError(f"variant {v.name!r}: no such bundle (directory or .ekb file)", v.bundle)
+        if cfg.trusted_keys:  # [trust]: signed by a trusted key (the files are checked when it loads)
+            from edgekit.bundle.signing import verify_signature
+
+            try:
+                verify_signature(v.bundle, list(cfg.trusted_keys))
+            except EdgekitError as err:
+                raise ConfigError(f"variant {v.name!r}: {err.reason}", v.bundle) from None
     if not cfg.variants and cfg.default_model_dir is not None:
         weights = cfg.default_model_dir / "model.safetensors"
         if not weights.is_file():

@@ -262,6 +262,7 @@ class Daemon:
         registry, _ = self.serving()
         if self.policy is not None:
             registry.check(name)
+            registry.recheck(name)  # [trust]: a switch checks the signature again, as activate does
             self.policy.configure(settings_from_json({"mode": "fixed", "fixed": name}, self.policy.settings))
             loaded = registry.get(name)
         else:

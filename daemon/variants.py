@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit.bundle.signing import manifest_digest
 from edgekit.errors import BundleError, EdgekitError
 
 from .config import DaemonConfig, Variant
@@ -48,6 +49,7 @@ class Loaded:
     reporter: Reporter
     load_ms: float
     warm_ms: float
+    digest: str = ""  # its bundle's manifest sha256 when it was loaded (a switch under [trust] compares it)
     in_use: int = 0  # reports running on it now: never unloaded while > 0
     last_used: float = field(default_factory=time.monotonic)
 
@@ -97,6 +99,7 @@ class VariantRegistry:
         self.engine = cfg  # the [engine] settings each loaded variant's token engine takes
         self.state_dir = Path(cfg.state_dir)  # where a target keeps what it builds on the device (orin: engines)
         self.keep_alive_s = cfg.keep_alive_s
+        self.trusted_keys = list(cfg.trusted_keys)
         specs = {v.name: v for v in cfg.variants}
         if not specs:
             specs = {DEFAULT_VARIANT: Variant(DEFAULT_VARIANT, default_bundle(cfg, self._say))}
@@ -199,12 +202,28 @@ class VariantRegistry:
         if self.on_change is not None:
             self.on_change(set(self.loaded))
 
+    def _check_trust(self, spec: Variant) -> None:
+        """With [trust] keys, the variant's bundle must be signed by one of them (edgekit.bundle.signing): checked
+        before every load and every switch; a refusal names the bundle file and the reason."""
+        if not self.trusted_keys:
+            return
+        from edgekit.bundle.signing import verify_signature
+
+        try:
+            signed = verify_signature(spec.bundle, self.trusted_keys)
+        except EdgekitError as err:
+            log.warning("variant %s refused: %s", spec.name, err)
+            raise
+        log.info("variant %s: %s signed by key %s", spec.name, spec.bundle.name, signed.key_id)
+
     def _load(self, spec: Variant) -> Loaded:
         from edgekit.reporter import Reporter
         from edgekit.target import RuntimeOptions
 
+        self._check_trust(spec)
         self._say(f"loading variant {spec.name}")
         t0 = time.perf_counter()
+        digest = manifest_digest(spec.bundle)  # before the load reads it: a change after this one reloads it
         runtime = RuntimeOptions(threads=self.threads, state_dir=self.state_dir, settings=dict(spec.settings))
         e = self.engine
         reporter = Reporter.from_bundle(
@@ -221,13 +240,29 @@ class VariantRegistry:
         self._say(f"warming variant {spec.name}")
         warm_ms = reporter.warm()
         log.info("variant %s loaded in %.0f ms, warmed in %.0f ms", spec.name, load_ms, warm_ms)
-        return Loaded(spec.name, reporter, load_ms, warm_ms)
+        return Loaded(spec.name, reporter, load_ms, warm_ms, digest)
 
     def activate(self, name: str) -> Loaded:
-        """Load and warm `name` beside the current one, then make it active."""
+        """Load and warm `name` beside the current one, then make it active. With [trust] keys a variant that is
+        already loaded is checked again, and loaded afresh (every file checked) if its bundle changed on disk."""
+        self.recheck(name)
         with self.hold(name) as loaded, self._lock:  # held: the keep-alive cannot unload it before it is active
             self.active = name
         return loaded
+
+    def recheck(self, name: str) -> None:
+        """Before a switch to `name`: its signature again, and a reload if its manifest is not the loaded one."""
+        with self._lock:
+            spec, loaded = self.specs.get(self.check(name)), self.loaded.get(name)
+        if not self.trusted_keys or loaded is None or spec is None:
+            return
+        self._check_trust(spec)
+        if manifest_digest(spec.bundle) != loaded.digest:
+            log.warning("variant %s: its bundle changed on disk since it was loaded; loading it again", name)
+            with self._lock:
+                if self.loaded.get(name) is loaded:
+                    del self.loaded[name]
+                    self._on_change()
 
     def _is_loading(self, name: str) -> bool:
         gate = self._loading.get(name)

@@ -79,6 +79,12 @@ def _read_signed(path: Path) -> tuple[bytes, str | None]:
         raise BundleError("not a bundle: no readable manifest (directory or .ekb file)", path) from None
 
 
+def manifest_digest(path: str | os.PathLike) -> str:
+    """sha256 of a bundle's manifest as it is on disk now (a directory's, or inside an `.ekb`): `Bundle.digest`
+    without loading the bundle."""
+    return hashlib.sha256(_read_signed(Path(path))[0]).hexdigest()
+
+
 def verify_signature(path: str | os.PathLike, keys: list[PublicKey]) -> SignedBy:
     """Check that a bundle is signed by one of `keys` and that the signature was made for this manifest.
     The files are checked against the manifest by `load_bundle`; a caller that serves the bundle does both."""
