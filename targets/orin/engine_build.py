@@ -20,6 +20,8 @@ import resource
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgekit import names
 from edgekit.bundle import sha256_file
@@ -31,6 +33,9 @@ from .engine_cache import EngineCache, atomic_write, bundle_id
 from .plan import dla_roles, plan_for
 from .profiles import is_static
 from .trt_import import dla_supported, import_tensorrt, strongly_typed_flags
+
+if TYPE_CHECKING:
+    import tensorrt as trt
 
 Progress = Callable[[str, int, int], None]  # (phase, step, steps)
 PLAN_SUMMARY = ("max_batch", "workspace_mib", "builder_optimization_level", "devices", "dla_core", "sparse_weights")
@@ -69,32 +74,37 @@ def preflight(bundle, overrides: dict | None = None) -> dict:
     return plan
 
 
-def _monitor(trt, progress: Progress | None, graph: str):
+def _monitor(progress: Progress | None, graph: str) -> trt.IProgressMonitor | None:
     """A TensorRT IProgressMonitor (10.x) that forwards builder phases; None where the API lacks it."""
-    base = getattr(trt, "IProgressMonitor", None)
-    if base is None or progress is None:
-        return None
+    import tensorrt as trt
 
-    class Monitor(base):
-        def __init__(self):
-            base.__init__(self)
+    if progress is None or not hasattr(trt, "IProgressMonitor"):
+        return None
+    report = progress
+
+    class Monitor(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
             self.steps: dict[str, int] = {}
 
-        def phase_start(self, phase_name, parent_phase, num_steps):
+        # parent_phase: None for a top-level phase (the stubs say str)
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
             self.steps[phase_name] = num_steps
-            progress(f"{graph}: {phase_name}", 0, num_steps)
+            report(f"{graph}: {phase_name}", 0, num_steps)
 
-        def step_complete(self, phase_name, step):
-            progress(f"{graph}: {phase_name}", step + 1, self.steps.get(phase_name, step + 1))
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            report(f"{graph}: {phase_name}", step + 1, self.steps.get(phase_name, step + 1))
             return True  # False would cancel the build
 
-        def phase_finish(self, phase_name):
+        def phase_finish(self, phase_name: str) -> None:
             pass
 
     return Monitor()
 
 
-def _parse(trt, network, logger, path):
+def _parse(network: trt.INetworkDefinition, logger: trt.ILogger, path: Path) -> trt.OnnxParser:
+    import tensorrt as trt
+
     parser = trt.OnnxParser(network, logger)
     if parser.parse_from_file(str(path)):
         return parser
@@ -106,12 +116,16 @@ def _parse(trt, network, logger, path):
     raise ConfigError(f"TensorRT's ONNX parser refused the graph{where}: {desc}", path)
 
 
-def build_engine(trt, path, role: str, plan: dict, timing: bytes, progress: Progress | None):
+def build_engine(
+    path: Path, role: str, plan: dict, timing: bytes, progress: Progress | None
+) -> tuple[trt.IHostMemory, bytes]:
     """One serialized engine (IHostMemory) and the serialized timing cache after it."""
+    import tensorrt as trt
+
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(strongly_typed_flags(trt))
-    parser = _parse(trt, network, logger, path)
+    network = builder.create_network(strongly_typed_flags())
+    parser = _parse(network, logger, path)
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(plan["workspace_mib"]) << 20)
     config.builder_optimization_level = int(plan["builder_optimization_level"])
@@ -129,7 +143,7 @@ def build_engine(trt, path, role: str, plan: dict, timing: bytes, progress: Prog
         for name, s in prof["shapes"].items():
             profile.set_shape(name, s["min"], s["opt"], s["max"])
         config.add_optimization_profile(profile)
-    monitor = _monitor(trt, progress, path.name)
+    monitor = _monitor(progress, path.name)
     if monitor is not None:
         config.progress_monitor = monitor
     engine = builder.build_serialized_network(network, config)
@@ -153,12 +167,14 @@ def build_engines(
     """Build (or find up to date) the engines of `bundle` for this device; returns the engine record."""
     plan = preflight(bundle, overrides)
     plan.pop("_capability")
-    trt = import_tensorrt()
+    import_tensorrt()  # one line where TensorRT is missing or older than 10.3
+    import tensorrt as trt
+
     facts = facts or current_facts()
     cache = EngineCache(state_dir(state), bundle_id(bundle, plan), facts)
     if not force and cache.is_complete():
         say(f"engines up to date: {cache.folder}")
-        return {**cache.read_meta(), "up_to_date": True}
+        return {**(cache.read_meta() or {}), "up_to_date": True}
     if plan["devices"] != {r: "gpu" for r in names.GRAPH_ROLES} and not dla_supported(trt.__version__):
         say(f"TensorRT {trt.__version__} has no DLA support: the DLA-planned graphs build for the GPU")
     timing = cache.timing_cache.read_bytes() if cache.timing_cache.is_file() else b""
@@ -167,7 +183,7 @@ def build_engines(
         path = bundle.component(role)
         say(f"building {path.name} ({', '.join(p['name'] for p in plan['profiles'][role])})")
         t0 = time.perf_counter()
-        serialized, timing = build_engine(trt, path, role, plan, timing, progress)
+        serialized, timing = build_engine(path, role, plan, timing, progress)
         out = cache.engine(role)
         size = atomic_write(out, memoryview(serialized))
         del serialized
@@ -226,6 +242,8 @@ def dry_run(bundle, *, state: str | None = None, overrides: dict | None = None, 
 
     plan = preflight(bundle, overrides)
     capability = plan.pop("_capability")
+    trt_version: str | None
+    missing: str | None
     try:
         trt_version = import_tensorrt().__version__
     except DeviceRuntimeMissing as err:

@@ -11,6 +11,7 @@ references, and its F1 against the floor): what can be checked where there is no
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edgekit import names
 from edgekit.errors import EdgekitError
@@ -19,6 +20,10 @@ from . import reference
 from .build import REFERENCE_ROLE
 from .engine_build import require_orin
 from .plan import DEFAULTS
+
+if TYPE_CHECKING:
+    from .onnx_backend import OrinOnnxBackend
+    from .trt_runtime import TrtBackend
 
 
 class GateFailedError(EdgekitError):
@@ -93,6 +98,7 @@ def check_bundle(
 ) -> dict:
     """Both gates; `passed` is False with `failures` saying why (the caller decides how to refuse)."""
     require_orin(bundle)
+    backend: OrinOnnxBackend | TrtBackend
     if executor == "onnxrt":
         from .onnx_backend import OrinOnnxBackend
 
@@ -101,7 +107,11 @@ def check_bundle(
         from .trt_runtime import TrtBackend
 
         backend = TrtBackend(bundle, state=state)
-    result = {"bundle": str(bundle.source), "executor": executor, "numerics": check_numerics(bundle, executor, backend)}
+    result: dict[str, Any] = {
+        "bundle": str(bundle.source),
+        "executor": executor,
+        "numerics": check_numerics(bundle, executor, backend),
+    }
     failures = list(result["numerics"]["failures"])
     if eval_data is not None:
         result["quality"] = check_quality(bundle, backend, Path(eval_data), eval_limit, floor, executor)

@@ -12,6 +12,8 @@ missing. The differences that matter to edgekit:
 from __future__ import annotations
 
 import re
+from types import ModuleType
+from typing import Any
 
 from edgekit.errors import EdgekitError
 
@@ -39,13 +41,17 @@ def check_version(version: str) -> None:
         raise DeviceRuntimeMissing(f"TensorRT {version} is too old: {TRT_MISSING}")
 
 
-def import_tensorrt():
-    """The `tensorrt` module, or the one-line error."""
+def import_tensorrt() -> ModuleType:
+    """The `tensorrt` module, or the one-line error. Callers that use it then `import tensorrt as trt` themselves,
+    so that the type checker sees the module's own types (tensorrt-stubs) rather than a `ModuleType`."""
     try:
         import tensorrt
     except (ImportError, OSError):  # OSError: the module is there but libnvinfer is not
         raise DeviceRuntimeMissing(TRT_MISSING) from None
-    check_version(getattr(tensorrt, "__version__", "0"))
+    version = getattr(tensorrt, "__version__", None)
+    if version is None:  # not TensorRT: tensorrt-stubs' .pyi files alone import as an empty namespace package
+        raise DeviceRuntimeMissing(TRT_MISSING)
+    check_version(version)
     return tensorrt
 
 
@@ -57,8 +63,9 @@ def tensorrt_available() -> bool:
     return True
 
 
-def import_cudart():
-    """cuda-python's runtime module (`cuda.bindings.runtime` from 12.6, `cuda.cudart` before)."""
+def import_cudart() -> Any:
+    """cuda-python's runtime module (`cuda.bindings.runtime` from 12.6, `cuda.cudart` before). `Any`: its Cython
+    extensions ship no .pyi or py.typed, so no type checker can see their signatures."""
     try:
         from cuda.bindings import runtime as cudart
     except ImportError:
@@ -69,8 +76,10 @@ def import_cudart():
     return cudart
 
 
-def strongly_typed_flags(trt) -> int:
-    """Network creation flags for a strongly typed network on this TensorRT."""
+def strongly_typed_flags() -> int:
+    """Network creation flags for a strongly typed network on this TensorRT (imported by `import_tensorrt`)."""
+    import tensorrt as trt
+
     flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
     if flag is None:
         if version_tuple(trt.__version__)[0] < 11:

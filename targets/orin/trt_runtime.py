@@ -21,10 +21,12 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgekit import names
+from edgekit.bundle import Bundle
 from edgekit.errors import EdgekitError
 
 from .device import current_facts, state_dir
@@ -36,20 +38,26 @@ from .profiles import select_profile
 from .rows import RowBatcher
 from .trt_import import import_cudart, import_tensorrt
 
+if TYPE_CHECKING:
+    import tensorrt as trt
+
 
 class _Engine:
     """One engine: its execution contexts (one per profile) and its I/O description."""
 
-    def __init__(self, trt, runtime, path, profiles: list[dict], stream):
-        self.trt = trt
-        self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
-        if self.engine is None:
+    def __init__(self, runtime: trt.Runtime, path: Path, profiles: list[dict], stream: int) -> None:
+        import tensorrt as trt
+
+        engine: trt.ICudaEngine | None = runtime.deserialize_cuda_engine(path.read_bytes())
+        if engine is None:  # the stubs say ICudaEngine; TensorRT returns None when it cannot deserialize
             raise EdgekitError("TensorRT could not load this engine: rebuild with `edgekit engine build`", path)
+        self.engine = engine
         self.profiles = profiles
-        self.contexts = []
+        self.contexts: list[trt.IExecutionContext] = []
         for i in range(len(profiles)):
             ctx = self.engine.create_execution_context()
-            ctx.set_optimization_profile_async(i, stream)
+            if not ctx.set_optimization_profile_async(i, stream):
+                raise EdgekitError(f"TensorRT refused optimization profile {i} of this engine", path)
             self.contexts.append(ctx)
         self.tensors = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in self.tensors if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -57,25 +65,39 @@ class _Engine:
         self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in self.tensors}
 
 
-def _layer_profiler(trt, role: str, sink: list):
+def _layer_profiler(role: str, sink: list[dict]) -> trt.IProfiler:
     """A TensorRT IProfiler that records each layer's time of each execution, for `edgekit profile`."""
+    import tensorrt as trt
 
     class LayerProfiler(trt.IProfiler):
-        def __init__(self):
+        def __init__(self) -> None:
             trt.IProfiler.__init__(self)
 
-        def report_layer_time(self, layer_name, ms):
+        def report_layer_time(self, layer_name: str, ms: float) -> None:
             sink.append({"graph": role, "layer": layer_name, "ms": float(ms)})
 
     return LayerProfiler()
 
 
+def _accepted(ok: bool, what: str, role: str, where: str | Path | None) -> None:
+    """TensorRT's setters answer False (and log) instead of raising: a refused shape or address fails here."""
+    if not ok:
+        raise EdgekitError(f"TensorRT refused {what} for the {role} engine", where, code="engine_failed")
+
+
 class TrtBackend:
     def __init__(
-        self, bundle, *, overrides: dict | None = None, state: str | None = None, profile_dir: Path | None = None
-    ):
+        self,
+        bundle: Bundle,
+        *,
+        overrides: dict | None = None,
+        state: str | None = None,
+        profile_dir: Path | None = None,
+    ) -> None:
         require_orin(bundle)
-        trt = import_tensorrt()
+        import_tensorrt()  # one line where TensorRT is missing or older than 10.3
+        import tensorrt as trt
+
         self.cudart = cudart = import_cudart()
         plan = plan_for(bundle, overrides)
         self.source = bundle.source
@@ -90,7 +112,7 @@ class TrtBackend:
         if plan.get("dla_core") is not None:
             self.runtime.DLA_core = int(plan["dla_core"])
         self.engines = {
-            role: _Engine(trt, self.runtime, cache.engine(role), self.profiles[role], self.stream_handle)
+            role: _Engine(self.runtime, cache.engine(role), self.profiles[role], self.stream_handle)
             for role in bundle.graph_roles
         }
         self.buffers: dict[tuple[str, str], DeviceBuffer] = {}
@@ -100,7 +122,7 @@ class TrtBackend:
         if self.profile_dir is not None:
             for role, eng in self.engines.items():
                 for ctx in eng.contexts:
-                    ctx.profiler = _layer_profiler(trt, role, self.layer_times)
+                    ctx.profiler = _layer_profiler(role, self.layer_times)
         dec = self.engines[names.DECODER_ROLE]
         num_layers = sum(1 for n in dec.inputs if n.startswith(names.PAST_PREFIX) and n.endswith(".key"))
         layout = KVLayout.of(self.profiles[names.DECODER_ROLE], num_layers)
@@ -147,26 +169,27 @@ class TrtBackend:
         host = {}
         for name in eng.inputs:
             if kv_in is not None and name in kv_in:
-                ctx.set_input_shape(name, shapes[name])
-                ctx.set_tensor_address(name, kv_in[name])
+                _accepted(ctx.set_input_shape(name, shapes[name]), f"the shape of {name}", role, self.source)
+                _accepted(ctx.set_tensor_address(name, kv_in[name]), f"the address of {name}", role, self.source)
                 continue
             array = np.ascontiguousarray(feeds[name], dtype=eng.dtypes[name])
-            ctx.set_input_shape(name, array.shape)
+            _accepted(ctx.set_input_shape(name, array.shape), f"the shape of {name}", role, self.source)
             buf = self._buffer(role, name, array.nbytes)
             self._h2d(buf.ptr, array)
-            ctx.set_tensor_address(name, buf.ptr)
+            _accepted(ctx.set_tensor_address(name, buf.ptr), f"the address of {name}", role, self.source)
             host[name] = array  # keep alive until the stream is synchronised
         fetched: dict[str, tuple[np.ndarray, DeviceBuffer]] = {}
         kv_shapes: dict[str, tuple[int, ...]] = {}
         for name in eng.outputs:
-            shape = tuple(ctx.get_tensor_shape(name))
+            dims = ctx.get_tensor_shape(name)  # a Dims: indexable, not iterable
+            shape = tuple(dims[i] for i in range(len(dims)))
             if kv_out is not None and name in kv_out:
-                ctx.set_tensor_address(name, kv_out[name])
+                _accepted(ctx.set_tensor_address(name, kv_out[name]), f"the address of {name}", role, self.source)
                 kv_shapes[name] = shape
                 continue
             out = np.empty(shape, eng.dtypes[name])
             buf = self._buffer(role, name, out.nbytes)
-            ctx.set_tensor_address(name, buf.ptr)
+            _accepted(ctx.set_tensor_address(name, buf.ptr), f"the address of {name}", role, self.source)
             fetched[name] = (out, buf)
         if not ctx.execute_async_v3(self.stream_handle):
             raise EdgekitError(f"TensorRT failed to execute the {role} engine", self.source, code="engine_failed")
@@ -229,11 +252,11 @@ class TrtBackend:
             acc[0] += t["ms"]
             acc[1] += 1
         all_ms = sum(v[0] for v in totals.values()) or 1.0
-        rows = sorted(
-            ({"graph": g, "op": layer, "ms": round(ms, 3), "calls": n, "share": round(ms / all_ms, 4)}
-             for (g, layer), (ms, n) in totals.items()),
-            key=lambda r: -r["ms"],
-        )  # fmt: skip
+        rows: list[dict[str, Any]] = [
+            {"graph": g, "op": layer, "ms": round(ms, 3), "calls": n, "share": round(ms / all_ms, 4)}
+            for (g, layer), (ms, n) in totals.items()
+        ]
+        rows.sort(key=lambda r: -r["ms"])
         plot_ops(rows, out / "ops.png", f"{report.model} on orin (TensorRT): one report")
         self.calls, self.layer_times[:] = [], []
         return {
