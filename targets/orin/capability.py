@@ -23,6 +23,7 @@ import numpy as np
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
+from edgekit.ir_values import input_of
 
 from .optable import TYPE_NAMES, OpTable, load_table
 
@@ -198,7 +199,7 @@ class _Checker:
                 self.add(node, "`K` must be a constant below 3840")
 
     def check_qdq(self, node: ir.Node) -> None:
-        x, scale = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
+        x, scale = input_of(node, 0), node.inputs[1] if len(node.inputs) > 1 else None
         zero = node.inputs[2] if len(node.inputs) > 2 else None
         if zero is not None:
             z = _constant(zero)
@@ -230,12 +231,13 @@ class _Checker:
                     f"this one feeds {consumers}",
                     FOLD_DEQUANTIZE if _is_constant(x) else None,
                 )
-            elif int(x.shape[-1]) % 2:
+            elif x.shape is not None and isinstance(last := x.shape[-1], int) and last % 2:
                 self.add(node, "INT4 needs an even last dimension (two values per byte)")
         elif blocked:
             self.add(
                 node,
-                f"block quantization is for INT4 only in TensorRT 10; this {in_type} weight has scale {s.shape}",
+                f"block quantization is for INT4 only in TensorRT 10; this {in_type} weight has scale "
+                f"{s.shape if s is not None else None}",
                 PER_CHANNEL_INT8 if in_type == "INT8" and weight_2d and feeds_gemm else None,
             )
 

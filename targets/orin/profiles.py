@@ -167,6 +167,8 @@ def select_profile(profiles: list[dict], shapes: dict[str, tuple[int, ...]], rol
             return i
         if closest is None or len(misses) < closest[0]:
             closest = (len(misses), misses[0])
+    if closest is None:
+        raise ProfileError(f"the {role} engine has no optimisation profiles (runtime.profiles in the manifest)", where)
     name, axis, n, lo, hi, pname = closest[1]
     if role == names.DECODER_ROLE and name == names.INPUTS_EMBEDS and axis == 1 and n > hi:
         reason = f"a prompt of {n} positions (image and text) is longer than the engine's maximum of {hi}"

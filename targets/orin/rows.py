@@ -126,9 +126,10 @@ class RowBatcher:
                 raise EdgekitError(f"row {row} has no KV cache to decode from: prefill it first")
             uses.append(use)
         lengths = [u.length for u in uses]
-        same = self.batch is not None and self.batch.rows == rows
-        longest = self.batch.longest if same else max(lengths)
-        held = self.batch.mask if same else pad_mask(lengths, longest)
+        batch = self.batch if self.batch is not None and self.batch.rows == rows else None
+        same = batch is not None
+        longest = batch.longest if batch is not None else max(lengths)
+        held = batch.mask if batch is not None else pad_mask(lengths, longest)
         mask = np.concatenate([held, np.ones((len(rows), 1), np.int64)], axis=1)
         self._check(x.shape, mask.shape, np.shape(positions), len(rows), longest)  # before anything moves
         if not same:

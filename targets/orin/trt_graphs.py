@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from edgekit import names
 from edgekit.export.save import save_model
+from edgekit.ir_values import const_array, input_of, name_of
 from edgekit.passes import find_weight_matmuls
 from edgekit.passes.base import PassContext, PassPreconditionError
 from edgekit.passes.fp16 import Fp16Pass, output_to_fp16
@@ -64,8 +65,8 @@ def dequantize(q: np.ndarray, scale: np.ndarray, axis: int, block: int) -> np.nd
 
 
 def _dq_parts(node: ir.Node) -> tuple[np.ndarray, np.ndarray, int, int]:
-    q = node.inputs[0].const_value.numpy()
-    s = node.inputs[1].const_value.numpy()
+    q = const_array(input_of(node, 0))
+    s = const_array(input_of(node, 1))
     axis = node.attributes["axis"].as_int() if "axis" in node.attributes else 1
     axis = axis % max(q.ndim, 1)
     block = node.attributes["block_size"].as_int() if "block_size" in node.attributes else 0
@@ -84,7 +85,7 @@ def fold_dequantize(model: ir.Model, node: ir.Node) -> None:
     w = dequantize(q, s, axis, block)
     out = node.outputs[0]
     users = list(out.uses())
-    name = (node.inputs[0].name or node.name).removesuffix(".qweight")
+    name = (input_of(node, 0).name or node.name or "").removesuffix(".qweight")
     if len(users) == 1 and users[0].node.op_type == "Reshape":
         reshape = users[0].node
         shape = reshape.inputs[1].const_value if reshape.inputs[1] is not None else None
@@ -104,7 +105,7 @@ def per_channel_int8(model: ir.Model, node: ir.Node) -> None:
     amax = np.abs(w).max(axis=0)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     q8 = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-    base = (node.inputs[0].name or node.name).removesuffix(".qweight")
+    base = (input_of(node, 0).name or node.name or "").removesuffix(".qweight")
     node.replace_input_with(0, add_initializer(model.graph, q8, f"{base}.qweight_pc"))
     node.replace_input_with(1, add_initializer(model.graph, scale, f"{base}.scales_pc"))
     node.attributes.pop("block_size", None)
@@ -131,14 +132,16 @@ class _Fp16Inputs:
     """One FP16 Cast per activation, shared by every GEMM that reads it."""
 
     def __init__(self, model: ir.Model):
-        self.model, self.casts = model, {}
+        self.model = model
+        self.casts: dict[str, ir.Value] = {}
 
     def of(self, value: ir.Value, before: ir.Node) -> ir.Value:
         if value.dtype == F16:
             return value
-        if value.name not in self.casts:
-            self.casts[value.name] = _cast(self.model, value, F16, before, f"{before.name}_CastToFp16")
-        return self.casts[value.name]
+        name = name_of(value)
+        if name not in self.casts:
+            self.casts[name] = _cast(self.model, value, F16, before, f"{before.name}_CastToFp16")
+        return self.casts[name]
 
 
 def _is_const_dq(value: ir.Value | None) -> ir.Node | None:
@@ -155,14 +158,15 @@ def fp16_quantized_gemms(model: ir.Model, casts: _Fp16Inputs) -> int:
         if node.op_type != "MatMul" or len(node.inputs) != 2:
             continue
         dq = _is_const_dq(node.inputs[1])
-        if dq is None or node.inputs[0].dtype not in (F32, None) or node.outputs[0].dtype == F16:
+        activation = input_of(node, 0)
+        if dq is None or activation.dtype not in (F32, None) or node.outputs[0].dtype == F16:
             continue
-        scale = dq.inputs[1]
+        scale = input_of(dq, 1)
         if scale.dtype != F16:
-            s16 = add_initializer(model.graph, scale.const_value.numpy().astype(np.float16), f"{scale.name}_fp16")
+            s16 = add_initializer(model.graph, const_array(scale).astype(np.float16), f"{scale.name}_fp16")
             dq.replace_input_with(1, s16)
         dq.outputs[0].dtype = F16
-        node.replace_input_with(0, casts.of(node.inputs[0], node))
+        node.replace_input_with(0, casts.of(activation, node))
         output_to_fp16(model, node)
         done += 1
     _drop_unused_initializers(model)
@@ -180,9 +184,9 @@ def fp16_convs(model: ir.Model, casts: _Fp16Inputs) -> int:
             continue
         for i, p in enumerate(params, start=1):
             if p is not None:
-                w16 = p.const_value.numpy().astype(np.float16)
+                w16 = const_array(p).astype(np.float16)
                 node.replace_input_with(i, add_initializer(model.graph, w16, f"{p.name}_fp16"))
-        node.replace_input_with(0, casts.of(node.inputs[0], node))
+        node.replace_input_with(0, casts.of(input_of(node, 0), node))
         output_to_fp16(model, node)
         done += 1
     _drop_unused_initializers(model)
@@ -198,7 +202,7 @@ def sparse_weights(model: ir.Model) -> int:
         b = node.inputs[1]
         dq = _is_const_dq(b)
         const = dq.inputs[0] if dq is not None else (b if b.is_initializer() else None)
-        w = const.const_value.numpy() if const is not None else None
+        w = const_array(const) if const is not None else None
         if w is not None and w.ndim == 2 and w.shape[0] % 4 == 0 and np.count_nonzero(w) < w.size and is_2to4(w):
             count += 1
     return count
@@ -224,7 +228,7 @@ def prepare_model(model: ir.Model, graph: str, report: CapabilityReport) -> Grap
     except PassPreconditionError:
         pass  # nothing float left to convert (a fully quantized graph)
     changes.fp16_gemms = float_gemms
-    changes.fp16_tables = sum(1 for n in model.graph if n.op_type == "Gather" and n.inputs[0].dtype == F16)
+    changes.fp16_tables = sum(1 for n in model.graph if n.op_type == "Gather" and input_of(n, 0).dtype == F16)
     casts = _Fp16Inputs(model)
     changes.fp16_qdq_gemms = fp16_quantized_gemms(model, casts)
     changes.fp16_convs = fp16_convs(model, casts)
