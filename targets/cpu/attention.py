@@ -36,7 +36,19 @@ import onnx_ir as ir
 
 from edgekit import names
 
-from .graph_walk import NotPortable, const, const_ints, expect, first_reader, ints, named, only_user, producer
+from .graph_walk import (
+    NotPortable,
+    arg,
+    const,
+    const_ints,
+    expect,
+    first_reader,
+    ints,
+    made_by,
+    named,
+    only_user,
+    producer,
+)
 
 MS_DOMAIN = "com.microsoft"
 
@@ -64,7 +76,7 @@ def _split_heads(bnsh: ir.Value, where: str) -> tuple[ir.Value, int, int]:
     r = producer(t.inputs[0], "Reshape", where)
     shape = const_ints(r.inputs[1], where)
     expect(len(shape) == 4 and shape[:2] == [0, 0] and min(shape[2:]) > 0, f"{where}: {r.name} shape {shape}")
-    return r.inputs[0], shape[2], shape[3]
+    return arg(r, 0, where), shape[2], shape[3]
 
 
 def _rope_freqs(table: ir.Value, fn: str, where: str) -> ir.Value:
@@ -72,7 +84,7 @@ def _rope_freqs(table: ir.Value, fn: str, where: str) -> ir.Value:
     u = producer(table, "Unsqueeze", where)
     c = producer(producer(u.inputs[0], fn, where).inputs[0], "Concat", where)
     expect(len(c.inputs) == 2 and c.inputs[0] is c.inputs[1], f"{where}: {c.name} is not concat(freqs, freqs)")
-    return c.inputs[0]
+    return arg(c, 0, where)
 
 
 def _unrope(rotated: ir.Value, where: str) -> tuple[ir.Value, ir.Value]:
@@ -80,9 +92,9 @@ def _unrope(rotated: ir.Value, where: str) -> tuple[ir.Value, ir.Value]:
     add = producer(rotated, "Add", where)
     muls = [producer(v, "Mul", where) for v in add.inputs]
     for straight, turned in (muls, muls[::-1]):
-        x, cos = straight.inputs
-        half, sin = turned.inputs
-        cat = half.producer() if half is not None else None
+        x, cos = arg(straight, 0, where), arg(straight, 1, where)
+        half, sin = arg(turned, 0, where), arg(turned, 1, where)
+        cat = half.producer()
         if cat is None or cat.op_type != "Concat":
             continue
         split = producer(cat.inputs[1], "Split", where)
@@ -100,8 +112,8 @@ def _kv_concat(graph: ir.Graph, output: str, past: str, where: str) -> tuple[ir.
     expect(value is not None, f"the decoder has no output {output}")
     cat = producer(value, "Concat", where)
     expect(cat.attributes.get("axis") is not None and cat.attributes["axis"].as_int() in (2, -2), f"{where}: axis")
-    expect(len(cat.inputs) == 2 and cat.inputs[0].name == past, f"{where}: {cat.name} does not append to {past}")
-    return cat, cat.inputs[1]
+    expect(len(cat.inputs) == 2 and arg(cat, 0, where).name == past, f"{where}: {cat.name} does not append to {past}")
+    return cat, arg(cat, 1, where)
 
 
 def find_attention(graph: ir.Graph, layer: int) -> Attention:
@@ -119,13 +131,14 @@ def find_attention(graph: ir.Graph, layer: int) -> Attention:
     expect(ints(k_t, "perm") == [0, 1, 3, 2], f"{where}: {k_t.name} perm")
     scores = only_user(only_user(k_t.outputs[0], "Unsqueeze", where).outputs[0], "MatMul", where)
     grouped = producer(scores.inputs[0], "Reshape", where)
-    q_heads, q_freqs = _unrope(grouped.inputs[0], where)
+    q_heads, q_freqs = _unrope(arg(grouped, 0, where), where)
     expect(q_freqs is freqs, f"{where}: q and k rotated by different angles")
     q, heads, q_hd = _split_heads(q_heads, where)
     expect(q_hd == head_dim and heads % kv_heads == 0, f"{where}: {heads} query heads over {kv_heads} KV heads")
     div = only_user(scores.outputs[0], "Div", where)
     divisor = const(div.inputs[1])
-    expect(divisor is not None and np.size(divisor) == 1, f"{where}: {div.name} divides by a computed value")
+    if divisor is None or np.size(divisor) != 1:
+        raise NotPortable(f"{where}: {div.name} divides by a computed value")
 
     # output: Reshape(Transpose(Reshape(MatMul(probs, Unsqueeze(present_value))))) -> (b, s, heads * hd)
     pv = only_user(only_user(value_cat.outputs[0], "Unsqueeze", where).outputs[0], "MatMul", where)
@@ -153,7 +166,7 @@ def rope_tables(graph: ir.Graph, freqs: ir.Value, embeds: ir.Value, total: ir.Va
     GroupQueryAttention refuses tables shorter than `total_sequence_length` (it checks the rows against the
     longest position it could be asked for), so the tables are padded with zero rows up to it; the padding is
     never read (`positions` stays below batch * seq)."""
-    nodes = []
+    nodes: list[ir.Node] = []
 
     def op(op_type: str, inputs, attrs=None) -> ir.Value:
         node = named(ir.node(op_type, inputs, attrs, name=f"/model/rotary_emb/cpu/{op_type}_{len(nodes)}"))
@@ -171,7 +184,7 @@ def rope_tables(graph: ir.Graph, freqs: ir.Value, embeds: ir.Value, total: ir.Va
     flat = c([-1, head_dim // 2])
     cos = op("Pad", [op("Reshape", [op("Cos", [freqs]), flat]), pads])
     sin = op("Pad", [op("Reshape", [op("Sin", [freqs]), flat]), pads])
-    graph.insert_after(freqs.producer(), nodes)
+    graph.insert_after(made_by(freqs, "rope tables"), nodes)
     return Rope(positions, cos, sin)
 
 
@@ -213,10 +226,14 @@ def fuse_attention(
         index = next(j for j, v in enumerate(graph.outputs) if v.name == name)
         old, new = graph.outputs[index], gqa.outputs[i]
         old.name = f"{name}_portable"
-        new.name, new.dtype, new.shape = name, old.dtype, old.shape
+        new.name, new.shape = name, old.shape
+        if old.dtype is not None:
+            new.dtype = old.dtype
         graph.outputs[index] = new
 
 
 def attention_layers(graph: ir.Graph) -> int:
     """How many layers carry a KV cache (`present.{i}.key` outputs)."""
-    return sum(1 for v in graph.outputs if v.name.startswith(names.PRESENT_PREFIX) and v.name.endswith(".key"))
+    return sum(
+        1 for v in graph.outputs if (v.name or "").startswith(names.PRESENT_PREFIX) and (v.name or "").endswith(".key")
+    )

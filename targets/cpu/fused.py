@@ -37,7 +37,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 from edgekit import names
 
 from .attention import MS_DOMAIN, attention_layers, find_attention, fuse_attention, rope_tables
-from .graph_walk import NotPortable, expect, named
+from .graph_walk import NotPortable, expect, made_by, named
 from .norms import find_rms_norms, fuse_norm
 from .packing import float_projections, pack_projections
 
@@ -139,13 +139,15 @@ class FuseCpuDecoder(ir.passes.InPlacePass):
         graph.inputs.remove(mask)
         graph.inputs.extend([seqlens_k, total])
         for v in graph.inputs:
-            if v.name.startswith(names.PAST_PREFIX):
-                v.shape = ir.Shape(["batch", v.shape[1], MAX_SEQ, v.shape[3]])
+            if (v.name or "").startswith(names.PAST_PREFIX):
+                shape = _shape(v)
+                v.shape = ir.Shape(["batch", shape[1], MAX_SEQ, shape[3]])
         for v in graph.outputs:
-            if v.name.startswith(names.PRESENT_PREFIX):
-                v.shape = ir.Shape(["batch", v.shape[1], MAX_SEQ, v.shape[3]])
+            if (v.name or "").startswith(names.PRESENT_PREFIX):
+                shape = _shape(v)
+                v.shape = ir.Shape(["batch", shape[1], MAX_SEQ, shape[3]])
             elif v.name == names.LOGITS:
-                v.shape = ir.Shape(["batch", 1, v.shape[2]])
+                v.shape = ir.Shape(["batch", 1, _shape(v)[2]])
         if self.accuracy_level is not None:
             for node in graph:
                 if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN:
@@ -153,6 +155,13 @@ class FuseCpuDecoder(ir.passes.InPlacePass):
         graph.opset_imports.setdefault(MS_DOMAIN, 1)
         graph.sort()
         return ir.passes.PassResult(model, modified=True)
+
+
+def _shape(value: ir.Value) -> ir.Shape:
+    """A KV or logits value's shape, which the portable export always writes."""
+    if value.shape is None:
+        raise NotPortable(f"{value.name} has no shape")
+    return value.shape
 
 
 def _last_position(graph: ir.Graph, normed: ir.Value) -> None:
@@ -164,7 +173,7 @@ def _last_position(graph: ir.Graph, normed: ir.Value) -> None:
         for i, x in enumerate(([-1], [np.iinfo(np.int64).max], [1]))
     ]
     last = named(ir.node("Slice", [normed, *(n.outputs[0] for n in nodes)], name="/model/norm/cpu/last_position"))
-    graph.insert_after(normed.producer(), [*nodes, last])
+    graph.insert_after(made_by(normed, "the last position"), [*nodes, last])
     normed.replace_all_uses_with(last.outputs[0])
     last.replace_input_with(0, normed)
 

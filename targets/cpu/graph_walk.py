@@ -40,6 +40,22 @@ def producer(value: ir.Value | None, op_type: str, where: str) -> ir.Node:
     return node
 
 
+def arg(node: ir.Node, index: int, where: str) -> ir.Value:
+    """`node.inputs[index]`, refused when the input is left out."""
+    value = node.inputs[index] if index < len(node.inputs) else None
+    if value is None:
+        raise NotPortable(f"{where}: {node.op_type} ({node.name}) has no input {index}")
+    return value
+
+
+def made_by(value: ir.Value, where: str) -> ir.Node:
+    """The node that makes `value` (whatever its op), refused for a graph input or initializer."""
+    node = value.producer()
+    if node is None:
+        raise NotPortable(f"{where}: {value.name!r} is not made by a node")
+    return node
+
+
 def users(value: ir.Value, op_type: str) -> list[ir.Node]:
     """Default-domain `op_type` nodes that read `value`, in no particular order, each once."""
     seen: dict[int, ir.Node] = {}
@@ -62,10 +78,10 @@ def ints(node: ir.Node, attr: str) -> list[int] | None:
     return None if a is None else list(a.as_ints())
 
 
-def const_ints(value: ir.Value, where: str) -> list[int]:
+def const_ints(value: ir.Value | None, where: str) -> list[int]:
     array = const(value)
     if array is None:
-        raise NotPortable(f"{where}: {value.name!r} should be a constant")
+        raise NotPortable(f"{where}: {value.name if value is not None else None!r} should be a constant")
     return [int(x) for x in np.asarray(array).reshape(-1)]
 
 

@@ -79,6 +79,7 @@ class KvBuffers:
         if p != last:
             self._copy(last, p)
             moved = self._owner[last]
+            assert moved is not None, f"physical row {last} below the count has no owner"
             self._physical[moved], self._owner[p] = p, moved
         self._owner[last] = None
         self.length[last] = 0
@@ -109,7 +110,7 @@ class KvBuffers:
         self.keys, self.values, self.capacity = keys, values, capacity
         self.generation += 1
 
-    def advance(self, physical: np.ndarray | int, by: int = 1) -> None:
+    def advance(self, physical: np.ndarray | int | slice, by: int = 1) -> None:
         self.length[physical] += by
 
     # copies -----------------------------------------------------------------------------------------------

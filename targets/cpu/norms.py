@@ -21,7 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .attention import MS_DOMAIN
-from .graph_walk import NotPortable, const, named, users
+from .graph_walk import NotPortable, const, made_by, named, users
 
 
 @dataclass
@@ -46,7 +46,8 @@ def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
 
 def _match(mean: ir.Node) -> RmsNorm | None:
     """The RMSNorm whose ReduceMean is `mean`, None when the nodes around it are something else."""
-    sq = mean.inputs[0].producer() if mean.inputs else None
+    first = mean.inputs[0] if mean.inputs else None
+    sq = first.producer() if first is not None else None
     if sq is None or sq.op_type != "Mul" or sq.inputs[0] is not sq.inputs[1]:
         return None
     axes = const(mean.inputs[1]) if len(mean.inputs) > 1 else None
@@ -54,6 +55,8 @@ def _match(mean: ir.Node) -> RmsNorm | None:
     if axes is None or np.asarray(axes).reshape(-1).tolist() != [-1] or (keep is not None and keep.as_int() != 1):
         return None
     x = sq.inputs[0]
+    if x is None:
+        return None
     try:
         add = _one(mean.outputs[0], "Add")
         recip = _one(_one(add.outputs[0], "Sqrt").outputs[0], "Reciprocal")
@@ -64,7 +67,7 @@ def _match(mean: ir.Node) -> RmsNorm | None:
     eps = const(_other(add, mean.outputs[0]))
     weight = _other(scaled, normed.outputs[0])
     gamma = const(weight)
-    if _other(normed, recip.outputs[0]) is not x or eps is None or np.size(eps) != 1 or gamma is None:
+    if _other(normed, recip.outputs[0]) is not x or eps is None or np.size(eps) != 1 or gamma is None or weight is None:
         return None
     if gamma.ndim != 1:
         return None
@@ -95,7 +98,8 @@ def _residual(x: ir.Value) -> ir.Node | None:
 def fuse_norm(graph: ir.Graph, norm: RmsNorm) -> ir.Value:
     """Replace `norm` (and the residual Add in front, when there is one) by a fused node; returns its output."""
     add = _residual(norm.x)
-    base = norm.out.producer().name.rsplit("/", 1)[0]
+    out_node = made_by(norm.out, "RMSNorm")
+    base = (out_node.name or "").rsplit("/", 1)[0]
     if add is not None:
         node = ir.node(
             "SkipSimplifiedLayerNormalization",
@@ -115,7 +119,7 @@ def fuse_norm(graph: ir.Graph, norm: RmsNorm) -> ir.Value:
             {"epsilon": norm.eps, "axis": -1},
             name=f"{base}/SimplifiedLayerNormalization",
         )
-        graph.insert_after(norm.out.producer(), node)
+        graph.insert_after(out_node, node)
         norm.out.replace_all_uses_with(node.outputs[0])
     named(node)
     return node.outputs[0]

@@ -24,7 +24,7 @@ import onnx_ir as ir
 from edgekit.passes.patterns import WeightMatMul, add_initializer, find_weight_matmuls
 
 from .attention import MS_DOMAIN
-from .graph_walk import const, named
+from .graph_walk import NotPortable, const, named
 
 NBITS_ATTRS = ("K", "bits", "block_size")
 
@@ -53,7 +53,8 @@ def _projection(value: ir.Value, float_weights: dict[int, WeightMatMul]) -> Proj
         b = const(node.inputs[1])
         if b is None or b.ndim != 1 or const(node.inputs[0]) is not None:
             return None
-        bias, node = node, node.inputs[0].producer()
+        first = node.inputs[0]
+        bias, node = node, first.producer() if first is not None else None
     if node is None:
         return None
     if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN:
@@ -77,13 +78,19 @@ def _nbits_packable(ps: Sequence[Projection]) -> bool:
         if _attr(n, "accuracy_level", 0) != _attr(first, "accuracy_level", 0):
             return False
         tensors = [const(v) for v in n.inputs[1:]]
-        if any(t is None for t in tensors) or [t.dtype for t in tensors] != [t.dtype for t in kinds]:
+        if [None if t is None else t.dtype for t in tensors] != [None if t is None else t.dtype for t in kinds]:
             return False
     return True
 
 
-def _concat(graph: ir.Graph, values: Sequence[ir.Value], name: str) -> ir.Value:
-    return add_initializer(graph, np.concatenate([const(v) for v in values], axis=0), name)
+def _concat(graph: ir.Graph, values: Sequence[ir.Value | None], name: str) -> ir.Value:
+    arrays = []
+    for v in values:
+        array = const(v)
+        if array is None:  # the callers checked: every packed input is a constant
+            raise NotPortable(f"{name}: a computed input cannot be packed")
+        arrays.append(array)
+    return add_initializer(graph, np.concatenate(arrays, axis=0), name)
 
 
 def pack_projections(
@@ -92,11 +99,13 @@ def pack_projections(
     """One projection computing `outputs` (each (batch, seq, N_i)) concatenated along the last axis, inserted
     after the last of their MatMuls; None (and nothing changed) when they cannot be packed. `float_weights`:
     `float_projections(model)`, found before the lowering's edits."""
-    ps = [_projection(v, float_weights) for v in outputs]
-    if any(p is None for p in ps) or len({p.bias is None for p in ps}) != 1:
+    found = [_projection(v, float_weights) for v in outputs]
+    ps = [p for p in found if p is not None]
+    if len(ps) != len(found) or len({p.bias is None for p in ps}) != 1:
         return None
+    weights = [p.weight for p in ps if p.weight is not None]
     first = ps[0].node
-    if all(p.weight is None for p in ps):
+    if not weights:
         if not _nbits_packable(ps):
             return None
         roles = ("qweight", "scales", "qzeros")
@@ -108,8 +117,8 @@ def pack_projections(
         attrs = {a.name: a.value for a in first.attributes.values()}
         attrs["N"] = sum(_attr(p.node, "N") for p in ps)
         packed = ir.node("MatMulNBits", inputs, attrs, domain=MS_DOMAIN, name=f"{name}/MatMulNBits")
-    elif all(p.weight is not None for p in ps) and len({id(p.weight.activation) for p in ps}) == 1:
-        w = np.concatenate([p.weight.kn() for p in ps], axis=1)
+    elif len(weights) == len(ps) and len({id(w.activation) for w in weights}) == 1:
+        w = np.concatenate([w.kn() for w in weights], axis=1)
         packed = ir.node(
             "MatMul", [first.inputs[0], add_initializer(graph, w, f"{name}.weight")], name=f"{name}/MatMul"
         )
@@ -118,7 +127,7 @@ def pack_projections(
     nodes = [named(packed)]
     out = packed.outputs[0]
     if ps[0].bias is not None:
-        bias = _concat(graph, [p.bias.inputs[1] for p in ps], f"{name}.bias")
+        bias = _concat(graph, [p.bias.inputs[1] for p in ps if p.bias is not None], f"{name}.bias")
         nodes.append(named(ir.node("Add", [out, bias], name=f"{name}/Add")))
         out = nodes[-1].outputs[0]
     last = max((p.node for p in ps), key=graph.index)
