@@ -185,3 +185,9 @@ def test_hash_changes_with_every_parameter(default):
         seen.add(m.hash)
     text_changed = Machine.from_dict(_with(default.content, "energy.dram_read_bit.source", "other source"))
     assert text_changed.hash not in seen
+
+
+def test_every_schema_section_is_declared_on_machine_for_the_type_checker():
+    from edgekit.targets.x1.machine import SCHEMA, Machine
+
+    assert set(SCHEMA) == {k for k, v in Machine.__annotations__.items() if v == "Section"}

@@ -138,6 +138,20 @@ class Section:
 class Machine:
     """A validated machine description. Build with `load_machine(path)` or `Machine.from_dict(d)`."""
 
+    # one Section per SCHEMA section, set in __init__ (tests/test_x1_machine.py checks the two lists agree)
+    machine: Section
+    process: Section
+    clock: Section
+    matrix: Section
+    attention: Section
+    vector: Section
+    sram: Section
+    near_memory: Section
+    dram: Section
+    numerics: Section
+    queues: Section
+    power: Section
+
     def __init__(self, content: dict, path: str | None = None):
         self.content = content  # canonical: validated and type-normalised
         self.path = path
