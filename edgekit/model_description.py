@@ -5,15 +5,15 @@ times (the graph specs, the X1 cost model's presets, the Orin estimate's shapes 
 reader, four vision types), and they drifted: the X1 model's `radreport-tiny` counted a 1024-token vocabulary
 against the embedded model's 588. A source is described here once: edgekit's own `ModelConfig`
 (`from_model_config`), a Hugging Face `config.json` through its family (`edgekit.hf.describe`), or a named
-preset. The X1 and Orin cost models read a `ModelDescription`; the graph builders' specs carry the same numbers
-plus how to build them (norm epsilons, rotary tables, weight names).
+preset; `edgekit.describe_model` finds which from a name or a path. The X1 and Orin cost models read a
+`ModelDescription`; the graph builders' specs carry the same numbers plus how to build them (norm epsilons, rotary
+tables, weight names).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from edgekit.decoder_shape import DecoderShape
@@ -21,7 +21,8 @@ from edgekit.errors import ConfigError
 from edgekit.positions import MROPE, TEXT
 
 
-def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
+def check_positive_int(name: str, value: Any, minimum: int = 1) -> None:
+    """A shape field must be a whole number >= `minimum` (bools refused), else one line naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"model shape field '{name}' must be an integer >= {minimum}, got {value!r}")
 
@@ -44,8 +45,8 @@ class VisionDescription:
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "hidden", "layers", "mlp", "channels", "frames", "pool_stride"):
-            _positive_int(f"vision.{name}", getattr(self, name))
-        _positive_int("vision.tiles", self.tiles)
+            check_positive_int(f"vision.{name}", getattr(self, name))
+        check_positive_int("vision.tiles", self.tiles)
 
     @property
     def patches(self) -> int:
@@ -128,21 +129,6 @@ def from_model_config(config, name: str = "radreport-tiny") -> ModelDescription:
     return ModelDescription(name, *dims, False, vision, "radreport-tiny")
 
 
-def describe_config(cfg: dict[str, Any], name: str, where: str | Path = "config.json") -> ModelDescription:
-    """A `config.json` as a bundle or a model directory holds it: a Hugging Face one (it names its `model_type`),
-    described by its family, or edgekit's own."""
-    if "model_type" in cfg or "hidden_size" in cfg:
-        from edgekit.hf.describe import describe_hf  # importing edgekit.hf takes a second
-
-        return describe_hf(cfg, name, where)
-    from edgekit.export.model_config import ModelConfig
-
-    try:
-        return from_model_config(ModelConfig.from_dict(cfg), name)
-    except TypeError as err:
-        raise ConfigError(f"not a model config: {err}", where) from err
-
-
 def _radreport_tiny() -> ModelDescription:
     """The embedded model as it ships (its weights' config.json, found through the model-family registry)."""
     from edgekit.export.model_config import ModelConfig
@@ -165,24 +151,3 @@ PRESETS = {
     "llama-3.2-3b": lambda: ModelDescription("llama-3.2-3b", 3072, 28, 24, 8, 128, 8192, 128256, True, family="llama"),
     "smollm2-1.7b": lambda: ModelDescription("smollm2-1.7b", 2048, 24, 32, 32, 64, 8192, 49152, True, family="llama"),
 }
-
-
-def read_config(path: str | Path, name: str | None = None) -> ModelDescription:
-    """A `config.json` file (Hugging Face or edgekit's own), read by the one config reader."""
-    from edgekit.hf.config import read_config_file
-
-    path = Path(path)
-    return describe_config(read_config_file(path), name or path.parent.name or path.stem, path)
-
-
-def describe(model: str | Path, presets: dict | None = None) -> ModelDescription:
-    """A preset name (`qwen2-7b`, `radreport-tiny`, ...) or a path to a `config.json` or its directory."""
-    known = PRESETS if presets is None else presets
-    if isinstance(model, str) and model in known:
-        return known[model]()
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        return read_config(path)
-    raise ConfigError(f"unknown model '{model}' (known: {', '.join(known)}; or a path to a config.json)")

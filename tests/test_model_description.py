@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from edgekit.describe_model import describe, describe_config
 from edgekit.errors import ConfigError
 from edgekit.hf.config import VLM_TYPES
 from edgekit.hf.family import FAMILY_MODULES, MODEL_TYPES, VlmFamily, family_for, family_named
-from edgekit.model_description import MROPE, TEXT, ModelDescription, describe, describe_config
+from edgekit.model_description import MROPE, TEXT, ModelDescription
 from edgekit.plugins import get_model_family
 
 REPO = Path(__file__).resolve().parents[1]

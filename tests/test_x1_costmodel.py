@@ -9,8 +9,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from edgekit.describe_model import describe
 from edgekit.errors import ConfigError
-from edgekit.model_description import QWEN2_7B, SMOLLM2_135M, describe
+from edgekit.model_description import QWEN2_7B, SMOLLM2_135M
 from edgekit.targets.x1.costmodel import Workload, estimate_decode, kv_placement
 from edgekit.targets.x1.machine import Machine, load_machine
 

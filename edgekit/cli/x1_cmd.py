@@ -53,7 +53,7 @@ def estimate(
     as_json: JsonOption = False,
 ) -> None:
     """Per-token decode latency and energy from the analytic cost model, by op type, with the bound type."""
-    from edgekit.model_description import describe
+    from edgekit.describe_model import describe
     from edgekit.targets.x1.costmodel import Workload, estimate_decode
     from edgekit.targets.x1.machine import load_machine
 

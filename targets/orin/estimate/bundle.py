@@ -65,8 +65,8 @@ def read_bundle(path: str | Path):
     from edgekit import names
     from edgekit.bundle import load_bundle
     from edgekit.bundle.manifest import read_manifest
+    from edgekit.describe_model import describe_config
     from edgekit.errors import BundleError, EdgekitError
-    from edgekit.model_description import describe_config
     from edgekit.prompt import prompt_ids
 
     root = Path(path)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from edgekit.errors import ConfigError
 from edgekit.model_description import PRESETS as KNOWN_MODELS
-from edgekit.model_description import ModelDescription, VisionDescription, _positive_int
+from edgekit.model_description import ModelDescription, VisionDescription, check_positive_int
 
 WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")
 COMPUTE_DTYPES = ("fp32", "fp16", "int8")
@@ -91,7 +91,7 @@ class Precision:
                 raise ConfigError(f"field '{name}' = {v!r} (expected one of {', '.join(WEIGHT_DTYPES)})")
         if self.compute is not None and self.compute not in COMPUTE_DTYPES:
             raise ConfigError(f"field 'compute' = {self.compute!r} (expected one of {', '.join(COMPUTE_DTYPES)})")
-        _positive_int("block", self.block)
+        check_positive_int("block", self.block)
         if not 0.0 < self.head_keep <= 1.0:
             raise ConfigError(f"field 'head_keep' = {self.head_keep!r} (expected 0 < keep <= 1)")
 
