@@ -46,6 +46,24 @@ class PrecisionGate:
 
 
 @dataclass(frozen=True)
+class RolloutSettings:
+    """[rollout]: the canary window, its thresholds, the quality gate and the drop folder."""
+
+    canary_reports: int = 20
+    canary_s: float = 600.0
+    min_reports: int = 5  # reports in the window before its error rate and p95 are judged
+    max_error_rate: float = 0.2
+    max_p95_ratio: float = 2.0  # against the previous bundle's recent p95
+    max_energy_ratio: float = 1.5  # mean energy per report against the previous bundle's (same meter)
+    min_delivery_rate: float = 0.8  # SR deliveries delivered / (delivered + dead letters) in the window
+    gate_split: Path | None = None  # a held-out split (edgekit data synth's layout) the new bundle must pass
+    gate_min_f1: float = 0.0
+    gate_limit: int = 8
+    drop_dir: Path | None = None
+    max_bundle_bytes: int = 8 * 1024**3  # a bundle uploaded to POST /v1/variants/{name}/bundles
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     state_dir: Path = DEFAULT_STATE_DIR
     socket: Path = DEFAULT_SOCKET
@@ -106,6 +124,8 @@ class DaemonConfig:
     # bundles load unsigned. A bundle that is unsigned, tampered or signed by another key is refused on every load
     # and every switch (edgekit.bundle.signing).
     trusted_keys: tuple[PublicKey, ...] = ()
+    # [rollout]: a new bundle for a variant is staged, gated, switched to and watched (daemon/rollout.py)
+    rollout: RolloutSettings = RolloutSettings()
     # [dicom], [dimse], [delivery], [[destinations]]: DICOM networking (dicom_config.py)
     dicom: DicomSettings = DicomSettings()
     source: Path | None = None  # the file this was read from (None: defaults only)
@@ -227,6 +247,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
         if section == "trust":
             out["trusted_keys"] = _trust(table, path)
             continue
+        if section == "rollout":
+            out["rollout"] = _rollout(table, path)
+            continue
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] must be a table", path)
         for key, value in table.items():
@@ -314,6 +337,29 @@ def _trust(table: Any, path: Path) -> tuple[PublicKey, ...]:
         return tuple(read_public_keys(keys, base=path.parent))
     except EdgekitError as err:
         raise ConfigError(f"trust.public_keys: {err}", path) from None
+
+
+def _rollout(table: Any, path: Path) -> RolloutSettings:
+    """[rollout]: RolloutSettings' fields by name; paths relative to this file; every number checked."""
+    if not isinstance(table, dict):
+        raise ConfigError("[rollout] must be a table", path)
+    known = {f.name: f for f in fields(RolloutSettings)}
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(f"unknown key rollout.{key} (known: {', '.join(known)})", path)
+        if key in ("gate_split", "drop_dir"):
+            if not isinstance(value, str):
+                raise ConfigError(f"rollout.{key} must be a path", path)
+            values[key] = _resolve(Path(value), path)
+            continue
+        whole = key in ("canary_reports", "min_reports", "gate_limit", "max_bundle_bytes")
+        ok = isinstance(value, int) if whole else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok or not math.isfinite(value) or value < (1 if whole else 0):
+            kind = "a whole number >= 1" if whole else "a number >= 0"
+            raise ConfigError(f"rollout.{key} must be {kind}, got {value!r}", path)
+        values[key] = value
+    return RolloutSettings(**values)
 
 
 def _precision_gate(table: Any, path: Path) -> PrecisionGate:

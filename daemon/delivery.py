@@ -170,6 +170,8 @@ class DeliveryWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.calling_ae = "EDGEKIT"
+        # each settled delivery (delivered, or a dead letter) by the job's variant, for the rollouts' canary windows
+        self.on_outcome: Callable[[str | None, bool], None] | None = None
 
     def start(self) -> None:
         self.refresh_gauges()
@@ -218,6 +220,8 @@ class DeliveryWorker:
         self.deliveries.delivered(d)
         self.metrics.deliveries.labels(d.destination, "delivered").inc()
         job = self.store.get(d.job_id)
+        if self.on_outcome is not None:
+            self.on_outcome(job.variant if job else None, True)
         if job is not None and job.finished:
             self.metrics.delivery_latency.observe(max(0.0, time.time() - job.finished))
         log.info("delivered job %s to %s", d.job_id, d.destination)
@@ -236,6 +240,9 @@ class DeliveryWorker:
         last = d.attempts + 1 >= settings.max_attempts
         state = self.deliveries.failed(d, text, None if last else time.time() + wait)
         self.metrics.deliveries.labels(d.destination, "dead" if state == DEAD else "retry").inc()
+        if state == DEAD and self.on_outcome is not None:
+            job = self.store.get(d.job_id)
+            self.on_outcome(job.variant if job else None, False)
         log.warning(
             "delivery of job %s to %s failed (attempt %d): %s%s",
             d.job_id,

@@ -62,6 +62,12 @@ class Metrics:
             "edgekit_policy_switches", "Variant switches the policy made", ["from", "to", "reason"], registry=r
         )
         self.power = Gauge("edgekit_power_watts", "Power the meters read now", ["rail", "source"], registry=r)
+        self.rollout_steps = Counter(
+            "edgekitd_rollout_steps",
+            "Steps of bundle rollouts by variant: staged, gated, gate_failed, switched, committed, rolled_back",
+            ["variant", "step"],
+            registry=r,
+        )
         self.energy = Counter(
             "edgekit_energy_joules", "Energy of the reports served, by variant", ["variant", "source"], registry=r
         )

@@ -131,6 +131,28 @@ class Routes:
                 {"tags": ["variants"], "summary": "Load and warm a variant, then route new work to it"},
             ),
             Route(
+                "POST",
+                "/v1/variants/{name}/bundles",
+                self.post_bundle,
+                {
+                    "tags": ["variants"],
+                    "summary": "Install a new bundle (.ekb body) for a variant: verified, staged, gated, switched to, "
+                    "then watched for a canary window that commits it or rolls back",
+                    "openapi_extra": {
+                        "requestBody": {
+                            "required": True,
+                            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                        }
+                    },
+                },
+            ),
+            Route(
+                "POST",
+                "/v1/variants/{name}/rollback",
+                self.post_rollback,
+                {"tags": ["variants"], "summary": "Serve the variant's previous bundle again"},
+            ),
+            Route(
                 "GET",
                 "/v1/policy",
                 self.get_policy,
@@ -279,6 +301,12 @@ class Routes:
     async def put_active(self, body: ActiveVariant) -> dict[str, Any]:
         loaded = await asyncio.to_thread(self.daemon.activate, body.name)
         return {**self.daemon.variants(), "active": loaded.name}
+
+    async def post_bundle(self, name: str, request: Request) -> dict[str, Any]:
+        return await self.daemon.receive_bundle(name, request.stream())
+
+    async def post_rollback(self, name: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.daemon.rollback, name)
 
     # --- policy -------------------------------------------------------------------------------------------------
     async def get_policy(self) -> dict[str, Any]:

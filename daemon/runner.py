@@ -12,6 +12,7 @@ import logging
 import shutil
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from edgekit.errors import EdgekitError, TextModelError
@@ -33,6 +34,8 @@ class ReportRunner:
     def __init__(self, registry: VariantRegistry, store: JobStore, metrics: Metrics, ingestor: Ingestor):
         self.registry, self.store, self.metrics, self.ingestor = registry, store, metrics, ingestor
         self.recent_ms: deque[float] = deque(maxlen=RECENT_REPORTS)  # the policy's "recent p95" reads these
+        # each report's outcome for the rollouts' canary windows: (variant, ok, total_ms, energy_j)
+        self.observe: Callable[[str, bool, float | None, float | None], None] | None = None
 
     def __call__(self, work: Work) -> None:
         if work.job_id:
@@ -45,12 +48,15 @@ class ReportRunner:
             work.future.set_result(out)
         except EdgekitError as err:
             self.metrics.reports.labels(self._label(work), err.code).inc()
+            if err.http_status >= 500:  # the model's fault, not the request's: the canary counts it
+                self._observe(work, False)
             log.info("report %s failed: %s", work.job_id or "sync", err.code)
             if work.job_id:
                 self.store.finish(work.job_id, error={**err.to_json(), "status": err.http_status})
             work.future.set_exception(err)
         except Exception as exc:  # a bug: keep the traceback in the log, give the client a stable code
             self.metrics.reports.labels(self._label(work), "internal_error").inc()
+            self._observe(work, False)
             log.exception("report %s crashed", work.job_id or "sync")
             if work.job_id:
                 self.store.finish(
@@ -65,6 +71,10 @@ class ReportRunner:
                 work.stream.close()  # after an error too: readers then see the job's final state
             if work.cleanup is not None:
                 shutil.rmtree(work.cleanup, ignore_errors=True)
+
+    def _observe(self, work: Work, ok: bool, total_ms: float | None = None, energy_j: float | None = None) -> None:
+        if self.observe is not None and work.variant in self.registry.specs:
+            self.observe(work.variant, ok, total_ms, energy_j)
 
     def _label(self, work: Work) -> str:
         """A metrics label only once the name is known to be configured (clients choose the name)."""
@@ -101,6 +111,8 @@ class ReportRunner:
         self.recent_ms.append(out["timings"]["total_ms"] + out["timings"]["queue_ms"])
         if report.energy_j is not None:
             self.metrics.energy.labels(variant, report.energy_source).inc(report.energy_j)
+        if self.observe is not None:
+            self.observe(variant, True, out["timings"]["total_ms"], report.energy_j)
         log.info(
             "report %s variant=%s study=%s tokens=%d total_ms=%.0f",
             work.job_id or "sync",

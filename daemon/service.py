@@ -30,6 +30,7 @@ from .notify import Notifier
 from .policy_loop import PolicyLoop, PolicyNotConfiguredError, settings_from_json
 from .queue import WorkQueue
 from .received import QuarantinedError, ReceivedStudies
+from .rollout import Rollout
 from .runner import ReportRunner
 from .signals import SignalReader
 from .streams import StreamHub
@@ -73,6 +74,7 @@ class Daemon:
         self.queue: WorkQueue | None = None
         self.runner: ReportRunner | None = None
         self.policy: PolicyLoop | None = None
+        self.rollout: Rollout | None = None
         self.signals: SignalReader | None = None
         self.ready = False
         self.failed: str | None = None
@@ -151,10 +153,14 @@ class Daemon:
         """Blocking: build/load/warm the active variant, start workers, requeue unfinished jobs, then READY=1."""
         try:
             registry = self.registry = VariantRegistry(self.cfg, say=self.say, on_change=self._loaded_changed)
+            rollout = self.rollout = Rollout(self.cfg.state_dir, registry, lambda: self.cfg.rollout, self._count_step)
+            rollout.recover()  # an unfinished rollout goes back before anything loads; each variant's live slot
             self.signals = SignalReader(self.cfg, self.metrics)
             self.signals.start()
             registry.meter = self.signals.meter
             runner = self.runner = ReportRunner(registry, self.store, self.metrics, self.ingestor)
+            runner.observe = rollout.observe_report
+            self.delivery.on_outcome = rollout.observe_delivery
             self.queue = WorkQueue(runner, self.metrics, workers=self.cfg.workers, max_queue=self.cfg.max_queue)
             self.signals.attach(self.queue, runner)
             if self.cfg.policy is not None:  # the policy's first decision picks the variant that loads first
@@ -183,6 +189,7 @@ class Daemon:
         )
         self.notifier.start_watchdog(self.loop_alive)
         threading.Thread(target=self._keep_alive, args=(registry,), name="edgekitd-keep-alive", daemon=True).start()
+        threading.Thread(target=self._rollout_ticks, name="edgekitd-rollout", daemon=True).start()
         if self.policy is not None:
             threading.Thread(target=self.policy.run, args=(self._stopped,), name="edgekitd-policy", daemon=True).start()
 
@@ -191,6 +198,18 @@ class Daemon:
         while not self._stopped.wait(min(5.0, max(0.05, abs(self.cfg.keep_alive_s) / 4))):
             for name in registry.unload_idle():
                 self.notifier.status(self.summary(f"unloaded idle variant {name}"))
+
+    def _rollout_ticks(self) -> None:
+        """Canary windows that ran out of time, and bundles dropped in [rollout] drop_dir, once a second."""
+        while not self._stopped.wait(1.0):
+            try:
+                if self.rollout is not None:
+                    self.rollout.tick()
+            except Exception:  # noqa: BLE001 - a bug in one tick must not end the rollouts; it is logged
+                log.exception("rollout tick failed")
+
+    def _count_step(self, variant: str, step: str) -> None:
+        self.metrics.rollout_steps.labels(variant, step).inc()
 
     def _loaded_changed(self, loaded: set[str]) -> None:
         self.metrics.set_loaded(loaded, set(self.registry.specs) if self.registry else loaded)
@@ -254,7 +273,42 @@ class Daemon:
     def variants(self) -> dict[str, Any]:
         if self.registry is None:
             raise NotReadyError("the model is still loading; retry shortly")
-        return {"active": self.registry.active, "variants": self.registry.describe()}
+        items = self.registry.describe()
+        if self.rollout is not None:
+            for item in items:
+                item["slots"] = self.rollout.describe(item["name"])
+        return {"active": self.registry.active, "variants": items}
+
+    async def receive_bundle(self, name: str, chunks: BodyChunks) -> dict[str, Any]:
+        """POST /v1/variants/{name}/bundles: the body (an .ekb) written beside the variant's slots, bounded by
+        [rollout] max_bundle_bytes, then verified, staged, gated and switched to (daemon/rollout.py)."""
+        import asyncio
+
+        from .slots import SlotDir
+        from .uploads import UploadTooLargeError
+
+        registry, _ = self.serving()
+        registry.check(name)
+        self.check_free_space()
+        limit = self.cfg.rollout.max_bundle_bytes
+        path = SlotDir(self.cfg.state_dir, name).incoming()
+        try:
+            size = 0
+            with open(path, "wb") as f:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > limit:
+                        raise UploadTooLargeError(f"the bundle is over rollout.max_bundle_bytes ({limit} bytes)")
+                    f.write(chunk)
+            assert self.rollout is not None
+            return await asyncio.to_thread(self.rollout.install, name, path, move=True)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def rollback(self, name: str) -> dict[str, Any]:
+        self.serving()
+        assert self.rollout is not None
+        return self.rollout.rollback(name, "by hand (POST /v1/variants/{name}/rollback)")
 
     def activate(self, name: str) -> Loaded:
         """Blocking: load and warm `name`, then route new work to it. Under a policy this pins the variant (mode

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +86,8 @@ class VariantRegistry:
         self._loading: dict[str, threading.Lock] = {}
         self.loaded: dict[str, Loaded] = {}
         self.specs: dict[str, Variant] = {}
+        self.configured: dict[str, Variant] = {}
+        self.installed: dict[str, Path] = {}  # variants serving a rollout's slot instead of the config's bundle
         self._text: dict[str, bool] = {}  # whether a variant's bundle is a text model's, read from its manifest
         self.active = ""
         self.threads: int | None = None
@@ -104,6 +106,8 @@ class VariantRegistry:
         if not specs:
             specs = {DEFAULT_VARIANT: Variant(DEFAULT_VARIANT, default_bundle(cfg, self._say))}
         with self._lock:
+            self.configured = dict(specs)  # the bundles the config names; a rollout's slot replaces one (install)
+            specs = {n: replace(v, bundle=self.installed[n]) if n in self.installed else v for n, v in specs.items()}
             self.specs = specs
             self._text.clear()  # a reload may point a name at another bundle
             for name in list(self.loaded):
@@ -263,6 +267,27 @@ class VariantRegistry:
                 if self.loaded.get(name) is loaded:
                     del self.loaded[name]
                     self._on_change()
+
+    def load_slot(self, name: str, bundle: Path) -> Loaded:
+        """Variant `name`'s settings over another bundle, loaded and warmed beside the serving one (a rollout's
+        gate); nothing routes to it until `install`."""
+        return self._load(replace(self.specs[name], bundle=bundle))
+
+    def install(self, name: str, bundle: Path | None, loaded: Loaded | None = None) -> None:
+        """Serve `bundle` (None: the config's own) as variant `name` from now on: `loaded` if the caller loaded it,
+        else loaded on the next request. Reports running keep the Reporter they hold."""
+        with self._lock:
+            if bundle is None:
+                self.installed.pop(name, None)
+            else:
+                self.installed[name] = bundle
+            self.specs[name] = replace(self.configured[name], bundle=bundle or self.configured[name].bundle)
+            self._text.pop(name, None)
+            if loaded is not None:
+                self.loaded[name] = loaded
+            else:
+                self.loaded.pop(name, None)
+            self._on_change()
 
     def _is_loading(self, name: str) -> bool:
         gate = self._loading.get(name)
