@@ -50,12 +50,11 @@ def _one_line(err: str) -> str:
     return err
 
 
-@pytest.mark.parametrize("target", ["x1", "orin"])
-def test_int8_for_a_blocked_target_upgrades_an_opset_17_file(tmp_path, capsys, target):
+def test_int8_as_blocked_dequantize_upgrades_an_opset_17_file(tmp_path, capsys):
     """Blocked INT8 DequantizeLinear (`block_size`) is opset 21, as INT4's is: the file is upgraded first."""
     src, out = tmp_path / "mlp.onnx", tmp_path / "mlp-int8.onnx"
     onnx.save(mlp(), src)
-    assert main(["optimize", str(src), "-o", str(out), "--pass", f"int8:target={target}", "--json"]) == 0
+    assert main(["optimize", str(src), "-o", str(out), "--pass", "int8:format=qdq-blocked", "--json"]) == 0
     (report,) = json.loads(capsys.readouterr().out)["passes"]
     assert report["notes"]["opset_upgraded"] == "17 -> 21"
     x = np.random.default_rng(1).standard_normal((2, 5, 64)).astype(np.float32)
@@ -66,7 +65,7 @@ def test_int8_for_a_blocked_target_upgrades_an_opset_17_file(tmp_path, capsys, t
 def test_cli_quantizes_an_unnamed_opset_17_file_for_orin(tmp_path, capsys):
     src, out = tmp_path / "mlp.onnx", tmp_path / "mlp-int4.onnx"
     onnx.save(mlp(), src)
-    assert main(["optimize", str(src), "-o", str(out), "--pass", "int4:block=32,target=orin", "--json"]) == 0
+    assert main(["optimize", str(src), "-o", str(out), "--pass", "int4:block=32,format=qdq-blocked", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     (report,) = doc["passes"]
     assert report["notes"]["opset_upgraded"] == "17 -> 21"  # blocked DequantizeLinear needs opset 21

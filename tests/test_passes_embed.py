@@ -32,7 +32,7 @@ def _run(model):
     "spec, op",
     [
         ("qembed:block=32", "GatherBlockQuantized"),
-        ("qembed:block=32,target=orin", "DequantizeLinear"),
+        ("qembed:block=32,format=qdq-blocked", "DequantizeLinear"),
         ("qembed:block=16,bits=8", "DequantizeLinear"),
     ],
 )
@@ -67,10 +67,10 @@ def test_interface_is_unchanged_and_error_is_small():
 
 
 def test_bad_configs_are_refused():
-    with pytest.raises(ConfigError, match="qembed.encoding"):
-        make_pass("qembed:encoding=gather,bits=8")
-    with pytest.raises(ConfigError, match="qembed.encoding"):
-        make_pass("qembed:encoding=gather,target=orin")
+    with pytest.raises(ConfigError, match="qembed.format: gather-block-quantized stores 4-bit weights, not 8-bit"):
+        make_pass("qembed:format=gather-block-quantized,bits=8")
+    with pytest.raises(ConfigError, match="qembed.format: unknown weight format"):
+        make_pass("qembed:format=gather")
     with pytest.raises(ConfigError, match="qembed.block"):
         make_pass("qembed:block=48")
     model, _ = _embed()
@@ -85,7 +85,7 @@ def test_a_graph_without_an_embedding_table_is_refused():
         make_pass("qembed")(model)  # already quantized: nothing float left to gather from
 
 
-@pytest.mark.parametrize("spec", ["qembed:block=32", "qembed:block=32,target=x1", "qembed:block=16,bits=8"])
+@pytest.mark.parametrize("spec", ["qembed:block=32", "qembed:block=32,format=qdq-blocked", "qembed:block=16,bits=8"])
 def test_calibration_reads_the_table_a_quantised_graph_gathers(tmp_path, spec):
     """Calibration (AWQ, head scores) feeds real embeddings: after qembed the table is codes and scales, and
     what calibration needs is what the graph gathers, not its first 2-D initializer."""

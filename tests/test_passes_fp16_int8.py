@@ -82,15 +82,14 @@ def test_int8_precondition():
         make_pass("int8")(model)
 
 
-@pytest.mark.parametrize("target", ["x1", "orin"])
-def test_int8_blocked_dequantize_for_npu_targets(target):
-    """orin/x1: weight-only INT8 as symmetric blocked DequantizeLinear (axis 0) feeding each MatMul, no ORT
+def test_int8_blocked_dequantize_for_npu_targets():
+    """qdq-blocked (orin, x1): weight-only INT8 as symmetric blocked DequantizeLinear (axis 0) feeding each MatMul, no ORT
     dynamic-quantization ops; the integers are int4_encode's quantizer at 8 bits, and ORT runs the graph."""
     import numpy as np
 
     model = build_decoder(random_weights(SMALL, 0), SPEC)
     io, before = _io(model), ir.to_proto(model).SerializeToString()
-    report = make_pass(f"int8:target={target},block=32")(model).report
+    report = make_pass("int8:format=qdq-blocked,block=32")(model).report
     assert _io(model) == io and report.notes["encoding"] == "DequantizeLinear-int8"
     assert not any(n.op_type in ("MatMulInteger", "DynamicQuantizeLinear") for n in model.graph)
     dqs = [n for n in model.graph if n.op_type == "DequantizeLinear"]
@@ -110,4 +109,4 @@ def test_int8_npu_targets_refuse_reduce_range():
     from edgekit.errors import ConfigError
 
     with pytest.raises(ConfigError, match="reduce_range"):
-        make_pass("int8:target=x1,reduce_range=true")
+        make_pass("int8:format=qdq-blocked,reduce_range=true")

@@ -64,7 +64,9 @@ def test_config_parses_types_and_lists():
         ("mixed=-1", "int4.mixed"),
         ("symmetric=maybe", "int4.symmetric"),
         ("colour=red", "colour"),
-        ("target=orin,symmetric=false", "symmetric"),
+        ("format=qdq-blocked,symmetric=false", "int4.symmetric"),
+        ("format=qdq-blocked,float_zeros=true", "int4.float_zeros"),
+        ("format=nope", "int4.format"),
         ("block", "key=value"),
     ],
 )

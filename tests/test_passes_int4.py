@@ -93,7 +93,7 @@ def test_matmulnbits_node_runs_in_ort_like_numpy():
 
 def test_qdq_encoding_is_symmetric_blocked_int4_and_matches_numpy():
     model = _decoder()
-    make_pass("int4:block=32,target=orin")(model)
+    make_pass("int4:block=32,format=qdq-blocked")(model)
     dqs = [nd for nd in model.graph if nd.op_type == "DequantizeLinear"]
     assert len(dqs) == 15
     for dq in dqs:
@@ -109,16 +109,16 @@ def test_qdq_encoding_is_symmetric_blocked_int4_and_matches_numpy():
     assert wq.dtype == ml_dtypes.int4
 
 
-def test_orin_refuses_asymmetric():
-    with pytest.raises(ConfigError, match="symmetric"):
-        make_pass("int4:target=orin,symmetric=false")
+def test_the_dequantizelinear_format_refuses_asymmetric():
+    with pytest.raises(ConfigError, match="int4.symmetric: format qdq-blocked takes symmetric weights only"):
+        make_pass("int4:format=qdq-blocked,symmetric=false")
 
 
 @pytest.mark.parametrize(
     "spec",
     [
         "int4:block=32",
-        "int4:block=32,target=orin",
+        "int4:block=32,format=qdq-blocked",
         "int4:block=64,symmetric=false",
         "int4:block=32,method=awq,mixed=2,calib=4,awq_grid=5",
     ],

@@ -60,9 +60,9 @@ def quantized_error(proto: onnx.ModelProto, spec: str) -> tuple[float, ir.Model]
         "int4:block=32,method=rtn",
         "int4:block=32,method=awq",
         "int4:block=32,method=awq-gptq,symmetric=true",
-        "int4:block=32,method=hqq,target=orin",
-        "int4:block=32,method=awq,target=orin",  # the AWQ Mul in front of each unfolded group
-        "int8:block=32,target=x1",
+        "int4:block=32,method=hqq,format=qdq-blocked",
+        "int4:block=32,method=awq,format=qdq-blocked",  # the AWQ Mul in front of each unfolded group
+        "int8:block=32,format=qdq-blocked",
     ],
 )
 def test_unnamed_graph_gets_unique_node_names_and_ort_loads_it(spec):
@@ -324,12 +324,12 @@ def test_float_zeros_and_refit_lower_gptq_output_error():
     assert (rows(s1, z1) <= rows(s0, z0) + 1e-9).all() and rows(s1, z1).sum() < 0.5 * rows(s0, z0).sum()
 
 
-@pytest.mark.parametrize("target", ["x1", "orin"])
-def test_dequantizelinear_targets_keep_integer_symmetric_int4(target):
-    """Float zero points are MatMulNBits' alone: x1/orin refuse them and their default stays symmetric."""
+def test_the_dequantizelinear_format_keeps_integer_symmetric_int4():
+    """Float zero points are MatMulNBits' alone: qdq-blocked (orin, x1) refuses them and its default stays
+    symmetric."""
     with pytest.raises(ConfigError, match="float_zeros"):
-        make_pass(f"int4:target={target},float_zeros=true")
-    p = make_pass(f"int4:target={target}")
+        make_pass("int4:format=qdq-blocked,float_zeros=true")
+    p = make_pass("int4:format=qdq-blocked")
     assert not p.float_zeros and p.symmetric
     with pytest.raises(ConfigError, match="hqq"):
         make_pass("int4:method=hqq,float_zeros=true")

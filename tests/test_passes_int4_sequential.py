@@ -138,22 +138,22 @@ def test_sequential_asymmetric_calibration_lowers_the_end_to_end_error():
     assert gptaq < gain_only, (gptaq, gain_only)
 
 
-@pytest.mark.parametrize("target", ["cpu", "x1"])
-def test_default_is_sequential_and_valid_on_unnamed_nodes(target):
+@pytest.mark.parametrize("weight_format", ["matmulnbits", "qdq-blocked"])
+def test_default_is_sequential_and_valid_on_unnamed_nodes(weight_format):
     """The default (awq-gptq, sequential) on an unnamed graph with a Relu: ORT loads the result, for MatMulNBits
     and for the blocked DequantizeLinear encoding (integer symmetric there), and it beats the non-sequential run."""
     proto = _chain(seed=3, relu=True)
-    err, notes = _error(proto, f"int4:block=32,target={target}")
-    plain, _ = _error(proto, f"int4:block=32,target={target},sequential=false")
+    err, notes = _error(proto, f"int4:block=32,format={weight_format}")
+    plain, _ = _error(proto, f"int4:block=32,format={weight_format},sequential=false")
     assert notes["sequential_waves"] == 3 and notes["method"] == "awq-gptq"
     assert err < plain, (err, plain)
 
 
 def test_dequantizelinear_below_opset_21_is_not_captured_sequentially():
-    """orin/x1 write opset-21 DequantizeLinear: on a graph handed to the pass below it (edgekit optimize raises the
+    """qdq-blocked (orin, x1) is opset-21 DequantizeLinear: on a graph handed to the pass below it (edgekit optimize raises the
     opset first) the partly encoded model cannot run, so the MatMuls are fitted on the float inputs."""
     model = ir.from_proto(_chain(opset=17))
-    notes = make_pass("int4:block=32,target=x1")(model, PassContext(graph="m.onnx", calibration={"m.onnx": CALIB}))
+    notes = make_pass("int4:block=32,format=qdq-blocked")(model, PassContext(graph="m.onnx", calibration={"m.onnx": CALIB}))
     assert notes.report.notes["sequential_waves"] == 0
 
 

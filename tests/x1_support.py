@@ -18,7 +18,7 @@ def tiny_int4_dir(root: Path) -> Path:
 
     model = write_tiny_model(root / "model")
     export_default(model, root / "onnx")
-    rtn = make_pass("int4:block=16,target=x1,method=rtn,symmetric=true")
+    rtn = make_pass("int4:block=16,format=qdq-blocked,method=rtn,symmetric=true")
     run_pipeline(root / "onnx", root / "int4", [rtn], overwrite=True)
     return root / "int4"
 

@@ -1,5 +1,6 @@
 """INT4 weight-only quantization of every weight MatMul: RTN or AWQ-style activation-aware scaling, block-wise
-along K, with mixed precision by measured sensitivity, written in the target's encoding (`int4_encode.py`).
+along K, with mixed precision by measured sensitivity, written in the weight format `format` names
+(`weight_formats.py`: the format's encoder, and its constraints: zero points, negative scales, opset).
 
 Why these pieces:
 - RTN with an optional per-block range-shrink search (`clip`) is the weight-only baseline.
@@ -43,7 +44,7 @@ from .int4_config import (
     SHRINK_PER_CHANNEL_PER_TOKEN,
     Int4Config,
 )
-from .int4_encode import ENCODERS, QuantizedWeight, check_block, quantize_blocks
+from .int4_encode import QuantizedWeight, check_block, quantize_blocks
 from .int4_graph import (
     calibration_feeds,
     held_out,
@@ -55,6 +56,7 @@ from .int4_graph import (
 )
 from .int4_sequential import InputFit, input_fit, matmul_waves, retarget_weight
 from .patterns import WeightMatMul, matches_any, remove_if_unused, require_weight_matmuls
+from .weight_formats import WeightFormat
 
 __all__ = ["CALIB_SAMPLES", "METHODS", "RETARGET", "Int4Config", "Int4Pass", "quantize_other_weights"]
 
@@ -78,10 +80,16 @@ class Int4Pass(GraphPass):
         for m in mms:  # refuse before touching anything
             check_block(m.k, self.block_for(m.k), m.weight.name)
 
+    @property
+    def format(self) -> WeightFormat:
+        """The weight format this pass writes (`format`, or what the deprecated `target` or no choice means)."""
+        return self.config.weight_format()
+
     def min_opset(self) -> int | None:
-        """The default-domain opset the result needs: blocked DequantizeLinear (orin/x1, other_bits) is opset 21;
-        MatMulNBits is a com.microsoft op and needs none."""
-        return 21 if self.config.target in ("orin", "x1") or self.config.other_bits else None
+        """The default-domain opset the result needs: the format's (qdq-blocked: 21; MatMulNBits is a
+        com.microsoft op and needs none), and 21 for `other_bits` (blocked DequantizeLinear)."""
+        needs = [n for n in (self.format.min_opset, 21 if self.config.other_bits else None) if n is not None]
+        return max(needs) if needs else None
 
     def shrink_for(self, k: int, tokens: int) -> float:
         """GPTQ's shrinkage towards the diagonal for an input of K channels seen on `tokens` calibration tokens."""
@@ -91,17 +99,17 @@ class Int4Pass(GraphPass):
 
     @property
     def symmetric(self) -> bool:
-        """`symmetric` as set, or the target's default (asymmetric for cpu, symmetric for orin/x1)."""
+        """`symmetric` as set, else asymmetric where the format takes zero points (matmulnbits), else symmetric."""
         if self.config.symmetric is not None:
             return self.config.symmetric
-        return self.config.target != "cpu"
+        return not self.format.zero_points
 
     @property
     def float_zeros(self) -> bool:
-        """`float_zeros` as set, or on for cpu with the GPTQ methods (the DequantizeLinear encodings take none)."""
+        """`float_zeros` as set, or on with the GPTQ methods where the format takes them (qdq-blocked takes none)."""
         if self.config.float_zeros is not None:
             return self.config.float_zeros
-        return self.config.target == "cpu" and self.config.method in GPTQ_METHODS
+        return self.format.float_zero_points and self.config.method in GPTQ_METHODS
 
     @property
     def sequential(self) -> bool:
@@ -124,6 +132,7 @@ class Int4Pass(GraphPass):
     # ---------------------------------------------------------------------------------------------------------
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         cfg = self.config
+        fmt = self.format
         mms = [m for m in require_weight_matmuls(model, self.name, ctx.graph) if not matches_any(m.name, cfg.exclude)]
         needs_data = cfg.method in DATA_METHODS or cfg.mixed > 0
         acts: dict[str, np.ndarray] = {}
@@ -135,10 +144,11 @@ class Int4Pass(GraphPass):
                 k: subsample(v, ctx.seed, HESSIAN_MAX_TOKENS) for k, v in capture_values(model, names, feeds).items()
             }
 
-        # cpu with `symmetric` unset and a GPTQ method: each MatMul takes the symmetry with the lower held-out
-        # error, chosen first, so that AWQ's scale search and its check below fit the grid each MatMul will get
-        # (before, both ran asymmetric and a MatMul then quantized symmetric kept a scale fitted for the other grid)
-        choose_symmetry = cfg.symmetric is None and cfg.target == "cpu" and cfg.method in GPTQ_METHODS
+        # a format with zero points, `symmetric` unset and a GPTQ method: each MatMul takes the symmetry with the
+        # lower held-out error, chosen first, so that AWQ's scale search and its check below fit the grid each
+        # MatMul will get (before, both ran asymmetric and a MatMul then quantized symmetric kept a scale fitted
+        # for the other grid)
+        choose_symmetry = cfg.symmetric is None and fmt.zero_points and cfg.method in GPTQ_METHODS
         chosen: dict[str, bool] = {}
         if choose_symmetry:
             for m in mms:
@@ -163,7 +173,7 @@ class Int4Pass(GraphPass):
         # with external data this keeps the pass at about one float weight in memory, whatever the model size.
         act_of = {id(m): m.activation.name for m in mms}  # fixed now: applying scales re-points activations
         clip = cfg.clip or (10 if cfg.method in DATA_METHODS else 0)
-        signed = cfg.target == "cpu"  # MatMulNBits takes negative scales; TensorRT's DequantizeLinear does not
+        signed = fmt.signed_scales  # MatMulNBits takes negative scales; TensorRT's DequantizeLinear does not
         hessians: dict[str, np.ndarray] = {}
         fits: dict[str, InputFit] = {}  # sequential: the current wave's, per input
 
@@ -217,8 +227,9 @@ class Int4Pass(GraphPass):
         changes = PassChanges()
         node_names = NodeNames(model.graph)
         folded = self._apply_scales(model, mms, scales, changes, node_names)
-        encoder = ENCODERS[cfg.target]
-        opts = {"accuracy_level": cfg.accuracy_level if cfg.target == "cpu" else 0, "node_names": node_names}
+        encoder = fmt.encode_matmul
+        assert encoder is not None  # Int4Config refuses a format that stores no weight MatMuls
+        opts = {"accuracy_level": cfg.accuracy_level, "node_names": node_names}
         counts = defaultdict(int)
         float_zero_points = 0  # MatMulNBits with float zero points: 32 bits per block instead of 4
         sequential = self.sequential and self._runs_partly_encoded(model)
@@ -242,9 +253,9 @@ class Int4Pass(GraphPass):
                     bits = cfg.keep_bits if m.name in kept else 4
                     qw = quantize(m, bits, live.get(m.activation.name))
                     float_zero_points += qw.float_zeros
-                    changes.nodes_added += encoder(model, m.node, qw, m.name, opts)
-                    if cfg.target == "cpu":
-                        changes.nodes_removed += 1  # the MatMul itself became MatMulNBits
+                    added, removed = encoder(model, m.node, qw, m.name, opts)
+                    changes.nodes_added += added
+                    changes.nodes_removed += removed  # MatMulNBits replaces the MatMul itself
                     counts[f"int{bits}"] += 1
                 changes.initializers_touched.append(m.weight.name)
                 changes.nodes_removed += remove_if_unused(model, transpose)
@@ -255,9 +266,8 @@ class Int4Pass(GraphPass):
         others = quantize_other_weights(model, cfg.other_bits, cfg.block, changes, node_names) if cfg.other_bits else []
         changes.notes = {
             "other_weights": others,
-            "encoding": {"cpu": "MatMulNBits", "orin": "DequantizeLinear-int4", "x1": "DequantizeLinear-int4"}[
-                cfg.target
-            ],
+            "format": fmt.name,
+            "encoding": fmt.report_label(4),
             "method": cfg.method,
             "matmuls": dict(counts),
             "float_zero_points": float_zero_points,
@@ -278,9 +288,10 @@ class Int4Pass(GraphPass):
 
     def _runs_partly_encoded(self, model: ir.Model) -> bool:
         """Whether ONNX Runtime can run the graph with some MatMuls already encoded, as the sequential capture
-        does: MatMulNBits always; blocked DequantizeLinear (orin/x1) needs opset 21, which `edgekit optimize`
-        raises to first (`min_opset`); a graph handed to the pass below it is quantized from float inputs."""
-        return self.config.target == "cpu" or model.opset_imports.get("", 0) >= 21
+        does: a format's own opset (MatMulNBits: none; blocked DequantizeLinear: 21, which `edgekit optimize`
+        raises to first, `min_opset`); a graph handed to the pass below it is quantized from float inputs."""
+        needs = self.format.min_opset
+        return needs is None or model.opset_imports.get("", 0) >= needs
 
     # ---------------------------------------------------------------------------------------------------------
     def _awq_scales(
@@ -317,7 +328,7 @@ class Int4Pass(GraphPass):
                         self.block_for(m.k),
                         symmetric=symmetric_of(m),
                         scale_search=False,  # a proxy: the final quantizer searches
-                        signed_scales=cfg.target == "cpu",
+                        signed_scales=self.format.signed_scales,
                         name=m.weight.name,
                     )
                     err += float(((x @ (qw.dequantize().T / s[:, None]) - y) ** 2).mean())
@@ -397,7 +408,7 @@ class Int4Pass(GraphPass):
             shrink=self.shrink_for(w.shape[1], tokens),
             clip_grid=cfg.clip or 10,
             scale_search=cfg.scale_search,
-            signed_scales=cfg.target == "cpu",  # MatMulNBits takes negative scales; DequantizeLinear for TRT not
+            signed_scales=self.format.signed_scales,  # MatMulNBits takes negative scales; TRT's DequantizeLinear not
             float_zeros=self.float_zeros and bits == 4,
             code_sweeps=0 if check else cfg.code_sweeps,
             name=name,

@@ -1,5 +1,6 @@
 """The INT4 pass's settings: its tuned constants (each says where it was measured) and the typed `Int4Config` a
-recipe or `--pass int4:...` fills, with the checks that refuse a combination a target or method cannot take."""
+recipe or `--pass int4:...` fills, with the checks that refuse a combination a weight format or method cannot
+take (the format's own constraints are in `weight_formats.py`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from edgekit.errors import ConfigError
 from edgekit.names import DECODER, VISION_ENCODER
 
 from .config import PassConfig, param
+from .weight_formats import WeightFormat, WritesWeightFormat
 
 AWQ_MAX_TOKENS = 512  # tokens the alpha search multiplies through (the Hessians use up to HESSIAN_MAX_TOKENS)
 HESSIAN_MAX_TOKENS = 8192
@@ -37,12 +39,13 @@ GRAPHS = {"decoder": DECODER, "vision": VISION_ENCODER}  # the `graphs` paramete
 
 
 @dataclass
-class Int4Config(PassConfig):
+class Int4Config(WritesWeightFormat, PassConfig):
     block: int = param(32, choices=(16, 32, 64, 128), help="block size along K")
     symmetric: bool | None = param(
         None,
-        help="symmetric (no zero points; required for orin/x1) or asymmetric; unset: symmetric for orin/x1, and "
-        "for cpu per MatMul by held-out calibration error with gptq/awq-gptq (asymmetric with the others)",
+        help="symmetric (no zero points; required by qdq-blocked) or asymmetric; unset: symmetric where the format "
+        "takes no zero points, else per MatMul by held-out calibration error with gptq/awq-gptq (asymmetric with "
+        "the others)",
     )
     method: str = param(
         "awq-gptq",
@@ -54,8 +57,9 @@ class Int4Config(PassConfig):
     )
     float_zeros: bool | None = param(
         None,
-        help="asymmetric MatMuls: float zero points (MatMulNBits takes them, as ORT's HQQ writes them), with "
-        "GPTQ's block scales and offsets refitted by least squares; unset: on for cpu with gptq/awq-gptq",
+        help="asymmetric MatMuls: float zero points (matmulnbits takes them, as ORT's HQQ writes them), with "
+        "GPTQ's block scales and offsets refitted by least squares; unset: on with gptq/awq-gptq where the "
+        "format takes them",
     )
     sequential: bool | None = param(
         None,
@@ -79,15 +83,23 @@ class Int4Config(PassConfig):
         "output error falls); 1 since sequential: 1-4 percent lower error on the LLaVA tuning decoders, level "
         "on the default model's decoder (docs/passes-int4.md)",
     )
-    target: str = param(
-        "cpu", choices=("cpu", "orin", "x1"), help="encoding: cpu=MatMulNBits, orin/x1=blocked DequantizeLinear INT4"
+    format: str | None = param(
+        None,
+        help="weight format (edgekit/passes/weight_formats.py): matmulnbits (ONNX Runtime's MatMulNBits), "
+        "qdq-blocked (symmetric blocked DequantizeLinear, opset 21: TensorRT, X1), or one a target registers; "
+        "unset: the build target's first that fits, else matmulnbits",
+    )
+    target: str | None = param(
+        None,
+        help="deprecated: the format this target takes (target=cpu: matmulnbits; orin/x1: qdq-blocked); use format",
     )
     clip: int = param(
         0, min=0, max=50, help="range-shrink search steps per block (0: none for rtn/hqq; the data methods use 10)"
     )
     scale_search: bool = param(
         True,
-        help="symmetric: ORT's scale, abs-max/-8 with the abs-max's sign (positive-only for orin/x1), and with "
+        help="symmetric: ORT's scale, abs-max/-8 with the abs-max's sign (positive-only where the format takes no "
+        "negative scales, as qdq-blocked), and with "
         "calibration data also max/7 and max/7.5, chosen by output error (false: max/7 only, edgekit <= 0.9)",
     )
     refine: int = param(0, min=0, max=20, help="least-squares scale re-estimation steps after rounding (rtn/awq)")
@@ -103,7 +115,7 @@ class Int4Config(PassConfig):
         help="gptq: add this fraction of each channel's own Hessian diagonal; unset: "
         f"{SHRINK_PER_CHANNEL_PER_TOKEN} x K / calibration tokens (more when the calibration set is small)",
     )
-    accuracy_level: int = param(0, choices=(0, 1, 2, 3, 4), help="MatMulNBits accuracy_level (cpu only)")
+    accuracy_level: int = param(0, choices=(0, 1, 2, 3, 4), help="MatMulNBits accuracy_level (matmulnbits only)")
     mixed: int = param(0, min=0, max=1000, help="keep the N most sensitive MatMuls at keep_bits")
     keep: list[str] = param([], help="module-name patterns always kept at keep_bits (e.g. lm_head)")
     keep_bits: int = param(8, choices=(8, 32), help="precision of kept MatMuls (8 or 32 = float)")
@@ -132,17 +144,28 @@ class Int4Config(PassConfig):
     )
 
     def validate(self, where: str) -> None:
-        if self.target in ("orin", "x1") and self.symmetric is False:
-            raise ConfigError(
-                f"{where}.symmetric: target {self.target} takes symmetric INT4 only (TensorRT 10 refuses zero points)"
-            )
         if not self.graphs:
             raise ConfigError(f"{where}.graphs: name at least one of {', '.join(GRAPHS)}")
-        if self.target in ("orin", "x1") and self.float_zeros:
-            raise ConfigError(f"{where}.float_zeros: target {self.target} takes no zero points (symmetric INT4 only)")
         if self.sequential and self.method not in GPTQ_METHODS:
             raise ConfigError(f"{where}.sequential: only gptq and awq-gptq quantize sequentially")
         if self.retarget is not None and (self.sequential is False or self.method not in GPTQ_METHODS):
             raise ConfigError(f"{where}.retarget: only sequential gptq / awq-gptq retarget (it would be ignored here)")
         if self.method == "hqq" and self.float_zeros:
             raise ConfigError(f"{where}.float_zeros: method hqq keeps integer zero points; use gptq, awq or rtn")
+        self.check_format(where)
+
+    def format_bits(self) -> set[int]:
+        """4, and 8 where `mixed` or `keep` keep MatMuls at 8 bits (32 leaves them float)."""
+        kept = (self.mixed > 0 or bool(self.keep)) and self.keep_bits == 8
+        return {4, 8} if kept else {4}
+
+    def format_refusal(self, fmt: WeightFormat) -> str | None:
+        if self.symmetric is False and not fmt.zero_points:
+            return f"symmetric: format {fmt.name} takes symmetric weights only (no zero points)"
+        if self.float_zeros and not fmt.float_zero_points:
+            return f"float_zeros: format {fmt.name} takes no float zero points"
+        return super().format_refusal(fmt)
+
+    def also_writes(self) -> dict[str, str]:
+        """`other_bits` writes the other large weights as blocked DequantizeLinear, whatever `format` is."""
+        return {"other_bits": "qdq-blocked"} if self.other_bits else {}

@@ -1,14 +1,15 @@
-"""Block-wise weight quantization (the math) and the three ways to write it into a graph (the encodings).
+"""Block-wise weight quantization (the math) and the two ways to write a weight MatMul's quantized B into a graph
+(the encoders of the weight formats `matmulnbits` and `qdq-blocked`, registered in `weight_formats.py`).
 
-One quantizer, three encodings, so `cpu`, `orin` and `x1` variants of a model carry the same integers:
-- `cpu`  — ONNX Runtime `com.microsoft.MatMulNBits`: B uint8 (N, K/block, block*bits/8), element k of a block in
+One quantizer, several formats, so the variants of a model for every target carry the same integers:
+- `matmulnbits` — ONNX Runtime `com.microsoft.MatMulNBits`: B uint8 (N, K/block, block*bits/8), element k of a block in
   byte k//2, low nibble first (the layout ORT's own `MatMulNBitsQuantizer` writes); scales (N, K/block); zero points
   uint8 (N, ceil(K/block * bits/8)), packed the same way, or absent for symmetric (ORT then implies 2^(bits-1)), or
   float (N, K/block) in the scales' type (float zero points, as ORT's HQQ writes them; MatMulNBits takes both).
-- `orin` — `DequantizeLinear` (opset 21) of an INT4 (K, N) weight with `axis=0, block_size=B`, scale (K/B, N), no
-  zero point (TensorRT 10 takes only symmetric blocked INT4), feeding the original MatMul. ORT runs it too.
-- `x1`   — the same blocked DequantizeLinear as `orin`; the x1 compiler reads the integers and scales from it and
-  packs them in the layout the X1 streams (targets/x1/lower_matmul.py).
+- `qdq-blocked` — `DequantizeLinear` (opset 21) of an INT4 (K, N) weight with `axis=0, block_size=B`, scale
+  (K/B, N), no zero point (TensorRT 10 takes only symmetric blocked INT4), feeding the original MatMul. ORT runs it
+  too, and the x1 compiler reads the integers and scales from it and packs them in the layout the X1 streams
+  (targets/x1/lower_matmul.py).
 """
 
 from __future__ import annotations
@@ -248,7 +249,7 @@ def qdq_tensors(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
     """(signed INT4/INT8 weight (K, N), scale (K/B, N)) for a symmetric blocked DequantizeLinear on axis 0."""
     if not qw.symmetric:
         raise ConfigError(
-            "int4.symmetric: the blocked DequantizeLinear encoding (orin/x1) takes symmetric "
+            "int4.symmetric: the blocked DequantizeLinear format (qdq-blocked) takes symmetric "
             "quantization only (TensorRT 10 refuses zero points); set symmetric=true"
         )
     signed = qw.q.astype(np.int16) - 2 ** (qw.bits - 1)
@@ -257,12 +258,13 @@ def qdq_tensors(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# encoders: each replaces one weight MatMul's B with its quantized form; returns nodes added
+# encoders: each replaces one weight MatMul's B with its quantized form; returns (nodes added, nodes removed).
+# `opts` may hold `accuracy_level` (MatMulNBits') and `node_names` (a `NodeNames` shared over one pass)
 # --------------------------------------------------------------------------------------------------------------
-Encoder = Callable[[ir.Model, ir.Node, QuantizedWeight, str, dict], int]
+Encoder = Callable[[ir.Model, ir.Node, QuantizedWeight, str, dict], tuple[int, int]]
 
 
-def encode_matmulnbits(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, name: str, opts: dict) -> int:
+def encode_matmulnbits(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, name: str, opts: dict) -> tuple[int, int]:
     """Replace `matmul` (A @ B) with MatMulNBits(A, packed B, scales[, zero points])."""
     n, k = qw.q.shape
     b, scales, zp = matmulnbits_tensors(qw)
@@ -285,10 +287,10 @@ def encode_matmulnbits(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, na
     graph.remove(matmul, safe=True)
     model.opset_imports.setdefault(MS_DOMAIN, 1)
     graph.opset_imports.setdefault(MS_DOMAIN, 1)
-    return 1
+    return 1, 1  # the MatMul itself became MatMulNBits
 
 
-def encode_qdq(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, name: str, opts: dict) -> int:
+def encode_qdq(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, name: str, opts: dict) -> tuple[int, int]:
     """Feed `matmul` from DequantizeLinear(int4 (K, N), scale (K/B, N), axis=0, block_size=B)."""
     w, scale = qdq_tensors(qw)
     graph = model.graph
@@ -303,7 +305,7 @@ def encode_qdq(model: ir.Model, matmul: ir.Node, qw: QuantizedWeight, name: str,
     dq.outputs[0].shape = ir.Shape(list(w.shape))
     graph.insert_before(matmul, dq)
     matmul.replace_input_with(1, dq.outputs[0])
-    return 1
+    return 1, 0
 
 
 def _node_name(model: ir.Model, opts: dict, preferred: str) -> str:
@@ -321,6 +323,3 @@ def _copy_value_info(src: ir.Value, dst: ir.Value) -> None:
         dst.dtype = src.dtype
     if src.shape is not None:
         dst.shape = src.shape
-
-
-ENCODERS: dict[str, Encoder] = {"cpu": encode_matmulnbits, "orin": encode_qdq, "x1": encode_qdq}

@@ -1,14 +1,14 @@
-"""INT8 weight MatMuls in one of two formats, chosen by `target` (the encoding, as in `int4`):
+"""INT8 weight MatMuls in the weight format `format` names (`weight_formats.py`), as in `int4`:
 
-- `cpu` — ONNX Runtime's dynamic quantization (`quantize_dynamic`: MatMulInteger with DynamicQuantizeLinear on the
-  activation), wrapped as a pass. Why wrap rather than reimplement: that path is what ORT's CPU kernels are tuned
+- `ort-dynamic` — ONNX Runtime's dynamic quantization (`quantize_dynamic`: MatMulInteger with DynamicQuantizeLinear on
+  the activation), wrapped as a pass. Why wrap rather than reimplement: that path is what ORT's CPU kernels are tuned
   for. The wrapper adds what the bare call lacks: it folds our `Transpose -> MatMul` weights first (ORT only
   quantizes MatMuls whose B is an initializer), restricts itself to weight MatMuls, and gets edgekit's
   preconditions, numerical check and report.
-- `orin` / `x1` — weight-only INT8 as a symmetric blocked `DequantizeLinear` (opset 21, axis 0, INT8 (K, N), scale
-  (K/B, N)) feeding the original MatMul: the same quantizer and encoding as the int4 pass at 8 bits
-  (`int4_encode`), which the X1 compiler reads as `XL_GEMM.W8A8` and any opset-21 runtime runs. ORT's dynamic
-  format is a pair of contrib-style integer ops no NPU compiler reads.
+- a weight-only format (`qdq-blocked`, `matmulnbits`, or a target's own): the same symmetric block quantizer as the
+  int4 pass at 8 bits (`int4_encode`), written by the format's encoder; `qdq-blocked` is a `DequantizeLinear`
+  (opset 21, axis 0, INT8 (K, N), scale (K/B, N)) feeding the original MatMul, which the X1 compiler reads as
+  `XL_GEMM.W8A8` and any opset-21 runtime runs. ORT's dynamic format is a pair of integer ops no NPU compiler reads.
 """
 
 from __future__ import annotations
@@ -26,32 +26,48 @@ from edgekit.errors import ConfigError
 
 from .base import GraphPass, PassChanges, PassContext
 from .config import PassConfig, param
-from .int4_encode import ENCODERS, quantize_blocks
+from .int4_encode import quantize_blocks
 from .patterns import add_initializer, matches_any, remove_if_unused, require_weight_matmuls
+from .weight_formats import MATMUL, MATMUL_DYNAMIC, WeightFormat, WritesWeightFormat
 
 
 @dataclass
-class Int8Config(PassConfig):
+class Int8Config(WritesWeightFormat, PassConfig):
+    format_uses = (MATMUL, MATMUL_DYNAMIC)
+
     per_channel: bool = param(True, help="one scale per output channel")
     reduce_range: bool = param(False, help="7-bit weights (for CPUs without VNNI that overflow)")
     exclude: list[str] = param([], help="module-name patterns left in FP32")
-    target: str = param(
-        "cpu",
-        choices=("cpu", "orin", "x1"),
-        help="encoding: cpu=ORT dynamic (MatMulInteger), orin/x1=weight-only blocked DequantizeLinear INT8",
+    format: str | None = param(
+        None,
+        help="weight format: ort-dynamic (ONNX Runtime's MatMulInteger), qdq-blocked (weight-only blocked "
+        "DequantizeLinear INT8), matmulnbits, or one a target registers; unset: the build target's first that "
+        "fits, else ort-dynamic",
+    )
+    target: str | None = param(
+        None,
+        help="deprecated: the format this target takes (target=cpu: ort-dynamic; orin/x1: qdq-blocked); use format",
     )
     block: int = param(
         64,
         choices=(16, 32, 64, 128),
-        help="orin/x1: block along K (the largest of these <= block that divides K); cpu uses per_channel",
+        help="weight-only formats: block along K (the largest of these <= block that divides K); ort-dynamic "
+        "uses per_channel",
     )
 
     def validate(self, where: str) -> None:
-        if self.target != "cpu" and self.reduce_range:
-            raise ConfigError(
-                f"{where}.reduce_range: 7-bit weights are an ONNX Runtime CPU workaround; target {self.target} "
-                "takes full INT8 (set reduce_range=false)"
+        self.check_format(where)
+
+    def format_bits(self) -> set[int]:
+        return {8}
+
+    def format_refusal(self, fmt: WeightFormat) -> str | None:
+        if self.reduce_range and MATMUL_DYNAMIC not in fmt.uses:
+            return (
+                f"reduce_range: 7-bit weights are an ONNX Runtime dynamic-quantization workaround; format "
+                f"{fmt.name} takes full INT8 (set reduce_range=false)"
             )
+        return super().format_refusal(fmt)
 
 
 def fold_weight_transposes(model: ir.Model, exclude: list[str] | None = None) -> tuple[list[str], int]:
@@ -76,9 +92,18 @@ class Int8Pass(GraphPass):
     name = "int8"
     Config = Int8Config
 
+    @property
+    def format(self) -> WeightFormat:
+        return self.config.weight_format()
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether ONNX Runtime's quantizer writes the result (ort-dynamic) rather than the format's encoder."""
+        return MATMUL not in self.format.uses
+
     def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
         mms = require_weight_matmuls(model, self.name, ctx.graph)
-        if self.config.target != "cpu":
+        if not self.dynamic:
             for m in mms:
                 if not any(b <= self.config.block and m.k % b == 0 for b in (128, 64, 32, 16)):
                     raise ConfigError(
@@ -86,11 +111,11 @@ class Int8Pass(GraphPass):
                     )
 
     def min_opset(self) -> int | None:
-        """Blocked DequantizeLinear (orin/x1) is opset 21; ORT's QDQ format (cpu) needs no upgrade."""
-        return 21 if self.config.target != "cpu" else None
+        """The format's (blocked DequantizeLinear is opset 21; ORT's dynamic format needs no upgrade)."""
+        return self.format.min_opset
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
-        if self.config.target != "cpu":
+        if not self.dynamic:
             return self._transform_blocked(model)
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -121,13 +146,20 @@ class Int8Pass(GraphPass):
             nodes_added=max(nodes_after - nodes_before + removed, 0),
             nodes_removed=removed,
             initializers_touched=touched,
-            notes={"engine": "onnxruntime.quantization.quantize_dynamic", "matmuls": len(names)},
+            notes={
+                "engine": "onnxruntime.quantization.quantize_dynamic",
+                "format": self.format.name,
+                "matmuls": len(names),
+            },
         )
 
     def _transform_blocked(self, model: ir.Model) -> PassChanges:
-        """Each weight MatMul's B -> DequantizeLinear(INT8 (K, N), scale (K/B, N)), symmetric, per output column
-        and block of K (the X1's weight groups, numerics.md)."""
+        """Each weight MatMul's B -> the format's INT8 encoding (qdq-blocked: DequantizeLinear(INT8 (K, N), scale
+        (K/B, N))), symmetric, per output column and block of K (the X1's weight groups, numerics.md)."""
         cfg = self.config
+        fmt = self.format
+        encoder = fmt.encode_matmul
+        assert encoder is not None  # `dynamic` is False only for formats that store weight MatMuls
         changes = PassChanges()
         blocks = set()
         for m in require_weight_matmuls(model, self.name):
@@ -137,13 +169,16 @@ class Int8Pass(GraphPass):
             blocks.add(block)
             transpose = m.transpose
             qw = quantize_blocks(m.kn().T, block, bits=8, symmetric=True, name=m.weight.name)
-            changes.nodes_added += ENCODERS[cfg.target](model, m.node, qw, m.name, {})
+            added, removed = encoder(model, m.node, qw, m.name, {})
+            changes.nodes_added += added
+            changes.nodes_removed += removed
             changes.initializers_touched.append(m.weight.name)
             changes.nodes_removed += remove_if_unused(model, transpose)
             if m.weight.is_initializer() and not m.weight.uses():
                 model.graph.initializers.pop(m.weight.name, None)
         changes.notes = {
-            "encoding": "DequantizeLinear-int8",
+            "format": fmt.name,
+            "encoding": fmt.report_label(8),
             "matmuls": len(changes.initializers_touched),
             "blocks": sorted(blocks),
         }
