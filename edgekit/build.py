@@ -121,7 +121,7 @@ def build(
             raise image_size_refused("edgekit's own model", model_dir, "edgekit")
     loaded_recipe = _load_recipe(recipe) if recipe is not None else None
     if loaded_recipe is not None:
-        loaded_recipe = retarget_recipe(loaded_recipe, target, getattr(plugin, "weight_encoding", None))
+        loaded_recipe = retarget_recipe(loaded_recipe, target, getattr(plugin, "weight_formats", None))
         plugin.check_recipe(tuple(p.name for p in loaded_recipe.passes))
     say = progress or (lambda _msg: None)
     steps: list[dict] = []
@@ -273,19 +273,21 @@ def _load_recipe(recipe: str | Path):
     return load_recipe(recipe)
 
 
-def retarget_recipe(recipe, target: str, encoding: str | None):
-    """The recipe with `encoding` (the target's `weight_encoding`) on every pass whose config has a `target`
-    field, each config validated again, so a combination the target cannot take (asymmetric INT4 as blocked
-    DequantizeLinear, say) is refused here, before export, in one line naming the pass and field."""
-    if encoding is None:
+def retarget_recipe(recipe, target: str, accepted: tuple[str, ...] | None):
+    """The recipe with the weight format `target` takes on every pass that writes one (`accepted`: the target's
+    `weight_formats`): a pass naming none gets the first it can write, one naming a format the target does not
+    take is refused, each config validated again, so a combination the target cannot take (asymmetric INT4 as
+    blocked DequantizeLinear, say) is refused here, before export, in one line naming the pass and field.
+    None (a plug-in that declares no formats): the recipe's own formats."""
+    from edgekit.passes.weight_formats import WritesWeightFormat, for_target
+
+    if accepted is None:
         return recipe
     passes = []
     for i, p in enumerate(recipe.passes):
-        fields = {f.name for f in dataclasses.fields(p.config)}
-        if "target" in fields and p.config.target != encoding:
+        if isinstance(p.config, WritesWeightFormat):
             where = f"recipe {recipe.name} for target {target}: pass[{i}] {p.name}"
-            values = {**p.config.to_dict(), "target": encoding}
-            p = type(p)(type(p.config).from_mapping(values, where=where))
+            p = type(p)(for_target(p.config, target, accepted, where))
         passes.append(p)
     return dataclasses.replace(recipe, passes=passes)
 

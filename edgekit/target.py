@@ -54,14 +54,39 @@ class RuntimeOptions:
     engine: str | None = None
 
 
+@dataclass(frozen=True)
+class ParetoKnob:
+    """A run-time knob `edgekit pareto` varies on a target's bundles (`Target.pareto_knobs`).
+
+    `setting` is the `RuntimeOptions.settings` key the knob's value goes to, with `fixed` settings beside it (orin's
+    `orin_estimate` sets `estimate` and `engine=onnxruntime`); None marks one of the core's own knobs
+    (`max_new_tokens`, `video_max_frames`, `threads`: every target has them), listed only to add `grid` values.
+    `grid`: the values the default grid varies it over on this target, each alone from the bundle's own settings
+    (none: not in the default grid). `device`: the knob says where the figures come from (a front of its own), not
+    what a report costs, so it is never in the default grid."""
+
+    setting: str | None = None
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    grid: tuple[Any, ...] = ()
+    device: bool = False
+
+    def settings(self, value: Any) -> dict[str, Any]:
+        """The runtime settings for `value` (empty for a core knob: the core applies it)."""
+        return {} if self.setting is None else {**self.fixed, self.setting: value}
+
+
 class Target(Protocol):
     name: str
     takes_machine: bool  # whether `--machine` means anything here
-    # The weight encoding this target reads, as the value of a pass's `target` field (the int4, int8 and qembed
-    # passes: `cpu` = ONNX Runtime's formats, contrib ops included; `orin`/`x1` = blocked DequantizeLinear). The
-    # generic build sets it on every recipe pass that has that field, so one recipe builds for every target; None
-    # keeps the recipe's own encodings (a plug-in without the attribute reads as None).
-    weight_encoding: str | None
+    # The weight formats this target's runtime reads (`edgekit.passes.weight_formats`: `matmulnbits`,
+    # `qdq-blocked`, ..., or one its package registers), in order of preference. The generic build gives every
+    # recipe pass that writes a format and names none the first of these it can write (so one recipe builds for
+    # every target) and refuses, in one line, a pass naming one not here. A plug-in without the attribute keeps
+    # the recipe's own formats (and edgekit's defaults where a pass names none).
+    weight_formats: tuple[str, ...]
+    # `edgekit pareto`'s knobs on this target's bundles beyond the core's, and the core's it adds default-grid
+    # values to (cpu: `threads`, as its latency is this machine's clock). A plug-in without it has the core's only.
+    pareto_knobs: Mapping[str, ParetoKnob]
     # The engines that run this target's bundles, its own first (orin: tensorrt, onnxruntime); `RuntimeOptions.engine`
     # names one. A plug-in without the attribute runs on its own engine only, and any other is refused.
     engines: tuple[str, ...]

@@ -2,7 +2,10 @@
 
 `toy` is registered at run time (as an out-of-tree package would be) with a build side that ships the exported
 graphs plus a file of its own and a runtime section, and a run side that wraps ONNX Runtime and reports a cost.
-Nothing in edgekit's core is edited or stubbed: `edgekit.build.build` and `Reporter` run as users run them.
+It has a weight format of its own (`toy-int4`, registered from here as its package would on import: the INT4
+codes as INT8 scaled by Cast/Mul/Reshape, which any opset runs), which the int4 pass writes for it with no edit
+to the pass, and a pareto knob of its own. Nothing in edgekit's core is edited or stubbed: `edgekit.build.build`
+and `Reporter` run as users run them.
 """
 
 from __future__ import annotations
@@ -11,15 +14,19 @@ import json
 from importlib.resources import files
 from pathlib import Path
 
+import numpy as np
+import onnx_ir as ir
 import pytest
 
 from edgekit import names
 from edgekit.build import build
 from edgekit.errors import ConfigError
 from edgekit.ort import CpuBackend
+from edgekit.passes.patterns import add_initializer
+from edgekit.passes.weight_formats import FORMATS, MATMUL, WeightFormat, register_weight_format
 from edgekit.plugins import TARGETS, get_target, load_backend, register_target
 from edgekit.reporter import Reporter
-from edgekit.target import RuntimeOptions, TargetBuild, runtime_settings
+from edgekit.target import ParetoKnob, RuntimeOptions, TargetBuild, runtime_settings
 
 SAMPLE = Path(str(files("edgekit.models") / "samples" / "cr_chest"))
 
@@ -43,9 +50,40 @@ class CountingBackend(CpuBackend):
         return {"decoder_calls": calls, "source": "toy target: decoder calls counted by its backend"}
 
 
+def encode_toy_int4(model: ir.Model, matmul: ir.Node, qw, name: str, opts: dict) -> tuple[int, int]:
+    """The MatMul's B as Reshape(Cast(INT8 codes (K/B, B, N)) * scales (K/B, 1, N)) to (K, N)."""
+    codes = (qw.q.astype(np.int16) - 2 ** (qw.bits - 1)).T.astype(np.int8)  # (K, N), signed
+    k, n = codes.shape
+    blocks = k // qw.block
+    graph, take = model.graph, opts["node_names"].take
+    stored = add_initializer(graph, codes.reshape(blocks, qw.block, n), f"{name}.toy_codes")
+    scales = add_initializer(graph, qw.scales.T.reshape(blocks, 1, n).astype(np.float32), f"{name}.toy_scales")
+    shape = add_initializer(graph, np.array([k, n], np.int64), f"{name}.toy_shape")
+    cast = ir.node("Cast", [stored], {"to": int(ir.DataType.FLOAT)}, name=take(f"{name}_ToyCast"))
+    mul = ir.node("Mul", [cast.outputs[0], scales], name=take(f"{name}_ToyScale"))
+    reshape = ir.node("Reshape", [mul.outputs[0], shape], name=take(f"{name}_ToyWeight"))
+    for node, suffix in ((cast, "toy_float"), (mul, "toy_scaled"), (reshape, "toy_weight")):
+        node.outputs[0].name, node.outputs[0].dtype = f"{name}.{suffix}", ir.DataType.FLOAT
+        graph.insert_before(matmul, node)
+    matmul.replace_input_with(1, reshape.outputs[0])
+    return 3, 0
+
+
+TOY_INT4 = WeightFormat(
+    name="toy-int4",
+    label="ToyInt{bits}",
+    summary="the toy target's own: INT4 codes stored as INT8, scaled by Cast/Mul/Reshape",
+    uses=(MATMUL,),
+    bits=(4,),
+    encode_matmul=encode_toy_int4,
+)
+
+
 class ToyTarget:
     name = "toy"
     takes_machine = False
+    weight_formats = ("toy-int4",)
+    pareto_knobs = {"greeting": ParetoKnob(setting="greeting", grid=("hey",))}
 
     def check_recipe(self, recipe_passes):
         if "fp16" in recipe_passes:
@@ -76,9 +114,18 @@ class ToyTarget:
 
 @pytest.fixture
 def toy_registered():
+    register_weight_format(TOY_INT4)  # what the toy package does on import
     register_target("toy", ToyTarget())
     yield
     TARGETS.pop("toy", None)
+    FORMATS.pop("toy-int4", None)
+
+
+def _recipe(tmp_path: Path, *passes: str) -> Path:
+    """A recipe file of `passes`, each a TOML [[pass]] body."""
+    path = tmp_path / "toy-recipe.toml"
+    path.write_text('name = "toy-int4"\n' + "".join(f"[[pass]]\n{body}\n" for body in passes))
+    return path
 
 
 def test_a_registered_target_builds_and_reports_with_no_core_edit(toy_registered, tmp_path):
@@ -118,3 +165,40 @@ def test_unknown_targets_are_named_with_the_known_ones():
         get_target("nope")
     with pytest.raises(ConfigError, match="not buildable here.*cpu, orin, x1"):
         build("nope", Path("/nonexistent/out"))
+
+
+def test_a_targets_own_weight_format_is_what_the_int4_pass_writes_for_it(toy_registered, tmp_path):
+    """The recipe names no format: the build fills in the toy's, the pass writes it through the format's encoder,
+    and the bundle serves."""
+    recipe = _recipe(tmp_path, 'name = "int4"\nmethod = "rtn"\nblock = 32')
+    result = build("toy", tmp_path / "toy", parity=False, recipe=recipe)
+    (decoder,) = [r for r in result.steps[1]["passes"] if r["graph"] == names.GRAPH_FILES[names.DECODER_ROLE]]
+    assert decoder["config"]["format"] == "toy-int4" and decoder["notes"]["encoding"] == "ToyInt4"
+    graph = ir.load(result.bundle / names.GRAPH_FILES[names.DECODER_ROLE])
+    ops = {n.op_type for n in graph.graph}
+    assert "Cast" in ops and not ops & {"MatMulNBits", "DequantizeLinear"}
+    assert any(n.name.endswith("_ToyWeight") for n in graph.graph)
+    report = Reporter.from_bundle(result.bundle, threads=1).report(SAMPLE, "Cough.")
+    assert report.target == "toy" and report.text
+
+
+def test_a_format_the_target_does_not_take_is_refused_in_one_line(toy_registered, tmp_path):
+    named = _recipe(tmp_path, 'name = "int4"\nformat = "matmulnbits"')
+    with pytest.raises(
+        ConfigError, match=r"pass\[0\] int4\.format: target toy does not take matmulnbits \(it takes toy-int4\)"
+    ):
+        build("toy", tmp_path / "a", parity=False, recipe=named)
+    assert not (tmp_path / "a").exists()
+    table = _recipe(tmp_path, 'name = "qembed"')  # the toy's format stores no embedding table
+    with pytest.raises(ConfigError, match=r"qembed\.format: toy-int4 stores matmul.*target toy takes toy-int4 only"):
+        build("toy", tmp_path / "b", parity=False, recipe=table)
+
+
+def test_a_targets_pareto_knobs_come_from_its_plug_in(toy_registered):
+    from edgekit.pareto.configs import DEFAULT_GRID, default_grid, knobs_of
+    from edgekit.pareto.measure import runtime_settings as knob_settings
+
+    assert knobs_of("toy")[-1] == "greeting" and default_grid("toy")["greeting"] == ("hey",)
+    assert DEFAULT_GRID["greeting"] == (("hey",), ("toy",))
+    assert knob_settings({"greeting": "hey", "max_new_tokens": 8}, "toy") == {"greeting": "hey"}
+    assert knob_settings({"greeting": "hey"}, "cpu") == {}  # not a cpu knob

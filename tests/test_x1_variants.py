@@ -43,8 +43,8 @@ def test_recipe_builds_for_x1_and_reports(recipe, tmp_path):
     assert fig["host_partitions"] == {"vision_encoder": 0, "embed_tokens": 0, "decoder": 0}
     assert [s["name"] for s in res.steps] == ["export", "recipe", "x1_compile"]  # no second quantization
     for rep in res.steps[1]["passes"]:
-        if "target" in rep["config"]:
-            assert rep["config"]["target"] == "x1", rep["name"]
+        if "format" in rep["config"]:  # filled from the x1 plug-in's formats; the deprecated target left unset
+            assert rep["config"]["format"] == "qdq-blocked" and rep["config"]["target"] is None, rep["name"]
     bundle = load_bundle(res.bundle)
     decoder = load_program(bundle.component("x1_decoder"), load_machine())
     assert GEMM_OF.get(recipe, "XL_GEMM.W4A8") in decoder.meta["instructions"]
@@ -56,10 +56,10 @@ def test_recipe_builds_for_x1_and_reports(recipe, tmp_path):
 def test_default_x1_build_still_quantizes_itself(tmp_path):
     res = build("x1", tmp_path / "b", parity=False)
     int4 = next(s for s in res.steps if s["name"] == "int4")
-    assert int4["params"] == {"block": 32, "target": "x1"}
+    assert int4["params"] == {"block": 32, "format": "qdq-blocked"}
     # the manifest says what the pass chose on each graph and how far it moved the outputs, as a recipe's step does
     decoder = next(r for r in int4["passes"] if r["graph"] == "decoder_model_merged.onnx")
-    assert decoder["pass_name"] == "int4" and decoder["config"]["target"] == "x1" and decoder["config"]["block"] == 32
+    assert decoder["pass_name"] == "int4" and decoder["config"]["format"] == "qdq-blocked" and decoder["config"]["block"] == 32
     assert decoder["notes"]["sequential_waves"] > 0 and decoder["check"] and decoder["check_samples"] > 0
     assert decoder["config"]["retarget"] is None and decoder["notes"]["retarget"] == RETARGET  # what ran, on record
     assert "on the INT4 graphs" in res.figures["x1_compile"]["source"]

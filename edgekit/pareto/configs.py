@@ -1,47 +1,101 @@
 """The configurations `edgekit pareto` measures: each bundle times the run-time knobs that change its cost.
 
-Knobs (each a list; one value means "not varied"):
+Knobs (each a list; one value means "not varied"). The core's, which every target has:
 - `max_new_tokens`: a cap on the report's length (None: the bundle's generation config);
 - `video_max_frames`: frames decoded per clip (the seed's 30 -> 15 fps frame skipping; DICOM studies unchanged);
-- `sparsity_target`: the X1's DSS target (x1 bundles only; None: the bundle's own setting);
-- `threads`: ONNX Runtime / emulator threads (None: physical cores);
-- `orin_estimate`: `DEVICE:MODE` of an Orin and its power mode (orin bundles only): the bundle's graphs run in ONNX
-  Runtime here and each report is billed by the Orin cost model (`estimated:orin-<model>-<mode>`), an Orin front
-  before anyone holds an Orin; several values are a grid over devices and power modes.
-Image size is fixed by the exported vision graph, and batch size by a daemon that does not batch yet, so neither
-is a knob here.
+- `threads`: ONNX Runtime / emulator threads (None: physical cores).
+And each target's own, declared by its plug-in (`edgekit.target.Target.pareto_knobs`: the runtime setting each
+sets, its default-grid values, whether it names a device): x1's `sparsity_target` (the DSS target), orin's
+`orin_estimate` (`DEVICE:MODE`: the graphs run in ONNX Runtime here and the Orin cost model bills each report, an
+Orin front before anyone holds an Orin). Image size is fixed by the exported vision graph, and batch size by a
+daemon that does not batch yet, so neither is a knob here.
 
-`orin_estimate` says which device bills the figures (each value is a front of its own), not what a report costs;
-the others are the cost knobs. With no cost knob given, `edgekit pareto` measures `DEFAULT_GRID`: each bundle at
-its own settings, then each knob's values one at a time from there (a star, not every combination: 5 points per
-cpu or x1 bundle, so the embedded model's full test split stays a matter of minutes per bundle).
-
-Which knobs a target has is still written here (`TARGET_KNOBS`, `DEFAULT_GRID`'s targets), not in the targets'
-plug-ins: moving it means a `pareto_knobs` attribute on `edgekit.target.Target` and the knob -> runtime-setting
-mapping of `measure.runtime_settings` with it (issue #30's weight-format work edits the same plug-ins).
+A device knob (`orin_estimate`) says which device bills the figures (each value is a front of its own), not what a
+report costs; the others are the cost knobs. With no cost knob given, `edgekit pareto` measures the default grid:
+each bundle at its own settings, then each of `CORE_GRID`'s and its target's default values one at a time from
+there (a star, not every combination: 5 points per cpu or x1 bundle, so the embedded model's full test split
+stays a matter of minutes per bundle).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-KNOBS = ("max_new_tokens", "video_max_frames", "sparsity_target", "threads", "orin_estimate")
-TARGET_KNOBS = {"sparsity_target": ("x1",), "orin_estimate": ("orin",)}  # knobs only some targets have
-DEVICE_KNOBS = ("orin_estimate",)  # where the figures come from, not what a report costs: never a default grid
+from edgekit.plugins import TARGETS, get_target, target_names
+from edgekit.target import ParetoKnob
 
-# What `edgekit pareto` varies when no cost knob is given, each value alone from the bundle's own settings, and
-# on which targets (None: every target that has the knob). Threads change only a host-timed target's figures:
-# the X1's emulated clock and the Orin estimate do not see the host's threads.
-DEFAULT_GRID: dict[str, tuple[tuple[Any, ...], tuple[str, ...] | None]] = {
-    "max_new_tokens": ((32, 24), None),  # report-length caps (radreport-tiny's own: 77)
-    "video_max_frames": ((4,), None),  # frame skipping: 4 frames per clip (radreport-tiny's own: 8)
-    "sparsity_target": ((0.0,), ("x1",)),  # DSS off (the bundle's own target: 0.38 unless built otherwise)
-    "threads": ((1,), ("cpu",)),  # one thread (default: the physical cores)
+CORE_KNOBS = ("max_new_tokens", "video_max_frames", "threads")  # every target has these: the core applies them
+# The core knobs' default-grid values, on every target (a target adds its own and the core's it wants varied: cpu's
+# threads, since only a host-timed target's figures see the host's threads)
+CORE_GRID: dict[str, tuple[Any, ...]] = {
+    "max_new_tokens": (32, 24),  # report-length caps (radreport-tiny's own: 77)
+    "video_max_frames": (4,),  # frame skipping: 4 frames per clip (radreport-tiny's own: 8)
 }
+
+
+def target_knobs(target: str) -> dict[str, ParetoKnob]:
+    """The plug-in's `pareto_knobs` (none for a plug-in without them, or a target this install does not have)."""
+    if target not in TARGETS:
+        return {}
+    return dict(getattr(get_target(target), "pareto_knobs", None) or {})
+
+
+def knobs_of(target: str) -> tuple[str, ...]:
+    """The knobs a bundle of `target` has: the core's, then its own."""
+    own = [k for k, knob in target_knobs(target).items() if knob.setting is not None and k not in CORE_KNOBS]
+    return CORE_KNOBS + tuple(own)
+
+
+def _loadable_targets() -> Iterator[str]:
+    for name in target_names():
+        try:
+            get_target(name)
+        except ImportError:  # a target this install cannot load has no knobs here
+            continue
+        yield name
+
+
+def device_knobs() -> frozenset[str]:
+    """Knobs that say where the figures come from, not what a report costs: never a default grid."""
+    return frozenset(k for t in _loadable_targets() for k, knob in target_knobs(t).items() if knob.device)
+
+
+def default_grid(target: str) -> dict[str, tuple[Any, ...]]:
+    """The knobs the default grid varies on `target`, and their values: `CORE_GRID` and the plug-in's `grid`s."""
+    own = {k: knob.grid for k, knob in target_knobs(target).items() if knob.grid and not knob.device}
+    grid = {**CORE_GRID, **own}
+    return {k: grid[k] for k in knobs_of(target) if k in grid}
+
+
+class _DefaultGrid(Mapping[str, tuple[tuple[Any, ...], tuple[str, ...] | None]]):
+    """The default grid of every registered target as `{knob: (values, targets or None for all)}`, read from the
+    plug-ins when used (not when this module is imported), for `--help` and pareto.json's record."""
+
+    def _table(self) -> dict[str, tuple[tuple[Any, ...], tuple[str, ...] | None]]:
+        table: dict[str, tuple[tuple[Any, ...], tuple[str, ...] | None]] = {k: (v, None) for k, v in CORE_GRID.items()}
+        for target in _loadable_targets():
+            for knob, values in default_grid(target).items():
+                if knob in CORE_GRID and values == CORE_GRID[knob]:
+                    continue
+                had, targets = table.get(knob, ((), ()))
+                table[knob] = (tuple(dict.fromkeys((*had, *values))), (*(targets or ()), target))
+        return table
+
+    def __getitem__(self, knob: str) -> tuple[tuple[Any, ...], tuple[str, ...] | None]:
+        return self._table()[knob]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+DEFAULT_GRID: Mapping[str, tuple[tuple[Any, ...], tuple[str, ...] | None]] = _DefaultGrid()
 
 
 @dataclass(frozen=True)
@@ -65,15 +119,11 @@ def _names(bundles: Sequence[Any]) -> list[str]:
     return [stem if stems.count(stem) == 1 else f"{stem}@{b.digest[:8]}" for b, stem in zip(bundles, stems)]
 
 
-def _has(target: str, knob: str) -> bool:
-    return target in TARGET_KNOBS.get(knob, (target,))
-
-
 def expand(bundles: Sequence[Any], grid: dict[str, Sequence[Any]]) -> list[Config]:
     """Every bundle x every combination of the knobs its target has (`bundles`: loaded `Bundle`s)."""
     out = []
     for b, name in zip(bundles, _names(bundles)):
-        names = [k for k in KNOBS if _has(b.target, k)]
+        names = list(knobs_of(b.target))
         values = [list(grid.get(k) or [None]) for k in names]
         for combo in itertools.product(*values):
             settings = {k: v for k, v in zip(names, combo) if v is not None}
@@ -81,20 +131,12 @@ def expand(bundles: Sequence[Any], grid: dict[str, Sequence[Any]]) -> list[Confi
     return out
 
 
-def default_grid(target: str) -> dict[str, tuple[Any, ...]]:
-    """The knobs `DEFAULT_GRID` varies on `target`, and their values."""
-    return {
-        k: values
-        for k, (values, targets) in DEFAULT_GRID.items()
-        if _has(target, k) and (targets is None or target in targets)
-    }
-
-
 def expand_default(bundles: Sequence[Any], devices: dict[str, Sequence[Any]] | None = None) -> list[Config]:
-    """Every bundle at its own settings, then at each value of its target's `DEFAULT_GRID` knobs, one knob at a
+    """Every bundle at its own settings, then at each value of its target's default-grid knobs, one knob at a
     time; for each of the `devices` values it has (`orin_estimate`), which are fronts of their own."""
     out = []
-    for base in expand(bundles, {k: v for k, v in (devices or {}).items() if k in DEVICE_KNOBS}):
+    device = device_knobs()
+    for base in expand(bundles, {k: v for k, v in (devices or {}).items() if k in device}):
         out.append(base)
         for knob, values in default_grid(base.target).items():
             out += [replace(base, settings={**base.settings, knob: v}) for v in values]
@@ -102,7 +144,7 @@ def expand_default(bundles: Sequence[Any], devices: dict[str, Sequence[Any]] | N
 
 
 def describe_default_grid() -> str:
-    """`DEFAULT_GRID` in words, for `--help` and the output."""
+    """The default grid in words, for `--help` and the output."""
     parts = []
     for knob, (values, targets) in DEFAULT_GRID.items():
         where = f" ({', '.join(targets)})" if targets else ""
@@ -115,9 +157,9 @@ def plan(
 ) -> tuple[list[Config], dict[str, Any]]:
     """The configurations `edgekit pareto` measures for `knobs` (its flags: a list per knob, None where not
     given), and what was varied as pareto.json records it (`grid`): the given knobs in every combination; with
-    no cost knob given, `DEFAULT_GRID` one knob at a time (unless not `use_default`: one point per bundle)."""
+    no cost knob given, the default grid one knob at a time (unless not `use_default`: one point per bundle)."""
     given = {k: list(v) for k, v in knobs.items() if v}
-    if any(k not in DEVICE_KNOBS for k in given):
+    if any(k not in device_knobs() for k in given):
         return expand(bundles, given), {"kind": "flags", "knobs": given, "combined": "every combination"}
     if not use_default:
         return expand(bundles, given), {"kind": "none", "devices": given}

@@ -4,13 +4,13 @@ Run in a child process per configuration (`python -m edgekit.pareto.measure CONF
 memory is that configuration's own (`ru_maxrss` of a fresh process) and one configuration's crash costs only its
 point.
 
-Where each figure comes from, by target:
-- latency: the report's wall clock here (`measured:wall-clock`), except on x1, where the emulator's NPU time is the
-  device's latency (`emulated:x1`; the host's ingest and preprocessing are not in it);
-- energy per report: the X1 cost model on x1 (`emulated:x1`); elsewhere the best meter this machine has (a
-  sensor: `measured:<sensor>`; else an estimate: `estimated:<model>`), integrated over each report;
-- an orin bundle with `orin_estimate`: the graphs run in ONNX Runtime here and the Orin cost model bills each
-  report, latency and energy both (`estimated:orin-<model>-<mode>`): an estimate, never a measurement.
+Where each figure comes from: the target's run side says, through each report's cost.
+- latency: the report's wall clock here (`measured:wall-clock`), unless the cost states the device's own latency
+  (x1's emulator: `emulated:x1`, without the host's ingest and preprocessing; an Orin estimate);
+- energy per report: the target's own cost where it bills one (`emulated:x1`, `estimated:orin-<model>-<mode>`:
+  an estimate, never a measurement); elsewhere the best meter this machine has (a sensor: `measured:<sensor>`;
+  else an estimate: `estimated:<model>`), integrated over each report.
+A target's own knobs reach its run side as the runtime settings its plug-in declares (`Target.pareto_knobs`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.energy.reading import weakest
-from edgekit.pareto.configs import Config
+from edgekit.pareto.configs import Config, target_knobs
 from edgekit.pareto.profile import Point
 
 
@@ -40,11 +40,14 @@ def _latency_and_energy(record: dict) -> tuple[float, str, float | None, str | N
     return latency, latency_source, record.get("energy_j"), record.get("energy_source")
 
 
-def runtime_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """The knobs that are the target's run-time settings (`RuntimeOptions.settings`), in its own words."""
-    runtime = {k: settings[k] for k in ("sparsity_target",) if k in settings}
-    if "orin_estimate" in settings:  # the orin target: its graphs in ONNX Runtime, billed by the Orin estimate
-        runtime.update(engine="onnxruntime", estimate=settings["orin_estimate"])
+def runtime_settings(settings: dict[str, Any], target: str) -> dict[str, Any]:
+    """The knobs that are `target`'s run-time settings (`RuntimeOptions.settings`), in its own words: each of its
+    plug-in's `pareto_knobs` that is set (orin's `orin_estimate`: its graphs in ONNX Runtime, billed by the Orin
+    estimate); the core's knobs are applied by the reporter and ingest, not here."""
+    runtime: dict[str, Any] = {}
+    for name, knob in target_knobs(target).items():
+        if name in settings:
+            runtime.update(knob.settings(settings[name]))
     return runtime
 
 
@@ -57,7 +60,7 @@ def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) ->
     from edgekit.target import RuntimeOptions
 
     settings = dict(config.settings)
-    runtime = runtime_settings(settings)
+    runtime = runtime_settings(settings, config.target)
     t0 = time.perf_counter()
     bundle = load_bundle(config.bundle)
     limits = IngestLimits(video_max_frames=settings["video_max_frames"]) if "video_max_frames" in settings else None

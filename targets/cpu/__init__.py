@@ -5,15 +5,35 @@ lowered onto ORT's fused CPU kernels (`fused.py`: GroupQueryAttention over an in
 packed QKV, int8-activation MatMulNBits). Run side (`runtime.py`): `CpuSlotBackend` (`slots.py`) over that
 decoder, with the engine's rows bound into preallocated KV buffers; bundles without it keep
 `edgekit.ort.CpuBackend` over the portable decoder.
+
+The plug-in itself imports nothing heavy: `edgekit pareto` and the weight-format registry read every target's
+declarations, and ONNX Runtime (`edgekit.ort`, re-exported below) loads only when a backend is asked for.
 """
 
-from edgekit.ort import CpuBackend, physical_cores, session_options
+from __future__ import annotations
+
+from typing import Any
+
+from edgekit.target import ParetoKnob
+
+_FROM_ORT = ("CpuBackend", "physical_cores", "session_options")  # re-exported from edgekit.ort on first use
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_ORT:
+        import edgekit.ort
+
+        return getattr(edgekit.ort, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CpuTarget:
     name = "cpu"
     takes_machine = False
-    weight_encoding = None  # ONNX Runtime reads every encoding: recipes keep their own
+    # ONNX Runtime reads every format below; a pass naming none takes the first it can write: ORT's dynamic INT8
+    # (int8), MatMulNBits (int4), GatherBlockQuantized (a 4-bit qembed), blocked DequantizeLinear (an 8-bit one)
+    weight_formats = ("ort-dynamic", "matmulnbits", "gather-block-quantized", "qdq-blocked")
+    pareto_knobs = {"threads": ParetoKnob(grid=(1,))}  # its latency is this machine's clock: threads change it
     engines = ("onnxruntime",)
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:

@@ -15,6 +15,8 @@ verified where.
 
 from __future__ import annotations
 
+from edgekit.target import ParetoKnob
+
 from .trt_import import TRT_MISSING
 
 # what the run side's missing-TensorRT line goes on to say (the CLI shows `engine=onnxruntime` as its flag)
@@ -27,11 +29,14 @@ OFF_DEVICE_HINT = (
 class OrinTarget:
     name = "orin"
     takes_machine = False
-    weight_encoding = "orin"  # symmetric blocked DequantizeLinear: what TensorRT 10 reads as INT4 weight-only
+    weight_formats = ("qdq-blocked",)  # symmetric blocked DequantizeLinear: what TensorRT 10 reads as INT4 weight-only
+    # `orin_estimate=DEVICE:MODE`: the graphs in ONNX Runtime here, each report billed by the Orin cost model; it
+    # says which device bills the figures (a front of its own), not what a report costs
+    pareto_knobs = {"orin_estimate": ParetoKnob(setting="estimate", fixed={"engine": "onnxruntime"}, device=True)}
     engines = ("tensorrt", "onnxruntime")  # the device's engines; the same graphs in ONNX Runtime anywhere
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
-        """Every bundled recipe builds: its passes write the orin encoding (`weight_encoding`), the capability
+        """Every bundled recipe builds: its passes write the format orin takes (`weight_formats`), the capability
         check names what TensorRT would refuse and the build fixes it or stops in one line."""
 
     def prepare(self, inputs):

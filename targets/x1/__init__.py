@@ -8,15 +8,20 @@ docs/x1/.
 
 from __future__ import annotations
 
+from edgekit.target import ParetoKnob
+
 
 class X1Target:
     name = "x1"
     takes_machine = True
-    weight_encoding = "x1"  # blocked DequantizeLinear, which the compiler reads as XL_GEMM.W4A8 / W8A8
+    weight_formats = ("qdq-blocked",)  # blocked DequantizeLinear, which the compiler reads as XL_GEMM.W4A8 / W8A8
+    # the DSS target (`sparsity_target`), and DSS off in the default grid (the bundle's own: 0.38 unless built
+    # otherwise)
+    pareto_knobs = {"sparsity_target": ParetoKnob(setting="sparsity_target", grid=(0.0,))}
     engines = ("emulator",)  # the X1 emulator: integer numerics, cycles and energy per instruction
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
-        """Every recipe builds: its passes write the x1 encoding (`weight_encoding`), which the generic build checks
+        """Every recipe builds: its passes write the format x1 takes (`weight_formats`), which the generic build checks
         pass by pass up front; float weights a recipe leaves compile to XL_GEMM.F16."""
 
     def prepare(self, inputs):

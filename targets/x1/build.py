@@ -1,10 +1,11 @@
 """The x1 build side: graphs -> compiled X1 programs.
 
 Without a recipe the exported FP32 graphs are quantized here first: INT4 for the X1 (blocked, symmetric
-DequantizeLinear, `DEFAULT_BLOCK`), so plain `edgekit build --target x1` ships the X1's native precision. With a
-recipe, the recipe decides the precision and its passes have already written it in the X1's encoding (the
-generic build sets `X1Target.weight_encoding` on them): its graphs are compiled as they are, fp16 to
-`XL_GEMM.F16`, int8 to `XL_GEMM.W8A8`, int4 to `XL_GEMM.W4A8` (quantizing them again is what used to fail).
+DequantizeLinear, `DEFAULT_BLOCK`, in the first of `X1Target.weight_formats`), so plain `edgekit build --target x1`
+ships the X1's native precision. With a recipe, the recipe decides the precision and its passes have already
+written it in a format the X1 takes (the generic build fills `X1Target.weight_formats` in): its graphs are
+compiled as they are, fp16 to `XL_GEMM.F16`, int8 to `XL_GEMM.W8A8`, int4 to `XL_GEMM.W4A8` (quantizing them again
+is what used to fail).
 
 The bundle keeps the ONNX graphs the programs were compiled from (so `bench/x1_parity.py` can run them in ONNX
 Runtime side by side), the programs, the machine description they were compiled for, and a `runtime` section
@@ -41,17 +42,19 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
     from edgekit.passes.pipeline import run_pipeline
     from edgekit.passes.registry import make_pass
 
+    from . import TARGET
     from .compiler import compile_model
     from .machine import DEFAULT_MACHINE, load_machine
 
     say, work = inputs.say, inputs.work
     if inputs.recipe is None:
         block = int4_block(inputs.graphs)
-        spec = f"int4:block={block},target=x1"
+        weight_format = TARGET.weight_formats[0]
+        spec = f"int4:block={block},format={weight_format}"
         say(f"passes: {spec}")
         graphs = work / INT4_DIR
         result = run_pipeline(inputs.graphs, graphs, [make_pass(spec)], overwrite=True)
-        steps = [result.step("int4", {"block": block, "target": "x1"})]
+        steps = [result.step("int4", {"block": block, "format": weight_format})]
         compiled_from = "the INT4 graphs"
     else:
         graphs, steps, compiled_from = inputs.graphs, [], f"the graphs of recipe {inputs.recipe}"
