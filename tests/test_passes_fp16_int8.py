@@ -83,8 +83,8 @@ def test_int8_precondition():
 
 
 def test_int8_blocked_dequantize_for_npu_targets():
-    """qdq-blocked (orin, x1): weight-only INT8 as symmetric blocked DequantizeLinear (axis 0) feeding each MatMul, no ORT
-    dynamic-quantization ops; the integers are int4_encode's quantizer at 8 bits, and ORT runs the graph."""
+    """qdq-blocked (orin, x1): weight-only INT8 as symmetric blocked DequantizeLinear (axis 0) feeding each MatMul,
+    no ORT dynamic-quantization ops; the integers are int4_encode's quantizer at 8 bits, and ORT runs the graph."""
     import numpy as np
 
     model = build_decoder(random_weights(SMALL, 0), SPEC)

@@ -150,10 +150,12 @@ def test_default_is_sequential_and_valid_on_unnamed_nodes(weight_format):
 
 
 def test_dequantizelinear_below_opset_21_is_not_captured_sequentially():
-    """qdq-blocked (orin, x1) is opset-21 DequantizeLinear: on a graph handed to the pass below it (edgekit optimize raises the
-    opset first) the partly encoded model cannot run, so the MatMuls are fitted on the float inputs."""
+    """qdq-blocked (orin, x1) is opset-21 DequantizeLinear: on a graph handed to the pass below it (edgekit optimize
+    raises the opset first) the partly encoded model cannot run, so the MatMuls are fitted on the float inputs."""
     model = ir.from_proto(_chain(opset=17))
-    notes = make_pass("int4:block=32,format=qdq-blocked")(model, PassContext(graph="m.onnx", calibration={"m.onnx": CALIB}))
+    notes = make_pass("int4:block=32,format=qdq-blocked")(
+        model, PassContext(graph="m.onnx", calibration={"m.onnx": CALIB})
+    )
     assert notes.report.notes["sequential_waves"] == 0
 
 

@@ -59,7 +59,11 @@ def test_default_x1_build_still_quantizes_itself(tmp_path):
     assert int4["params"] == {"block": 32, "format": "qdq-blocked"}
     # the manifest says what the pass chose on each graph and how far it moved the outputs, as a recipe's step does
     decoder = next(r for r in int4["passes"] if r["graph"] == "decoder_model_merged.onnx")
-    assert decoder["pass_name"] == "int4" and decoder["config"]["format"] == "qdq-blocked" and decoder["config"]["block"] == 32
+    assert (
+        decoder["pass_name"] == "int4"
+        and decoder["config"]["format"] == "qdq-blocked"
+        and decoder["config"]["block"] == 32
+    )
     assert decoder["notes"]["sequential_waves"] > 0 and decoder["check"] and decoder["check_samples"] > 0
     assert decoder["config"]["retarget"] is None and decoder["notes"]["retarget"] == RETARGET  # what ran, on record
     assert "on the INT4 graphs" in res.figures["x1_compile"]["source"]
