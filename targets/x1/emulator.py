@@ -120,92 +120,25 @@ class Emulator:
     def _run(self, graph, feeds, head_mask, capture, kv_state, want_present, overrides) -> RunResult:
         t0 = time.perf_counter()
         prep = self.prepared[graph]
-        store = list(prep.base_store)
+        store = self._input_store(graph, prep, feeds, kv_state)
+        kv = self._call_kv(prep, feeds, kv_state)
+        ctx = _RunContext(self, kv, self._head_mask(head_mask), bool(prep.kv_outputs))
         ids = prep.ids
-        for name in prep.inputs:
-            if name.startswith(PAST_PREFIX) and kv_state is not None:
-                continue
-            if name not in feeds:
-                raise EmulatorError(f"graph '{graph}': missing input '{name}'")
-            if name in ids:
-                store[ids[name]] = np.asarray(feeds[name])
-        kv = None
-        if prep.kv_outputs:
-            if kv_state is not None:
-                kv = kv_state.copy()
-            else:
-                past = [(feeds[past_key(i)], feeds[past_value(i)]) for i in range(self.layers)]
-                kv = KVCache.from_arrays(past, self.window, min(self.kv_group, self.head_dim))
-        mask = None if head_mask is None else np.asarray(head_mask, bool)
-        if mask is not None and mask.shape != (self.layers, self.heads):
-            raise EmulatorError(f"head_mask has shape {mask.shape}, expected ({self.layers}, {self.heads})")
-        ctx = _RunContext(self, kv, mask, bool(prep.kv_outputs))
         by_id = {ids[n]: np.asarray(v) for n, v in (overrides or {}).items() if n in ids}
         replaced: list[str] = []
-        names = {i: n for n, i in ids.items()} if by_id else {}
-
+        subst = _Substitution(by_id, {i: n for n, i in ids.items()}, replaced) if by_id else None
         # input-determined steps: replayed from the memo when this key was seen (not while values are being
         # captured or overridden: those runs must see, and may change, freshly computed arrays)
         key = replay = recorded = None
         if prep.static_steps and not by_id and not capture:
             key = prep.memo_key(store)
-            hit = prep.memo.get(key)
-            if hit is not None:
-                outs, replay = hit
-                for i, a in outs:
-                    store[i] = a
-            else:
-                recorded = []
-
-        log: list = []
-        energies: list[float] = []
-        c0 = c1 = c2 = 0.0
-        load_ready: dict = {}
-        store_ready = 0.0
-        for fn, si, mode, st in prep.plan:
-            if si < 0:
-                e = fn(store, ctx)
-            elif replay is not None:
-                e = replay[si]
-            else:
-                e = fn(store, ctx)
-                if recorded is not None:
-                    recorded.append(e)
-            if by_id:
-                self._substitute(st, store, by_id, names, replaced)
-            if e is None:
-                continue
-            cyc = e.cycles
-            if mode == MODE_COMPUTE:
-                start = c1
-                c1 = start + cyc
-            elif mode == MODE_COMPUTE_AFTER_LOAD:
-                start = max(c1, load_ready.get(st.layer, 0.0))
-                c1 = start + cyc
-            elif mode == MODE_COMPUTE_AFTER_STORE:
-                start = max(c1, store_ready)
-                c1 = start + cyc
-            elif mode == MODE_LOAD_QUEUE:
-                start = c0  # the LOAD queue runs ahead: spilled rows do not depend on this token's compute
-                c0 = start + cyc
-                load_ready[st.layer] = c0
-            else:
-                start = max(c2, c1)
-                c2 = start + cyc
-                store_ready = c2
-            energies.append(e.e_sum)
-            log.append((st, start, e))
+            replay = self._replay(prep, key, store)
+            recorded = [] if replay is None else None
+        cycles, energies, log = _execute(prep.plan, store, ctx, replay, recorded, subst)
         if recorded is not None:
             prep.remember(key, store, recorded)
-        outputs = {}
-        for name in prep.outputs:
-            if name in ids and store[ids[name]] is not None:
-                outputs[name] = store[ids[name]]
-        if kv is not None and want_present:
-            for layer, (kname, vname) in prep.kv_outputs.items():
-                outputs[kname], outputs[vname] = kv.dequantized(layer)
+        outputs = self._outputs(prep, store, kv, want_present)
         captured = {n: store[ids[n]] for n in (capture or ()) if n in ids and store[ids[n]] is not None}
-        cycles = max(c0, c1, c2)
         totals = {
             "cycles": cycles,
             "seconds": cycles / self.hz,
@@ -226,12 +159,122 @@ class Emulator:
         )
 
     @staticmethod
-    def _substitute(st: Step, store: list, by_id: dict, names: dict, replaced: list) -> None:
+    def _input_store(graph: str, prep: Prepared, feeds: dict, kv_state: KVCache | None) -> list:
+        """The call's tensor table: the program's constants, then the fed inputs (past KV comes from `kv_state`
+        when there is one)."""
+        store = list(prep.base_store)
+        ids = prep.ids
+        for name in prep.inputs:
+            if name.startswith(PAST_PREFIX) and kv_state is not None:
+                continue
+            if name not in feeds:
+                raise EmulatorError(f"graph '{graph}': missing input '{name}'")
+            if name in ids:
+                store[ids[name]] = np.asarray(feeds[name])
+        return store
+
+    def _call_kv(self, prep: Prepared, feeds: dict, kv_state: KVCache | None) -> KVCache | None:
+        """The cache this call appends to: a copy of `kv_state`, or one built from the fed past arrays."""
+        if not prep.kv_outputs:
+            return None
+        if kv_state is not None:
+            return kv_state.copy()
+        past = [(feeds[past_key(i)], feeds[past_value(i)]) for i in range(self.layers)]
+        return KVCache.from_arrays(past, self.window, min(self.kv_group, self.head_dim))
+
+    def _head_mask(self, head_mask: np.ndarray | None) -> np.ndarray | None:
+        mask = None if head_mask is None else np.asarray(head_mask, bool)
+        if mask is not None and mask.shape != (self.layers, self.heads):
+            raise EmulatorError(f"head_mask has shape {mask.shape}, expected ({self.layers}, {self.heads})")
+        return mask
+
+    @staticmethod
+    def _replay(prep: Prepared, key, store: list) -> list | None:
+        """On a memo hit: the remembered outputs written into `store`, and their cost entries (None on a miss)."""
+        hit = prep.memo.get(key)
+        if hit is None:
+            return None
+        outs, replay = hit
+        for i, a in outs:
+            store[i] = a
+        return replay
+
+    @staticmethod
+    def _outputs(prep: Prepared, store: list, kv: KVCache | None, want_present: bool) -> dict:
+        ids = prep.ids
+        outputs = {}
+        for name in prep.outputs:
+            if name in ids and store[ids[name]] is not None:
+                outputs[name] = store[ids[name]]
+        if kv is not None and want_present:
+            for layer, (kname, vname) in prep.kv_outputs.items():
+                outputs[kname], outputs[vname] = kv.dequantized(layer)
+        return outputs
+
+
+class _Substitution:
+    """A call's overrides (`Emulator.run(overrides=...)`) by tensor id, and the names it replaced."""
+
+    __slots__ = ("by_id", "names", "replaced")
+
+    def __init__(self, by_id: dict, names: dict, replaced: list):
+        self.by_id, self.names, self.replaced = by_id, names, replaced
+
+    def apply(self, st: Step, store: list) -> None:
+        by_id = self.by_id
         for tid in st.out_ids:
             if tid in by_id and isinstance(store[tid], np.ndarray):
                 cur = store[tid]
                 store[tid] = by_id[tid].astype(cur.dtype).reshape(cur.shape)
-                replaced.append(names[tid])
+                self.replaced.append(self.names[tid])
+
+
+def _execute(plan, store: list, ctx, replay: list | None, recorded: list | None, subst: _Substitution | None):
+    """The hot loop: every step of `plan` in order on the queue clocks (LOAD, COMPUTE, STORE). Returns the
+    call's cycles, the steps' energies (pJ) and the log of (step, start cycle, cost entry).
+
+    Steps with `si >= 0` are input-determined: their cost entries come from `replay` on a memo hit (their
+    outputs are already in `store`), else they run and their entries are appended to `recorded`. Kept as one
+    flat loop over locals: a helper call per step would cost more than many of the steps themselves."""
+    log: list = []
+    energies: list[float] = []
+    c0 = c1 = c2 = 0.0
+    load_ready: dict = {}
+    store_ready = 0.0
+    for fn, si, mode, st in plan:
+        if si < 0:
+            e = fn(store, ctx)
+        elif replay is not None:
+            e = replay[si]
+        else:
+            e = fn(store, ctx)
+            if recorded is not None:
+                recorded.append(e)
+        if subst is not None:
+            subst.apply(st, store)
+        if e is None:
+            continue
+        cyc = e.cycles
+        if mode == MODE_COMPUTE:
+            start = c1
+            c1 = start + cyc
+        elif mode == MODE_COMPUTE_AFTER_LOAD:
+            start = max(c1, load_ready.get(st.layer, 0.0))
+            c1 = start + cyc
+        elif mode == MODE_COMPUTE_AFTER_STORE:
+            start = max(c1, store_ready)
+            c1 = start + cyc
+        elif mode == MODE_LOAD_QUEUE:
+            start = c0  # the LOAD queue runs ahead: spilled rows do not depend on this token's compute
+            c0 = start + cyc
+            load_ready[st.layer] = c0
+        else:
+            start = max(c2, c1)
+            c2 = start + cyc
+            store_ready = c2
+        energies.append(e.e_sum)
+        log.append((st, start, e))
+    return max(c0, c1, c2), energies, log
 
 
 class _RunContext:
