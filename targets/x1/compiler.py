@@ -46,48 +46,87 @@ def compile_graph(
     """One ONNX file -> one Program."""
     path = Path(path)
     start = time.perf_counter()
+    g, low, groups = _lower(path, machine, strict, graph_name or path.name)
+    table = _TensorTable(g, plan_seq)
+    for v in g.inputs:
+        table.tid(v.name, 0)
+    instrs, attrs, symbols = _emit(groups, table)
+    end = len(instrs)
+    for v in g.outputs:
+        if v.name in table.ids:
+            table.tid(v.name, end)
+    instrs.append(Instr("END"))
+    plan = plan_memory(
+        table.tensors, table.uses, int((machine.sram.banks - machine.sram.kv_banks) * machine.bank_bytes)
+    )
+    io = {
+        "inputs": [_io_entry(g, v) for v in g.inputs],
+        "outputs": [_io_entry(g, v) for v in g.outputs],
+        "kv_outputs": {str(k): list(v) for k, v in low.kv_outputs.items()},
+    }
+    meta = _meta(g, low, instrs, graph_name or path.stem, path.name, start)
+    header = {"magic": "EKX1PRG", "isa_version": ISA_VERSION, "machine_hash": machine.hash}
+    return Program(
+        header, instrs, symbols, io, attrs, low.weights, low.weight_space, plan, low.host, low.host_models, meta
+    )
+
+
+def _lower(path: Path, machine: Machine, strict: bool, name: str) -> tuple[GraphView, Lowering, list]:
+    """Read the graph and lower it to groups of (mnemonic, attributes); errors name the file."""
     try:
         g = load_graph(path)
     except Exception as err:  # protobuf decode errors have many types
         raise CompileError(f"cannot read ONNX graph ({type(err).__name__})", path) from err
-    low = Lowering(g, machine, strict, graph_name or path.name)
+    low = Lowering(g, machine, strict, name)
     try:
         groups = low.lower()
     except CompileError as err:
         raise CompileError(err.reason, path) from None
+    return g, low, groups
 
-    tensor_ids: dict[str, int] = {}
-    tensors: list[dict] = []
-    uses: dict[int, tuple[int, int]] = {}
 
-    def tid(name: str, index: int) -> int:
-        if name not in tensor_ids:
-            tensor_ids[name] = len(tensors)
-            dt = g.dtype(name)
-            nbytes = 8 if dt == onnx.TensorProto.INT64 else (1 if dt == onnx.TensorProto.BOOL else 4)
-            const = g.is_const_name(name)
-            tensors.append(
-                {
-                    "name": name,
-                    "shape": g.shape(name),
-                    "resident": const,
-                    "space": "NMW" if const else "ACT",
-                    "bytes": nominal_bytes(g.shape(name), nbytes, plan_seq),
-                }
-            )
-        i = tensor_ids[name]
-        f, _ = uses.get(i, (index, index))
-        uses[i] = (f, index)
+class _TensorTable:
+    """Tensor ids in order of first use, each tensor's record for the memory plan, and its live range
+    (first and last instruction index)."""
+
+    def __init__(self, g: GraphView, plan_seq: int):
+        self.g, self.plan_seq = g, plan_seq
+        self.ids: dict[str, int] = {}
+        self.tensors: list[dict] = []
+        self.uses: dict[int, tuple[int, int]] = {}
+
+    def tid(self, name: str, index: int) -> int:
+        """`name`'s id, registered on first sight; instruction `index` extends its live range."""
+        if name not in self.ids:
+            self.ids[name] = len(self.tensors)
+            self.tensors.append(self._record(name))
+        i = self.ids[name]
+        f, _ = self.uses.get(i, (index, index))
+        self.uses[i] = (f, index)
         return i
 
+    def _record(self, name: str) -> dict:
+        g = self.g
+        dt = g.dtype(name)
+        nbytes = 8 if dt == onnx.TensorProto.INT64 else (1 if dt == onnx.TensorProto.BOOL else 4)
+        const = g.is_const_name(name)
+        return {
+            "name": name,
+            "shape": g.shape(name),
+            "resident": const,
+            "space": "NMW" if const else "ACT",
+            "bytes": nominal_bytes(g.shape(name), nbytes, self.plan_seq),
+        }
+
+
+def _emit(groups: list, table: _TensorTable) -> tuple[list[Instr], list[dict], dict[int, str]]:
+    """The lowered groups as instructions: each gets its attributes (layer, operand ids) and its symbol."""
     instrs, attrs, symbols = [], [], {}
-    for v in g.inputs:
-        tid(v.name, 0)
     for symbol, group in groups:
         for mnem, attr in group:
             idx = len(instrs)
-            ins_ids = [tid(v, idx) for v in attr.get("in", []) if v]
-            out_ids = [tid(v, idx) for v in attr.get("out", []) if v]
+            ins_ids = [table.tid(v, idx) for v in attr.get("in", []) if v]
+            out_ids = [table.tid(v, idx) for v in attr.get("out", []) if v]
             layer = attr.get("layer")
             if layer is None:
                 m = LAYER_RE.search(symbol)
@@ -97,33 +136,23 @@ def compile_graph(
             refs = [address("ACT", t) for t in (ins_ids + out_ids)[:6]]
             instrs.append(Instr(mnem, (len(attrs) - 1, *refs)))
             symbols[idx] = symbol
-    end = len(instrs)
-    for v in g.outputs:
-        if v.name in tensor_ids:
-            tid(v.name, end)
-    instrs.append(Instr("END"))
-    plan = plan_memory(tensors, uses, int((machine.sram.banks - machine.sram.kv_banks) * machine.bank_bytes))
-    io = {
-        "inputs": [_io_entry(g, v) for v in g.inputs],
-        "outputs": [_io_entry(g, v) for v in g.outputs],
-        "kv_outputs": {str(k): list(v) for k, v in low.kv_outputs.items()},
-    }
+    return instrs, attrs, symbols
+
+
+def _meta(g: GraphView, low: Lowering, instrs: list[Instr], graph: str, source: str, start: float) -> dict:
+    """The program's statistics: instruction counts, fused blocks, host partitions, compile time."""
     counts = defaultdict(int)
     for ins in instrs:
         counts[ins.mnemonic] += 1
-    meta = {
-        "graph": graph_name or path.stem,
-        "source": path.name,
+    return {
+        "graph": graph,
+        "source": source,
         "compile_seconds": time.perf_counter() - start,
         "instructions": dict(counts),
         "fused": dict(low.fused),
         "host_partitions": len(low.host),
         "onnx_nodes": len(g.nodes),
     }
-    header = {"magic": "EKX1PRG", "isa_version": ISA_VERSION, "machine_hash": machine.hash}
-    return Program(
-        header, instrs, symbols, io, attrs, low.weights, low.weight_space, plan, low.host, low.host_models, meta
-    )
 
 
 def compile_model(model_dir: str | Path, machine: Machine, *, strict: bool = False) -> dict[str, Program]:
