@@ -13,74 +13,106 @@ from .onnx_ops import BINARY_UFUNC, FREE_OPS, GENERIC_FN, MULTI_OUT
 
 def generic(binder, attr, ins, outs, layer):
     """numpy semantics of the ONNX op; vector or layout costs by output size."""
-    costs = binder.costs
     op, a = attr["op"], attr["attrs"]
     fast = layout(binder, op, a, attr, ins, outs)
     if fast is not None:
         return fast
+    compute = _compute(op, a)
+    if op in FREE_OPS:
+        return _free(compute, ins, outs)
+    if op == "MatMul":
+        return _matmul(binder.costs, compute, ins, outs, layer)
+    ops = {"Softmax": binder.v.softmax_ops, "LayerNormalization": binder.v.rmsnorm_ops}.get(op, binder.v.residual_ops)
+    priced = (binder.costs, op, layer, ops)  # a vector op's cost entry is costs.vector(op, layer, size, ops)
+    if op in BINARY_UFUNC and len(ins) == 2 and not a and len(outs) == 1:
+        return _binary(BINARY_UFUNC[op], ins, outs[0], priced)
+    if len(outs) == 1:
+        return _vector1(compute, ins, outs[0], priced)
+    return _vector(compute, ins, outs, priced)
+
+
+def _compute(op, a):
+    """The op's numpy semantics on a list of arguments, returning its outputs as a list (an FP64 result narrowed
+    to FP32, except from Shape, Range and Cast)."""
     if op == "Concat":
         axis = a.get("axis", 0)
 
-        def compute(args):
+        def concat(args):
             return [np.concatenate(args, axis=axis)]
-    else:
-        f = GENERIC_FN[op]
-        multi, widen = op in MULTI_OUT, op not in ("Shape", "Range", "Cast")
 
-        def compute(args):
-            r = f(*args, **a)
-            y = list(r) if multi else [r]
-            if widen and isinstance(y[0], np.ndarray) and y[0].dtype == np.float64:
-                y = [y[0].astype(np.float32)]
-            return y
+        return concat
+    f = GENERIC_FN[op]
+    multi, widen = op in MULTI_OUT, op not in ("Shape", "Range", "Cast")
 
-    if op in FREE_OPS:
+    def compute(args):
+        r = f(*args, **a)
+        y = list(r) if multi else [r]
+        if widen and isinstance(y[0], np.ndarray) and y[0].dtype == np.float64:
+            y = [y[0].astype(np.float32)]
+        return y
 
-        def free(store, ctx):
-            for i, o in zip(outs, compute([store[i] for i in ins])):
-                store[i] = o
+    return compute
 
-        return free
-    if op == "MatMul":
 
-        def matmul(store, ctx):
-            args = [store[i] for i in ins]
-            y = compute(args)
-            for i, o in zip(outs, y):
-                store[i] = o
-            return costs.act_matmul(layer, int(np.size(y[0])), args[0].shape, args[1].shape)
+def _free(compute, ins, outs):
+    def free(store, ctx):
+        for i, o in zip(outs, compute([store[i] for i in ins])):
+            store[i] = o
 
-        return matmul
-    ops = {"Softmax": binder.v.softmax_ops, "LayerNormalization": binder.v.rmsnorm_ops}.get(op, binder.v.residual_ops)
+    return free
+
+
+def _matmul(costs, compute, ins, outs, layer):
+    def matmul(store, ctx):
+        args = [store[i] for i in ins]
+        y = compute(args)
+        for i, o in zip(outs, y):
+            store[i] = o
+        return costs.act_matmul(layer, int(np.size(y[0])), args[0].shape, args[1].shape)
+
+    return matmul
+
+
+# The vector ops below keep their cost entries by output size in their own `table`, each built once.
+
+
+def _binary(ufunc, ins, o0, priced):
+    (a_id, b_id), (costs, op, layer, ops) = ins, priced
     table: dict = {}
-    if op in BINARY_UFUNC and len(ins) == 2 and not a and len(outs) == 1:
-        ufunc, (a_id, b_id), o0 = BINARY_UFUNC[op], ins, outs[0]
 
-        def binary(store, ctx):  # `compute` for Add/Sub/Mul, without its argument lists
-            y = ufunc(store[a_id], store[b_id])
-            if isinstance(y, np.ndarray) and y.dtype == np.float64:
-                y = y.astype(np.float32)
-            store[o0] = y
-            size = int(np.size(y))
-            e = table.get(size)
-            if e is None:
-                e = table[size] = costs.vector(op, layer, size, ops)
-            return e
+    def binary(store, ctx):  # `compute` for Add/Sub/Mul, without its argument lists
+        y = ufunc(store[a_id], store[b_id])
+        if isinstance(y, np.ndarray) and y.dtype == np.float64:
+            y = y.astype(np.float32)
+        store[o0] = y
+        size = int(np.size(y))
+        e = table.get(size)
+        if e is None:
+            e = table[size] = costs.vector(op, layer, size, ops)
+        return e
 
-        return binary
-    if len(outs) == 1:
-        o0 = outs[0]
+    return binary
 
-        def vector1(store, ctx):
-            y = compute([store[i] for i in ins])
-            y0 = store[o0] = y[0]
-            size = int(np.size(y0))
-            e = table.get(size)
-            if e is None:
-                e = table[size] = costs.vector(op, layer, size, ops)
-            return e
 
-        return vector1
+def _vector1(compute, ins, o0, priced):
+    costs, op, layer, ops = priced
+    table: dict = {}
+
+    def vector1(store, ctx):
+        y = compute([store[i] for i in ins])
+        y0 = store[o0] = y[0]
+        size = int(np.size(y0))
+        e = table.get(size)
+        if e is None:
+            e = table[size] = costs.vector(op, layer, size, ops)
+        return e
+
+    return vector1
+
+
+def _vector(compute, ins, outs, priced):
+    costs, op, layer, ops = priced
+    table: dict = {}
 
     def vector(store, ctx):
         y = compute([store[i] for i in ins])
