@@ -12,9 +12,12 @@ declarations, and ONNX Runtime (`edgekit.ort`, re-exported below) loads only whe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgekit.target import ParetoKnob
+
+if TYPE_CHECKING:  # the type checker sees the re-exports; at run time `__getattr__` loads them on first use
+    from edgekit.ort import CpuBackend, physical_cores, session_options
 
 _FROM_ORT = ("CpuBackend", "physical_cores", "session_options")  # re-exported from edgekit.ort on first use
 
