@@ -3,6 +3,7 @@ and minisign's with edgekit; a tampered, truncated, unsigned or foreign-signed b
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -138,3 +139,21 @@ def test_a_password_protected_minisign_key(tmp_path):
 def test_ci_has_debian_minisign():
     """CI installs Debian's parts where it can (EDGEKIT_REQUIRE_PACS=1): the interop tests must not hide as skips."""
     assert MINISIGN is not None
+
+
+def test_the_cli_signs_verifies_and_refuses_in_one_line(placeholder_bundle, tmp_path, capsys):
+    from edgekit.cli.app import main
+
+    assert main(["bundle", "keygen", "-o", str(tmp_path / "rel")]) == 0
+    assert oct((tmp_path / "rel.key").stat().st_mode & 0o777) == "0o600"
+    assert main(["bundle", "sign", str(placeholder_bundle), "--key", str(tmp_path / "rel.key")]) == 0
+    capsys.readouterr()
+    assert main(["bundle", "verify", str(placeholder_bundle), "--pubkey", str(tmp_path / "rel.pub"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["signature"]["name"] == "tiny"
+    assert main(["bundle", "keygen", "-o", str(tmp_path / "other")]) == 0
+    capsys.readouterr()
+    assert main(["bundle", "verify", str(placeholder_bundle), "--pubkey", str(tmp_path / "other.pub")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "which is not trusted" in err[0] and "Traceback" not in err[0]
+    assert main(["bundle", "verify", str(placeholder_bundle), "--pubkey", str(tmp_path / "other.pub"), "--json"]) != 0
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "untrusted_key"
