@@ -159,91 +159,134 @@ def decode_image(img: DicomImage, ds: Dataset) -> Decoded:
     `notes` are the decoder fallbacks taken and values changed, as reasons without the slice's name: the series
     assembler groups them per reason and names the slices.
     """
-    ts, label = img.transfer_syntax, img.label
     window = display_window(img, ds)
     notes = list(window.notes)
+    _check_pixel_data(img, ds)
+    twelve_bit = img.transfer_syntax == JPEGExtended12Bit and int(ds.get("BitsStored", 8) or 8) > 8
+    use_gdcm = twelve_bit and _gdcm_available(img)
+    if use_gdcm:
+        notes.append("12-bit JPEG Extended decoded by GDCM directly (pydicom's GDCM plugin declines 12-bit)")
+    return Decoded(_FrameDecoder(img, ds, window, notes, twelve_bit, use_gdcm).frames(), window, notes)
 
-    def fail(reason: str) -> SliceError:
-        return SliceError(reason, label, instance=img.instance_number)
 
+def _fail(img: DicomImage, reason: str) -> SliceError:
+    return SliceError(reason, img.label, instance=img.instance_number)
+
+
+def _check_pixel_data(img: DicomImage, ds: Dataset) -> None:
+    """What the header alone shows wrong with the pixel data: native data cut short, a JPEG 2000 codestream
+    whose size is not the header's."""
+    ts = img.transfer_syntax
     bits = int(ds.get("BitsAllocated", 8) or 8)
     if not ts.is_compressed and "PixelData" in ds:
         expected = _expected_bytes(img, bits)
         got = len(ds.PixelData or b"")
         if got < expected:
-            raise fail(f"truncated inside its pixel data: {got} of {expected} bytes of pixel data present")
+            raise _fail(img, f"truncated inside its pixel data: {got} of {expected} bytes of pixel data present")
     if ts in JPEG2000TransferSyntaxes and "PixelData" in ds:
         size = _j2k_size(ds)
         if size is not None and size != (img.columns, img.rows):
-            raise fail(
+            raise _fail(
+                img,
                 f"corrupt JPEG 2000 codestream: it declares a {size[0]}x{size[1]} image, the header "
-                f"{img.columns}x{img.rows}"
+                f"{img.columns}x{img.rows}",
             )
-    twelve_bit = ts == JPEGExtended12Bit and int(ds.get("BitsStored", 8) or 8) > 8
-    use_gdcm = twelve_bit and _gdcm_available(img)
-    if use_gdcm:
-        notes.append("12-bit JPEG Extended decoded by GDCM directly (pydicom's GDCM plugin declines 12-bit)")
 
-    def decoder_error(err: Exception) -> SliceError:
-        if use_gdcm:
-            return fail(f"cannot decode 12-bit {ts.name} ({ts}) pixel data with GDCM: {short_reason(err, label)}")
-        reason = f"cannot decode {ts.name} ({ts}) pixel data: {short_reason(err, label)}"
-        if twelve_bit:
-            reason += " (12-bit colour JPEG needs pylibjpeg-libjpeg, which is GPL and not used here)"
-        return fail(reason)
 
-    def frames() -> Iterator[np.ndarray]:
+class _FrameDecoder:
+    """One object's frames, decoded one at a time, checked, and taken through its modality LUT and VOI LUT;
+    what it changes on the way is counted and added to `notes` once the last frame is out."""
+
+    def __init__(
+        self, img: DicomImage, ds: Dataset, window: Window, notes: list[str], twelve_bit: bool, use_gdcm: bool
+    ):
+        self.img, self.ds, self.window, self.notes = img, ds, window, notes
+        self.twelve_bit, self.use_gdcm = twelve_bit, use_gdcm
+        self.clamped = self.non_finite = 0
+
+    def frames(self) -> Iterator[np.ndarray]:
+        img, ds = self.img, self.ds
         # One frame at a time by index: pydicom's iter_pixels() hands out read-only buffers that its own
         # signedness fix-up (J2K_pixelrep_mismatch.dcm) then fails to write to.
-        source = _gdcm_12bit(img, ds) if use_gdcm else (px.pixel_array(ds, index=k) for k in range(img.frames))
-        count = clamped = non_finite = 0
+        source = _gdcm_12bit(img, ds) if self.use_gdcm else (px.pixel_array(ds, index=k) for k in range(img.frames))
+        count = 0
         while True:
-            try:
-                arr = next(source, None)
-            except MemoryError:
-                raise
-            except StudyError as err:
-                raise fail(err.reason) from None
-            except Exception as err:  # decoders raise anything from ValueError to RuntimeError on bad data
-                raise decoder_error(err) from None
+            arr = self._next(source)
             if arr is None:
                 break
             count += 1
             if count > img.frames:
                 break
-            arr = np.asarray(arr)
-            if arr.ndim != 2 + (img.samples > 1):
-                raise fail(f"decoded pixel data has an unexpected shape {arr.shape}")
-            if img.photometric == "PALETTE COLOR":
-                try:
-                    arr = px.apply_color_lut(arr, ds)
-                except Exception as err:
-                    raise fail(f"cannot apply the palette colour LUT: {short_reason(err, label)}") from None
-            if arr.shape[:2] != (img.rows, img.columns):
-                raise fail(f"decoded pixel data is {arr.shape[0]}x{arr.shape[1]}, header says {img.rows}x{img.columns}")
-            try:  # checked against the whole stored range up front; a LUT that still fails loses only this slice
-                if window.modality_lut:
-                    arr = px.apply_modality_lut(arr, ds).astype(np.float32)
-                if window.voi_lut:
-                    values = arr.astype(np.float32) * np.float32(window.slope) + np.float32(window.intercept)
-                    lut_bits = int(ds.VOILUTSequence[0].LUTDescriptor[2])
-                    scaled = px.apply_voi(values, ds, index=0).astype(np.float32) / np.float32(2**lut_bits - 1)
-                    clamped += int(np.count_nonzero((scaled < 0) | (scaled > 1)))
-                    arr = np.clip(scaled, 0, 1, out=scaled)
-            except Exception as err:
-                raise fail(f"cannot apply its modality or VOI LUT: {short_reason(err, label)}") from None
-            if arr.dtype.kind == "f":
-                bad = int(np.count_nonzero(~np.isfinite(arr)))
-                if bad:  # to_display would map them to 0 without a word
-                    arr = np.nan_to_num(arr, nan=0.0, posinf=0.0, neginf=0.0)
-                    non_finite += bad
-            yield arr
+            yield self._finite(self._apply_luts(self._checked(np.asarray(arr))))
         if count < img.frames:
-            raise fail(f"decoded {count} of the {img.frames} frames the header announces")
-        if clamped:
-            lut_bits = int(ds.VOILUTSequence[0].LUTDescriptor[2])
-            notes.append(f"clamped {clamped} VOI LUT output value(s) beyond the LUT's {lut_bits}-bit range")
-        if non_finite:
-            notes.append(f"replaced {non_finite} non-finite (NaN or infinite) pixel value(s) with 0")
+            raise _fail(img, f"decoded {count} of the {img.frames} frames the header announces")
+        self._add_notes()
 
-    return Decoded(frames(), window, notes)
+    def _next(self, source: Iterator) -> np.ndarray | None:
+        try:
+            return next(source, None)
+        except MemoryError:
+            raise
+        except StudyError as err:
+            raise _fail(self.img, err.reason) from None
+        except Exception as err:  # decoders raise anything from ValueError to RuntimeError on bad data
+            raise self._decoder_error(err) from None
+
+    def _decoder_error(self, err: Exception) -> SliceError:
+        ts, label = self.img.transfer_syntax, self.img.label
+        if self.use_gdcm:
+            return _fail(
+                self.img, f"cannot decode 12-bit {ts.name} ({ts}) pixel data with GDCM: {short_reason(err, label)}"
+            )
+        reason = f"cannot decode {ts.name} ({ts}) pixel data: {short_reason(err, label)}"
+        if self.twelve_bit:
+            reason += " (12-bit colour JPEG needs pylibjpeg-libjpeg, which is GPL and not used here)"
+        return _fail(self.img, reason)
+
+    def _checked(self, arr: np.ndarray) -> np.ndarray:
+        """The decoded frame's shape against the header's, after the palette colour LUT."""
+        img = self.img
+        if arr.ndim != 2 + (img.samples > 1):
+            raise _fail(img, f"decoded pixel data has an unexpected shape {arr.shape}")
+        if img.photometric == "PALETTE COLOR":
+            try:
+                arr = px.apply_color_lut(arr, self.ds)
+            except Exception as err:
+                raise _fail(img, f"cannot apply the palette colour LUT: {short_reason(err, img.label)}") from None
+        if arr.shape[:2] != (img.rows, img.columns):
+            raise _fail(
+                img, f"decoded pixel data is {arr.shape[0]}x{arr.shape[1]}, header says {img.rows}x{img.columns}"
+            )
+        return arr
+
+    def _apply_luts(self, arr: np.ndarray) -> np.ndarray:
+        ds, window = self.ds, self.window
+        try:  # checked against the whole stored range up front; a LUT that still fails loses only this slice
+            if window.modality_lut:
+                arr = px.apply_modality_lut(arr, ds).astype(np.float32)
+            if window.voi_lut:
+                values = arr.astype(np.float32) * np.float32(window.slope) + np.float32(window.intercept)
+                lut_bits = int(ds.VOILUTSequence[0].LUTDescriptor[2])
+                scaled = px.apply_voi(values, ds, index=0).astype(np.float32) / np.float32(2**lut_bits - 1)
+                self.clamped += int(np.count_nonzero((scaled < 0) | (scaled > 1)))
+                arr = np.clip(scaled, 0, 1, out=scaled)
+        except Exception as err:
+            raise _fail(
+                self.img, f"cannot apply its modality or VOI LUT: {short_reason(err, self.img.label)}"
+            ) from None
+        return arr
+
+    def _finite(self, arr: np.ndarray) -> np.ndarray:
+        if arr.dtype.kind == "f":
+            bad = int(np.count_nonzero(~np.isfinite(arr)))
+            if bad:  # to_display would map them to 0 without a word
+                arr = np.nan_to_num(arr, nan=0.0, posinf=0.0, neginf=0.0)
+                self.non_finite += bad
+        return arr
+
+    def _add_notes(self) -> None:
+        if self.clamped:
+            lut_bits = int(self.ds.VOILUTSequence[0].LUTDescriptor[2])
+            self.notes.append(f"clamped {self.clamped} VOI LUT output value(s) beyond the LUT's {lut_bits}-bit range")
+        if self.non_finite:
+            self.notes.append(f"replaced {self.non_finite} non-finite (NaN or infinite) pixel value(s) with 0")
