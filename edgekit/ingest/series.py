@@ -6,14 +6,14 @@ the same frames for the same objects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from edgekit.errors import StudyError, UnsupportedTransferSyntaxError
 from edgekit.ingest import budget
-from edgekit.ingest.decode import Window, decode_image, display_window
+from edgekit.ingest.decode import Decoded, Window, decode_image, display_window
 from edgekit.ingest.dicom import DicomImage, SliceError, header_meta, slice_name
 from edgekit.ingest.phi import hash_uid
 from edgekit.ingest.pixels import luminance, min_max_in_place, to_display
@@ -112,6 +112,45 @@ def assemble(
     file) the failure is the error. When no object is left, the first failure is the error, so its code and
     reason reach the caller.
     """
+    images = _admit_series(images, label, limits, skipped, admit)
+    first = images[0]
+    out = allocate_frames((sum(img.frames for img in images), first.rows, first.columns))
+    # Each object's own window is the faithful rendering; without one everywhere, one min-max over the whole
+    # series keeps slices comparable (a per-slice min-max would flicker in brightness).
+    per_object = all([display_window(img, img.ds).per_object for img in images])
+    kept = _decode_series(images, out, per_object, skipped)
+    if skipped:
+        skipped.sort(key=lambda s: (s.ordinal is None, s.ordinal or 0))
+        warnings[:0] = [s.warning(first.of or len(skipped) + len(kept.images)) for s in skipped]
+    if not kept.images:
+        raise skipped[0].error
+    warnings.extend(_note_warnings(kept.notes, len(kept.images)))
+    frames = out[: kept.stop]
+    _render_series(frames, kept.spans, per_object)
+    meta = kept.meta
+    meta["number_of_frames"] = int(kept.stop)
+    meta["number_of_files"] = len(kept.images)
+    meta["series_uid_hash"] = hash_uid(first.series_uid) if first.series_uid else None
+    meta["slice_spacing"] = _slice_spacing(kept.images)
+    return Study(
+        frames=frames,
+        modality=kept.images[0].modality,
+        uid_hash=hash_uid(kept.uid),
+        source="dicom",
+        meta=meta,
+        warnings=warnings,
+    )
+
+
+def _admit_series(
+    images: list[DicomImage],
+    label: str,
+    limits: IngestLimits,
+    skipped: list[Skipped] | None,
+    admit: budget.Admit | None,
+) -> list[DicomImage]:
+    """The series checked from its headers (one series, one frame size, the limits, the budget) and ordered;
+    `admit` hears its cost."""
     if not images and not skipped:
         raise StudyError("no DICOM image found", label)
     if not images:
@@ -123,50 +162,63 @@ def assemble(
     budget.check(cost, limits, label)
     if admit is not None:
         admit(cost)
-    of = images[0].of or None
-    first = images[0]
-    out = allocate_frames((sum(img.frames for img in images), first.rows, first.columns))
-    windows = [display_window(img, img.ds) for img in images]
-    # Each object's own window is the faithful rendering; without one everywhere, one min-max over the whole
-    # series keeps slices comparable (a per-slice min-max would flicker in brightness).
-    per_object = all(w.per_object for w in windows)
+    return images
 
-    kept: list[DicomImage] = []
-    spans: list[tuple[int, int, Window]] = []  # (start, stop, window) of each kept object in `out`
-    notes: dict[str, list[str]] = {}
-    meta = uid = None
-    start = 0
+
+@dataclass
+class _Kept:
+    """The objects that decoded, in order: their frames' spans in the study's array, the notes by reason (with the
+    slices that gave each), and the header metadata and study UID of the first."""
+
+    images: list[DicomImage] = field(default_factory=list)
+    spans: list[tuple[int, int, Window]] = field(default_factory=list)  # (start, stop, window) in the array
+    notes: dict[str, list[str]] = field(default_factory=dict)
+    meta: dict | None = None
+    uid: str | None = None
+    stop: int = 0  # frames written so far
+
+    def add(self, img: DicomImage, decoded: Decoded, stop: int) -> None:
+        if self.meta is None:
+            self.meta = header_meta(img)
+            self.uid = img.study_uid or img.series_uid or str(img.ds.get("SOPInstanceUID", "") or "")
+        for note in decoded.notes:
+            self.notes.setdefault(note, []).append(img.slice_name)
+        self.spans.append((self.stop, stop, decoded.window))
+        self.images.append(img)
+        self.stop = stop
+
+
+def _decode_series(images: list[DicomImage], out: np.ndarray, per_object: bool, skipped: list[Skipped] | None) -> _Kept:
+    """Each object decoded into `out` after the last kept one, its raw bytes freed as it goes; with `skipped`, an
+    object that fails joins them (its frames, if any, are overwritten by the next object's)."""
+    kept = _Kept()
     for img in images:
         try:
-            ds = img.reload() if img.reload is not None else img.ds
-            decoded = decode_image(img, ds)
-            stop = start
-            for frame in decoded.frames:
-                _write_display(out[stop], frame, decoded.window, per_object)
-                stop += 1
+            decoded, stop = _decode_into(img, out, kept.stop, per_object)
         except SKIPPABLE as err:
             if skipped is None:
                 raise
             skipped.append(Skipped(err, img.instance_number, img.ordinal))
             img.ds = None
-            continue  # its frames, if any, are overwritten by the next object's
-        if meta is None:
-            meta = header_meta(img)
-            uid = img.study_uid or img.series_uid or str(img.ds.get("SOPInstanceUID", "") or "")
-        for note in decoded.notes:
-            notes.setdefault(note, []).append(img.slice_name)
-        spans.append((start, stop, decoded.window))
-        kept.append(img)
-        start = stop
+            continue
+        kept.add(img, decoded, stop)
         img.ds = None  # the raw bytes are no longer needed; free them as we go
-        del ds, decoded
-    if skipped:
-        skipped.sort(key=lambda s: (s.ordinal is None, s.ordinal or 0))
-        warnings[:0] = [s.warning(of or len(skipped) + len(kept)) for s in skipped]
-    if not kept:
-        raise skipped[0].error
-    warnings.extend(_note_warnings(notes, len(kept)))
-    frames = out[:start]
+        del decoded
+    return kept
+
+
+def _decode_into(img: DicomImage, out: np.ndarray, start: int, per_object: bool) -> tuple[Decoded, int]:
+    ds = img.reload() if img.reload is not None else img.ds
+    decoded = decode_image(img, ds)
+    stop = start
+    for frame in decoded.frames:
+        _write_display(out[stop], frame, decoded.window, per_object)
+        stop += 1
+    return decoded, stop
+
+
+def _render_series(frames: np.ndarray, spans: list[tuple[int, int, Window]], per_object: bool) -> None:
+    """Modality values into display values in place, where `_write_display` left them as modality values."""
     if not per_object and all(w.per_object for _, _, w in spans):
         # the objects without a window were all skipped: the kept ones render themselves, as the series would have
         # had it been sent without the broken ones (their frames hold modality values: window them now)
@@ -178,19 +230,6 @@ def assemble(
         for a, b, w in spans:
             if w.photometric == "MONOCHROME1":
                 np.subtract(np.float32(1.0), frames[a:b], out=frames[a:b])
-
-    meta["number_of_frames"] = int(start)
-    meta["number_of_files"] = len(kept)
-    meta["series_uid_hash"] = hash_uid(first.series_uid) if first.series_uid else None
-    meta["slice_spacing"] = _slice_spacing(kept)
-    return Study(
-        frames=frames,
-        modality=kept[0].modality,
-        uid_hash=hash_uid(uid),
-        source="dicom",
-        meta=meta,
-        warnings=warnings,
-    )
 
 
 def _write_display(dest: np.ndarray, frame: np.ndarray, window: Window, per_object: bool) -> None:
