@@ -79,48 +79,12 @@ def load_video(path: Path, limits: IngestLimits, admit: Admit | None = None) -> 
     deadline = time.monotonic() + limits.video_decode_s
     warnings: list[str] = []
     try:
-        with av.open(str(path)) as container:
-            if not container.streams.video:
-                raise StudyError("no video stream in the file", path)
-            stream = container.streams.video[0]
-            codec = stream.codec_context.name
-            fps = float(stream.average_rate) if stream.average_rate else None
-            width, height = stream.codec_context.width, stream.codec_context.height
-        if width and height and width * height > limits.max_pixels:
-            raise StudyError(f"frame of {height}x{width} pixels exceeds the limit of {limits.max_pixels}", path)
-        n = _count_frames(path, limits, deadline)
-        if n < 1:
-            raise StudyError("video holds no frames", path)
-        if n > limits.video_max_source_frames:
-            raise StudyError(
-                f"the video holds more than {limits.video_max_source_frames} frames (video_max_source_frames)", path
-            )
+        codec, fps = _probe(path, limits)
+        n = _source_frames(path, limits, deadline)
         keep = limits.video_max_frames
         wanted = sample_indices(n, keep).tolist() if n > keep else list(range(n))
         slot = {index: k for k, index in enumerate(dict.fromkeys(wanted))}
-        out: np.ndarray | None = None
-        filled: list[int] = []
-        decoded = 0
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            for index, frame in enumerate(container.decode(stream)):
-                decoded += 1
-                if index in slot:
-                    if out is None:  # sized by the first kept frame (a header may state none): before any copy
-                        height, width = frame.height, frame.width
-                        out = _allocate(len(slot), height, width, limits, admit, path)
-                    if (frame.height, frame.width) != (height, width):
-                        raise StudyError(
-                            f"inconsistent frame sizes in the video: {frame.height}x{frame.width} after "
-                            f"{height}x{width}",
-                            path,
-                        )
-                    out[slot[index]] = luminance(frame.to_ndarray(format="rgb24"))
-                    filled.append(slot[index])
-                if len(filled) == len(slot):
-                    break
-                if decoded % 16 == 0:
-                    _check_deadline(deadline, limits, path)
+        out, filled, decoded = _decode_kept(path, slot, limits, admit, deadline)
     except StudyError:
         raise
     except (av.error.FFmpegError, ValueError, IndexError, OSError, EOFError) as err:
@@ -150,3 +114,63 @@ def load_video(path: Path, limits: IngestLimits, admit: Admit | None = None) -> 
         },
         warnings=warnings,
     )
+
+
+def _probe(path: Path, limits: IngestLimits) -> tuple[str, float | None]:
+    """The first video stream's codec and frame rate, once its header's frame size (when it states one) is
+    within the limit."""
+    import av
+
+    with av.open(str(path)) as container:
+        if not container.streams.video:
+            raise StudyError("no video stream in the file", path)
+        stream = container.streams.video[0]
+        codec = stream.codec_context.name
+        fps = float(stream.average_rate) if stream.average_rate else None
+        width, height = stream.codec_context.width, stream.codec_context.height
+    if width and height and width * height > limits.max_pixels:
+        raise StudyError(f"frame of {height}x{width} pixels exceeds the limit of {limits.max_pixels}", path)
+    return codec, fps
+
+
+def _source_frames(path: Path, limits: IngestLimits, deadline: float) -> int:
+    n = _count_frames(path, limits, deadline)
+    if n < 1:
+        raise StudyError("video holds no frames", path)
+    if n > limits.video_max_source_frames:
+        raise StudyError(
+            f"the video holds more than {limits.video_max_source_frames} frames (video_max_source_frames)", path
+        )
+    return n
+
+
+def _decode_kept(
+    path: Path, slot: dict[int, int], limits: IngestLimits, admit: Admit | None, deadline: float
+) -> tuple[np.ndarray | None, list[int], int]:
+    """Decode up to the last kept frame, each kept one (source index -> `slot`) into the display array, which
+    the first kept frame sizes. Returns the array, the slots filled, and the frames decoded."""
+    import av
+
+    out: np.ndarray | None = None
+    filled: list[int] = []
+    decoded = 0
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        for index, frame in enumerate(container.decode(stream)):
+            decoded += 1
+            if index in slot:
+                if out is None:  # sized by the first kept frame (a header may state none): before any copy
+                    height, width = frame.height, frame.width
+                    out = _allocate(len(slot), height, width, limits, admit, path)
+                if (frame.height, frame.width) != (height, width):
+                    raise StudyError(
+                        f"inconsistent frame sizes in the video: {frame.height}x{frame.width} after {height}x{width}",
+                        path,
+                    )
+                out[slot[index]] = luminance(frame.to_ndarray(format="rgb24"))
+                filled.append(slot[index])
+            if len(filled) == len(slot):
+                break
+            if decoded % 16 == 0:
+                _check_deadline(deadline, limits, path)
+    return out, filled, decoded
