@@ -19,6 +19,7 @@ from edgekit.errors import ConfigError, EdgekitError
 from .dicom_config import SECTIONS as DICOM_SECTIONS
 from .dicom_config import DicomSettings, read_sections
 from .policy import Constraints, PolicySettings
+from .telemetry import TelemetrySettings, read_settings
 
 DEFAULT_CONFIG_PATH = Path("/etc/edgekit/edgekitd.toml")
 DEFAULT_STATE_DIR = Path("/var/lib/edgekit")
@@ -128,6 +129,8 @@ class DaemonConfig:
     rollout: RolloutSettings = RolloutSettings()
     # [dicom], [dimse], [delivery], [[destinations]]: DICOM networking (dicom_config.py)
     dicom: DicomSettings = DicomSettings()
+    # [telemetry]: OpenTelemetry traces by OTLP/HTTP, off by default (daemon/telemetry.py, docs/telemetry.md)
+    telemetry: TelemetrySettings = TelemetrySettings()
     source: Path | None = None  # the file this was read from (None: defaults only)
 
     def variant(self, name: str) -> Variant | None:
@@ -249,6 +252,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
             continue
         if section == "rollout":
             out["rollout"] = _rollout(table, path)
+            continue
+        if section == "telemetry":
+            out["telemetry"] = read_settings(table, path)
             continue
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] must be a table", path)

@@ -33,6 +33,7 @@ from edgekit import __version__ as edgekit_version
 from edgekit.errors import EdgekitError
 from edgekit.ingest.phi import phi_guard
 
+from . import telemetry
 from .dicom_config import Destination, DicomSettings, read_destination_token
 from .jobs import DEAD, FAILED, Delivery, DeliveryStore, JobStore
 from .metrics import Metrics
@@ -73,6 +74,8 @@ def _post(dest: Destination, below: str, body: bytes, headers: dict[str, str]) -
     for name in ("httpx", "httpcore"):  # at INFO and DEBUG they log each request's full URL (userinfo, query)
         logging.getLogger(name).setLevel(logging.WARNING)
     token = read_destination_token(dest)
+    headers = {**headers}
+    telemetry.inject(headers)  # traceparent: the receiver's spans join the study's trace
     # certificates checked against the system's CA store, where a hospital installs its own CA (as urllib did;
     # httpx's default is certifi's bundle alone)
     tls = ssl.create_default_context()
@@ -84,6 +87,7 @@ def _post(dest: Destination, below: str, body: bytes, headers: dict[str, str]) -
             client.stream("POST", url, content=body, headers=headers, auth=_bearer(token) if token else None) as resp,
         ):
             status = resp.status_code
+            telemetry.set_attribute("http.response.status_code", status)
             raw = _head(resp, 1 << 20) if status in (200, 202, 204) else b""
     except httpx.TransportError as exc:
         raise DeliveryError(f"cannot reach {dest.describe()}: {type(exc).__name__}{_reason(exc)}") from None
@@ -153,6 +157,7 @@ def cstore(dest: Destination, data: bytes, calling_ae: str) -> None:
     finally:
         assoc.release()
     code = getattr(status, "Status", None)
+    telemetry.set_attribute("edgekit.dimse.status", code)
     if code is None:
         raise DeliveryError(f"no C-STORE response from {dest.describe()}")
     if code != 0x0000 and not (0xB000 <= code <= 0xBFFF):
@@ -214,7 +219,8 @@ class DeliveryWorker:
         try:
             if dest is None:
                 raise DeliveryError(f"destination {d.destination!r} is no longer configured")
-            self._send(dest, d.job_id)
+            with telemetry.delivery_span(dest, d.job_id, d.attempts + 1, self._trace(d.job_id)):
+                self._send(dest, d.job_id)
         except Exception as exc:  # every failure counts toward max_attempts, whatever raised it
             return self._failed(d, exc, settings)
         self.deliveries.delivered(d)
@@ -254,6 +260,13 @@ class DeliveryWorker:
         self.refresh_gauges()
         return state
 
+    def _trace(self, job_id: str) -> str | None:
+        """The trace context the job was accepted in (its deliveries join that trace)."""
+        if not telemetry.enabled():
+            return None
+        job = self.store.get(job_id)
+        return job.trace if job is not None else None
+
     def _send(self, dest: Destination, job_id: str) -> None:
         job = self.store.get(job_id)
         if job is None or job.result is None:
@@ -275,7 +288,8 @@ class DeliveryWorker:
             job = self.store.get(job_id)
             if job is None or job.result is None:
                 raise DeliveryError("the job or its report is gone (past its retention?)")
-            data = render_sr(job.result, self.store.evidence(job_id), algorithm_version=edgekit_version)
+            with telemetry.span("render_sr", attributes={"edgekit.job.id": job_id}):
+                data = render_sr(job.result, self.store.evidence(job_id), algorithm_version=edgekit_version)
             self.store.save_sr(job_id, data)
         return data
 

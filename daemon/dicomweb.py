@@ -24,10 +24,11 @@ from typing import Any
 from edgekit.errors import EdgekitError
 from edgekit.ingest.phi import hash_uid
 
+from . import telemetry
 from .instances import CANNOT_UNDERSTAND, DATASET_MISMATCH, OUT_OF_RESOURCES, Refusal, is_uid, parse_part
 from .metrics import Metrics
 from .stow_spool import MultipartError, PartFinder, SpooledBody, spool
-from .studies import StudyInbox
+from .studies import StudyInbox, key
 
 log = logging.getLogger("edgekitd")
 
@@ -170,6 +171,9 @@ class StowService:
                 outcomes["stored"] += 1
         for outcome, n in outcomes.items():
             self.metrics.dicom_instances.labels("stow", outcome).inc(n)
+        telemetry.set_attribute("edgekit.stow.stored", len(stored))
+        telemetry.set_attribute("edgekit.stow.refused", len(failed))
+        telemetry.set_attribute("edgekit.studies", sorted(hash_uid(u) for u in studies))  # hashed as the log's
         if complete:
             for uid in studies:
                 self.inbox.finish(uid)
@@ -205,4 +209,5 @@ class StowService:
         except OSError as err:  # disk full, permissions: the sender may retry later
             log.error("stow-rs: cannot store an instance (%s)", err.strerror or type(err).__name__)
             return Refusal(OUT_OF_RESOURCES, "cannot store the instance now", uids.sop_class, uids.sop_instance)
+        telemetry.remember(self.inbox.root / key(uids.study))  # the study's job joins this request's trace
         return uids

@@ -14,9 +14,11 @@ import sqlite3
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .telemetry import carrier
 
 QUEUED, RUNNING, SUCCEEDED, FAILED = "queued", "running", "succeeded", "failed"
 TERMINAL = (SUCCEEDED, FAILED)
@@ -39,7 +41,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished REAL,
     attempts INTEGER NOT NULL DEFAULT 0,
     result TEXT,
-    error TEXT
+    error TEXT,
+    trace TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, created);
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -72,6 +75,9 @@ class Job:
     attempts: int = 0
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None  # the error's JSON plus its HTTP "status"
+    # the trace context it was accepted in (W3C carrier as JSON, `telemetry.carrier`): made inside a request's or a
+    # received study's span, a job keeps it, so its report and deliveries join that trace after a restart too
+    trace: str | None = field(default_factory=carrier)
 
     def public(self) -> dict[str, Any]:
         """What `GET /v1/jobs/{id}` shows: no prompt (it may name the patient), no paths."""
@@ -106,6 +112,8 @@ class JobStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # an acknowledged job survives a power cut, not just a crash
             self._db.executescript(_SCHEMA)
+            if "trace" not in {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}:  # a database from before
+                self._db.execute("ALTER TABLE jobs ADD COLUMN trace TEXT")
 
     def job_dir(self, job_id: str) -> Path:
         return self.dir / job_id
@@ -150,7 +158,7 @@ class JobStore:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
                     "INSERT INTO jobs (id, idempotency_key, fingerprint, state, variant, prompt, options, input, "
-                    "created, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "created, attempts, trace) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         job.id,
                         job.idempotency_key,
@@ -162,6 +170,7 @@ class JobStore:
                         job.input,
                         job.created,
                         job.attempts,
+                        job.trace,
                     ),
                 )
                 self._db.executemany(

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgekit.errors import EdgekitError
 
+from . import telemetry
 from .metrics import Metrics
 from .responses import error_response
 from .uploads import UploadTooLargeError
@@ -141,7 +142,8 @@ class Guard:
 
 
 class AccessLog:
-    """One log line and the request metrics per HTTP request, whatever answered it (a crash counts as 500)."""
+    """One log line and the request metrics per HTTP request, whatever answered it (a crash counts as 500), and
+    its server span when traces are on (the caller's W3C `traceparent` its parent)."""
 
     def __init__(self, app: ASGIApp, *, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -151,6 +153,7 @@ class AccessLog:
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         status = 500
+        span = telemetry.server_span(scope)
 
         async def send_status(message: Message) -> None:
             nonlocal status
@@ -166,3 +169,5 @@ class AccessLog:
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.request_latency.labels(route).observe(dt)
             log.info("%s %s -> %d (%.1f ms)", scope["method"], route, status, dt * 1e3)
+            if span is not None:
+                span.end(route, status)

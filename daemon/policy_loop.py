@@ -18,6 +18,7 @@ from typing import Any
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.pareto import Point, read_profile, split_fronts
 
+from . import telemetry
 from .config import DaemonConfig
 from .metrics import Metrics
 from .options import RequestOptions
@@ -170,6 +171,13 @@ class PolicyLoop:
                         decision.previous or "-", decision.point.id, decision.reason
                     ).inc()
                     log.info("policy: %s -> %s (%s)", decision.previous, decision.point.id, self._why(decision))
+                    telemetry.event(
+                        "edgekit.variant.switched",
+                        variant=self.registry.active,
+                        point=decision.point.id,
+                        previous_point=decision.previous,
+                        reason=decision.reason,
+                    )
                 self.metrics.set_active(self.registry.active, set(self.registry.specs))
             self._serving = self.governor.current
             if decision.broken != self._logged_broken:

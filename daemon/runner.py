@@ -17,6 +17,7 @@ from typing import Any
 
 from edgekit.errors import EdgekitError, TextModelError
 
+from . import telemetry
 from .intake import Ingestor
 from .jobs import JobStore
 from .metrics import Metrics
@@ -36,21 +37,28 @@ class ReportRunner:
         self.recent_ms: deque[float] = deque(maxlen=RECENT_REPORTS)  # the policy's "recent p95" reads these
         # each report's outcome for the rollouts' canary windows: (variant, ok, total_ms, energy_j)
         self.observe: Callable[[str, bool, float | None, float | None], None] | None = None
+        # the policy's point serving a variant now, for the report's trace (None: no policy, or another's point)
+        self.point_of: Callable[[str], str | None] | None = None
 
     def __call__(self, work: Work) -> None:
+        started = time.perf_counter()
+        traces: list[Callable[[], None]] = []  # the report's spans, recorded once its caller has the answer
         if work.job_id:
             self.store.mark_running(work.job_id)
         try:
             with self.registry.hold(work.variant) as loaded:
-                out = self._report(work, loaded)
+                out = self._report(work, loaded, traces)
             if work.job_id:
                 self.store.finish(work.job_id, result=out)
             work.future.set_result(out)
+            for record in traces:
+                record()
         except EdgekitError as err:
             self.metrics.reports.labels(self._label(work), err.code).inc()
             if err.http_status >= 500:  # the model's fault, not the request's: the canary counts it
                 self._observe(work, False)
             log.info("report %s failed: %s", work.job_id or "sync", err.code)
+            telemetry.record_failure(work, err, started=started)
             if work.job_id:
                 self.store.finish(work.job_id, error={**err.to_json(), "status": err.http_status})
             work.future.set_exception(err)
@@ -58,6 +66,7 @@ class ReportRunner:
             self.metrics.reports.labels(self._label(work), "internal_error").inc()
             self._observe(work, False)
             log.exception("report %s crashed", work.job_id or "sync")
+            telemetry.record_failure(work, exc, started=started)
             if work.job_id:
                 self.store.finish(
                     work.job_id, error={"code": "internal_error", "message": type(exc).__name__, "status": 500}
@@ -80,20 +89,23 @@ class ReportRunner:
         """A metrics label only once the name is known to be configured (clients choose the name)."""
         return work.variant if work.variant in self.registry.specs else "-"
 
-    def _report(self, work: Work, loaded: Loaded) -> dict[str, Any]:
+    def _report(self, work: Work, loaded: Loaded, traces: list[Callable[[], None]]) -> dict[str, Any]:
         t0 = time.perf_counter()
         variant, reporter = loaded.name, loaded.reporter
         has_study = work.study is not None or work.study_path is not None
         if reporter.is_text and has_study:  # a received study, or a job whose variant became a text model
             raise TextModelError(f"variant {variant!r} is a text model: it cannot report on a study")
+        ingested = None
         if not reporter.is_text and work.study is None:  # a recovered job: ingested here, held like any other
             work.study, work.reservation = self.ingestor.load(work.study_path, force=True)
+            ingested = (t0, time.perf_counter())
         # the prompt as admitted, when this same reporter fitted it; else the options merged and fitted here
         fitted = work.fitted.prompt if work.fitted is not None and work.fitted.reporter is reporter else None
         opts = fitted.options if fitted is not None else generation_options(work.options, reporter.generation_config)
         on_token = finish = None
         if work.stream is not None:
             on_token, finish = token_sink(reporter.tokenizer, work.stream)
+        called = time.perf_counter()
         if reporter.is_text:
             report = reporter.report_text(work.prompt, opts, on_token=on_token, cancel=work.cancel, fitted=fitted)
         else:
@@ -121,6 +133,26 @@ class ReportRunner:
             new_tokens,
             out["timings"]["total_ms"],
         )
+        if telemetry.enabled():
+            traces.append(lambda: self._trace(work, report, reporter, fitted, opts, t0, called, ingested))
         if finish is not None:
             finish(report.text)  # the last delta (if any) and done, before the job reads as finished
         return out
+
+    def _trace(self, work: Work, report, reporter, fitted, opts, started, called, ingested) -> None:
+        """The report's spans (telemetry.record_report), with its prompt's tokens and the image's; a failure here
+        costs the trace, never the report."""
+        try:
+            layout = fitted.layout if fitted is not None else reporter.prompt(report.modality, work.prompt)
+            telemetry.record_report(
+                work,
+                report,
+                started=started,
+                called=called,
+                ingested=ingested,
+                max_tokens=opts.max_new_tokens,
+                input_tokens=len(layout.ids) + (0 if reporter.is_text else reporter.context.image_tokens),
+                point=self.point_of(work.variant) if self.point_of is not None else None,
+            )
+        except Exception as exc:  # noqa: BLE001 - tracing is never the report's failure
+            log.warning("telemetry: report %s not traced (%s)", work.job_id or "sync", type(exc).__name__)

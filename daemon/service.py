@@ -18,6 +18,7 @@ from typing import Any
 
 from edgekit.errors import EdgekitError
 
+from . import telemetry
 from .config import DaemonConfig, load_config
 from .delivery import DeliveryWorker
 from .dicomweb import BodyChunks, StoreResult, StowService
@@ -65,6 +66,7 @@ class Daemon:
         self.overrides: dict[str, Any] = overrides or {}
         self.notifier = notifier or Notifier()
         self.metrics = Metrics()
+        self.tracing = telemetry.setup(cfg.telemetry)  # [telemetry] or OTEL_*: off unless asked (docs/telemetry.md)
         Path(cfg.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         self.store = JobStore(cfg.state_dir)
         self.streams = StreamHub()
@@ -90,7 +92,7 @@ class Daemon:
         self.inbox = StudyInbox(
             inbox_dir,
             lambda: self.cfg.dicom.quiet_period_s,
-            self.received.receive,
+            telemetry.traced_receive(self.received.receive),
             max_attempts=lambda: self.cfg.max_attempts,
             quarantine=self.received.quarantine,
             min_free=lambda: self.cfg.min_free_bytes,
@@ -160,6 +162,7 @@ class Daemon:
             registry.meter = self.signals.meter
             runner = self.runner = ReportRunner(registry, self.store, self.metrics, self.ingestor)
             runner.observe = rollout.observe_report
+            runner.point_of = self._served_point
             self.delivery.on_outcome = rollout.observe_delivery
             self.queue = WorkQueue(runner, self.metrics, workers=self.cfg.workers, max_queue=self.cfg.max_queue)
             self.signals.attach(self.queue, runner)
@@ -208,6 +211,11 @@ class Daemon:
             except Exception:  # noqa: BLE001 - a bug in one tick must not end the rollouts; it is logged
                 log.exception("rollout tick failed")
 
+    def _served_point(self, variant: str) -> str | None:
+        """The policy's point serving `variant` now (a report's trace names it), if any."""
+        point = self.policy.point if self.policy is not None else None
+        return point.id if point is not None and point.settings.get("variant") == variant else None
+
     def _count_step(self, variant: str, step: str) -> None:
         self.metrics.rollout_steps.labels(variant, step).inc()
 
@@ -253,6 +261,8 @@ class Daemon:
         self.ingestor.close()
         if self.signals is not None:
             self.signals.stop()
+        if self.tracing:
+            telemetry.shutdown()  # the spans still buffered go out
         self.notifier.close()
 
     # --- requests -------------------------------------------------------------------------------------------------
@@ -314,6 +324,7 @@ class Daemon:
         """Blocking: load and warm `name`, then route new work to it. Under a policy this pins the variant (mode
         `fixed`), or the policy would switch away at its next tick."""
         registry, _ = self.serving()
+        previous = registry.active
         if self.policy is not None:
             registry.check(name)
             registry.recheck(name)  # [trust]: a switch checks the signature again, as activate does
@@ -322,6 +333,7 @@ class Daemon:
         else:
             loaded = registry.activate(name)
         self.say(self.summary(f"switched to {loaded.name}"))
+        telemetry.event("edgekit.variant.switched", variant=loaded.name, previous=previous, reason="activate")
         return loaded
 
     def get_policy(self) -> dict[str, Any]:

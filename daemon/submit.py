@@ -34,6 +34,7 @@ from .options import RequestOptions, generation_options
 from .policy_loop import PolicyNotConfiguredError, capped
 from .queue import WorkQueue
 from .streams import TokenStream
+from .telemetry import carrier
 from .uploads import storage_error
 from .work import FittedFor, Work
 
@@ -293,6 +294,7 @@ class Submissions:
             reservation=reservation,
             routing=routing,
             fitted=fitted,
+            trace=job.trace,
         )
 
 
@@ -305,7 +307,9 @@ class _Ingested:
 
 
 def work_of(study_path: Path | None, prompt: str, options: RequestOptions, variant: str, **parts: Any) -> Work:
-    """The one place a `Work` is made (every field it will have, at once)."""
+    """The one place a `Work` is made (every field it will have, at once); its trace, unless given (a job's kept
+    one), is the request's it is made in."""
+    parts.setdefault("trace", carrier())
     return Work(study_path=study_path, prompt=prompt, options=options, variant=variant, **parts)
 
 

@@ -49,6 +49,7 @@ class Work:
     routing: dict[str, Any] | None = None  # why the work went to its variant, when a gate chose (report JSON)
     reservation: Reservation | None = None  # the study's bytes in the ingest pool, released when the work ends
     fitted: FittedFor | None = None  # the prompt as admitted (tokenised and fitted once); None: the report does it
+    trace: str | None = None  # the trace context its spans join (telemetry.carrier(): a job's is kept with it)
     future: cf.Future[dict[str, Any]] = field(default_factory=cf.Future)
     cancel: threading.Event = field(default_factory=threading.Event)  # a synchronous caller gave up: stop decoding
     accepted: float = field(default_factory=time.perf_counter)
