@@ -81,7 +81,44 @@ def _side_sign(side: str) -> int:
 def render_ct_chest(
     findings: list[Finding], n: int, anat: np.random.Generator, noise: np.random.Generator, place: RngFor
 ) -> Rendered:
-    size, mm = CT_CHEST.rows, CT_CHEST.pixel_spacing_mm
+    ct = _ct_anatomy(n, anat)
+    masks: dict[str, np.ndarray] = {}
+    centres_of: dict[str, list[tuple[float, float]]] = {}
+    f = _find(findings, "pleural effusion")
+    if f:
+        masks[f.type] = _ct_effusion(ct, f, place(f.type))
+    f = _find(findings, "mass")
+    if f:
+        masks[f.type] = _ct_mass(ct, f, place(f.type))
+    f = _find(findings, "nodule")
+    if f:
+        masks[f.type], centres_of[f.type] = _ct_nodules(ct, f, place(f.type))
+    hu = ct.hu
+    hu += noise.normal(0, 15, hu.shape).astype(np.float32)
+    stored = np.clip(np.rint(hu + 1024), 0, 4095).astype(np.int16)
+    return Rendered(stored, masks, centres_of, center=-600.0, width=1500.0)
+
+
+@dataclass
+class _ChestCT:
+    """A CT chest series in Hounsfield units before noise, with the lungs that findings are placed in."""
+
+    yy: np.ndarray
+    xx: np.ndarray
+    hu: np.ndarray  # (n, H, W) float32
+    lungs: np.ndarray  # (n, H, W) bool
+    lung_centre: dict[str, tuple[float, float]]  # side -> (row, col)
+    lung_ry: float
+    lung_rx: float
+
+    @property
+    def n(self) -> int:
+        return self.hu.shape[0]
+
+
+def _ct_anatomy(n: int, anat: np.random.Generator) -> _ChestCT:
+    """Body, subcutaneous fat, spine and two textured lungs, widest mid-series (every draw from `anat`)."""
+    size = CT_CHEST.rows
     yy, xx = _grid(size)
     oy, ox = anat.uniform(-3, 3, 2)
     cy, cx = 64 + oy, 64 + ox
@@ -110,56 +147,54 @@ def render_ct_chest(
             lungs[k] |= m
             img[m] = -850.0 + texture[m]
         hu[k] = img
+    return _ChestCT(yy, xx, hu, lungs, lung_centre, lung_ry, lung_rx)
 
-    masks: dict[str, np.ndarray] = {}
-    centres_of: dict[str, list[tuple[float, float]]] = {}
-    f = _find(findings, "pleural effusion")
-    if f:  # dependent (posterior = image bottom) fluid with a meniscus rising laterally
-        ly, lx = lung_centre[f.location]
-        rng = place(f.type)
-        depth = rng.uniform(0.42, 0.48) * lung_ry
-        lateral = np.clip((xx - lx) * _side_sign(f.location) / lung_rx, 0, 1)
-        level = ly + lung_ry - depth - 6 * lateral**2
-        side_lung = np.abs(xx - lx) < lung_rx + 1
-        m = lungs & (yy >= level)[None] & side_lung[None]
-        hu[m] = 12.0
-        masks[f.type] = m
-    f = _find(findings, "mass")
-    if f:  # upper lung, lobulated soft tissue
-        ly, lx = lung_centre[f.location]
-        rng = place(f.type)
-        r = f.size_mm / mm / 2
-        my, mx = ly - 0.5 * lung_ry + rng.uniform(-2, 2), lx + rng.uniform(-2, 2)
-        rho = _lobulated(yy, xx, my, mx, r, rng)
-        prof = _z_profile(n, rng)
-        m = np.stack([rho <= p for p in prof])
-        hu[m] = 35.0
-        masks[f.type] = m
-    f = _find(findings, "nodule")
-    if f:  # mid lung, round, well apart; the others are the smallest size
-        ly, lx = lung_centre[f.location]
-        rng = place(f.type)
-        radii = [f.size_mm / mm / 2] + [min(CT_CHEST.spec("nodule").sizes_mm) / mm / 2] * (f.count - 1)
-        centres = _place_apart(
-            rng,
-            radii,
-            y_range=(ly + 4, ly + 0.5 * lung_ry),
-            x_range=(lx - lung_rx + 3, lx + lung_rx - 3),
-            gap=4.0,
-            inside=lambda y, x, r: _ellipse(y, x, ly, lx, lung_ry * 0.9 - r, lung_rx * 0.9 - r) <= 1,
-        )
-        m = np.zeros((n, size, size), bool)
-        for (ny, nx), r in zip(centres, radii):
-            prof = _z_profile(n, rng)
-            d = np.sqrt((yy - ny) ** 2 + (xx - nx) ** 2)
-            m |= np.stack([d <= r * p for p in prof])
-        hu[m] = 30.0
-        masks[f.type] = m
-        centres_of[f.type] = [(float(y), float(x)) for y, x in centres]
 
-    hu += noise.normal(0, 15, hu.shape).astype(np.float32)
-    stored = np.clip(np.rint(hu + 1024), 0, 4095).astype(np.int16)
-    return Rendered(stored, masks, centres_of, center=-600.0, width=1500.0)
+def _ct_effusion(ct: _ChestCT, f: Finding, rng: np.random.Generator) -> np.ndarray:
+    """Dependent (posterior = image bottom) fluid with a meniscus rising laterally; painted, its mask returned."""
+    yy, xx, lung_ry, lung_rx = ct.yy, ct.xx, ct.lung_ry, ct.lung_rx
+    ly, lx = ct.lung_centre[f.location]
+    depth = rng.uniform(0.42, 0.48) * lung_ry
+    lateral = np.clip((xx - lx) * _side_sign(f.location) / lung_rx, 0, 1)
+    level = ly + lung_ry - depth - 6 * lateral**2
+    side_lung = np.abs(xx - lx) < lung_rx + 1
+    m = ct.lungs & (yy >= level)[None] & side_lung[None]
+    ct.hu[m] = 12.0
+    return m
+
+
+def _ct_mass(ct: _ChestCT, f: Finding, rng: np.random.Generator) -> np.ndarray:
+    """Upper lung, lobulated soft tissue; painted, its mask returned."""
+    ly, lx = ct.lung_centre[f.location]
+    r = f.size_mm / CT_CHEST.pixel_spacing_mm / 2
+    my, mx = ly - 0.5 * ct.lung_ry + rng.uniform(-2, 2), lx + rng.uniform(-2, 2)
+    rho = _lobulated(ct.yy, ct.xx, my, mx, r, rng)
+    prof = _z_profile(ct.n, rng)
+    m = np.stack([rho <= p for p in prof])
+    ct.hu[m] = 35.0
+    return m
+
+
+def _ct_nodules(ct: _ChestCT, f: Finding, rng: np.random.Generator) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """Mid lung, round, well apart; the others are the smallest size. Painted; the mask and centres returned."""
+    yy, xx, lung_ry, lung_rx, mm = ct.yy, ct.xx, ct.lung_ry, ct.lung_rx, CT_CHEST.pixel_spacing_mm
+    ly, lx = ct.lung_centre[f.location]
+    radii = [f.size_mm / mm / 2] + [min(CT_CHEST.spec("nodule").sizes_mm) / mm / 2] * (f.count - 1)
+    centres = _place_apart(
+        rng,
+        radii,
+        y_range=(ly + 4, ly + 0.5 * lung_ry),
+        x_range=(lx - lung_rx + 3, lx + lung_rx - 3),
+        gap=4.0,
+        inside=lambda y, x, r: _ellipse(y, x, ly, lx, lung_ry * 0.9 - r, lung_rx * 0.9 - r) <= 1,
+    )
+    m = np.zeros(ct.hu.shape, bool)
+    for (ny, nx), r in zip(centres, radii):
+        prof = _z_profile(ct.n, rng)
+        d = np.sqrt((yy - ny) ** 2 + (xx - nx) ** 2)
+        m |= np.stack([d <= r * p for p in prof])
+    ct.hu[m] = 30.0
+    return m, [(float(y), float(x)) for y, x in centres]
 
 
 def _place_apart(rng, radii, *, y_range, x_range, gap, inside) -> list[tuple[float, float]]:
