@@ -16,7 +16,7 @@ import time
 from edgekit.ingest.phi import install_handlers
 
 # Loggers whose records come in floods from outside: the event loop's accept errors, uvicorn's connection errors.
-FLOODING = ("asyncio", "uvicorn.error")
+FLOODING = ("asyncio", "uvicorn.error", "opentelemetry")  # the OTLP exporter warns on every retry
 INTERVAL_S = 10.0
 
 

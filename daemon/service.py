@@ -155,7 +155,9 @@ class Daemon:
         """Blocking: build/load/warm the active variant, start workers, requeue unfinished jobs, then READY=1."""
         try:
             registry = self.registry = VariantRegistry(self.cfg, say=self.say, on_change=self._loaded_changed)
-            rollout = self.rollout = Rollout(self.cfg.state_dir, registry, lambda: self.cfg.rollout, self._count_step)
+            rollout = self.rollout = Rollout(
+                self.cfg.state_dir, registry, lambda: self.cfg.rollout, self._count_step, telemetry.event
+            )
             rollout.recover()  # an unfinished rollout goes back before anything loads; each variant's live slot
             self.signals = SignalReader(self.cfg, self.metrics)
             self.signals.start()
