@@ -119,7 +119,7 @@ def run_pipeline(
     graphs = [g for g in ALL_GRAPHS if (src / g).is_file()]
     if not any(p.applies_to(g) for p in passes for g in graphs):
         raise ConfigError(f"none of the passes applies to the graphs in {src.name} ({', '.join(graphs)})", src)
-
+    run = _Run(src, calibration, check, check_samples, seed, on_pass, check_max_bytes)
     start = time.perf_counter()
     tmp = staging_dir(out)
     reports: list[PassReport] = []
@@ -134,49 +134,82 @@ def run_pipeline(
             if not mine:
                 _copy_graph(src / graph, tmp / graph)
                 continue
-            model = ir.load(src / graph)
-            check_external_data(model, src / graph)
-            feeds = (calibration or {}).get(graph) or sample_feeds(
-                model, check_samples, seed=seed, embeddings=embeddings
-            )
-            size = initializer_bytes(model)
-            big = size > IN_MEMORY_LIMIT_BYTES
-            if not big:  # small graphs live in memory (so they serialize); big ones stay memory-mapped
-                ir.external_data.load_to_model(model)
-            checking = check and size <= check_max_bytes
-            skip_reason = (
-                None
-                if checking or not check
-                else f"numerical check skipped: {size / 1e9:.1f} GB of weights exceeds check_max_bytes "
-                f"({check_max_bytes / 1e9:.1f} GB)"
-            )
-            scratch = tmp / ".check"
-            original = (src / graph if big else snapshot(model, scratch)) if checking else None
-            for i, p in enumerate(mine):
-                ctx = PassContext(graph=graph, model_dir=src, calibration=dict(calibration or {}), seed=seed)
-                if on_pass:
-                    on_pass(p, graph, "start")
-                before = None
-                if checking:  # the unchanged source file is the "before" of a big graph's first pass
-                    before = original if i == 0 else snapshot(model, scratch, f"before-{i}-{graph}")
-                report = run_checked(p, model, ctx, graph, before, feeds)
-                if skip_reason:
-                    report.notes["check_skipped"] = skip_reason
-                reports.append(report)
-                if on_pass:
-                    on_pass(p, graph, "done")
-            if checking and len(mine) > 1:
-                end_to_end[graph] = check_models(original, model, feeds)
-            shutil.rmtree(scratch, ignore_errors=True)
-            save_model(model, tmp / graph)
-        scores = [r.notes[names.HEAD_IMPORTANCE] for r in reports if names.HEAD_IMPORTANCE in r.notes]
-        if scores:  # measured scores or learned gates travel with the graphs: what the X1's DSS ranks heads by
-            (tmp / names.HEAD_IMPORTANCE_FILE).write_text(json.dumps(scores[-1], indent=1) + "\n")
+            errors = run.graph(graph, mine, tmp, embeddings, reports)
+            if errors is not None:
+                end_to_end[graph] = errors
+        _write_head_importance(tmp, reports)
         publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return PipelineResult(out=out, reports=reports, end_to_end=end_to_end, seconds=time.perf_counter() - start)
+
+
+@dataclass
+class _Run:
+    """One `run_pipeline` call's settings, and how it runs its passes on one graph."""
+
+    src: Path
+    calibration: dict[str, list[dict[str, np.ndarray]]] | None
+    check: bool
+    check_samples: int
+    seed: int
+    on_pass: Callable[[GraphPass, str, str], None] | None
+    check_max_bytes: int
+
+    def graph(
+        self, graph: str, mine: list[GraphPass], tmp: Path, embeddings, reports: list[PassReport]
+    ) -> list[OutputError] | None:
+        """Run `mine` on `graph`, each checked against the model just before it; append their reports, save the
+        result into `tmp`. Returns the original-vs-final errors when several passes ran with the check on."""
+        src, calibration = self.src, self.calibration
+        model = ir.load(src / graph)
+        check_external_data(model, src / graph)
+        feeds = (calibration or {}).get(graph) or sample_feeds(
+            model, self.check_samples, seed=self.seed, embeddings=embeddings
+        )
+        size = initializer_bytes(model)
+        big = size > IN_MEMORY_LIMIT_BYTES
+        if not big:  # small graphs live in memory (so they serialize); big ones stay memory-mapped
+            ir.external_data.load_to_model(model)
+        checking, skip_reason = self._checking(size)
+        scratch = tmp / ".check"
+        original = (src / graph if big else snapshot(model, scratch)) if checking else None
+        for i, p in enumerate(mine):
+            ctx = PassContext(graph=graph, model_dir=src, calibration=dict(calibration or {}), seed=self.seed)
+            if self.on_pass:
+                self.on_pass(p, graph, "start")
+            before = None
+            if checking:  # the unchanged source file is the "before" of a big graph's first pass
+                before = original if i == 0 else snapshot(model, scratch, f"before-{i}-{graph}")
+            report = run_checked(p, model, ctx, graph, before, feeds)
+            if skip_reason:
+                report.notes["check_skipped"] = skip_reason
+            reports.append(report)
+            if self.on_pass:
+                self.on_pass(p, graph, "done")
+        errors = check_models(original, model, feeds) if checking and len(mine) > 1 else None
+        shutil.rmtree(scratch, ignore_errors=True)
+        save_model(model, tmp / graph)
+        return errors
+
+    def _checking(self, size: int) -> tuple[bool, str | None]:
+        """Whether the numerical check runs on a graph of `size` bytes of weights, and the note when it is skipped."""
+        checking = self.check and size <= self.check_max_bytes
+        skip_reason = (
+            None
+            if checking or not self.check
+            else f"numerical check skipped: {size / 1e9:.1f} GB of weights exceeds check_max_bytes "
+            f"({self.check_max_bytes / 1e9:.1f} GB)"
+        )
+        return checking, skip_reason
+
+
+def _write_head_importance(tmp: Path, reports: list[PassReport]) -> None:
+    """Measured scores or learned gates travel with the graphs: what the X1's DSS ranks heads by (the last)."""
+    scores = [r.notes[names.HEAD_IMPORTANCE] for r in reports if names.HEAD_IMPORTANCE in r.notes]
+    if scores:
+        (tmp / names.HEAD_IMPORTANCE_FILE).write_text(json.dumps(scores[-1], indent=1) + "\n")
 
 
 def _copy_graph(src: Path, dst: Path) -> None:
