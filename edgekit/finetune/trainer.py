@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -175,20 +176,15 @@ def finetune(
     progress: Callable[[int, int, float], None] | None = None,
 ) -> dict:
     """Fine-tune `model_dir` on `data` (JSONL); write the adapter, gates and result to `out`; return the result."""
-    import peft
+    import peft  # noqa: F401  (the train extra: missing, it fails here, before any check or work)
     import torch
 
-    from .gates import HeadGates, closed_target
-    from .hf_gates import find_decoder_attention, gates_applied
+    from .hf_gates import find_decoder_attention
 
     opts = opts or FinetuneOptions()
     opts.validate()
     model_dir, out = Path(model_dir), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError("output exists and is not an empty folder; refusing to overwrite", out)
-    for path in (data, eval_data):  # before the model loads, which can take minutes
-        if path is not None and not Path(path).is_file():
-            raise ConfigError("fine-tuning data not found", path)
+    _check_paths(out, data, eval_data)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     model, kind, tok, spec = load_model(model_dir)
@@ -198,59 +194,141 @@ def finetune(
     attention = find_decoder_attention(model)
     before = evaluate(model, held, spec, pad_id, opts.batch_size) if held else None
 
-    torch.manual_seed(opts.seed)
-    targets = opts.target_modules or (
-        re.escape(attention.prefix) + r"layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
-    )
-    lcfg = peft.LoraConfig(r=opts.r, lora_alpha=opts.alpha, target_modules=targets, lora_dropout=0.0)
-    pm = peft.get_peft_model(model, lcfg)  # in place: `model`'s modules are now PEFT's wrappers
-    gates = HeadGates(len(attention.modules), attention.heads) if opts.gate_rate > 0 else None
-    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": opts.lr}]
-    if gates is not None:
-        groups.append({"params": [gates.logits], "lr": opts.gate_lr})
-    optim = torch.optim.AdamW(groups, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 1.0 - s / opts.steps)
+    run = _Training.setup(model, attention, opts)
+    losses, closed_at, seconds = _train(run, train, spec, pad_id, opts, progress)
+    out.mkdir(parents=True, exist_ok=True)
+    run.peft_model.save_pretrained(str(out))
+    after = run.evaluate(held, spec, pad_id, opts.batch_size) if held else None
+    result = _result(model_dir, kind, train, held, opts, run, losses, seconds, before, after)
+    if run.gates is not None:
+        source = f"edgekit finetune of {model_dir.name}, {opts.steps} steps on {train.path.name}"
+        result["gates"] = _write_gates(out, run, source, closed_at)
+    (out / "finetune.json").write_text(json.dumps(result, indent=2) + "\n")
+    if not math.isfinite(losses[-1]):
+        raise ConfigError("training diverged (loss is not finite); lower --lr", out / "finetune.json")
+    return result
+
+
+def _check_paths(out: Path, data: str | Path, eval_data: str | Path | None) -> None:
+    """An empty (or new) output folder and data files that exist, checked before the model loads (minutes)."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError("output exists and is not an empty folder; refusing to overwrite", out)
+    for path in (data, eval_data):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError("fine-tuning data not found", path)
+
+
+@dataclass
+class _Training:
+    """The model with its LoRA adapter (PEFT's wrappers, in place), its head gates and the optimiser of both."""
+
+    model: Any
+    peft_model: Any
+    attention: Any  # hf_gates' decoder attention: its modules, heads and head_dim
+    gates: Any  # gates.HeadGates, or None for a plain LoRA fine-tune
+    groups: list[dict]
+    optim: Any
+    sched: Any
+
+    @classmethod
+    def setup(cls, model, attention, opts: FinetuneOptions) -> _Training:
+        import peft
+        import torch
+
+        from .gates import HeadGates
+
+        torch.manual_seed(opts.seed)
+        targets = opts.target_modules or (
+            re.escape(attention.prefix) + r"layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
+        )
+        lcfg = peft.LoraConfig(r=opts.r, lora_alpha=opts.alpha, target_modules=targets, lora_dropout=0.0)
+        pm = peft.get_peft_model(model, lcfg)  # in place: `model`'s modules are now PEFT's wrappers
+        gates = HeadGates(len(attention.modules), attention.heads) if opts.gate_rate > 0 else None
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": opts.lr}]
+        if gates is not None:
+            groups.append({"params": [gates.logits], "lr": opts.gate_lr})
+        optim = torch.optim.AdamW(groups, weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 1.0 - s / opts.steps)
+        return cls(model, pm, attention, gates, groups, optim, sched)
+
+    @property
+    def heads_total(self) -> int:
+        return len(self.attention.modules) * self.attention.heads
+
+    def step(self, batch: dict, gate_weight: float):
+        """One optimiser step on `batch`; returns the language-model loss (without the gates' penalty)."""
+        from .hf_gates import gates_applied
+
+        model, gates = self.model, self.gates
+        if gates is not None:
+            with gates_applied(model, self.attention, gates):
+                lm = model(**batch).loss
+            loss = lm + gate_weight * gates.penalty()
+        else:
+            lm = loss = model(**batch).loss
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optim.step()
+        self.sched.step()
+        return lm
+
+    def evaluate(self, held: Dataset, spec, pad_id: int, batch_size: int) -> dict:
+        """`evaluate` on the model as trained: with its gates applied when it has them."""
+        from .hf_gates import gates_applied
+
+        if self.gates is None:
+            return evaluate(self.model, held, spec, pad_id, batch_size)
+        with gates_applied(self.model, self.attention, self.gates):
+            return evaluate(self.model, held, spec, pad_id, batch_size)
+
+
+def _train(
+    run: _Training, train: Dataset, spec, pad_id: int, opts: FinetuneOptions, progress
+) -> tuple[list[float], dict[str, int], float]:
+    """`opts.steps` steps over shuffled passes of `train`, closing heads on schedule. Returns each step's loss,
+    the step each head closed at ("layer.head"), and the seconds taken."""
+    import torch
+
+    from .gates import closed_target
+
     order = torch.Generator().manual_seed(opts.seed)
     queue: list[int] = []
     losses, closed_at = [], {}
-    heads_total = len(attention.modules) * attention.heads
     t0 = time.perf_counter()
-    model.train()
+    run.model.train()
     for step in range(opts.steps):
         while len(queue) < opts.batch_size:
             queue += torch.randperm(len(train), generator=order).tolist()
         idx, queue = queue[: opts.batch_size], queue[opts.batch_size :]
-        batch = _collate([train.examples[i] for i in idx], spec, pad_id)
-        if gates is not None:
-            with gates_applied(model, attention, gates):
-                lm = model(**batch).loss
-            loss = lm + opts.gate_weight * gates.penalty()
-        else:
-            lm = loss = model(**batch).loss
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        optim.step()
-        sched.step()
-        if gates is not None:
-            want = closed_target(step, opts.steps, heads_total, opts.gate_rate, opts.gate_start, opts.gate_end)
-            for li, h in gates.close_to(want):
+        lm = run.step(_collate([train.examples[i] for i in idx], spec, pad_id), opts.gate_weight)
+        if run.gates is not None:
+            want = closed_target(step, opts.steps, run.heads_total, opts.gate_rate, opts.gate_start, opts.gate_end)
+            for li, h in run.gates.close_to(want):
                 closed_at[f"{li}.{h}"] = step
         losses.append(float(lm.detach()))
         if progress:
             progress(step + 1, opts.steps, losses[-1])
-    model.eval()
-    seconds = time.perf_counter() - t0
+    run.model.eval()
+    return losses, closed_at, time.perf_counter() - t0
 
-    out.mkdir(parents=True, exist_ok=True)
-    pm.save_pretrained(str(out))
-    after = None
-    if held:
-        if gates is not None:
-            with gates_applied(model, attention, gates):
-                after = evaluate(model, held, spec, pad_id, opts.batch_size)
-        else:
-            after = evaluate(model, held, spec, pad_id, opts.batch_size)
-    result = {
+
+def _result(
+    model_dir: Path,
+    kind: str,
+    train: Dataset,
+    held: Dataset | None,
+    opts: FinetuneOptions,
+    run: _Training,
+    losses: list[float],
+    seconds: float,
+    before: dict | None,
+    after: dict | None,
+) -> dict:
+    """`finetune.json` without its gates: the base, the data, the options and the figures before and after."""
+    import peft
+    import torch
+
+    return {
         "base": str(model_dir),
         "kind": kind,
         "data": {"path": str(train.path), "examples": len(train), "layout": train.layout, "truncated": train.truncated},
@@ -258,7 +336,7 @@ def finetune(
             {"path": str(held.path), "examples": len(held), "truncated": held.truncated} if held is not None else None
         ),
         "options": asdict(opts),
-        "trainable_parameters": int(sum(p.numel() for g in groups for p in g["params"])),
+        "trainable_parameters": int(sum(p.numel() for g in run.groups for p in g["params"])),
         "steps": opts.steps,
         "first_loss": round(losses[0], 5),
         "last_loss": round(float(np.mean(losses[-5:])), 5),
@@ -268,18 +346,16 @@ def finetune(
         "torch": torch.__version__,
         "peft": peft.__version__,
     }
-    if gates is not None:
-        doc = {
-            "version": 1,
-            "method": METHOD,
-            "source": f"edgekit finetune of {model_dir.name}, {opts.steps} steps on {train.path.name}",
-            "layers": gates.layer_entries(list(attention.modules), attention.head_dim),
-        }
-        (out / names.HEAD_GATES_FILE).write_text(json.dumps(doc, indent=1) + "\n")
-        closed = int(gates.closed.sum())
-        result["gates"] = {"closed": closed, "total": heads_total, "closed_ratio": round(closed / heads_total, 4)}
-        result["gates"]["closed_at_step"] = closed_at
-    (out / "finetune.json").write_text(json.dumps(result, indent=2) + "\n")
-    if not math.isfinite(losses[-1]):
-        raise ConfigError("training diverged (loss is not finite); lower --lr", out / "finetune.json")
-    return result
+
+
+def _write_gates(out: Path, run: _Training, source: str, closed_at: dict[str, int]) -> dict:
+    """`head_gates.json` (the head-importance schema) into `out`; returns the result's `gates` entry."""
+    doc = {
+        "version": 1,
+        "method": METHOD,
+        "source": source,
+        "layers": run.gates.layer_entries(list(run.attention.modules), run.attention.head_dim),
+    }
+    (out / names.HEAD_GATES_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+    closed, total = int(run.gates.closed.sum()), run.heads_total
+    return {"closed": closed, "total": total, "closed_ratio": round(closed / total, 4), "closed_at_step": closed_at}
