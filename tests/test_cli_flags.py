@@ -1,4 +1,4 @@
-"""The shared flags (edgekit/cli/common.py) mean the same thing in every subcommand; `--out` refuses an existing
+"""The shared flags (edgekit/cli/options.py) mean the same thing in every subcommand; `--out` refuses an existing
 output without `--force`; errors with `--json` are JSON; library parameters are shown as flags."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import typer
 
 from edgekit.cli.app import app, main
-from edgekit.cli.common import cli_message
+from edgekit.cli.errors import cli_message
 
 # parameter name -> the flags it must have wherever it appears
 SHARED = {
@@ -69,9 +69,9 @@ def test_shared_flags_are_spelled_the_same_everywhere():
 
 
 def test_image_size_is_one_shared_flag_on_build_and_convert():
-    """--image-size (Qwen2-VL's pinned side) is common.py's one option wherever it appears, and the library's
+    """--image-size (Qwen2-VL's pinned side) is options.py's one option wherever it appears, and the library's
     `image_size` in an error reads as the flag."""
-    from edgekit.cli.common import ImageSizeOption
+    from edgekit.cli.options import ImageSizeOption
 
     takers = {path for path, cmd in LEAVES.items() if "image_size" in {p.name for p in cmd.params}}
     assert takers == {"build", "convert"}

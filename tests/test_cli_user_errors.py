@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgekit.bundle import REQUIRED_ROLES, write_bundle
-from edgekit.cli import app as app_module
+from edgekit.cli import errors as cli_errors
 from edgekit.cli.app import main
 from edgekit.generate import MAX_NEW_TOKENS, MAX_TEMPERATURE
 
@@ -69,13 +69,13 @@ def test_an_output_the_os_refuses_is_one_line(tmp_path, capsys):
 
 def test_only_oserrors_on_a_named_path_are_the_users():
     named = ["data", "synth", "-o", "/data/out/x", "--eval=/splits/test"]
-    assert app_module._user_path(OSError(2, "No such file", "/data/out"), named) == "/data/out"
-    assert app_module._user_path(OSError(2, "No such file", "/data/out/x/a.dcm"), named) == "/data/out/x/a.dcm"
-    assert app_module._user_path(OSError(2, "No such file", "/splits/test/studies.jsonl"), named)
+    assert cli_errors._user_path(OSError(2, "No such file", "/data/out"), named) == "/data/out"
+    assert cli_errors._user_path(OSError(2, "No such file", "/data/out/x/a.dcm"), named) == "/data/out/x/a.dcm"
+    assert cli_errors._user_path(OSError(2, "No such file", "/splits/test/studies.jsonl"), named)
     # a package file or the root is not something the user named: that is a bug and keeps its traceback
-    assert app_module._user_path(OSError(2, "No such file", "/usr/lib/edgekit/weights.bin"), named) is None
-    assert app_module._user_path(OSError(13, "Permission denied", "/"), named) is None
-    assert app_module._user_path(OSError("no file at all"), named) is None
+    assert cli_errors._user_path(OSError(2, "No such file", "/usr/lib/edgekit/weights.bin"), named) is None
+    assert cli_errors._user_path(OSError(13, "Permission denied", "/"), named) is None
+    assert cli_errors._user_path(OSError("no file at all"), named) is None
 
 
 # --- (11) bounds and ignored inputs --------------------------------------------------------------------------------

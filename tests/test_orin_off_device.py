@@ -13,7 +13,7 @@ import pytest
 
 from edgekit.bundle import load_bundle
 from edgekit.cli.app import main
-from edgekit.cli.common import cli_message
+from edgekit.cli.errors import cli_message
 from edgekit.errors import ConfigError
 from edgekit.plugins import load_backend, resolve_engine
 from edgekit.reporter import Reporter

@@ -46,9 +46,9 @@ def _pooled(records: list[dict]) -> tuple[float, float]:
 def test_eval_reports_the_skip_rate_and_heads_per_token_beside_the_emulated_cost(
     x1_bundle, split, tmp_path, capsys, monkeypatch
 ):
-    from edgekit.cli import common
+    from edgekit.cli import output
 
-    monkeypatch.setattr(common.console, "width", 250)  # the table unfolded, whatever width the CLI started with
+    monkeypatch.setattr(output.console, "width", 250)  # the table unfolded, whatever width the CLI started with
     full = tmp_path / "eval.json"
     assert main(["eval", str(x1_bundle), "--data", str(split), "--no-video", "-o", str(full), "--json"]) == 0
     overall = json.loads(capsys.readouterr().out)["overall"]

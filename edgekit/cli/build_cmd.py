@@ -8,17 +8,16 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from edgekit.cli.common import (
+from edgekit.cli.options import (
     ForceOption,
     ImageSizeOption,
     JsonOption,
     MachineOption,
     ModelArgument,
-    emit,
-    err_console,
     examples,
     out_option,
 )
+from edgekit.cli.output import emit, err_console
 from edgekit.plugins import target_names
 
 app = typer.Typer(help="Build a deployable bundle for a target.")

@@ -12,7 +12,9 @@ import typer
 from edgekit.bundle import MANIFEST_NAME, Manifest, load_bundle, pack_bundle, unpack_bundle
 from edgekit.bundle.io import ARCHIVE_SUFFIX
 from edgekit.bundle.manifest import read_manifest
-from edgekit.cli.common import BundleArgument, ForceOption, JsonOption, claim_out, emit, examples, out_option
+from edgekit.cli.claims import claim_out
+from edgekit.cli.options import BundleArgument, ForceOption, JsonOption, examples, out_option
+from edgekit.cli.output import emit
 from edgekit.errors import BundleError
 
 app = typer.Typer(

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import ForceOption, ImageSizeOption, JsonOption, ModelArgument, emit, examples, out_option
+from edgekit.cli.options import ForceOption, ImageSizeOption, JsonOption, ModelArgument, examples, out_option
+from edgekit.cli.output import emit
 
 app = typer.Typer(help="Convert a trained model to ONNX graphs.")
 

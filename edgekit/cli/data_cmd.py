@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import ForceOption, JsonOption, console, emit, examples, out_option, progress
+from edgekit.cli.options import ForceOption, JsonOption, examples, out_option
+from edgekit.cli.output import console, emit, progress
 
 app = typer.Typer(
     help="Synthetic DICOM and video studies with ground-truth reports.",

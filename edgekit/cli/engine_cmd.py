@@ -11,15 +11,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from edgekit.cli.common import (
-    BundleArgument,
-    JsonOption,
-    StateDirOption,
-    emit,
-    err_console,
-    examples,
-    progress,
-)
+from edgekit.cli.options import BundleArgument, JsonOption, StateDirOption, examples
+from edgekit.cli.output import emit, err_console, progress
 
 app = typer.Typer(
     help="TensorRT engines for Jetson Orin: build and cache them on the device, check them against ONNX Runtime.",

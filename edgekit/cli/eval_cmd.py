@@ -9,21 +9,18 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import (
+from edgekit.cli.options import (
     BundleArgument,
     EngineOption,
     ForceOption,
     JsonOption,
     ThreadsOption,
-    console,
-    emit,
     engine_name,
     examples,
     out_option,
-    progress,
     runs_on,
-    warn,
 )
+from edgekit.cli.output import console, emit, progress, warn
 
 app = typer.Typer(help="Evaluate a bundle's reports against references.")
 

@@ -13,7 +13,8 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import ForceOption, JsonOption, ThreadsOption, emit, examples, out_option, progress
+from edgekit.cli.options import ForceOption, JsonOption, ThreadsOption, examples, out_option
+from edgekit.cli.output import emit, progress
 
 app = typer.Typer(help="Fine-tune a Hugging Face model with LoRA and learned head gates (train extra).")
 

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import ForceOption, JsonOption, emit, err_console, examples, out_option, progress
+from edgekit.cli.options import ForceOption, JsonOption, examples, out_option
+from edgekit.cli.output import emit, err_console, progress
 from edgekit.errors import ConfigError
 
 app = typer.Typer(help="Apply optimisation passes (quantisation, fusion) to ONNX graphs.")

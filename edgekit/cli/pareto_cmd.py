@@ -10,7 +10,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from edgekit.cli.common import JsonOption, console, emit, examples, progress, writable_out
+from edgekit.cli.claims import writable_out
+from edgekit.cli.options import JsonOption, examples
+from edgekit.cli.output import console, emit, progress
 from edgekit.pareto.configs import DEFAULT_GRID, describe_default_grid
 
 app = typer.Typer(help="Profile variants: energy, quality and latency, and their Pareto front.")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import (
+from edgekit.cli.options import (
     BundleArgument,
     EngineOption,
     ForceOption,
@@ -15,13 +15,11 @@ from edgekit.cli.common import (
     PromptOption,
     StudyOption,
     ThreadsOption,
-    console,
-    emit,
     engine_name,
     examples,
     out_option,
-    warn,
 )
+from edgekit.cli.output import console, emit, warn
 
 app = typer.Typer(help="Measure where a bundle's time goes on a target.")
 

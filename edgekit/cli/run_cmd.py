@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from edgekit.cli.common import (
+from edgekit.cli.options import (
     BundleArgument,
     EngineOption,
     JsonOption,
@@ -15,14 +15,11 @@ from edgekit.cli.common import (
     TemperatureOption,
     ThreadsOption,
     TopPOption,
-    console,
-    emit,
     engine_name,
-    err_console,
     examples,
     runs_on,
-    warn,
 )
+from edgekit.cli.output import console, emit, err_console, warn
 
 app = typer.Typer(help="Generate a report for a study with a bundle.")
 

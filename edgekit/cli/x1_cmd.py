@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli.common import ForceOption, JsonOption, MachineOption, console, emit, examples, out_option
+from edgekit.cli.options import ForceOption, JsonOption, MachineOption, examples, out_option
+from edgekit.cli.output import console, emit
 
 app = typer.Typer(
     help="The X1 edge NPU: analytic estimates, compiling and disassembling programs (run them with "
