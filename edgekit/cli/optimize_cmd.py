@@ -66,27 +66,64 @@ def optimize(
     as_json: JsonOption = False,
 ) -> None:
     """Apply passes to ONNX graphs, check each numerically against the model before it, and report."""
-    from edgekit.passes import load_recipe, parse_pass_options, run_pipeline
-    from edgekit.passes.base import DECODER
-    from edgekit.passes.pipeline import resolve_source
+    pass_list = _passes(recipe, passes)
+    dims = _dims(dim or [])
+    foreign = _foreign_onnx(source)
+    calibration = _calibration(source, calib, foreign=foreign, quiet=as_json)
+    result = _run(
+        source,
+        out,
+        pass_list,
+        foreign=foreign,
+        dims=dims,
+        calibration=calibration,
+        check=not no_check,
+        force=force,
+        as_json=as_json,
+    )
+    _report(result, as_json)
+
+
+def _passes(recipe: str | None, passes: list[str] | None) -> list:
+    """The passes to run: a recipe's, or the `--pass` options in order; exactly one of the two."""
+    from edgekit.passes import load_recipe, parse_pass_options
 
     if bool(recipe) == bool(passes):
         raise ConfigError("give exactly one of --recipe FILE.toml or --pass NAME[:k=v,...]")
-    pass_list = load_recipe(recipe).passes if recipe else parse_pass_options(list(passes or []))
-    dims = _dims(dim or [])
-    foreign = _foreign_onnx(source)
-    if foreign and calib:
+    return load_recipe(recipe).passes if recipe else parse_pass_options(list(passes or []))
+
+
+def _calibration(source: Path, calib: int | None, *, foreign: bool, quiet: bool) -> dict | None:
+    """`--calib N`: N real decoder feeds recorded from the synthetic train split (the default model's only)."""
+    if not calib:
+        return None
+    if foreign:
         raise ConfigError(
             "--calib records the default model's decoder feeds; it does not apply to an ONNX file", source
         )
-    calibration = None
-    if calib:
-        from edgekit.passes.calibration import record_decoder_feeds
+    from edgekit.passes.base import DECODER
+    from edgekit.passes.calibration import record_decoder_feeds
+    from edgekit.passes.pipeline import resolve_source
 
-        if not as_json:
-            err_console.print(f"recording {calib} decoder calibration feeds from the synthetic train split")
-        calibration = {DECODER: record_decoder_feeds(resolve_source(source), calib)}
+    if not quiet:
+        err_console.print(f"recording {calib} decoder calibration feeds from the synthetic train split")
+    return {DECODER: record_decoder_feeds(resolve_source(source), calib)}
 
+
+def _run(
+    source: Path,
+    out: Path,
+    pass_list: list,
+    *,
+    foreign: bool,
+    dims: dict[str, int],
+    calibration: dict | None,
+    check: bool,
+    force: bool,
+    as_json: bool,
+):
+    """The passes run on a model directory or bundle (`run_pipeline`), or on a foreign ONNX file or folder, a bar
+    naming each pass and graph as it starts."""
     with progress("passes", total=None, as_json=as_json) as bar:
 
         def on_pass(p, graph: str, phase: str) -> None:
@@ -99,35 +136,39 @@ def optimize(
             from edgekit.passes.onnx_file import optimize_onnx_file, optimize_onnx_folder
 
             run = optimize_onnx_file if source.is_file() else optimize_onnx_folder
-            result = run(source, out, pass_list, dims=dims, check=not no_check, overwrite=force, on_pass=on_pass)
-        else:
-            result = run_pipeline(
-                source, out, pass_list, calibration=calibration, check=not no_check, overwrite=force, on_pass=on_pass
-            )
+            return run(source, out, pass_list, dims=dims, check=check, overwrite=force, on_pass=on_pass)
+        from edgekit.passes import run_pipeline
 
+        return run_pipeline(
+            source, out, pass_list, calibration=calibration, check=check, overwrite=force, on_pass=on_pass
+        )
+
+
+def _report(result, as_json: bool) -> None:
+    """JSON (where it went, how long, the provenance), or a row per pass and the weights kept at higher precision."""
     if as_json:
         emit({"out": str(result.out), "seconds": result.seconds, **result.provenance()}, True)
         return
-    rows = []
-    for r in result.reports:
-        worst = r.worst("logits") or r.worst()
-        rows.append(
-            {
-                "pass": r.pass_name,
-                "graph": r.graph.removesuffix(".onnx"),
-                "size MB": f"{r.size_before / 1e6:.2f} -> {r.size_after / 1e6:.2f}",
-                "ratio": f"{r.size_after / max(r.size_before, 1):.3f}",
-                "nodes +/-": f"+{r.nodes_added}/-{r.nodes_removed}",
-                "error (output: rel L2, max abs)": f"{worst.name}: {worst.rel_l2:.2e}, {worst.max_abs:.2e}"
-                if worst
-                else "not checked",
-                "time s": f"{r.seconds:.2f}",
-            }
-        )
-    emit(rows, False, title=f"edgekit optimize -> {result.out}")
+    emit([_row(r) for r in result.reports], False, title=f"edgekit optimize -> {result.out}")
     for r in result.reports:
         if r.notes.get("kept"):
             err_console.print(f"{r.pass_name}: kept at higher precision: {', '.join(r.notes['kept'])}")
+
+
+def _row(r) -> dict:
+    """One pass's report as a table row: sizes, nodes, the worst checked output (logits first), time."""
+    worst = r.worst("logits") or r.worst()
+    return {
+        "pass": r.pass_name,
+        "graph": r.graph.removesuffix(".onnx"),
+        "size MB": f"{r.size_before / 1e6:.2f} -> {r.size_after / 1e6:.2f}",
+        "ratio": f"{r.size_after / max(r.size_before, 1):.3f}",
+        "nodes +/-": f"+{r.nodes_added}/-{r.nodes_removed}",
+        "error (output: rel L2, max abs)": f"{worst.name}: {worst.rel_l2:.2e}, {worst.max_abs:.2e}"
+        if worst
+        else "not checked",
+        "time s": f"{r.seconds:.2f}",
+    }
 
 
 def _dims(items: list[str]) -> dict[str, int]:

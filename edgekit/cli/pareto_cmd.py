@@ -132,23 +132,14 @@ def pareto(
     hallucination rate of every configuration, and write the non-dominated front over energy x F1 x latency of
     each device: points whose energy or latency come from different sources are on different fronts."""
     from edgekit.bundle import load_bundle
-    from edgekit.eval.runner import default_test_split, load_split
     from edgekit.pareto.configs import plan
     from edgekit.pareto.energy import describe_meter
-    from edgekit.pareto.plot import plot_profile
-    from edgekit.pareto.run import PROFILE_NAME, run_pareto
+    from edgekit.pareto.run import PROFILE_NAME
 
     writable_out(out / PROFILE_NAME)
     loaded = [load_bundle(b) for b in bundles]  # every bundle checked before the first point is measured
-    if orin_estimate:  # checked here, not in each point's process: one line listing the devices and modes
-        from edgekit.errors import ConfigError
-        from edgekit.targets.orin.run_settings import canonical_estimate
-
-        if not any(b.target == "orin" for b in loaded):
-            raise ConfigError("--orin-estimate applies to orin bundles, and none of these is one")
-        orin_estimate = [canonical_estimate(v) for v in orin_estimate]
-    data_dir = data if data is not None else default_test_split()
-    studies = load_split(data_dir)
+    orin_estimate = _orin_estimates(loaded, orin_estimate)
+    data_dir, split = _split(data, limit)
     knobs = {
         "max_new_tokens": max_new_tokens,
         "video_max_frames": video_max_frames,
@@ -158,28 +149,76 @@ def pareto(
     }
     configs, grid = plan(loaded, knobs, use_default=default_grid)
     meter_info = describe_meter(meter)
+    profile = _measure(configs, out, data_dir, split, limit, meter_info, grid, resume=not force, as_json=as_json)
+    _report(profile, out, split, meter_info, plot=plot, as_json=as_json)
+
+
+def _orin_estimates(bundles: list, estimates: list[str] | None) -> list[str] | None:
+    """`--orin-estimate`, each in the cost model's spelling; checked here, not in each point's process, so a bad
+    one is one line listing the devices and modes."""
+    if not estimates:
+        return estimates
+    from edgekit.errors import ConfigError
+    from edgekit.targets.orin.run_settings import canonical_estimate
+
+    if not any(b.target == "orin" for b in bundles):
+        raise ConfigError("--orin-estimate applies to orin bundles, and none of these is one")
+    return [canonical_estimate(v) for v in estimates]
+
+
+def _split(data: Path | None, limit: int | None) -> tuple[Path, dict]:
+    """The eval split's folder (`--data`, else the default test split) and what pareto.json records about it."""
+    from edgekit.eval.runner import default_test_split, load_split
+
+    data_dir = data if data is not None else default_test_split()
+    studies = load_split(data_dir)
     split = {"name": data_dir.name if data is not None else "test", "count": min(limit or len(studies), len(studies))}
     split["source"] = str(data_dir)
+    return data_dir, split
+
+
+def _measure(
+    configs: list,
+    out: Path,
+    data_dir: Path,
+    split: dict,
+    limit: int | None,
+    meter: dict,
+    grid: dict,
+    *,
+    resume: bool,
+    as_json: bool,
+):
+    """Every configuration measured (or kept from the profile in `out` when `resume`), a bar advancing per point."""
+    from edgekit.pareto.run import run_pareto
+
     out.mkdir(parents=True, exist_ok=True)
     with progress("points", total=len(configs), as_json=as_json) as task:
-        profile = run_pareto(
+        return run_pareto(
             configs,
             out,
             data_dir,
             split=split,
             limit=limit,
-            meter=meter_info["name"],
-            meters=[meter_info],
-            resume=not force,
+            meter=meter["name"],
+            meters=[meter],
+            resume=resume,
             on_point=lambda _c, _reused: task.advance(),
             grid=grid,
         )
+
+
+def _report(profile, out: Path, split: dict, meter: dict, *, plot: bool, as_json: bool) -> None:
+    """The plots written (with `plot`), then the profile and its files: JSON, or a table per front."""
+    from edgekit.pareto.plot import plot_profile
+    from edgekit.pareto.run import PROFILE_NAME
+
     images = plot_profile(profile, out / "pareto") if plot else []
     files = [out / PROFILE_NAME, *images]
     if as_json:
         emit({**profile.to_dict(), "files": [str(f) for f in files]}, True)
         return
-    _show(profile, f"{split['name']} split, {split['count']} studies", meter_info["description"], files)
+    _show(profile, f"{split['name']} split, {split['count']} studies", meter["description"], files)
 
 
 def _show(profile, split: str, meter: str, files: list[Path]) -> None:
