@@ -131,7 +131,7 @@ def test_every_subcommand_module_imports_and_is_listed():
         assert module.app is not None
     assert {p[0] for p in COMMANDS} == set(SUBCOMMANDS)
     for group, subs in {
-        "bundle": {"inspect", "verify", "pack", "unpack"},
+        "bundle": {"inspect", "verify", "pack", "unpack", "keygen", "sign"},
         "x1": {"estimate", "compile", "inspect"},
         "data": {"synth"},
     }.items():

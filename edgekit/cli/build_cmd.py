@@ -31,6 +31,7 @@ app = typer.Typer(help="Build a deployable bundle for a target.")
         "edgekit build models/radreport_tiny/weights -o out/radreport-tiny.ekb --archive --no-parity",
         "edgekit build --recipe int4 -o out/radreport-tiny-int4 --no-parity      # or int4-awq, int8, fp16, ...",
         "edgekit build -o out/radreport-tiny-cpu --force --no-parity --eval data/test --eval-limit 4 --json",
+        "edgekit bundle keygen -o out/release && edgekit build -o out/signed-cpu --no-parity --sign out/release.key",
         note="--eval takes a split written by edgekit data synth; --force replaces an earlier bundle. MODEL may "
         "also be a local Hugging Face VLM directory (llava, llava_next, idefics3, smolvlm, qwen2_vl, qwen2_5_vl) "
         "such as ~/models/llava-1.5-7b-hf: its tokenizer.json, chat template and image preprocessing go into the "
@@ -64,10 +65,25 @@ def build(
     ] = None,
     eval_limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N studies.")] = None,
     image_size: ImageSizeOption = None,
+    sign: Annotated[
+        Path | None,
+        typer.Option(
+            "--sign",
+            help="Sign the bundle with this minisign secret key as it is written (an encrypted key's password: "
+            "$EDGEKIT_KEY_PASSWORD).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Export the model's graphs, check them, and write a bundle with provenance and measured figures."""
+    import os
+
     from edgekit.build import build as run_build
+    from edgekit.bundle.minisign import SecretKey
+    from edgekit.bundle.signing import sign_bundle
+
+    key = SecretKey.read(sign, os.environ.get("EDGEKIT_KEY_PASSWORD")) if sign else None  # refused before building
 
     def say(msg: str) -> None:
         if not as_json:
@@ -90,4 +106,9 @@ def build(
     figure = result.figures.get("parity")
     if figure is not None and not figure.get("measured", True):
         say(f"parity: {figure.get('source', 'not measured')}")  # what the manifest says: the step did not run
-    emit({"bundle": str(result.bundle), "target": target, "figures": result.figures}, as_json)
+    out_doc = {"bundle": str(result.bundle), "target": target, "figures": result.figures}
+    if key is not None:
+        signed = sign_bundle(result.bundle, key)
+        out_doc["signature"] = signed.to_dict()
+        say(f"signed by key {signed.key_id}")
+    emit(out_doc, as_json)

@@ -1,8 +1,9 @@
-"""`edgekit bundle inspect|verify|pack|unpack`: look inside, check, and convert bundles."""
+"""`edgekit bundle inspect|verify|pack|unpack|keygen|sign`: look inside, check, convert and sign bundles."""
 
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from pathlib import Path
 from typing import Annotated
@@ -17,8 +18,17 @@ from edgekit.cli.options import BundleArgument, ForceOption, JsonOption, example
 from edgekit.cli.output import emit
 from edgekit.errors import BundleError
 
+PubkeyOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--pubkey",
+        help="A trusted minisign public key (.pub); repeat for several. The bundle must be signed by one of them.",
+        show_default=False,
+    ),
+]
+
 app = typer.Typer(
-    help="Inspect, verify, pack and unpack bundles.",
+    help="Inspect, verify, pack, unpack and sign bundles.",
     no_args_is_help=True,
     epilog=examples(
         "edgekit bundle verify out/radreport-tiny-cpu",
@@ -29,7 +39,7 @@ app = typer.Typer(
 
 @app.callback()
 def _bundle() -> None:
-    """Inspect, verify, pack and unpack bundles."""
+    """Inspect, verify, pack, unpack and sign bundles."""
 
 
 def _read_manifest_only(path: Path) -> Manifest:
@@ -83,10 +93,16 @@ def inspect(path: BundleArgument, as_json: JsonOption = False) -> None:
     epilog=examples(
         "edgekit bundle verify out/radreport-tiny-cpu",
         "edgekit bundle pack out/radreport-tiny-cpu -o out/b.ekb && edgekit bundle verify out/b.ekb --json",
+        "edgekit bundle keygen -o out/release && edgekit bundle sign out/radreport-tiny-x1 --key out/release.key "
+        "&& edgekit bundle verify out/radreport-tiny-x1 --pubkey out/release.pub",
     )
 )
-def verify(path: BundleArgument, as_json: JsonOption = False) -> None:
-    """Check every component's size and sha256 against the manifest; exit 2 naming the first bad file."""
+def verify(path: BundleArgument, pubkey: PubkeyOption = None, as_json: JsonOption = False) -> None:
+    """Check every component's size and sha256 against the manifest, and with --pubkey the bundle's signature;
+    exit 2 naming the first bad file or the reason the signature is refused."""
+    from edgekit.bundle.signing import read_public_keys, verify_signature
+
+    signed = verify_signature(path, read_public_keys([str(p) for p in pubkey])) if pubkey else None
     bundle = load_bundle(path)
     total = sum(c.bytes for c in bundle.manifest.components.values())
     result = {
@@ -97,12 +113,69 @@ def verify(path: BundleArgument, as_json: JsonOption = False) -> None:
         "components": len(bundle.manifest.components),
         "bytes": total,
     }
+    if signed is not None:
+        result["signature"] = signed.to_dict()
     if as_json:
         emit(result, True)
-    else:
-        typer.echo(
-            f"ok: {path}: {bundle.name} ({bundle.target}), {result['components']} components, {total} bytes verified"
-        )
+        return
+    by = f"; signed by key {signed.key_id}" if signed is not None else ""
+    typer.echo(
+        f"ok: {path}: {bundle.name} ({bundle.target}), {result['components']} components, {total} bytes verified{by}"
+    )
+
+
+@app.command(epilog=examples("edgekit bundle keygen -o out/release", "edgekit bundle keygen -o out/ci --json"))
+def keygen(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Writes OUT.key (mode 0600) and OUT.pub.")],
+    force: ForceOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Make a minisign key pair (Ed25519, unencrypted like `minisign -G -W`): keep OUT.key off the devices and
+    give them OUT.pub ([trust] public_keys). Keys made by `minisign -G` work as well."""
+    from edgekit.bundle.minisign import SecretKey
+
+    key_path, pub_path = out.with_name(out.name + ".key"), out.with_name(out.name + ".pub")
+    for p in (key_path, pub_path):
+        claim_out(p, force)
+    key = SecretKey.generate()
+    key_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.to_text())
+    pub_path.write_text(key.public().to_text())
+    result = {"key": str(key_path), "pubkey": str(pub_path), "key_id": key.public().id_hex}
+    emit(result, True) if as_json else typer.echo(f"{key_path} and {pub_path}: key {result['key_id']}")
+
+
+@app.command(
+    epilog=examples(
+        "edgekit bundle keygen -o out/release && edgekit bundle sign out/radreport-tiny-cpu --key out/release.key",
+        "edgekit bundle keygen -o out/r2 && edgekit bundle pack out/radreport-tiny-cpu -o out/s.ekb "
+        "&& edgekit bundle sign out/s.ekb --key out/r2.key --json",
+    )
+)
+def sign(
+    path: BundleArgument,
+    key: Annotated[Path, typer.Option("--key", help="A minisign secret key (edgekit bundle keygen, minisign -G).")],
+    password_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--password-file",
+            help="The key's password, for an encrypted key (else $EDGEKIT_KEY_PASSWORD).",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Verify a bundle, then sign its manifest (which lists every file's sha256) into manifest.json.minisig, beside
+    it or inside the .ekb. Debian's `minisign -Vm manifest.json -p KEY.pub` checks it too."""
+    from edgekit.bundle.minisign import SecretKey
+    from edgekit.bundle.signing import sign_bundle
+
+    password = password_file.read_text().rstrip("\n") if password_file else os.environ.get("EDGEKIT_KEY_PASSWORD")
+    signed = sign_bundle(path, SecretKey.read(key, password))
+    result = {"signed": str(path), **signed.to_dict()}
+    emit(result, True) if as_json else typer.echo(f"signed: {path}: key {signed.key_id}")
 
 
 @app.command(

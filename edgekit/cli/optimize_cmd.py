@@ -18,7 +18,7 @@ app = typer.Typer(help="Apply optimisation passes (quantisation, fusion) to ONNX
     epilog=examples(
         "edgekit optimize out/radreport-tiny-cpu -o out/int4 --pass int4",
         "edgekit optimize out/radreport-tiny-cpu -o out/int4-awq --pass 'int4:block=32,method=awq,mixed=1' --calib 4",
-        "edgekit optimize out/radreport-tiny-cpu -o out/int4-orin --pass int4:target=orin",
+        "edgekit optimize out/radreport-tiny-cpu -o out/int4-orin --pass int4:format=qdq-blocked",
         "edgekit optimize out/radreport-tiny-cpu -o out/int8 --recipe int8 --json",
         "edgekit optimize out/radreport-tiny-cpu -o out/fp16 --recipe models/radreport_tiny/recipes/fp16.toml",
         "edgekit optimize out/radreport-tiny-cpu/decoder_model_merged.onnx -o out/decoder-int4.onnx "

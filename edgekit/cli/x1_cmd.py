@@ -102,8 +102,8 @@ def estimate(
 
 @app.command(
     epilog=examples(
-        "edgekit optimize out/radreport-tiny-cpu -o out/int4 --pass int4:target=x1 && edgekit x1 compile out/int4 "
-        "-o out/x1",
+        "edgekit optimize out/radreport-tiny-cpu -o out/int4 --pass int4:format=qdq-blocked "
+        "&& edgekit x1 compile out/int4 -o out/x1",
         "edgekit x1 compile out/radreport-tiny-x1 -o out/x1 --strict --json   # refuse host partitions",
         note="An x1 bundle (edgekit build --target x1) already holds its programs.",
     )
