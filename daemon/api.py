@@ -91,7 +91,7 @@ def install_error_handlers(app: FastAPI, daemon: Daemon) -> None:
             parts.append(f"{loc or 'request'}: {e.get('msg', 'invalid')}")
         return error_json(422, "validation_error", "; ".join(parts) or "invalid request")
 
-    async def http_error(_request: Request, err: StarletteHTTPException) -> JSONResponse:
+    async def http_error(_request: Request, err: StarletteHTTPException) -> Response:
         """Starlette's own refusals (404, 405, a body it cannot parse); one caused by our error keeps its code."""
         cause = err.__cause__
         while cause is not None and not isinstance(cause, (EdgekitError, ClientDisconnect)):
@@ -112,8 +112,9 @@ def install_error_handlers(app: FastAPI, daemon: Daemon) -> None:
         log.exception("unhandled error on %s %s", request.method, route_template(request.scope))
         return error_json(500, "internal_error", "internal error; the daemon logged it")
 
-    app.add_exception_handler(EdgekitError, edgekit_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(ClientDisconnect, disconnected)
+    # Starlette types a handler as taking any Exception, though it calls each with the class it is registered for
+    app.add_exception_handler(EdgekitError, edgekit_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnect, disconnected)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, bug)

@@ -71,7 +71,7 @@ class StorageScp:
         ae.add_supported_context(VERIFICATION)
         for uid in IMAGE_STORAGE:
             ae.add_supported_context(uid, syntaxes)
-        handlers = [
+        handlers: list[evt.EventHandlerType] = [
             (evt.EVT_REQUESTED, self._requested),
             (evt.EVT_C_ECHO, lambda _event: 0x0000),
             (evt.EVT_C_STORE, self._store),

@@ -144,8 +144,9 @@ async def _read(request: Request, max_files: int) -> FormData:
 
 def _checked(form: FormData) -> ReportForm:
     errors: list[dict[str, Any]] = []
-    uploads = [f for f in form.getlist(FILES) if not _empty_file(f)]  # none: `require_files`, once the variant is known
-    for i, upload in enumerate(uploads):
+    given = [f for f in form.getlist(FILES) if not _empty_file(f)]  # none: `require_files`, once the variant is known
+    uploads = [f for f in given if isinstance(f, UploadFile)]  # all of them, or an error below
+    for i, upload in enumerate(given):
         if not isinstance(upload, UploadFile):
             msg = f"Value error, Expected UploadFile, received: {type(upload)}"
             errors.append({"type": "value_error", "loc": ("body", FILES, i), "msg": msg, "input": None})

@@ -26,7 +26,7 @@ from .sr import collect_evidence
 from .uploads import SavedStudy, save_uploads
 
 if TYPE_CHECKING:
-    from fastapi import UploadFile
+    from starlette.datastructures import UploadFile
 
     from edgekit.ingest import IngestLimits, Study
 

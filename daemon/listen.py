@@ -10,6 +10,7 @@ import grp
 import os
 import socket
 import stat
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from edgekit.errors import ConfigError
@@ -19,7 +20,7 @@ from .config import DaemonConfig
 SD_LISTEN_FDS_START = 3
 
 
-def systemd_sockets(env: dict[str, str] | None = None) -> list[socket.socket]:
+def systemd_sockets(env: MutableMapping[str, str] | None = None) -> list[socket.socket]:
     """The sockets systemd passed (fd 3 onwards) when `LISTEN_PID` is this process; the variables are then unset
     so that children do not think the fds are theirs."""
     env = os.environ if env is None else env

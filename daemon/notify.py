@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 
 log = logging.getLogger("edgekitd")
 
@@ -23,7 +24,7 @@ def _address(path: str) -> str | bytes:
 class Notifier:
     """Sends READY/STATUS/WATCHDOG/STOPPING; `enabled` is False when not started by a notify-aware manager."""
 
-    def __init__(self, env: dict[str, str] | None = None):
+    def __init__(self, env: Mapping[str, str] | None = None):
         env = os.environ if env is None else env
         self.path = env.get("NOTIFY_SOCKET") or None
         self.watchdog_usec = _watchdog_usec(env)

@@ -91,6 +91,7 @@ class ReceivedStudies:
                 log.info("received study job %s failed at ingest: %s", job_id, error.code)
                 daemon.delivery.wake()
                 return
+            assert study is not None  # ingest gave the study, or the error handled above
             variant, routing = daemon.submissions.precision_gate(variant, study)
             work = daemon.submissions.work_for(
                 job, variant, study=study, reservation=reservation, routing=routing, knobs=knobs

@@ -69,7 +69,7 @@ def collect_evidence(study_path: Path) -> list[dict[str, Any]]:
         keep = Dataset()
         for kw in EVIDENCE_KEYWORDS:
             if kw in ds:
-                setattr(keep, kw, ds.data_element(kw).value)
+                setattr(keep, kw, ds[kw].value)
         return keep.to_json_dict()
 
     out: list[dict[str, Any]] = []
@@ -132,6 +132,7 @@ def build_sr(
         AlgorithmIdentification,
         CodedConcept,
         ContainerContentItem,
+        ContentSequence,
         DeviceObserverIdentifyingAttributes,
         ObserverContext,
         RelationshipTypeValues,
@@ -163,18 +164,25 @@ def build_sr(
         parameters=[f"variant={report.get('variant', '')}", f"target={report.get('target', '')}"],
     )
     findings = ContainerContentItem(name=CodedConcept("59776-5", "LN", "Findings"), relationship_type=contains)
-    findings.ContentSequence = [
-        TextContentItem(name=CodedConcept("121071", "DCM", "Finding"), value=s[:1024], relationship_type=contains)
-        for s in (_sentences(report.get("findings_text", "")) or ["No findings reported."])
-    ]
+    # a ContentSequence, as highdicom's items would make of a list (their __setattr__ is typed for one only)
+    findings.ContentSequence = ContentSequence(
+        [
+            TextContentItem(name=CodedConcept("121071", "DCM", "Finding"), value=s[:1024], relationship_type=contains)
+            for s in (_sentences(report.get("findings_text", "")) or ["No findings reported."])
+        ]
+    )
     impressions = ContainerContentItem(name=CodedConcept("19005-8", "LN", "Impressions"), relationship_type=contains)
-    impressions.ContentSequence = [
-        TextContentItem(name=CodedConcept("121073", "DCM", "Impression"), value=s[:1024], relationship_type=contains)
-        for s in (_sentences(report.get("impression", "")) or ["No impression reported."])
-    ]
+    impressions.ContentSequence = ContentSequence(
+        [
+            TextContentItem(
+                name=CodedConcept("121073", "DCM", "Impression"), value=s[:1024], relationship_type=contains
+            )
+            for s in (_sentences(report.get("impression", "")) or ["No impression reported."])
+        ]
+    )
     blank_notes = [f"the source's {kw} is not a valid value; left empty" for kw in blanked]
     notes = [*(report.get("warnings") or []), *blank_notes]
-    root.ContentSequence = [*device, *algorithm, findings, impressions, *_notes(notes)]
+    root.ContentSequence = ContentSequence([*device, *algorithm, findings, impressions, *_notes(notes)])
     return hd.sr.EnhancedSR(
         evidence=sources,
         requested_procedures=[_referenced_request(sources)],

@@ -179,7 +179,8 @@ class _Tracing:
             kw["sampler"] = ParentBased(TraceIdRatioBased(settings.sample_ratio))
         self.provider = TracerProvider(**kw)
         url = settings.traces_url()
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(**({"endpoint": url} if url else {}))))
+        # endpoint None: the exporter reads OTEL_* itself
+        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
         self.tracer = self.provider.get_tracer(INSTRUMENTATION, __version__)
         self.propagator = TraceContextTextMapPropagator()  # W3C traceparent/tracestate only (no baggage)
         self.capture_content = settings.capture_content

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .client import Client
@@ -126,7 +126,7 @@ class DaemonProcess:
         model_dir: Path | None = None,
         *,
         config: Path | None = None,
-        extra_args: list[str] = (),
+        extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         socket_path: Path | None = None,
     ):
@@ -164,10 +164,13 @@ class DaemonProcess:
         return self
 
     def wait_ready(self, timeout: float = 90.0) -> None:
+        proc = self.proc
+        if proc is None:
+            raise RuntimeError("edgekitd is not started (start() first)")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"edgekitd exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"edgekitd exited with {proc.returncode}:\n{self.log.read_text()[-3000:]}")
             try:
                 if self.client.get("/v2/health/ready", timeout=5).status == 200:
                     return

@@ -19,7 +19,7 @@ from edgekit.errors import EdgekitError, StudyError
 from edgekit.ingest.video import VIDEO_SUFFIXES
 
 if TYPE_CHECKING:
-    from fastapi import UploadFile
+    from starlette.datastructures import UploadFile
 
 CHUNK = 1 << 20
 ZIP_MAGIC = b"PK\x03\x04"

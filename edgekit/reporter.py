@@ -227,13 +227,20 @@ class Reporter:
             if self.is_text:
                 self.report_text("warm-up", GenerationOptions(max_new_tokens=2))
             else:
-                size = self.preprocess_config.image_size
+                size = self.image_config.image_size
                 frames = np.zeros((1, size, size), np.float32)
                 study = Study(frames, modality="CT", uid_hash="uid:warmup", source="dicom")
                 self.report(study, "warm-up", GenerationOptions(max_new_tokens=2))
         finally:
             self.meter = meter
         return (time.perf_counter() - t0) * 1e3
+
+    @property
+    def image_config(self) -> PreprocessConfig:
+        """The bundle's image preprocessing; a text model's bundle has none (`TextModelError`)."""
+        if self.preprocess_config is None:
+            raise TextModelError("this bundle is a text model (no vision graph): it takes no images")
+        return self.preprocess_config
 
     @property
     def default_options(self) -> GenerationOptions:
@@ -264,12 +271,12 @@ class Reporter:
         `video_max_frames` (frame skipping, as the daemon's policy or `edgekit pareto --video-max-frames` asks).
         The encoder pools across frames (mean and standard deviation), so it takes any count, and fewer cost
         less; a study with fewer frames than the count has them repeated, as in training."""
-        count = self.preprocess_config.num_frames
+        count = self.image_config.num_frames
         cap = study.meta.get("video_max_frames") if study.source == "video" else None
         return min(count, int(cap)) if cap else count
 
     def pixel_values(self, study: Study) -> np.ndarray:
-        cfg = self.preprocess_config
+        cfg = self.image_config
         count = self.model_frames(study)
         return preprocess_frames(study.frames, cfg if count == cfg.num_frames else replace(cfg, num_frames=count))[None]
 
@@ -278,10 +285,10 @@ class Reporter:
         count = self.model_frames(study)
         total = int(study.meta.get("source_frames") or study.num_frames)
         used = len(set(sample_indices(study.num_frames, count).tolist()))
-        if count < self.preprocess_config.num_frames and used < total:
+        if count < self.image_config.num_frames and used < total:
             warnings.append(
                 f"frame skipping: the model saw {used} of the video's {total} frames (video_max_frames = "
-                f"{study.meta['video_max_frames']}; without skipping it takes {self.preprocess_config.num_frames})"
+                f"{study.meta['video_max_frames']}; without skipping it takes {self.image_config.num_frames})"
             )
         return {"used": used, "of": total, "model_frames": count}
 

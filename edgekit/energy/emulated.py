@@ -32,9 +32,8 @@ def energy_from_cost(cost: Mapping) -> EnergyReading | None:
         joules = cost["mj_total"] / 1e3 if isinstance(cost["mj_total"], (int, float)) else cost["mj_total"]
     else:
         return None
-    label = cost.get("figure_source")
     try:
-        check_source(label)
+        label = check_source(cost.get("figure_source"))
     except ValueError as e:
         raise MeterReadError(f"a cost with energy but no valid figure_source: {e}") from None
     if isinstance(joules, bool) or not isinstance(joules, (int, float)) or not math.isfinite(joules) or joules < 0:

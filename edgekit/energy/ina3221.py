@@ -71,7 +71,10 @@ def hwmon_channels(root: str | Path) -> list[Channel]:
     out = []
     for d in matching(root, HWMON_GLOB):
         for label_file in sorted(d.glob("in*_label"), key=lambda p: int(re.sub(r"\D", "", p.name) or 0)):
-            k = int(re.fullmatch(r"in(\d+)_label", label_file.name).group(1))
+            m = re.fullmatch(r"in(\d+)_label", label_file.name)
+            if m is None:  # the glob also matches names with no channel number (in_label, inX_label)
+                continue
+            k = int(m.group(1))
             label = read_text(label_file)
             curr = d / f"curr{k}_input"
             if _skip(label, k, "hwmon") or not curr.exists():
@@ -99,8 +102,8 @@ def iio_channels(root: str | Path) -> list[Channel]:
             label = read_text(name_file)
             if _skip(label, k, "iio"):
                 continue
-            files = {f: d / f"in_{f}{k}_input" for f in ("voltage", "current", "power")}
-            files = {f: p if p.exists() else None for f, p in files.items()}
+            paths = {f: d / f"in_{f}{k}_input" for f in ("voltage", "current", "power")}
+            files = {f: p if p.exists() else None for f, p in paths.items()}
             if files["power"] is None and None in (files["voltage"], files["current"]):
                 continue
             out.append(

@@ -70,8 +70,11 @@ def battery_state(root: str | Path = "/", supplies: list[PowerSupply] | None = N
     bats = [s for s in supplies if s.is_system_battery]
     if not bats:
         return BatteryState(None, False)
-    if all(b.energy_now_j is not None and b.energy_full_j for b in bats):
-        percent = 100 * sum(b.energy_now_j for b in bats) / sum(b.energy_full_j for b in bats)
+    now = [b.energy_now_j for b in bats if b.energy_now_j is not None]
+    full = [b.energy_full_j for b in bats if b.energy_full_j]
+    percent: float | None
+    if len(now) == len(full) == len(bats):
+        percent = 100 * sum(now) / sum(full)
     else:
         known = [b.capacity_pct for b in bats if b.capacity_pct is not None]
         percent = sum(known) / len(known) if known else None

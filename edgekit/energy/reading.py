@@ -33,7 +33,7 @@ def estimated(model: str) -> str:
     return check_source(f"estimated:{model}")
 
 
-def check_source(label: str) -> str:
+def check_source(label: object) -> str:
     """`label` if it is one of the three forms (no spaces, a non-empty name); ValueError otherwise."""
     if not isinstance(label, str) or not _LABEL.match(label):
         raise ValueError(f"an energy source is measured:<sensor>, emulated:<model> or estimated:<model>, not {label!r}")

@@ -54,9 +54,8 @@ class Window:
         self._start = self.sampler.mark()
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         self.reading = self.sampler.since(self._start)
-        return False
 
     @property
     def t_start(self) -> float | None:
@@ -125,10 +124,11 @@ class Sampler:
                 r = meter.read()
                 why = r.problem(self.max_watts) or self._counter_problem(r)
             except (MeterReadError, OSError, ValueError) as e:
-                r, why = None, str(e) or type(e).__name__
-            if why is None:
-                self._integrate(r)
-                return r
+                why = str(e) or type(e).__name__
+            else:
+                if why is None:
+                    self._integrate(r)
+                    return r
             self._fall_back(meter, why)
         return None
 

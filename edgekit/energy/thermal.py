@@ -64,6 +64,5 @@ def read_zones(root: str | Path = "/") -> list[ThermalZone]:
 def headroom_c(zones: list[ThermalZone], types: tuple[str, ...] = LIMIT_TYPES) -> tuple[float, ThermalZone] | None:
     """The smallest headroom over the zones and the zone that has it; None when no zone has both a temperature
     and a limiting trip point."""
-    rooms = [(z.headroom_c(types), z) for z in zones]
-    rooms = [(h, z) for h, z in rooms if h is not None]
+    rooms = [(h, z) for z in zones if (h := z.headroom_c(types)) is not None]
     return min(rooms, key=lambda hz: hz[0]) if rooms else None

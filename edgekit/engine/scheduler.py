@@ -61,7 +61,7 @@ class _Row:
     positions: np.ndarray | None = None  # its prefill positions, (1, L) or (3, 1, L)
     cursor: int = 0  # prompt positions prefilled so far
     length: int = 0  # positions in this row's KV cache
-    next_pos: np.ndarray | None = None  # (1,): the position the next token takes
+    next_pos: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))  # (1,): the next token's position
     token: int = 0  # the last token chosen (fed at the next step)
     generated: list[int] = field(default_factory=list)
     reason: str | None = None
@@ -70,6 +70,12 @@ class _Row:
     t_first: float = 0.0
     encode_s: float = 0.0
     steps: int = 0
+
+    def prompt(self) -> tuple[np.ndarray, np.ndarray]:
+        """The prompt's embeddings and prefill positions, which a row has from its layout until it is prefilled."""
+        if self.embeds is None or self.positions is None:
+            raise RuntimeError(f"row {self.row} has no prompt to prefill")
+        return self.embeds, self.positions
 
 
 class Engine:
@@ -241,24 +247,24 @@ class Engine:
 
     def _lay_out(self, rows: list[_Row]) -> None:
         """Encode the new rows' images (one call per image shape) and assemble their prefills."""
-        by_shape: dict[tuple, list[_Row]] = {}
+        by_shape: dict[tuple, list[tuple[_Row, np.ndarray]]] = {}
         for r in rows:
             pv = r.ticket.request.pixel_values
             if pv is not None:
-                by_shape.setdefault(pv.shape, []).append(r)
+                by_shape.setdefault(pv.shape, []).append((r, pv))
         images: dict[int, np.ndarray] = {}
         for group in by_shape.values():
             t0 = time.perf_counter()
             try:
-                pv = np.stack([r.ticket.request.pixel_values for r in group])
-                features = self.slots.encode_images(pv, [r.row for r in group])
+                batch = np.stack([pv for _, pv in group])
+                features = self.slots.encode_images(batch, [r.row for r, _ in group])
             except Exception as exc:  # noqa: BLE001 - the error goes to the requests, the engine keeps serving
-                for r in group:
+                for r, _ in group:
                     self._fail(r, exc)
                 continue
             dt = time.perf_counter() - t0
             self.stats.encodes += 1
-            for i, r in enumerate(group):
+            for i, (r, _) in enumerate(group):
                 images[r.row], r.encode_s = features[i : i + 1], dt
         for r in rows:
             if r.reason is not None:
@@ -322,11 +328,12 @@ class Engine:
         if not self._prefilling:
             return
         r = self._prefilling[0]
-        total = r.embeds.shape[1]
+        embeds, positions = r.prompt()
+        total = embeds.shape[1]
         end = total if self.prefill_chunk is None else min(total, r.cursor + self.prefill_chunk)
         t0 = time.perf_counter()
         try:
-            logits = self.slots.prefill(r.row, r.embeds[:, r.cursor : end], r.positions[..., r.cursor : end])
+            logits = self.slots.prefill(r.row, embeds[:, r.cursor : end], positions[..., r.cursor : end])
         except Exception as exc:  # noqa: BLE001
             self._prefilling.popleft()
             self._fail(r, exc)

@@ -61,7 +61,8 @@ class PastKVSlots:
         self.max_rows = max_rows if self.batched else 1
         self._past: dict[int, list] = {}  # row -> its cache as the backend returned it ((1, kv, len, hd) pairs)
         self._len: dict[int, int] = {}
-        self._batch: tuple[tuple[int, ...], object, np.ndarray] | None = None  # the last step's rows, past, mask
+        # the last step's rows, past (per layer: K and V) and mask
+        self._batch: tuple[tuple[int, ...], Sequence[tuple[np.ndarray, ...]], np.ndarray] | None = None
         num_layers = getattr(backend, "num_layers", None)
         kv_heads, head_dim = getattr(backend, "kv_heads", None), getattr(backend, "head_dim", None)
         if num_layers and kv_heads and head_dim:  # float32 key and value per layer
@@ -115,11 +116,11 @@ class PastKVSlots:
         return take_cost(self.backend)
 
     # padding -----------------------------------------------------------------------------------------------
-    def _pad(self, rows: tuple[int, ...]):
+    def _pad(self, rows: tuple[int, ...]) -> tuple[list[tuple[np.ndarray, ...]], np.ndarray]:
         """The rows' caches left-padded to the longest, and the mask that hides the padding."""
         longest = max(self._len[r] for r in rows)
         mask = np.zeros((len(rows), longest), np.int64)
-        layers = []
+        layers: list[tuple[np.ndarray, ...]] = []
         for layer in range(len(self._past[rows[0]])):
             pair = []
             for which in (0, 1):

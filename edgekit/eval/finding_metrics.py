@@ -42,7 +42,7 @@ def _key(f) -> tuple:
 def score_study(truth: list, truth_negatives: list[str], predicted: list, predicted_negatives: list[str]) -> StudyScore:
     del truth_negatives  # negatives are scored through contradictions; absent findings have no (type, location)
     remaining = Counter(_key(f) for f in truth)
-    by_key = {}
+    by_key: dict[tuple, list] = {}
     for f in truth:
         by_key.setdefault(_key(f), []).append(f)
     tp = 0

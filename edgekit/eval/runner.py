@@ -134,8 +134,8 @@ def head_skipping(costs: list[dict]) -> dict | None:
     decode tokens a head mask was made for and the heads it skipped), pooled: the skip rate is every skipped head
     over every head of every such token, as `edgekit profile` states it for one report. None unless every report
     has a record (DSS off: none)."""
-    records = [c.get("dss") for c in costs]
-    if not records or any(not isinstance(r, dict) for r in records):
+    records = [r for c in costs if isinstance(r := c.get("dss"), dict)]
+    if not records or len(records) != len(costs):
         return None
     tokens = sum(r["tokens"] for r in records)
     total = sum(r["heads_total"] for r in records)

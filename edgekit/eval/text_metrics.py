@@ -22,7 +22,9 @@ def bleu_statistics(hypotheses: Sequence[str], references: Sequence[Sequence[str
     """
     width = max(len(r) for r in references)
     streams = [[refs[k] if k < len(refs) else None for refs in references] for k in range(width)]
-    stats = BLEU()._extract_corpus_statistics(list(hypotheses), streams)
+    # a None reference is one this report does not have: sacrebleu skips them (metrics/base.py), but its
+    # annotation says Sequence[Sequence[str]]
+    stats = BLEU()._extract_corpus_statistics(list(hypotheses), streams)  # type: ignore[arg-type]
     return np.asarray(stats, dtype=np.float64)
 
 

@@ -131,10 +131,10 @@ def decoder_layer(b, x, cos, sin, mask, past_key, past_value, prefix: str, spec:
 def build_decoder(weights: Mapping[str, np.ndarray], spec: DecoderSpec) -> ir.Model:
     """The merged decoder graph with the input/output names of Hugging Face VLM exports."""
     b = GraphBuilder(weights, "decoder_model_merged")
-    kv_shape = ["batch", spec.kv_heads, "past_seq", spec.head_dim]
+    kv_shape: list[int | str] = ["batch", spec.kv_heads, "past_seq", spec.head_dim]
     x = b.input(names.INPUTS_EMBEDS, F32, ["batch", "seq", spec.hidden])
     attention_mask = b.input(names.ATTENTION_MASK, I64, ["batch", "total_seq"])
-    position_shape = ["batch", "seq"] if spec.mrope_section is None else [3, "batch", "seq"]
+    position_shape: list[int | str] = ["batch", "seq"] if spec.mrope_section is None else [3, "batch", "seq"]
     position_ids = b.input(names.POSITION_IDS, I64, position_shape)
     past = [
         (b.input(names.past_key(i), F32, kv_shape), b.input(names.past_value(i), F32, kv_shape))
@@ -149,7 +149,7 @@ def build_decoder(weights: Mapping[str, np.ndarray], spec: DecoderSpec) -> ir.Mo
     x = rms_norm(b, x, spec.final_norm, spec.rms_eps)
     logits = linear(b, x, spec.lm_head, bias=False)
     b.output(logits, names.LOGITS, F32, ["batch", "seq", spec.vocab_size])
-    present_shape = ["batch", spec.kv_heads, "total_seq", spec.head_dim]
+    present_shape: list[int | str] = ["batch", spec.kv_heads, "total_seq", spec.head_dim]
     for i, (pk, pv) in enumerate(presents):
         b.output(pk, names.present_key(i), F32, present_shape)
         b.output(pv, names.present_value(i), F32, present_shape)

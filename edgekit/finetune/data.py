@@ -18,11 +18,15 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgekit.errors import ConfigError
 from edgekit.preprocess import PreprocessConfig
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 IGNORE = -100  # label of a token that is not learned (transformers' convention)
 
@@ -51,7 +55,7 @@ class Tokenization:
     """How text becomes ids for one model: its tokenizer, end token, and (VLMs) the image span's ids and the
     generation config a bundle of it serves with (its prompt template and image slot)."""
 
-    tokenizer: object  # tokenizers.Tokenizer
+    tokenizer: Tokenizer
     eos_id: int | None
     image_span: tuple[int, ...] = ()
     generation_config: Mapping | None = None

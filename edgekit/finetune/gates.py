@@ -17,6 +17,8 @@ from torch import nn
 
 
 class HeadGates(nn.Module):
+    closed: torch.Tensor  # a registered buffer, (layers, heads) bool: saved with the gates and moved with them
+
     def __init__(self, layers: int, heads: int, *, init_logit: float = 2.0):
         super().__init__()
         self.logits = nn.Parameter(torch.full((layers, heads), float(init_logit)))

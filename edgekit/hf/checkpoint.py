@@ -25,7 +25,12 @@ INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
 
 # safetensors dtype -> (numpy dtype of the stored bytes, how to widen to float32)
-_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8")}
+_DTYPES: dict[str, np.dtype] = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "F64": np.dtype("<f8"),
+}
 
 
 class CheckpointError(EdgekitError):
@@ -136,7 +141,7 @@ class SafetensorsCheckpoint(Mapping[str, np.ndarray]):
         raw = np.empty(count, stored)
         with open(e.file, "rb") as f:
             f.seek(e.start)
-            got = f.readinto(memoryview(raw).cast("B"))
+            got = f.readinto(raw.data.cast("B"))
         if got != e.nbytes:
             raise CheckpointError(f"file is truncated at tensor {name!r}", e.file)
         if e.dtype == "BF16":
@@ -248,7 +253,7 @@ class ShapeOnlyWeights(Mapping[str, np.ndarray]):
         return len(self.checkpoint.entries) + len(self.aliases)
 
     def __contains__(self, name: object) -> bool:
-        return self.aliases.get(name, name) in self.checkpoint.entries  # type: ignore[arg-type]
+        return isinstance(name, str) and self.aliases.get(name, name) in self.checkpoint.entries
 
 
 def attach_lazy_weights(

@@ -34,8 +34,9 @@ from edgekit.positions import MROPE, POSITIONS_KEY
 from .checkpoint import CheckpointError, SafetensorsCheckpoint, ShapeOnlyWeights, attach_lazy_weights
 from .config import decoder_spec, model_kind, read_config_file, read_hf_config
 from .qwen2_vl_processor import image_size_refused
+from .spec_base import VlmSpecBase
 from .vision_tower import VisionTowerSpec, build_vision_tower, vision_tower_spec
-from .vlm import VlmSpec, build_vlm_vision, expected_vlm_shapes, span_rows, vlm_spec
+from .vlm import build_vlm_vision, expected_vlm_shapes, span_rows, vlm_spec
 
 # files copied next to the graphs (config.json is renamed: edgekit's own config.json means a ModelConfig)
 SIDE_FILES = (
@@ -65,7 +66,7 @@ class HfConversion:
     model_type: str
     out: Path
     graphs: list[Path] = field(default_factory=list)
-    spec: DecoderSpec | VisionTowerSpec | VlmSpec | None = None
+    spec: DecoderSpec | VisionTowerSpec | VlmSpecBase | None = None
 
 
 def expected_decoder_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
@@ -143,31 +144,33 @@ def convert_hf(
     result = HfConversion(kind=kind, model_type=str(cfg["model_type"]), out=out_dir)
     try:
         written: list[Path] = []
+        vlm: VlmSpecBase | None = None
         if kind == "vlm":
-            spec = vlm_spec(cfg, model_dir, ckpt.entries, image_size=image_size)
-            expected = {**expected_vlm_shapes(spec, cfg), **expected_decoder_shapes(spec.decoder)}
-            check_shapes({spec.to_checkpoint(k): v for k, v in expected.items()}, ckpt)
-            aliases = spec.aliases(ckpt.entries)
+            result.spec = vlm = vlm_spec(cfg, model_dir, ckpt.entries, image_size=image_size)
+            expected = {**expected_vlm_shapes(vlm, cfg), **expected_decoder_shapes(vlm.decoder)}
+            check_shapes({vlm.to_checkpoint(k): v for k, v in expected.items()}, ckpt)
+            aliases = vlm.aliases(ckpt.entries)
             stand_ins = ShapeOnlyWeights(ckpt, aliases)
-            vision_weights = ChainMap(span_rows(spec, ckpt), stand_ins)  # the span's few rows are real
-            vision = build_vlm_vision(vision_weights, spec)
+            # the span's few rows are real. typeshed's ChainMap takes MutableMappings only; a read-only one is
+            # fine for reading, which is all the graph builder does
+            vision_weights = ChainMap(span_rows(vlm, ckpt), stand_ins)  # type: ignore[arg-type]
+            vision = build_vlm_vision(vision_weights, vlm)
             written.append(_write(vision, ckpt, tmp / VISION_ENCODER, external_data_threshold_bytes, aliases))
-            written += _write_decoder(stand_ins, spec.decoder, ckpt, tmp, external_data_threshold_bytes, aliases)
+            written += _write_decoder(stand_ins, vlm.decoder, ckpt, tmp, external_data_threshold_bytes, aliases)
         elif kind == "decoder":
-            spec = decoder_spec(cfg, model_dir, ckpt.entries)
-            check_shapes(expected_decoder_shapes(spec), ckpt)
-            written += _write_decoder(ShapeOnlyWeights(ckpt), spec, ckpt, tmp, external_data_threshold_bytes)
+            result.spec = decoder = decoder_spec(cfg, model_dir, ckpt.entries)
+            check_shapes(expected_decoder_shapes(decoder), ckpt)
+            written += _write_decoder(ShapeOnlyWeights(ckpt), decoder, ckpt, tmp, external_data_threshold_bytes)
         else:
-            spec = vision_tower_spec(cfg, model_dir, ckpt.entries)
+            result.spec = tower = vision_tower_spec(cfg, model_dir, ckpt.entries)
             written.append(
                 _write(
-                    build_vision_tower(ShapeOnlyWeights(ckpt), spec),
+                    build_vision_tower(ShapeOnlyWeights(ckpt), tower),
                     ckpt,
                     tmp / VISION_ENCODER,
                     external_data_threshold_bytes,
                 )
             )
-        result.spec = spec
         if check:
             for p in written:
                 validate(p)
@@ -175,11 +178,11 @@ def convert_hf(
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, tmp / name)
         shutil.copy2(model_dir / "config.json", tmp / HF_CONFIG)
-        if kind == "vlm" and spec.pinned:  # the processor pinned to the graphs' side, not the directory's range
+        if vlm is not None and vlm.pinned:  # the processor pinned to the graphs' side, not the directory's range
             pre = read_config_file(model_dir / PREPROCESSOR) if (model_dir / PREPROCESSOR).is_file() else None
-            (tmp / PREPROCESSOR).write_text(json.dumps(spec.processor_config(pre), indent=2) + "\n")
-        if kind == "vlm" and spec.positions.kind == MROPE:  # the decoder's position_ids, for whoever feeds it
-            (tmp / HF_CONFIG).write_text(json.dumps({**cfg, POSITIONS_KEY: spec.positions.to_dict()}, indent=2) + "\n")
+            (tmp / PREPROCESSOR).write_text(json.dumps(vlm.processor_config(pre), indent=2) + "\n")
+        if vlm is not None and vlm.positions.kind == MROPE:  # the decoder's position_ids, for whoever feeds it
+            (tmp / HF_CONFIG).write_text(json.dumps({**cfg, POSITIONS_KEY: vlm.positions.to_dict()}, indent=2) + "\n")
         out_dir.mkdir(parents=True, exist_ok=True)
         for item in sorted(tmp.iterdir()):
             if item.suffix == ".onnx":  # a stale weights file from an earlier, larger export must not linger

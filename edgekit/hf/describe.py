@@ -29,13 +29,16 @@ def describe_hf(cfg: dict[str, Any], name: str, where: str | Path = "config.json
     except (KeyError, TypeError, ValueError) as err:
         why = f"{type(err).__name__}: {err}"
         raise ConfigError(f"vision_config: cannot read the tower's shape ({why})", where) from None
-    dims = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
     return ModelDescription(
         name,
-        *(text[k] for k in dims),
-        text["intermediate_size"],
-        text["vocab_size"],
-        text["tie_word_embeddings"],
+        hidden=text["hidden_size"],
+        layers=text["num_hidden_layers"],
+        heads=text["num_attention_heads"],
+        kv_heads=text["num_key_value_heads"],
+        head_dim=text["head_dim"],
+        intermediate=text["intermediate_size"],
+        vocab=text["vocab_size"],
+        tied_embeddings=text["tie_word_embeddings"],
         vision=vision,
         family=family.name if family else model_type,
         positions=family.positions if family else TEXT,

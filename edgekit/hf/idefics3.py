@@ -180,7 +180,8 @@ def split_span(model_dir: Path, tiles: int, seq_len: int, image_token: int) -> t
     except Exception as exc:  # tokenizers raises its own exception type for a foreign file
         raise ConfigError(f"not a tokenizers tokenizer.json ({type(exc).__name__})", path) from None
     ids = tuple(tokenizer.encode(split_span_text(tiles, seq_len), add_special_tokens=False).ids)
-    runs, run = [], 0
+    runs: list[int] = []
+    run = 0
     for t in (*ids, None):
         if t == image_token:
             run += 1

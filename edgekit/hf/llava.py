@@ -86,7 +86,10 @@ def projector_act(cfg: dict[str, Any], where: Path) -> str:
 
 
 def projector_shapes(prefix: str, in_dim: int, text_hidden: int, bias: bool) -> dict[str, tuple[int, ...]]:
-    shapes = {f"{prefix}linear_1.weight": (text_hidden, in_dim), f"{prefix}linear_2.weight": (text_hidden, text_hidden)}
+    shapes: dict[str, tuple[int, ...]] = {
+        f"{prefix}linear_1.weight": (text_hidden, in_dim),
+        f"{prefix}linear_2.weight": (text_hidden, text_hidden),
+    }
     if bias:
         shapes.update({f"{prefix}linear_1.bias": (text_hidden,), f"{prefix}linear_2.bias": (text_hidden,)})
     return shapes

@@ -51,13 +51,16 @@ def pinpoints(cfg: dict[str, Any], where: Path) -> tuple[tuple[int, int], ...]:
 def select_best_resolution(original: tuple[int, int], possible: Collection[tuple[int, int]]) -> tuple[int, int]:
     """transformers' `select_best_resolution`: the pinpoint keeping the most of the image, then wasting least."""
     oh, ow = original
-    best, best_effective, best_wasted = None, 0, float("inf")
+    best: tuple[int, int] | None = None
+    best_effective, best_wasted = 0, float("inf")
     for h, w in possible:
         scale = min(w / ow, h / oh)
         effective = min(int(ow * scale) * int(oh * scale), ow * oh)
         wasted = w * h - effective
         if effective > best_effective or (effective == best_effective and wasted < best_wasted):
             best, best_effective, best_wasted = (h, w), effective, wasted
+    if best is None:
+        raise ValueError("select_best_resolution: no resolutions to choose from")
     return best
 
 

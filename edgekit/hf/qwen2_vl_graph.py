@@ -37,7 +37,9 @@ def expected_shapes(spec: Qwen2VlSpec) -> dict[str, tuple[int, ...]]:
     """Every tensor the vision graph reads, with the shape config.json implies (module names)."""
     t, p = spec.tower, spec.tower.prefix
     d, m2 = t.hidden, t.hidden * t.merge_size**2
-    shapes = {f"{p}patch_embed.proj.weight": (d, t.channels, t.temporal_patch_size, t.patch_size, t.patch_size)}
+    shapes: dict[str, tuple[int, ...]] = {
+        f"{p}patch_embed.proj.weight": (d, t.channels, t.temporal_patch_size, t.patch_size, t.patch_size)
+    }
     norms = ("weight",) if t.v25 else ("weight", "bias")  # Qwen2.5-VL: RMSNorm
     for i in range(t.layers):
         n = vision_names(t, i)

@@ -87,7 +87,8 @@ def pin_processor(pre: Mapping[str, Any] | None, side: int, patch: int, merge: i
     out.setdefault("image_processor_type", "Qwen2VLImageProcessor")
     for key, value in (("patch_size", patch), ("merge_size", merge), ("temporal_patch_size", temporal)):
         out.setdefault(key, value)
-    size = out.get("size") if isinstance(out.get("size"), dict) else {}
+    given = out.get("size")
+    size = given if isinstance(given, dict) else {}
     out["min_pixels"] = out["max_pixels"] = side * side
     out["size"] = {**size, "shortest_edge": side * side, "longest_edge": side * side}
     return out
@@ -99,7 +100,8 @@ def fixed_side(pre: Mapping[str, Any] | None, patch: int, merge: int, where: Pat
     and one graph shape cannot follow them. The smallest square maps to ceil(sqrt(min)/f)*f, the largest to
     floor(sqrt(max)/f)*f (f = patch * merge); the side is fixed when they agree."""
     pre = pre or {}
-    size = pre.get("size") if isinstance(pre.get("size"), dict) else {}
+    given = pre.get("size")
+    size = given if isinstance(given, dict) else {}
     lo = pre.get("min_pixels", size.get("shortest_edge", DEFAULT_MIN_PIXELS))
     hi = pre.get("max_pixels", size.get("longest_edge", DEFAULT_MAX_PIXELS))
     for key, v in (("min_pixels", lo), ("max_pixels", hi)):

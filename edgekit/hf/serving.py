@@ -25,7 +25,7 @@ from edgekit.prompt import IMAGE_TOKEN, prompt_layout
 
 from .config import read_config_file
 from .family import family_named
-from .vlm_spec import VlmSpec
+from .spec_base import VlmSpecBase
 
 SENTINEL = "\x00PROMPT\x00"
 DEFAULT_PROMPT = "Describe the image."
@@ -86,7 +86,7 @@ def rendered_turn(model_dir: Path, *, image: bool = True) -> str | None:
         raise ConfigError(f"the chat template does not render ({type(exc).__name__}: {exc})", model_dir) from None
 
 
-def _turn_text(spec: VlmSpec, model_dir: Path, tokenizer) -> tuple[str, str]:
+def _turn_text(spec: VlmSpecBase, model_dir: Path, tokenizer) -> tuple[str, str]:
     """The rendered user turn, and the image token's text, which stands in it once (where the span goes)."""
     text = rendered_turn(model_dir)  # None: no template or no jinja2, the family's layout below
     image = tokenizer.id_to_token(spec.image_token_id)
@@ -117,7 +117,7 @@ def eos_token_id(model_dir: Path, tokenizer) -> int | None:
     return None if eos is None else int(eos)
 
 
-def generation_config(spec: VlmSpec, model_dir: Path, tokenizer) -> dict[str, Any]:
+def generation_config(spec: VlmSpecBase, model_dir: Path, tokenizer) -> dict[str, Any]:
     """edgekit's generation config for an imported VLM: `bos + template + sep` cut from the rendered chat turn,
     the image token left in the template where the turn has it."""
     text, image = _turn_text(spec, model_dir, tokenizer)
@@ -190,7 +190,7 @@ def generation_ends(model_dir: Path, tokenizer) -> dict[str, int]:
     }
 
 
-def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
+def preprocessor_config(spec: VlmSpecBase, model_dir: Path) -> dict[str, Any]:
     """edgekit's preprocessing for the vision graph (one frame, resized to the tower's square, values in [0, 1]:
     the graph normalises) and, for the record, the model's own image processor settings."""
     hf, notes = family_named(spec.family).processor_record(
@@ -213,7 +213,7 @@ def preprocessor_config(spec: VlmSpec, model_dir: Path) -> dict[str, Any]:
     }
 
 
-def model_config(spec: VlmSpec, cfg: dict[str, Any]) -> dict[str, Any]:
+def model_config(spec: VlmSpecBase, cfg: dict[str, Any]) -> dict[str, Any]:
     """The model's config.json, plus `max_positions` (the language model's whole context) and `image_tokens`
     (the positions the image span takes), which the reporter's context budget and the targets' shape limits read
     (`edgekit.prompt`), and the language model's `vocab_size` at the top level."""
@@ -257,7 +257,7 @@ def write_model_files(model_dir: Path, files: dict[str, dict[str, Any]], out: Pa
     return paths
 
 
-def write_serving_files(spec: VlmSpec, model_dir: Path, cfg: dict[str, Any], out: Path) -> dict[str, Path]:
+def write_serving_files(spec: VlmSpecBase, model_dir: Path, cfg: dict[str, Any], out: Path) -> dict[str, Path]:
     """The bundle's model files by role (edgekit.names.WEIGHT_FILES), written into `out`: a model directory as a
     target's build side reads one (`BuildInputs.model_dir`)."""
     tokenizer = read_tokenizer(model_dir)

@@ -25,6 +25,7 @@ from .checkpoint import SafetensorsCheckpoint
 from .family import VlmFamily
 from .frame_split import split_frame, split_frame_np
 from .qwen2_vl_processor import image_size_refused
+from .spec_base import VlmSpecBase
 from .vision_tower import expected_tower_shapes, hidden_states, normalize_frames
 from .vlm_spec import VlmSpec, check_span_fits, mean_std, text_config
 
@@ -151,7 +152,7 @@ class TowerFamily(VlmFamily):
         return 1
 
 
-def span_rows(spec: VlmSpec, ckpt: SafetensorsCheckpoint) -> dict[str, np.ndarray]:
+def span_rows(spec: VlmSpecBase, ckpt: SafetensorsCheckpoint) -> dict[str, np.ndarray]:
     """The embedding rows of the span's wrapper tokens, read from the checkpoint (a few rows, not the table)."""
     ids = spec.wrapper_ids
     if not ids:
@@ -164,7 +165,7 @@ def _wrap_span(b: GraphBuilder, y: ir.Value, pixels: ir.Value, spec: VlmSpec) ->
     rows = b.weight(SPAN_ROWS)  # (before + after, hidden)
     batch = b.op("/image_span", "Shape", [pixels], {"start": 0, "end": 1})
     nb = len(spec.span_before)
-    parts = []
+    parts: list[ir.Value | None] = []
     for lo, hi in ((0, nb), (nb, nb + len(spec.span_after))):
         if hi > lo:
             part = b.op("/image_span", "Slice", [rows, b.const([lo]), b.const([hi]), b.const([0])])

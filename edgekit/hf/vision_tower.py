@@ -70,6 +70,14 @@ NAMES["clip"] = {
 PREFIXES = {"siglip": ("", "vision_model.", "model.vision_model."), "vit": ("", "vit.")}
 
 
+def _template(family: str, role: str) -> str:
+    """The name template of a module the family's tower has (a KeyError for one it has not: SigLIP's `cls`)."""
+    template = NAMES[family][role]
+    if template is None:
+        raise KeyError(f"a {family} tower has no {role!r} module")
+    return template
+
+
 @dataclass(frozen=True)
 class VisionTowerSpec:
     family: str  # "siglip" | "vit" | "clip"
@@ -85,7 +93,7 @@ class VisionTowerSpec:
     qkv_bias: bool = True
 
     def name(self, role: str, i: int | None = None) -> str:
-        return NAMES[self.family][role].format(p=self.prefix, i=i)
+        return _template(self.family, role).format(p=self.prefix, i=i)
 
     @property
     def num_patches(self) -> int:
@@ -114,7 +122,7 @@ def tower_spec(
 ) -> VisionTowerSpec:
     """A tower's spec from its (vision) config; `prefixes` are where its weights may sit in the checkpoint
     (a VLM nests them: `vision_tower.`, `model.vision_model.`)."""
-    probe = NAMES[family]["ln1"]  # layer 0's first norm: a VLM may drop the tower's unused final norm
+    probe = _template(family, "ln1")  # layer 0's first norm: a VLM may drop the tower's unused final norm
     prefix = find_prefix(names, prefixes, probe.format(p="", i=0) + ".weight", where)
     act = cfg.get("hidden_act", {"siglip": "gelu_pytorch_tanh", "clip": "quick_gelu"}.get(family, "gelu"))
     if act not in GELU:

@@ -123,6 +123,7 @@ def read_dataset(source: Path | bytes, label: str, *, max_inflated: int | None =
             raise SliceError(reason, label, instance=_instance_of(header)) from None
         if eof:
             raise SliceError("truncated DICOM: the file ends inside an element", label, instance=_instance_of(header))
+    assert ds is not None  # a failed read (`failure`) raised above
     for message in messages:  # pydicom's notes on an object we keep: passed on without paths or values
         warnings.warn(message, UserWarning, stacklevel=2)
     sop_class = ds.file_meta.get("MediaStorageSOPClassUID") if hasattr(ds, "file_meta") else None
@@ -149,6 +150,7 @@ def _check_inflated_size(data: bytes, limit: int, label: str) -> None:
         return
     inflater = zlib.decompressobj(-zlib.MAX_WBITS)
     view, pos, total = memoryview(data), fp.tell(), 0
+    chunk: bytes | memoryview
     try:
         while not inflater.eof:
             if inflater.unconsumed_tail:

@@ -7,6 +7,7 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from edgekit.errors import StudyError
 from edgekit.ingest import budget
@@ -15,6 +16,9 @@ from edgekit.ingest.phi import phi_guard, scrub
 from edgekit.ingest.series import SKIPPABLE, Skipped, assemble
 from edgekit.ingest.study import IngestLimits, Study
 from edgekit.ingest.video import VIDEO_SUFFIXES, load_video
+
+if TYPE_CHECKING:
+    from pydicom.dataset import Dataset
 
 # Files that series exports carry beside the images; skipped without a word.
 _SILENT = {"DICOMDIR", "Thumbs.db"}
@@ -73,7 +77,17 @@ def _folder_entries(folder: Path, limits: IngestLimits) -> Iterator[Entry]:
         raise StudyError(f"{total} bytes exceed the limit of {limits.max_bytes}", folder)
     for p in files:
         check_entry_size(p.stat().st_size, limits, p)
-        yield str(p), (lambda p=p: p)
+        yield str(p), _opener(p)
+
+
+def _opener(path: Path) -> Callable[[], Path]:
+    """A folder entry's opener: the file's path, which `read_dataset` reads."""
+    return lambda: path
+
+
+def _reader(opener: Callable[[], Path | bytes], name: str, max_inflated: int | None) -> Callable[[], Dataset]:
+    """An entry read again, whole (an object whose pixel data was dropped, when its turn to decode comes)."""
+    return lambda: read_dataset(opener(), name, max_inflated=max_inflated)
 
 
 def check_entry_size(size: int, limits: IngestLimits, label: str | Path) -> None:
@@ -127,7 +141,7 @@ def _load_entries(entries: Iterator[Entry], label: Path, limits: IngestLimits, a
             continue
         img.ordinal = candidates
         if held + img.held_bytes > limits.memory_bytes // HELD_SHARE:  # read it again when its turn comes
-            drop_pixels(img, lambda opener=opener, name=name: read_dataset(opener(), name, max_inflated=max_inflated))
+            drop_pixels(img, _reader(opener, name, max_inflated))
         held += img.held_bytes
         images.append(img)
         frames_bytes += budget.display_bytes(img.frames, img.rows, img.columns)

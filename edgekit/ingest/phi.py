@@ -125,7 +125,8 @@ def _showwarning(message, category, filename, lineno, file=None, line=None) -> N
         stack[-1].raw.append(str(message))
         return
     clean = warnings.WarningMessage(scrub(str(message)), category, filename, lineno, file, line)
-    warnings._showwarnmsg_impl(clean)  # what the default showwarning (or a recording catch_warnings) does
+    # what the default showwarning (or a recording catch_warnings) does; private, so typeshed does not list it
+    warnings._showwarnmsg_impl(clean)  # type: ignore[attr-defined]
 
 
 def install() -> None:
@@ -164,7 +165,8 @@ def held_log_messages() -> Iterator[list[str]]:
     file reached before delimiter"): it drops what it replaced and passes the rest on with `warnings.warn`.
     """
     previous = getattr(_TLS, "held", None)
-    _TLS.held = held = []
+    held: list[str] = []
+    _TLS.held = held
     try:
         yield held
     finally:

@@ -34,8 +34,8 @@ def _finding_labels() -> tuple[tuple[str, str | None, str | None], ...]:
 
     specs = {(f.type, loc): f for k in KINDS for f in k.findings for loc in (f.locations or (None,))}
     order = sorted(specs, key=lambda p: (p[0], p[1] or ""))
-    presence = [(t, loc, None) for t, loc in order]
-    attributes = [
+    presence: list[tuple[str, str | None, str | None]] = [(t, loc, None) for t, loc in order]
+    attributes: list[tuple[str, str | None, str | None]] = [
         (t, loc, f"n={c}")
         for t, loc in order
         for c in range(1, specs[t, loc].max_count + 1)
@@ -267,7 +267,7 @@ def make_batch(
         labels[b, start : len(s)] = s[start:]
     pixels = enc.data.pixels[[i for i, _, _ in items]].astype(np.float32)
     findings = np.stack([finding_label_vector(enc.data.texts[i].findings) for i, _, _ in items])
-    batch = {
+    batch: dict[str, np.ndarray] = {
         "pixel_values": pixels,
         "input_ids": ids,
         "attention_mask": mask,

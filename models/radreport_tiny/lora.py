@@ -18,6 +18,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,8 +120,12 @@ def finetune(model, tok, train: SplitData, val: SplitData, opts: LoraRecipe, out
     enc_train, enc_val = encode_split(tok, to_site(train)), encode_split(tok, to_site(val))
     t0 = time.perf_counter()
     before = score(generate_reports(model, tok, enc_val, max_new_tokens, opts.eval_batch), enc_val.data)
-    lcfg = peft.LoraConfig(
-        r=opts.r, lora_alpha=opts.alpha, use_rslora=opts.rslora, target_modules=opts.target_modules, lora_dropout=0.0
+    lcfg = peft.LoraConfig(  # PEFT annotates lora_alpha as an int; it scales by alpha / r, a float alpha too
+        r=opts.r,
+        lora_alpha=opts.alpha,  # type: ignore[arg-type]
+        use_rslora=opts.rslora,
+        target_modules=opts.target_modules,
+        lora_dropout=0.0,
     )
     pm = peft.get_peft_model(model, lcfg)  # injects LoRA layers into `model` in place, freezes the rest
     params = [p for p in model.parameters() if p.requires_grad]
@@ -190,12 +195,11 @@ def main(argv: list[str] | None = None) -> dict:
     for f, v in asdict(LoraRecipe()).items():
         ap.add_argument(f"--{f.replace('_', '-')}", type=type(v) if not isinstance(v, bool) else int, default=v)
     args = ap.parse_args(argv)
-    opts = LoraRecipe(
-        **{
-            f: (bool(getattr(args, f)) if isinstance(v, bool) else getattr(args, f))
-            for f, v in asdict(LoraRecipe()).items()
-        }
-    )
+    given: dict[str, Any] = {  # argparse's values, each parsed as its field's type
+        f: (bool(getattr(args, f)) if isinstance(v, bool) else getattr(args, f))
+        for f, v in asdict(LoraRecipe()).items()
+    }
+    opts = LoraRecipe(**given)
     model, tok, max_new = load_base(args.weights)
     pcfg = PreprocessConfig()
     cache = args.out / "cache"

@@ -90,7 +90,7 @@ def training_loss(
     return total, lm
 
 
-def lm_loss(model: RadReportTiny, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def lm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean cross-entropy of the report tokens and <eos>: logits at t - 1 predict the label at t."""
     logits = model(batch["pixel_values"], batch["input_ids"], batch["attention_mask"])
     return F.cross_entropy(

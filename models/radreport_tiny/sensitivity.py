@@ -44,7 +44,7 @@ def sensitivity(weights_dir: Path, studies: int, batch_size: int = 16, seed: int
     grads = {n: torch.zeros_like(m.weight) for n, m in linears.items()}
     act_sum = {n: torch.zeros(m.in_features, dtype=torch.float64) for n, m in linears.items()}
     tokens = {"n": 0}
-    keep = {}  # the current batch's non-padding mask over the decoder's positions
+    keep: dict[str, torch.Tensor] = {}  # the current batch's non-padding mask over the decoder's positions
 
     def hook(name):
         def record(_module, inputs, _output):
@@ -68,7 +68,9 @@ def sensitivity(weights_dir: Path, studies: int, batch_size: int = 16, seed: int
             model.zero_grad(set_to_none=True)
             lm_loss(model, b).backward()
             for n, m in linears.items():
-                grads[n] += m.weight.grad.abs()
+                grad = m.weight.grad
+                if grad is not None:  # None: the loss does not reach that weight, a zero gradient
+                    grads[n] += grad.abs()
             batches += 1
     finally:
         for h in handles:

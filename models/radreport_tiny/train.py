@@ -99,7 +99,7 @@ class TrainOptions:
             raise ConfigError(f"unknown model option: {e}") from None
 
 
-def init_weights(model: RadReportTiny, seed: int) -> None:
+def init_weights(model: nn.Module, seed: int) -> None:
     """Small normal init (std 0.02) for every matrix and embedding; torch's default N(0, 1) embeddings and
     fan-in uniform linears train noticeably slower at this size. Norms stay at one, biases at zero."""
     g = torch.Generator().manual_seed(seed)
@@ -118,7 +118,7 @@ def build_model(cfg: ModelConfig, seed: int) -> RadReportTiny:
     return model
 
 
-def make_optimizer(model: RadReportTiny, opts: TrainOptions, total_steps: int):
+def make_optimizer(model: nn.Module, opts: TrainOptions, total_steps: int):
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.endswith("logits")]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or n.endswith("logits")]  # + gate logits
     opt = torch.optim.AdamW(
@@ -338,17 +338,15 @@ def run(opts: TrainOptions, out: Path, *, evaluate: bool = True, cache: bool = T
         "val_generation": metrics,
         "data_sha256": {"train": data.train.digest(), "val": data.val.digest()},
         "code_sha256": code_digest(),
-        "seconds": {
-            "data": round(data.data_s, 1),
-            "train": round(train_s, 1),
-            "wall_total": round(time.perf_counter() - wall0, 1),
-            "cpu_total": round(time.process_time() - cpu0, 1),  # this process only (not the data workers)
-        },
+    }
+    log["seconds"] = seconds = {
+        "data": round(data.data_s, 1),
+        "train": round(train_s, 1),
+        "wall_total": round(time.perf_counter() - wall0, 1),
+        "cpu_total": round(time.process_time() - cpu0, 1),  # this process only (not the data workers)
     }
     save_artifacts(out, model, data.cfg, data.tok, data.pcfg, generation_config(data.max_new), log, importance)
-    print(
-        f"wrote {out} in {log['seconds']['wall_total']:.0f}s wall, {log['seconds']['cpu_total']:.0f}s CPU", flush=True
-    )
+    print(f"wrote {out} in {seconds['wall_total']:.0f}s wall, {seconds['cpu_total']:.0f}s CPU", flush=True)
     return log
 
 

@@ -16,6 +16,7 @@ from PIL import Image
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.encaps import encapsulate
 from pydicom.uid import (
+    UID,
     ComputedRadiographyImageStorage,
     CTImageStorage,
     DeflatedExplicitVRLittleEndian,
@@ -53,9 +54,9 @@ def _uid(study: SynthStudy, what: str) -> str:
 def _base(study: SynthStudy, sop_uid: str, syntax: str) -> Dataset:
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = SOP_CLASS[study.modality]
-    meta.MediaStorageSOPInstanceUID = sop_uid
-    meta.TransferSyntaxUID = syntax
-    meta.ImplementationClassUID = IMPLEMENTATION_UID
+    meta.MediaStorageSOPInstanceUID = UID(sop_uid)
+    meta.TransferSyntaxUID = UID(syntax)
+    meta.ImplementationClassUID = UID(IMPLEMENTATION_UID)
     meta.ImplementationVersionName = "EDGEKIT_SYNTH"
     ds = Dataset()
     ds.file_meta = meta
@@ -106,7 +107,7 @@ def _encode(ds: Dataset, frames: np.ndarray, syntax: str) -> None:
     if syntax in NATIVE_SYNTAXES:
         ds.PixelData = np.ascontiguousarray(frames).astype(frames.dtype.newbyteorder("<")).tobytes()
         ds["PixelData"].VR = "OB" if frames.dtype.itemsize == 1 else "OW"
-        ds.file_meta.TransferSyntaxUID = syntax
+        ds.file_meta.TransferSyntaxUID = UID(syntax)
     elif syntax == str(JPEGBaseline8Bit):
         if frames.dtype != np.uint8:
             raise ValueError("JPEG Baseline holds 8-bit data only")
@@ -137,6 +138,9 @@ def _datasets(study: SynthStudy, syntax: str) -> list[tuple[str, Dataset]]:
         n = stored.shape[0]
         rows, cols = stored.shape[1:]
         ps = study.pixel_spacing
+        thickness = study.slice_thickness
+        if thickness is None:
+            raise ValueError(f"{study.id}: a {study.modality} study needs its slice thickness")
         frame_of_reference = _uid(study, "frame-of-reference")
         for k in range(n):
             ds = _base(study, _uid(study, f"instance-{k}"), syntax)
@@ -144,10 +148,10 @@ def _datasets(study: SynthStudy, syntax: str) -> list[tuple[str, Dataset]]:
             ds.FrameOfReferenceUID = frame_of_reference
             ds.PositionReferenceIndicator = ""
             ds.InstanceNumber = k + 1
-            z = -0.5 * (n - 1) * study.slice_thickness + k * study.slice_thickness  # feet to head
+            z = -0.5 * (n - 1) * thickness + k * thickness  # feet to head
             ds.ImagePositionPatient = [f"{-0.5 * cols * ps[1]:g}", f"{-0.5 * rows * ps[0]:g}", f"{z:g}"]
             ds.ImageOrientationPatient = ["1", "0", "0", "0", "1", "0"]
-            ds.SliceThickness = f"{study.slice_thickness:g}"
+            ds.SliceThickness = f"{thickness:g}"
             ds.SliceLocation = f"{z:g}"
             if study.modality == "CT":
                 ds.KVP = "120"
@@ -174,10 +178,10 @@ def _datasets(study: SynthStudy, syntax: str) -> list[tuple[str, Dataset]]:
         ds.ImageType = ["ORIGINAL", "PRIMARY"]
         ds.InstanceNumber = 1
         ds.NumberOfFrames = stored.shape[0]
-        ds.FrameTime = f"{1000.0 / study.fps:g}"
+        ds.FrameTime = f"{1000.0 / study.frame_rate:g}"
         ds.FrameIncrementPointer = 0x00181063  # FrameTime
-        ds.CineRate = int(study.fps)
-        ds.RecommendedDisplayFrameRate = int(study.fps)
+        ds.CineRate = int(study.frame_rate)
+        ds.RecommendedDisplayFrameRate = int(study.frame_rate)
         _image_pixel(ds, study, stored)
         _encode(ds, stored, syntax)
         out.append(("cine.dcm", ds))

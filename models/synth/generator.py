@@ -109,6 +109,13 @@ class SynthStudy:
     def is_cine(self) -> bool:
         return self.modality == "US" and self.num_frames > 1
 
+    @property
+    def frame_rate(self) -> float:
+        """`fps`, which an ultrasound study has (its cine loop's, or its one frame's); an error for any other."""
+        if self.fps is None:
+            raise ValueError(f"{self.id}: a {self.modality} study has no frame rate")
+        return self.fps
+
 
 def synth_uid(split: str, index: int, what: str) -> str:
     """A deterministic UID in the 2.25 (UUID-derived) root: 128 bits of a hash of (split, index, what)."""

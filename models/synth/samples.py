@@ -60,7 +60,7 @@ def regenerate_samples(dest: str | Path = SAMPLES_DIR) -> list[Path]:
         if folder.exists():
             shutil.rmtree(folder)
         files = write_dicom(study, folder)
-        video = write_mp4(study.stored, folder / "cine.mp4", study.fps) if study.is_cine else None
+        video = write_mp4(study.stored, folder / "cine.mp4", study.frame_rate) if study.is_cine else None
         path = folder if study.modality in ("CT", "MR") else files[0]
         rel = lambda p: p.relative_to(dest).as_posix()  # noqa: E731
         rec = study_record(study, rel(path), rel(video) if video else None, len(files) + (1 if video else 0))

@@ -27,7 +27,7 @@ Progress = Callable[[int, int], None]
 
 
 def study_record(study: SynthStudy, path: str, video_path: str | None, files: int) -> dict:
-    rec = {
+    rec: dict[str, object] = {
         "id": study.id,
         "split": study.split,
         "modality": study.modality,
@@ -57,7 +57,7 @@ def write_study(study: SynthStudy, out_dir: Path, *, verify: bool = True) -> dic
     files = write_dicom(study, folder, verify=verify)
     video = None
     if study.is_cine:
-        video = write_mp4(study.stored, folder / "cine.mp4", study.fps)
+        video = write_mp4(study.stored, folder / "cine.mp4", study.frame_rate)
     path = folder if study.modality in ("CT", "MR") else files[0]
     rel = lambda p: p.relative_to(out_dir).as_posix()  # noqa: E731
     return study_record(study, rel(path), rel(video) if video else None, len(files) + (1 if video else 0))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +44,9 @@ from .machine import load_machine
 from .profile_view import write_profile
 from .program import load_program
 from .row_state import RowState, policy_like
+
+if TYPE_CHECKING:
+    from edgekit.bundle import Bundle
 
 PROGRAM_ROLES = {names.VISION: "x1_vision_encoder", names.EMBED: "x1_embed_tokens", names.DECODER_ROLE: "x1_decoder"}
 PROGRAM_FILES = {role: Path(f).with_suffix(".x1").name for role, f in names.GRAPH_FILES.items()}
@@ -81,7 +85,7 @@ def check_settings(s: dict, where=None, *, label: str = "x1 runtime setting", na
     return s
 
 
-def locate_programs(bundle_or_dir) -> tuple[dict[str, Path], Path | None, object | None]:
+def locate_programs(bundle_or_dir) -> tuple[dict[str, Path], Path | None, Bundle | None]:
     """Program files by graph role, the machine description the bundle carries (if any), and the bundle (None
     for a bare folder of `*.x1` files, as `edgekit x1 compile` writes)."""
     from edgekit.bundle import load_bundle

@@ -82,7 +82,7 @@ def gelu(binder, attr, ins, outs, layer):
 
 def rope(binder, attr, ins, outs, layer):
     entry = binder.sized("rope", layer, binder.v.rope_ops)
-    x_id, cos_id, sin_id, y_id = *ins[:3], outs[0]
+    (x_id, cos_id, sin_id), y_id = ins[:3], outs[0]
     is_q = attr.get("role") == "q"
 
     signed = binder.signed_sin

@@ -16,6 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from edgekit.bundle import Bundle, cache_dir, load_bundle
 from edgekit.errors import BundleError, ConfigError, EdgekitError
 from edgekit.export.model_config import ModelConfig
 from edgekit.generate import GenerationOptions, generate
+
+if TYPE_CHECKING:
+    from edgekit.reporter import Reporter
 
 BUNDLE_PATH_ENV = "EDGEKIT_BUNDLE_PATH"
 
@@ -120,7 +124,7 @@ class X1Engine:
         settings = self.config.settings() if config is not None else None
         self.backend = X1Backend(self.bundle, self.machine, settings=settings, keep_runs=True)
         self.policy = self.backend.policy
-        self._reporter = None
+        self._reporter: Reporter | None = None
         self.last_stats: dict = {}
 
     def head_importance(self) -> np.ndarray:

@@ -19,7 +19,9 @@ itself (`lower_matmul.try_gemm`: DequantizeLinear -> MatMul as `XL_GEMM.W4A8`/`W
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TypeGuard
 
 import numpy as np
 import onnx
@@ -58,11 +60,11 @@ class GraphView:
                 self._folded[n.outputs[0]] = n
 
     # -- constants -----------------------------------------------------------------------------------------------
-    def is_init(self, v: ir.Value | None) -> bool:
+    def is_init(self, v: ir.Value | None) -> TypeGuard[ir.Value]:
         """A weight known at compile time: an initializer with its value, or a folded constant."""
         return v is not None and ((v.is_initializer() and v.const_value is not None) or v in self._folded)
 
-    def is_const(self, v: ir.Value | None) -> bool:
+    def is_const(self, v: ir.Value | None) -> TypeGuard[ir.Value]:
         """An initializer, a Constant node's output or a folded constant."""
         return v is not None and (v in self._consts or self.is_init(v))
 
@@ -71,6 +73,7 @@ class GraphView:
         return len(n.outputs) == 1 and self._folded.get(n.outputs[0]) is n
 
     def array(self, v: ir.Value | None) -> np.ndarray | None:
+        """The value of a constant (`is_const`), None for any other value."""
         if not self.is_const(v):
             return None
         if v not in self._arrays:
@@ -80,20 +83,28 @@ class GraphView:
                 value = next(iter(self._consts[v].attributes.values())).value
                 self._arrays[v] = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
             else:
+                assert v.const_value is not None  # is_init: an initializer with its value
                 arr = v.const_value.numpy()  # onnx-ir marks it little-endian ('<f4'): the same bytes here, but
                 # the C kernels take native-order buffers only, so hold it as the native dtype
                 native = arr.dtype.newbyteorder("=")
                 self._arrays[v] = arr.view(native) if arr.dtype.isnative else arr.astype(native)
         return self._arrays[v]
 
+    def const(self, v: ir.Value | None) -> np.ndarray:
+        """The value of `v`, which the caller knows to be a constant (`is_const`)."""
+        arr = self.array(v)
+        if arr is None:
+            raise ValueError(f"{name(v)!r} is not a constant")
+        return arr
+
     def _fold(self, n: ir.Node) -> np.ndarray:
         if n.op_type == "Reshape":
-            x = self.array(n.inputs[0])
+            x = self.const(n.inputs[0])
             shape = [int(d) for d in np.asarray(self.array(n.inputs[1])).reshape(-1)]
             if not attrs(n).get("allowzero", 0):  # 0 copies the input's dim (ONNX Reshape)
                 shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
             return np.ascontiguousarray(x.reshape(shape))
-        x, scale = (self.array(i) for i in n.inputs[:2])
+        x, scale = (self.const(i) for i in n.inputs[:2])
         zero = self.array(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] is not None else None
         a = attrs(n)
         return dequantize_linear(x, scale, zero, axis=a.get("axis", 1), block=a.get("block_size", 0))
@@ -134,9 +145,15 @@ class GraphView:
         return self.is_const(self.values.get(name))
 
 
-def names(values) -> list[str]:
+def name(v: ir.Value | ir.Node | None) -> str:
+    """The ONNX name of a value or node ("" for an omitted optional input, as ONNX writes it). A graph read from a
+    file names all of them (onnx-ir's None is for values built in memory with no name)."""
+    return "" if v is None or v.name is None else v.name
+
+
+def names(values: Iterable[ir.Value | None]) -> list[str]:
     """ONNX value names of a node's inputs or outputs ("" for an omitted optional input, as ONNX writes it)."""
-    return ["" if v is None else v.name for v in values]
+    return [name(v) for v in values]
 
 
 def attrs(node: ir.Node) -> dict:

@@ -15,7 +15,9 @@ import numpy as np
 try:  # the optional C kernels (setup.py); without a compiler at install time, numpy runs them, bit for bit
     from . import _native
 except ImportError:  # pragma: no cover - depends on how the package was built
-    _native = None
+    _BUILT = False  # `_native` stays unbound: every use of it is behind `native.enabled` or `native.available`
+else:
+    _BUILT = True
 
 FP16_MAX = 65504.0
 _FP16_MIN_NORMAL = np.float32(2.0**-14)
@@ -99,8 +101,9 @@ class _NativeSwitch:
     `bench/x1_emulator_speed.py` compare the two). Results are the same either way; only speed differs."""
 
     def __init__(self):
-        self.lib = _native  # the compiled module itself (None when it was not built): its kernels and switches
-        self.available = _native is not None
+        self.available = _BUILT
+        if _BUILT:
+            self.lib = _native  # the compiled module itself: its kernels and switches (unset when it was not built)
         self.enabled = self.available and os.environ.get("EDGEKIT_X1_NATIVE", "1") != "0"
 
     def set(self, on: bool) -> bool:

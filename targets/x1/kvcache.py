@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import dequantize_groups, native, quantize_groups_int4_in_place
+from .kernels import dequantize_groups, native, quantize_groups_int4_f32, quantize_groups_int4_in_place
 from .machine import Machine
 
 
@@ -70,7 +70,15 @@ class KVCache:
         return r, t - r
 
     def batch(self, layer: int) -> int:
-        return 0 if self.rows[layer] is None else self.rows[layer].codes.shape[1]
+        rows = self.rows[layer]
+        return 0 if rows is None else rows.codes.shape[1]
+
+    def _filled(self, layer: int) -> tuple[_KVRows, int]:
+        """The layer's rows and how many of them hold data; an error before anything was appended to it."""
+        rows = self.rows[layer]
+        if rows is None:
+            raise ValueError(f"KV cache layer {layer}: nothing appended yet")
+        return rows, self.lengths[layer]
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Quantise K and V (one call over both, in place in the store's new rows) after the layer's current
@@ -94,6 +102,8 @@ class KVCache:
             rows.fill = self.lengths[layer] = end
             return
         s = quantize_groups_int4_in_place(new, self.group)  # (2, b, kv, n, G); `new` now holds the codes
+        if s is None:  # `new` is fresh contiguous float32, so never; the copying form gives the same codes
+            new, s = quantize_groups_int4_f32(new, self.group)
         rows.codes[:, :, :, t:end] = new
         rows.scales[:, :, :, t:end] = s
         vq = new[1]  # dequantised as `dequantize_groups` does: codes x scale per group
@@ -102,7 +112,7 @@ class KVCache:
 
     def keys(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """K codes (b, kv, T, hd) and scales (b, kv, T, G), float32 views of all positions in order."""
-        rows, t = self.rows[layer], self.lengths[layer]
+        rows, t = self._filled(layer)
         return rows.codes[0, :, :, :t], rows.scales[0, :, :, :t]
 
     def key_store(self, layer: int) -> tuple[np.ndarray, np.ndarray, int] | None:
@@ -115,11 +125,12 @@ class KVCache:
 
     def values(self, layer: int) -> np.ndarray:
         """Dequantised V (b, kv, T, hd): what XL_VMATMUL_PV reads."""
-        return self.rows[layer].v[:, :, : self.lengths[layer]]
+        rows, t = self._filled(layer)
+        return rows.v[:, :, :t]
 
     def full(self, layer: int) -> list[np.ndarray]:
         """[K codes int8, K scales float16, V codes int8, V scales float16], (b, kv, T, hd | G), in position order."""
-        rows, t = self.rows[layer], self.lengths[layer]
+        rows, t = self._filled(layer)
         c, s = rows.codes[:, :, :, :t], rows.scales[:, :, :, :t]
         return [c[0].astype(np.int8), s[0].astype(np.float16), c[1].astype(np.int8), s[1].astype(np.float16)]
 

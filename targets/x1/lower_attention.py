@@ -15,15 +15,18 @@ import onnx_ir as ir
 
 from edgekit.names import PAST_PREFIX, past_value
 
+from .graph_view import name
+
 if TYPE_CHECKING:
     from .lowering_context import LoweringContext
 
 
 def _past_key_layer(v: ir.Value | None) -> int | None:
     """The layer of a `past_key_values.{i}.key` input, None for any other value."""
-    if v is None or not v.name.startswith(PAST_PREFIX) or not v.name.endswith(".key"):
+    vname = name(v)
+    if not vname.startswith(PAST_PREFIX) or not vname.endswith(".key"):
         return None
-    return int(v.name[len(PAST_PREFIX) :].split(".")[0])
+    return int(vname[len(PAST_PREFIX) :].split(".")[0])
 
 
 def try_attention(low: LoweringContext, n: ir.Node) -> bool:
@@ -60,9 +63,9 @@ def try_attention(low: LoweringContext, n: ir.Node) -> bool:
     if rq is None or pv_mm.inputs[1] is not uv[0].outputs[0]:
         return False
     scale = float(np.asarray(g.array(div.inputs[1])).reshape(-1)[0])
-    mask = [i for i in add.inputs if i is not div.outputs[0]][0].name
-    q = rq.inputs[0].name
-    k_new, v_new = n.inputs[1].name, cv.inputs[1].name
+    mask = name([i for i in add.inputs if i is not div.outputs[0]][0])
+    q = name(rq.inputs[0])
+    k_new, v_new = name(n.inputs[1]), name(cv.inputs[1])
     scores, probs = f"{pv_mm.name}:scores", f"{pv_mm.name}:probs"
     common = {"layer": layer}
     instrs = [
@@ -71,9 +74,9 @@ def try_attention(low: LoweringContext, n: ir.Node) -> bool:
         ("KVLD", {**common, "in": [], "out": []}),
         ("XL_VMATMUL_CAUSAL", {**common, "scale": scale, "in": [q, mask], "out": [scores]}),
         ("VSOFTMAX", {**common, "attn": True, "in": [scores], "out": [probs]}),
-        ("XL_VMATMUL_PV", {**common, "in": [probs], "out": [pv_mm.outputs[0].name]}),
+        ("XL_VMATMUL_PV", {**common, "in": [probs], "out": [name(pv_mm.outputs[0])]}),
     ]
-    low.kv_outputs[layer] = (pk.name, pv.name)
+    low.kv_outputs[layer] = (name(pk), name(pv))
     low.emit(pv_mm, [n, cv, tr[0], uv[0], uk[0], s_mm[0], rq, *chain], instrs, "attention")
     return True
 
@@ -98,14 +101,14 @@ def try_rope(low: LoweringContext, n: ir.Node) -> bool:
         return False
     other = [i for i in add[0].inputs if i is not mul_sin[0].outputs[0]][0]
     mul_cos = g.op(other, "Mul")
-    if mul_cos is None or x not in mul_cos.inputs or not g.only_use(other, add[0]):
+    if other is None or mul_cos is None or x not in mul_cos.inputs or not g.only_use(other, add[0]):
         return False
     cos = [i for i in mul_cos.inputs if i is not x][0]
     sin = [i for i in mul_sin[0].inputs if i is not cat[0].outputs[0]][0]
-    role = "k" if "rotary_k" in n.name else "q"
-    attr = {"role": role, "in": [x.name, cos.name, sin.name], "out": [add[0].outputs[0].name]}
+    role = "k" if "rotary_k" in name(n) else "q"
+    attr: dict = {"role": role, "in": [name(x), name(cos), name(sin)], "out": [name(add[0].outputs[0])]}
     for table in (cos, sin):  # constant tables (a vision tower's fixed grid) travel in the program, as generic ops'
         if g.is_const(table):
-            attr.setdefault("const", {})[table.name] = low.add_const(table)
+            attr.setdefault("const", {})[name(table)] = low.add_const(table)
     low.emit(add[0], [n, neg[0], cat[0], mul_sin[0], mul_cos, add[0]], [("XL_ROPE_ROTATE", attr)], "rope")
     return True

@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from edgekit import names
 
-from .graph_view import attrs
+from .graph_view import attrs, name
 
 if TYPE_CHECKING:
     from .lowering_context import LoweringContext
@@ -28,7 +28,9 @@ def try_gemm(low: LoweringContext, n: ir.Node) -> bool:
     g = low.g
     if n.op_type != "MatMul" or g.is_const(n.inputs[0]):
         return False
-    w = n.inputs[1]
+    x, w = n.inputs[0], n.inputs[1]
+    if x is None or w is None:  # both are required inputs of a MatMul
+        return False
     consumed = [n]
     dq = g.op(w, "DequantizeLinear")
     tr = g.op(w, "Transpose")
@@ -39,21 +41,23 @@ def try_gemm(low: LoweringContext, n: ir.Node) -> bool:
         and len(dq.inputs) == 2
         and attrs(dq).get("axis", 1) == 0
     ):
-        q = np.asarray(g.array(dq.inputs[0])).astype(np.int16)
+        q_in = dq.inputs[0]
+        q = np.asarray(g.array(q_in)).astype(np.int16)
         s = np.asarray(g.array(dq.inputs[1]), np.float32)
-        bits = 4 if dq.inputs[0].const_value.dtype in _INT4_TYPES else 8
-        wname = w.name[: -len(".weight_dq")] if w.name.endswith(".weight_dq") else n.name
+        q_tensor = None if q_in is None else q_in.const_value  # None for a folded constant: not integer codes
+        bits = 4 if q_tensor is not None and q_tensor.dtype in _INT4_TYPES else 8
+        wname = name(w)[: -len(".weight_dq")] if name(w).endswith(".weight_dq") else name(n)
         attr = low.add_matrix_int(wname, q, s, bits)
         mnem = "XL_GEMM.W4A8" if bits == 4 else "XL_GEMM.W8A8"
         consumed.append(dq)
     elif tr is not None and g.only_use(w, n) and g.is_init(tr.inputs[0]) and attrs(tr).get("perm") == [1, 0]:
-        src = tr.inputs[0].name
-        wname = src[: -len(".weight")] if src.endswith(".weight") else n.name
+        src = name(tr.inputs[0])
+        wname = src[: -len(".weight")] if src.endswith(".weight") else name(n)
         attr = low.add_matrix_f16(wname, np.asarray(g.array(tr.inputs[0]), np.float32).T)
         mnem = "XL_GEMM.F16"
         consumed.append(tr)
     elif g.is_init(w):
-        attr = low.add_matrix_f16(w.name, np.asarray(g.array(w), np.float32))
+        attr = low.add_matrix_f16(name(w), np.asarray(g.array(w), np.float32))
         mnem = "XL_GEMM.F16"
     else:
         return False
@@ -61,14 +65,15 @@ def try_gemm(low: LoweringContext, n: ir.Node) -> bool:
     adds = g.users(out)
     if len(adds) == 1 and adds[0].op_type == "Add" and not out.is_graph_output():
         other = [i for i in adds[0].inputs if i is not out]
-        if len(other) == 1 and g.is_init(other[0]) and np.asarray(g.array(other[0])).ndim == 1:
-            attr["bias"] = low.add_const(other[0])
+        bias = other[0] if len(other) == 1 else None
+        if g.is_init(bias) and np.asarray(g.array(bias)).ndim == 1:
+            attr["bias"] = low.add_const(bias)
             anchor, out = adds[0], adds[0].outputs[0]
             consumed.append(adds[0])
-    role = next((r for r in ("q_proj", "o_proj") if f"/{r}/" in n.name), None)
-    if role and low.graph_name in DECODER_NAMES and DECODER_ATTENTION.search(n.name):
+    role = next((r for r in ("q_proj", "o_proj") if f"/{r}/" in name(n)), None)
+    if role and low.graph_name in DECODER_NAMES and DECODER_ATTENTION.search(name(n)):
         attr["head_role"] = role
-    low.emit(anchor, consumed, [(mnem, {**attr, "in": [n.inputs[0].name], "out": [out.name]})], "gemm")
+    low.emit(anchor, consumed, [(mnem, {**attr, "in": [name(x)], "out": [name(out)]})], "gemm")
     return True
 
 
@@ -93,9 +98,10 @@ def try_conv(low: LoweringContext, n: ir.Node) -> bool:
         or any(d != 1 for d in a.get("dilations", [1, 1]))
     ):
         return False
-    attr = low.add_matrix_f16(n.inputs[1].name, w.reshape(w.shape[0], -1).T)
+    attr = low.add_matrix_f16(name(n.inputs[1]), w.reshape(w.shape[0], -1).T)
     attr["im2col"] = [int(kh), int(kw)]
-    if len(n.inputs) > 2 and n.inputs[2] is not None:
-        attr["bias"] = low.add_const(n.inputs[2])
-    low.emit(n, [n], [("XL_GEMM.F16", {**attr, "in": [n.inputs[0].name], "out": [n.outputs[0].name]})], "conv")
+    bias = n.inputs[2] if len(n.inputs) > 2 else None
+    if bias is not None:
+        attr["bias"] = low.add_const(bias)
+    low.emit(n, [n], [("XL_GEMM.F16", {**attr, "in": [name(n.inputs[0])], "out": [name(n.outputs[0])]})], "conv")
     return True

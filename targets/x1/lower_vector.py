@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
+from .graph_view import GraphView, name
+
 if TYPE_CHECKING:
     from .lowering_context import LoweringContext
 
 
-def _single_user(g, v: ir.Value, op_type: str) -> ir.Node | None:
+def _single_user(g: GraphView, v: ir.Value, op_type: str) -> ir.Node | None:
     """The one node reading `v` if it is an `op_type`, else None."""
     nxt = g.users(v)
     return nxt[0] if len(nxt) == 1 and nxt[0].op_type == op_type else None
@@ -29,9 +31,10 @@ def try_rmsnorm(low: LoweringContext, n: ir.Node) -> bool:
     x = sq.inputs[0]
     chain, cur = [sq, n], n
     for op in ("Add", "Sqrt", "Reciprocal"):
-        cur = _single_user(g, cur.outputs[0], op)
-        if cur is None:
+        nxt = _single_user(g, cur.outputs[0], op)
+        if nxt is None:
             return False
+        cur = nxt
         chain.append(cur)
     eps_in = [i for i in chain[2].inputs if i is not n.outputs[0]]
     if len(eps_in) != 1 or not g.is_const(eps_in[0]):
@@ -49,7 +52,7 @@ def try_rmsnorm(low: LoweringContext, n: ir.Node) -> bool:
     low.emit(
         mul2,
         [*chain, mul1, mul2],
-        [("VRMSNORM", {"gamma": low.add_const(gamma[0]), "eps": eps, "in": [x.name], "out": [mul2.outputs[0].name]})],
+        [("VRMSNORM", {"gamma": low.add_const(gamma[0]), "eps": eps, "in": [name(x)], "out": [name(mul2.outputs[0])]})],
         "rmsnorm",
     )
     return True
@@ -72,7 +75,7 @@ def try_silu_mul(low: LoweringContext, n: ir.Node) -> bool:
     if len(up) != 1:
         return False
     low.emit(
-        mul, [n, silu, mul], [("VSILU_MUL", {"in": [x.name, up[0].name], "out": [mul.outputs[0].name]})], "silu_mul"
+        mul, [n, silu, mul], [("VSILU_MUL", {"in": [name(x), name(up[0])], "out": [name(mul.outputs[0])]})], "silu_mul"
     )
     return True
 
@@ -82,13 +85,14 @@ def try_gelu(low: LoweringContext, n: ir.Node) -> bool:
     g = low.g
     if n.op_type != "Erf":
         return False
-    pre = g.op(n.inputs[0], "Mul")
-    if pre is None or not g.only_use(n.inputs[0], n):
+    erf_in = n.inputs[0]
+    pre = g.op(erf_in, "Mul")
+    if erf_in is None or pre is None or not g.only_use(erf_in, n):
         return False
-    x = [i for i in pre.inputs if not g.is_const(i)]
-    if len(x) != 1:
+    operands = [i for i in pre.inputs if not g.is_const(i)]
+    if len(operands) != 1:
         return False
-    x = x[0]
+    x = operands[0]
     add = _single_user(g, n.outputs[0], "Add")
     if add is None:
         return False
@@ -101,7 +105,7 @@ def try_gelu(low: LoweringContext, n: ir.Node) -> bool:
     low.emit(
         fin,
         [pre, n, add, half, fin],
-        [("VGELU", {"approx": "none", "in": [x.name], "out": [fin.outputs[0].name]})],
+        [("VGELU", {"approx": "none", "in": [name(x)], "out": [name(fin.outputs[0])]})],
         "gelu",
     )
     return True

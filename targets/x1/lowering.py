@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 
 from edgekit.errors import EdgekitError
 
-from .graph_view import GraphView, attrs, names
+from .graph_view import GraphView, attrs, name, names
 from .lower_attention import try_attention, try_rope
 from .lower_matmul import try_conv, try_gemm
 from .lower_vector import try_gelu, try_rmsnorm, try_silu_mul
@@ -133,25 +133,25 @@ class Lowering:
     def emit(self, anchor: ir.Node, consumed: list[ir.Node], instrs: list[tuple[str, dict]], kind: str) -> None:
         """A pattern matched: `consumed` are lowered, and `instrs` take the anchor's place in graph order."""
         self.done.update(consumed)
-        self.anchor[anchor] = (anchor.name, instrs)
+        self.anchor[anchor] = (name(anchor), instrs)
         self.fused[kind] += 1
 
     # -- generic / host --------------------------------------------------------------------------------------
     def generic(self, n: ir.Node) -> Group:
         g = self.g
         if n.op_type in GENERIC:
-            attr = {"op": n.op_type, "attrs": attrs(n), "in": names(n.inputs), "out": names(n.outputs)}
+            attr: dict = {"op": n.op_type, "attrs": attrs(n), "in": names(n.inputs), "out": names(n.outputs)}
             for i in n.inputs:
                 if g.is_const(i):
-                    attr.setdefault("const", {})[i.name] = self.add_const(i)
-            return n.name, [(GENERIC[n.op_type], attr)]
+                    attr.setdefault("const", {})[name(i)] = self.add_const(i)
+            return name(n), [(GENERIC[n.op_type], attr)]
         if self.strict:
             raise CompileError(
                 f"node '{n.name}' (op type {n.op_type}) cannot be lowered to X1 instructions "
                 f"(--strict refuses host partitions)",
                 self.graph_name,
             )
-        return n.name, [("HOSTCALL", self.host_partition(n))]
+        return name(n), [("HOSTCALL", self.host_partition(n))]
 
     def host_partition(self, n: ir.Node) -> dict:
         """A one-node ONNX model for ONNX Runtime; its constant inputs travel inside it."""
@@ -161,10 +161,10 @@ class Lowering:
             if i is None:
                 continue
             if g.is_const(i):
-                inits.append(numpy_helper.from_array(np.asarray(g.array(i)), i.name))
+                inits.append(numpy_helper.from_array(np.asarray(g.array(i)), name(i)))
             else:
-                inputs.append(helper.make_tensor_value_info(i.name, g.dtype(i.name), None))
-        outputs = [helper.make_tensor_value_info(o.name, g.dtype(o.name), None) for o in n.outputs]
+                inputs.append(helper.make_tensor_value_info(name(i), g.dtype(name(i)), None))
+        outputs = [helper.make_tensor_value_info(name(o), g.dtype(name(o)), None) for o in n.outputs]
         graph = helper.make_graph([ir.serde.serialize_node(n)], f"host_{len(self.host)}", inputs, outputs, inits)
         opsets = [helper.make_opsetid(domain, version) for domain, version in g.model.opset_imports.items()]
         model = helper.make_model(graph, opset_imports=opsets)

@@ -50,7 +50,6 @@ class Prepared:
         self.n_tensors = len(plan)
         self.preload: dict[int, np.ndarray] = {}
         self.steps: list[Step] = []
-        self.host_sessions = {}
         binder = Binder(env, program)
         for idx, ins in enumerate(program.instructions):
             if ins.mnemonic == "END":
@@ -129,7 +128,7 @@ class Prepared:
 
     def memo_key(self, store: list) -> tuple:
         ids = self.ids
-        key = [(n, store[ids[n]].shape) for n in self.key_shapes]
+        key: list[tuple] = [(n, store[ids[n]].shape) for n in self.key_shapes]
         for n in self.key_values:
             a = store[ids[n]]
             key.append((n, a.shape, a.dtype.str, a.tobytes()))

@@ -36,7 +36,8 @@ def queue_name(q) -> str:
 
 def label_runs(history: Iterable) -> list[tuple[str, object]]:
     """[(label, RunResult)] from RunResults or (phase, RunResult) pairs; decode runs numbered per token."""
-    out, counts = [], defaultdict(int)
+    out: list[tuple[str, object]] = []
+    counts: defaultdict[str, int] = defaultdict(int)
     for item in history:
         phase, run = item if isinstance(item, tuple) else (_get(item, "graph", "run") or "run", item)
         counts[phase] += 1
@@ -220,7 +221,7 @@ def token_report(history: Iterable, clock_hz: float) -> list[dict]:
         totals = _get(run, "totals", {}) or {}
         recs = _get(run, "records", [])
         cycles = _run_cycles(run)
-        bounds = defaultdict(float)
+        bounds: defaultdict[str, float] = defaultdict(float)
         for rec in recs:
             bounds[str(_get(rec, "bound"))] += float(_get(rec, "cycles", 0))
         energy_j = _get(totals, "energy_j")
@@ -231,7 +232,7 @@ def token_report(history: Iterable, clock_hz: float) -> list[dict]:
                 "cycles": cycles,
                 "ms": cycles / clock_hz * 1e3,
                 "mj": float(energy_j) * 1e3 if energy_j is not None else sum(map(_energy_pj, recs)) * 1e-9,
-                "bound": max(bounds, key=bounds.get) if bounds else "",
+                "bound": max(bounds, key=bounds.__getitem__) if bounds else "",
             }
         )
     return rows

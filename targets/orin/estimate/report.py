@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import ConfigError
+from edgekit.model_description import VisionDescription
 
 from .bundle import read_bundle
 from .data import DEFAULT_DEVICE, DEFAULT_MODE, Device, PowerMode, get_device, load_data
@@ -228,7 +229,7 @@ def estimate_report(
         raise ConfigError(f"field 'vision_on' = {vision_on!r} (expected gpu or dla)")
 
     c = _Costing.of(shape, precision, mode_rates(dev, pm, data.architecture), a)
-    phases = [] if shape.vision is None else [_vision_phase(c, dev, pm, vision_on)]
+    phases = [] if shape.vision is None else [_vision_phase(c, shape.vision, dev, pm, vision_on)]
     prompt = (0 if shape.vision is None else shape.vision.image_tokens) + report.prompt_tokens
     phases += [_prefill_phase(c, prompt), _decode_phase(c, prompt, report.new_tokens)]
     for ph in phases:
@@ -284,10 +285,9 @@ def _workload(
     return shape, precision, report, notes, facts
 
 
-def _vision_phase(c: _Costing, device: Device, mode: PowerMode, on: str) -> Phase:
+def _vision_phase(c: _Costing, v: VisionDescription, device: Device, mode: PowerMode, on: str) -> Phase:
     """Every frame and tile through the tower, then the connector: compute-bound, on the GPU at the vision weights'
     precision, or on the DLA, which needs INT8 vision weights (its FP16 rate is not in the published tables)."""
-    v = c.shape.vision
     vdtype = c.precision.vision or c.precision.weights
     ph = Phase("vision", flops=v.flops(c.shape.hidden), bytes=c.vision_bytes, on=on)
     ph.memory_s = c.vision_bytes / c.bw
