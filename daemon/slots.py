@@ -19,6 +19,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from edgekit.bundle.io import replace_file
+
+from .uploads import fsync_dir
+
 STATE_NAME = "state.json"
 INCOMING_PREFIX = ".incoming-"
 HISTORY = 20  # steps kept in the state file (the log and /metrics keep them all)
@@ -100,7 +104,7 @@ class SlotDir:
     def write(self, state: SlotState) -> None:
         """Replace the state file atomically: a temporary file fsynced, renamed, the directory fsynced."""
         self.root.mkdir(parents=True, exist_ok=True)
-        _write_synced(self.root / STATE_NAME, json.dumps(state.to_dict(), indent=2) + "\n")
+        replace_file(self.root / STATE_NAME, json.dumps(state.to_dict(), indent=2) + "\n")
 
     def incoming(self) -> Path:
         """A fresh temporary name for a bundle being received (never taken for a slot: its name starts with '.')."""
@@ -115,7 +119,7 @@ class SlotDir:
             os.fsync(f.fileno())
         final = self.slots / f"{digest[:32]}.ekb"
         os.replace(incoming, final)
-        _fsync_dir(self.slots)
+        fsync_dir(self.slots)
         return final
 
     def clean(self, state: SlotState) -> list[str]:
@@ -129,25 +133,3 @@ class SlotDir:
                 p.unlink(missing_ok=True)
                 gone.append(p.name)
         return gone
-
-
-def _write_synced(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -184,6 +184,26 @@ def _write_text_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, fsynced, renamed over it, the directory fsynced
+    (what a crash or power cut may interrupt: a signature, a rollout's state)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def replace_dir(new: Path, out: Path) -> None:
     """Move `new` to `out`; an existing `out` is moved aside first and deleted only after the swap."""
     if out.exists() and not out.is_dir():

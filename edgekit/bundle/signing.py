@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgekit.bundle.io import load_bundle, zip_dir
+from edgekit.bundle.io import load_bundle, replace_file, zip_dir
 from edgekit.bundle.manifest import MANIFEST_NAME, Manifest
 from edgekit.bundle.minisign import PublicKey, SecretKey, Signature, SignatureError, sign, verify
 from edgekit.errors import BundleError
@@ -109,23 +109,10 @@ def sign_bundle(path: str | os.PathLike, key: SecretKey) -> SignedBy:
     comment = trusted_comment(bundle.manifest, hashlib.sha256(manifest_bytes).hexdigest())
     text = sign(manifest_bytes, key, comment).to_text()
     if path.is_dir():
-        _write_atomic(path / SIGNATURE_NAME, text)
+        replace_file(path / SIGNATURE_NAME, text)
     else:
         _rewrite_archive(bundle.root, path, text)
     return SignedBy(key.public().id_hex, parse_comment(comment))
-
-
-def _write_atomic(target: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _rewrite_archive(root: Path, archive: Path, signature: str) -> None:
