@@ -86,8 +86,10 @@ def test_cpu_and_x1_bundles_get_a_front_each_along_the_default_grid(profiled, ca
 
 
 def test_the_table_shows_each_front_apart_with_its_device_and_sources(profiled, capsys, monkeypatch):
+    from edgekit.cli import output
+
     _, args = profiled
-    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setattr(output.console, "width", 250)  # the console's width is fixed when it is made
     capsys.readouterr()
     assert main(args) == 0  # resumed: every point is in pareto.json already
     text = capsys.readouterr().out
