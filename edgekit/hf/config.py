@@ -156,6 +156,18 @@ def rope_inv_freq(params: dict[str, Any], head_dim: int, where: Path) -> tuple[f
     return tuple(float(x) for x in out)
 
 
+def check_full_window(cfg: dict[str, Any], where: Path, section: str = "") -> None:
+    """Mistral is LLaMA's math; a sliding window shorter than the context would attend differently, so it is
+    refused (`section`: where the keys sit, e.g. "text_config.")."""
+    window, ctx = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
+    if window is not None and (ctx is None or window < ctx):
+        raise ConfigError(
+            f"{section}sliding_window {window} is shorter than max_position_embeddings {ctx}; edgekit's decoder "
+            "attends over the whole cache",
+            where,
+        )
+
+
 def decoder_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[str]) -> DecoderSpec:
     """LLaMA / Mistral / Qwen2 config -> DecoderSpec. `names` (the checkpoint's tensors) decide tied vs untied
     lm_head."""
@@ -171,14 +183,8 @@ def decoder_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[s
         raise ConfigError(f"hidden_act {act!r} is not supported (edgekit's decoder is SwiGLU with silu)", where)
     if mt == "llama" and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
         raise ConfigError("attention_bias/mlp_bias = true is not supported for llama (o_proj/MLP biases)", where)
-    if mt == "mistral":  # LLaMA's math; a sliding window shorter than the context would attend differently
-        window, ctx = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
-        if window is not None and (ctx is None or window < ctx):
-            raise ConfigError(
-                f"sliding_window {window} is shorter than max_position_embeddings {ctx}; edgekit's decoder attends "
-                "over the whole cache",
-                where,
-            )
+    if mt == "mistral":
+        check_full_window(cfg, where)
     if mt == "qwen2" and cfg.get("use_sliding_window"):
         raise ConfigError("use_sliding_window = true is not supported (edgekit attends over the full cache)", where)
     params = rope_parameters(cfg)

@@ -17,7 +17,7 @@ from edgekit.errors import ConfigError
 from edgekit.export.specs import DecoderSpec
 from edgekit.positions import PositionScheme
 
-from .config import language_model_config, read_config_file
+from .config import check_full_window, language_model_config, read_config_file
 from .family import family_named
 from .spec_base import VlmSpecBase
 from .vision_tower import VisionTowerSpec
@@ -114,14 +114,8 @@ def text_config(cfg: dict[str, Any], where: Path) -> dict[str, Any]:
         raise ConfigError(
             f"text_config.model_type {mt!r} is not supported (edgekit builds {', '.join(TEXT_TYPES)})", where
         )
-    if mt == "mistral":  # LLaMA's math; a sliding window shorter than the context would attend differently
-        window, ctx = text.get("sliding_window"), text.get("max_position_embeddings")
-        if window is not None and (ctx is None or window < ctx):
-            raise ConfigError(
-                f"text_config.sliding_window {window} is shorter than max_position_embeddings {ctx}; "
-                "edgekit's decoder attends over the whole cache",
-                where,
-            )
+    if mt == "mistral":
+        check_full_window(text, where, "text_config.")
         text["model_type"] = "llama"
     return {**text, "_source_model_type": mt}
 
