@@ -33,7 +33,7 @@ from edgekit import __version__ as edgekit_version
 from edgekit.errors import EdgekitError
 from edgekit.ingest.phi import phi_guard
 
-from . import telemetry
+from . import telemetry, trace_spans
 from .dicom_config import Destination, DicomSettings, read_destination_token
 from .jobs import DEAD, FAILED, Delivery, DeliveryStore, JobStore
 from .metrics import Metrics
@@ -219,7 +219,7 @@ class DeliveryWorker:
         try:
             if dest is None:
                 raise DeliveryError(f"destination {d.destination!r} is no longer configured")
-            with telemetry.delivery_span(dest, d.job_id, d.attempts + 1, self._trace(d.job_id)):
+            with trace_spans.delivery_span(dest, d.job_id, d.attempts + 1, self._trace(d.job_id)):
                 self._send(dest, d.job_id)
         except Exception as exc:  # every failure counts toward max_attempts, whatever raised it
             return self._failed(d, exc, settings)

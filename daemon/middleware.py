@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgekit.errors import EdgekitError
 
-from . import telemetry
+from . import trace_spans
 from .metrics import Metrics
 from .responses import error_response
 from .uploads import UploadTooLargeError
@@ -153,7 +153,7 @@ class AccessLog:
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         status = 500
-        span = telemetry.server_span(scope)
+        span = trace_spans.server_span(scope)
 
         async def send_status(message: Message) -> None:
             nonlocal status

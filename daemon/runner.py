@@ -17,7 +17,7 @@ from typing import Any
 
 from edgekit.errors import EdgekitError, TextModelError
 
-from . import telemetry
+from . import telemetry, trace_spans
 from .intake import Ingestor
 from .jobs import JobStore
 from .metrics import Metrics
@@ -58,7 +58,7 @@ class ReportRunner:
             if err.http_status >= 500:  # the model's fault, not the request's: the canary counts it
                 self._observe(work, False)
             log.info("report %s failed: %s", work.job_id or "sync", err.code)
-            telemetry.record_failure(work, err, started=started)
+            trace_spans.record_failure(work, err, started=started)
             if work.job_id:
                 self.store.finish(work.job_id, error={**err.to_json(), "status": err.http_status})
             work.future.set_exception(err)
@@ -66,7 +66,7 @@ class ReportRunner:
             self.metrics.reports.labels(self._label(work), "internal_error").inc()
             self._observe(work, False)
             log.exception("report %s crashed", work.job_id or "sync")
-            telemetry.record_failure(work, exc, started=started)
+            trace_spans.record_failure(work, exc, started=started)
             if work.job_id:
                 self.store.finish(
                     work.job_id, error={"code": "internal_error", "message": type(exc).__name__, "status": 500}
@@ -140,11 +140,11 @@ class ReportRunner:
         return out
 
     def _trace(self, work: Work, report, reporter, fitted, opts, started, called, ingested) -> None:
-        """The report's spans (telemetry.record_report), with its prompt's tokens and the image's; a failure here
+        """The report's spans (trace_spans.record_report), with its prompt's tokens and the image's; a failure here
         costs the trace, never the report."""
         try:
             layout = fitted.layout if fitted is not None else reporter.prompt(report.modality, work.prompt)
-            telemetry.record_report(
+            trace_spans.record_report(
                 work,
                 report,
                 started=started,

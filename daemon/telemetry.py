@@ -5,7 +5,7 @@ Off by default. On with `[telemetry] enabled = true` (or, with no `enabled` key,
 exported by OTLP/HTTP (protobuf) through the opentelemetry SDK, which the `otel` extra installs. Without the extra
 every function here is a no-op, and a config that asks for traces is one ConfigError line.
 
-The spans (docs/telemetry.md):
+The spans (recorded by `trace_spans`; docs/telemetry.md):
 - a SERVER span per HTTP request (`middleware.AccessLog`), child of the caller's W3C `traceparent` when it sends a
   valid one (a malformed one is ignored); named by the route's template, never the concrete path;
 - `generate_content <variant>` per report (GenAI semantic conventions), with children `ingest`, `queue_wait`,
@@ -32,20 +32,13 @@ import logging
 import math
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from edgekit.errors import ConfigError
-
-if TYPE_CHECKING:
-    from edgekit.reporter import Report
-
-    from .dicom_config import Destination
-    from .work import Work
 
 log = logging.getLogger("edgekitd")
 
@@ -62,7 +55,7 @@ PROVIDER = "edgekit"
 FINISH_REASONS = {"stop_token": "stop", "max_new_tokens": "length"}  # edgekit's stop reasons in GenAI's words
 
 
-def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Tracing never fails what it traces: a failure here is logged (its class only) and the caller goes on."""
     import functools
 
@@ -238,7 +231,7 @@ def _safe_endpoint(url: str) -> str:
 
 
 # --- context: what a job, a study and an outbound request carry -------------------------------------------------
-@_guarded
+@guarded
 def carrier() -> str | None:
     """The current span's context as a W3C carrier (JSON: traceparent, and tracestate when there is one), for a
     job or a study to keep; None when off or outside any span."""
@@ -250,7 +243,7 @@ def carrier() -> str | None:
     return json.dumps(out, sort_keys=True) if "traceparent" in out else None
 
 
-def _context(trace: str | None):
+def context_of(trace: str | None):
     """The context a kept carrier names (None: the current one)."""
     st = _state
     if st is None or not trace:
@@ -262,7 +255,7 @@ def _context(trace: str | None):
     return st.propagator.extract(values if isinstance(values, dict) else {})
 
 
-@_guarded
+@guarded
 def inject(headers: dict[str, str]) -> None:
     """Add `traceparent` (and `tracestate`) of the current span to an outbound request's headers."""
     st = _state
@@ -270,7 +263,7 @@ def inject(headers: dict[str, str]) -> None:
         st.propagator.inject(headers)
 
 
-@_guarded
+@guarded
 def remember(folder: Path) -> None:
     """Keep the current context in a received study's inbox folder (first request wins), so the job it becomes
     joins the trace of the request that brought it, after a restart too."""
@@ -303,7 +296,7 @@ def traced_receive(receive: Callable[[Path], None]) -> Callable[[Path], None]:
 
 
 # --- spans -------------------------------------------------------------------------------------------------------
-def _kind(name: str):
+def kind_of(name: str):
     from opentelemetry.trace import SpanKind
 
     return {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER}[name]
@@ -328,8 +321,8 @@ def span(
     from opentelemetry import trace as otel_trace
     from opentelemetry.trace import Status, StatusCode
 
-    parent = _context(trace)
-    s = st.tracer.start_span(name, context=parent, kind=_kind(kind), attributes=_clean(attributes or {}))
+    parent = context_of(trace)
+    s = st.tracer.start_span(name, context=parent, kind=kind_of(kind), attributes=clean(attributes or {}))
     token = otel_context.attach(otel_trace.set_span_in_context(s, parent))
     try:
         yield s
@@ -342,7 +335,7 @@ def span(
         s.end()
 
 
-@_guarded
+@guarded
 def set_attribute(key: str, value: Any) -> None:
     """An attribute on the current span (when recording)."""
     if _state is None or value is None:
@@ -351,10 +344,10 @@ def set_attribute(key: str, value: Any) -> None:
 
     s = otel_trace.get_current_span()
     if s.is_recording():
-        s.set_attributes(_clean({key: value}))
+        s.set_attributes(clean({key: value}))
 
 
-@_guarded
+@guarded
 def event(name: str, attributes: Mapping[str, Any] | None = None, **attrs: Any) -> None:
     """A span event: a variant switched, a rollout staged, switched or rolled back. On the current span when
     there is one (a request's), else on a span of its own named like the event. Keyword attributes are named
@@ -365,7 +358,7 @@ def event(name: str, attributes: Mapping[str, Any] | None = None, **attrs: Any) 
         return
     from opentelemetry import trace as otel_trace
 
-    values = _clean({**{f"edgekit.{k}": v for k, v in attrs.items()}, **(attributes or {})})
+    values = clean({**{f"edgekit.{k}": v for k, v in attrs.items()}, **(attributes or {})})
     current = otel_trace.get_current_span()
     if current.is_recording():
         current.add_event(name, values)
@@ -375,7 +368,7 @@ def event(name: str, attributes: Mapping[str, Any] | None = None, **attrs: Any) 
             own.add_event(name, values)
 
 
-def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
+def clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """OTel attribute values: None left out, tuples as lists, anything else not a primitive as text."""
     out: dict[str, Any] = {}
     for key, value in attrs.items():
@@ -389,209 +382,6 @@ def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# --- the server span (middleware.AccessLog) ------------------------------------------------------------------------
-class ServerSpan:
-    """One HTTP request's span: opened before the app runs (the route is not known yet), named by the route's
-    template when it ends."""
-
-    def __init__(self, scope: Mapping[str, Any]):
-        from opentelemetry import context as otel_context
-        from opentelemetry import trace as otel_trace
-
-        st = _state
-        assert st is not None
-        headers: dict[str, str] = {}
-        for k, v in scope.get("headers") or []:
-            if k in (b"traceparent", b"tracestate"):
-                headers[k.decode("latin-1")] = v.decode("latin-1")
-        parent = st.propagator.extract(headers)  # a malformed traceparent gives an empty context: a new trace
-        self.method = str(scope.get("method", "GET"))
-        server = scope.get("server")
-        tcp = isinstance(server, tuple) and isinstance(server[1], int)
-        attrs = {
-            "http.request.method": self.method,
-            "url.scheme": scope.get("scheme", "http"),
-            "network.transport": "tcp" if tcp else "unix",
-        }
-        self.span = st.tracer.start_span(self.method, context=parent, kind=_kind("server"), attributes=attrs)
-        self._token = otel_context.attach(otel_trace.set_span_in_context(self.span, parent))
-
-    @_guarded
-    def end(self, route: str, status: int) -> None:
-        from opentelemetry import context as otel_context
-        from opentelemetry.trace import Status, StatusCode
-
-        s = self.span
-        s.update_name(f"{self.method} {route}")
-        s.set_attribute("http.route", route)
-        s.set_attribute("http.response.status_code", status)
-        if status >= 500:
-            s.set_attribute("error.type", str(status))
-            s.set_status(Status(StatusCode.ERROR))
-        try:
-            otel_context.detach(self._token)
-        finally:
-            s.end()
-
-
-@_guarded
-def server_span(scope: Mapping[str, Any]) -> ServerSpan | None:
-    return ServerSpan(scope) if _state is not None else None
-
-
-# --- reports -------------------------------------------------------------------------------------------------------
-class _Clock:
-    """perf_counter seconds to wall-clock nanoseconds (what spans are stamped with), fixed once per report."""
-
-    def __init__(self):
-        self.offset = time.time_ns() - int(time.perf_counter() * 1e9)
-
-    def __call__(self, pc: float) -> int:
-        return self.offset + int(pc * 1e9)
-
-
-@_guarded
-def record_report(
-    work: Work,
-    report: Report,
-    *,
-    started: float,
-    called: float,
-    ingested: tuple[float, float] | None,
-    max_tokens: int | None,
-    input_tokens: int | None,
-    point: str | None,
-) -> None:
-    """`generate_content <variant>` and its children for one finished report, from its recorded timings.
-
-    `started`: the runner took the work (perf_counter); `called`: the reporter was called; `ingested`: when the
-    runner itself ingested the study (a recovered job), else the study's own ingest time is placed just before
-    the work was accepted (it was ingested then)."""
-    st = _state
-    if st is None:
-        return
-    from opentelemetry import trace as otel_trace
-
-    clock = _Clock()
-    t = report.timings
-    ms = 1e-3
-    total_end = called + t.get("total_ms", 0.0) * ms
-    gen_start = total_end - t.get("generate_ms", 0.0) * ms
-    decode_start = max(gen_start, total_end - t.get("decode_ms", 0.0) * ms)
-    prefill_start = max(gen_start, decode_start - t.get("prefill_ms", 0.0) * ms)
-    encode_start = max(gen_start, prefill_start - t.get("encode_ms", 0.0) * ms)
-    stages: list[tuple[str, float, float]] = []
-    if ingested is not None:
-        stages.append(("ingest", *ingested))
-    elif "ingest_ms" in t:
-        stages.append(("ingest", work.accepted - t["ingest_ms"] * ms, work.accepted))
-    stages.append(("queue_wait", work.accepted, started))
-    stages.append(("preprocess", called, called + t.get("preprocess_ms", 0.0) * ms))
-    if t.get("wait_ms"):
-        stages.append(("engine_wait", gen_start, min(encode_start, gen_start + t["wait_ms"] * ms)))
-    if t.get("encode_ms"):
-        stages.append(("encode_images", encode_start, prefill_start))
-    stages.append(("prefill", prefill_start, decode_start))
-    stages.append(("decode", decode_start, total_end))
-    begin = min([work.accepted, *(s for _, s, _ in stages)])
-    finish = [FINISH_REASONS.get(report.stop_reason, report.stop_reason)]
-    attrs: dict[str, Any] = {
-        "gen_ai.operation.name": "generate_content",
-        "gen_ai.provider.name": PROVIDER,
-        "gen_ai.request.model": work.variant,
-        "gen_ai.response.model": report.model,
-        "gen_ai.output.type": "text",
-        "gen_ai.request.max_tokens": max_tokens,
-        "gen_ai.request.stream": work.stream is not None,
-        "gen_ai.usage.input_tokens": input_tokens,
-        "gen_ai.usage.output_tokens": t.get("new_tokens"),
-        "gen_ai.response.finish_reasons": finish,
-        "gen_ai.response.time_to_first_chunk": round(decode_start - begin, 6),
-        "edgekit.time_to_first_token_ms": round((decode_start - begin) * 1e3, 3),
-        "edgekit.variant": work.variant,
-        "edgekit.target": report.target,
-        "edgekit.stop_reason": report.stop_reason,
-        "edgekit.energy_j": report.energy_j,
-        "edgekit.energy_source": report.energy_source,
-        "edgekit.policy.point": point,
-        "edgekit.study": report.study or None,  # hashed by ingest (edgekit.ingest.phi.hash_uid), as in the logs
-        "edgekit.modality": report.modality or None,
-        "edgekit.job.id": work.job_id,
-        "edgekit.decode_tokens_per_s": t.get("decode_tokens_per_s"),
-        "edgekit.frames.used": report.frames.get("used"),
-        "edgekit.routed": bool(work.routing) or None,
-    }
-    if st.capture_content:
-        attrs["gen_ai.input.messages"] = json.dumps(
-            [{"role": "user", "parts": [{"type": "text", "content": work.prompt}]}]
-        )
-        attrs["gen_ai.output.messages"] = json.dumps(
-            [{"role": "assistant", "parts": [{"type": "text", "content": report.text}], "finish_reason": finish[0]}]
-        )
-    root = st.tracer.start_span(
-        f"generate_content {work.variant}",
-        context=_context(work.trace),
-        kind=_kind("internal"),
-        attributes=_clean(attrs),
-        start_time=clock(begin),
-    )
-    inside = otel_trace.set_span_in_context(root)
-    for name, start, end in stages:
-        child = st.tracer.start_span(name, context=inside, start_time=clock(start))
-        child.end(end_time=clock(max(start, end)))
-    root.end(end_time=clock(total_end))
-
-
-@_guarded
-def record_failure(work: Work, exc: BaseException, *, started: float) -> None:
-    """A report that failed: `generate_content <variant>` from acceptance to now, an error with its code."""
-    st = _state
-    if st is None:
-        return
-    from opentelemetry.trace import Status, StatusCode
-
-    clock = _Clock()
-    attrs = {
-        "gen_ai.operation.name": "generate_content",
-        "gen_ai.provider.name": PROVIDER,
-        "gen_ai.request.model": work.variant,
-        "edgekit.variant": work.variant,
-        "edgekit.job.id": work.job_id,
-        "edgekit.queue_ms": round((started - work.accepted) * 1e3, 3),
-        "error.type": error_type(exc),
-    }
-    s = st.tracer.start_span(
-        f"generate_content {work.variant}",
-        context=_context(work.trace),
-        kind=_kind("internal"),
-        attributes=_clean(attrs),
-        start_time=clock(work.accepted),
-    )
-    s.set_status(Status(StatusCode.ERROR))
-    s.end()
-
-
-# --- deliveries ----------------------------------------------------------------------------------------------------
-DELIVERY_NAMES = {"stow": "STOW-RS", "cstore": "C-STORE", "webhook": "webhook"}
-
-
-def delivery_span(dest: Destination, job_id: str, attempt: int, trace: str | None):
-    """A CLIENT span for one delivery attempt, child of the job's kept context; current inside, so the request
-    it sends carries its `traceparent` (`inject`)."""
-    attrs: dict[str, Any] = {
-        "edgekit.destination": dest.name,
-        "edgekit.destination.kind": dest.kind,
-        "edgekit.delivery.attempt": attempt,
-        "edgekit.job.id": job_id,
-    }
-    if dest.kind == "cstore":
-        attrs.update({"server.address": dest.host, "server.port": dest.port, "rpc.system": "dicom"})
-    else:
-        parts = urlsplit(dest.url or "")  # host and port only: a URL can hold a token in its userinfo or query
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        attrs.update({"http.request.method": "POST", "server.address": parts.hostname, "server.port": port})
-    name = f"{DELIVERY_NAMES.get(dest.kind, dest.kind)} {dest.name}"
-    return span(name, trace=trace, kind="client", attributes=attrs)
+def tracing() -> _Tracing | None:
+    """The tracer in force (None: traces are off); read at each call, as `setup` and `shutdown` change it."""
+    return _state
