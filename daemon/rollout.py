@@ -63,6 +63,7 @@ class Figures:
     energy_j: deque = field(default_factory=lambda: deque(maxlen=BASELINE))
     delivered: int = 0
     dead: int = 0
+    started: float = field(default_factory=time.time)  # the canary window's start (a baseline's: when it began)
 
     def p95(self) -> float | None:
         values = sorted(self.latency_ms)
@@ -227,13 +228,14 @@ class Rollout:
     def _switch(self, name: str, slots: SlotDir, slot: Slot, loaded: Loaded, gate: dict) -> dict[str, Any]:
         state = slots.read()
         before = state.live or self._factory(name)
+        window = Figures()
         state = state.step(
-            "switched", live=slot, previous=before, staged=None, phase=CANARY, canary_started=time.time()
+            "switched", live=slot, previous=before, staged=None, phase=CANARY, canary_started=window.started
         )
         slots.write(state)  # from here a restart rolls back to `before` until the window commits
         failpoint("switched")
         with self._lock:
-            self.windows[name] = Figures()
+            self.windows[name] = window
         self.registry.install(name, Path(slot.bundle), loaded)
         self._step(name, "switched", f"bundle {slot.digest[:12]} live; canary window open")
         return {"variant": name, "phase": CANARY, "bundle": slot.digest, "gate": gate, "signed_by": slot.signed_by}
@@ -271,9 +273,7 @@ class Rollout:
             if window is None:
                 return None
             s, baseline = self.settings(), self.baselines.get(name, Figures())
-            state = SlotDir(self.state_dir, name).read()
-            started = state.canary_started or time.time()
-            full = window.reports >= s.canary_reports or (now or time.time()) - started >= s.canary_s
+            full = window.reports >= s.canary_reports or (now or time.time()) - window.started >= s.canary_s
             reason = breach(window, baseline, s, final=full)
             if reason is None and not full:
                 return None
