@@ -18,7 +18,7 @@ from edgekit.model_description import VisionDescription
 
 from .bundle import read_bundle
 from .data import DEFAULT_DEVICE, DEFAULT_MODE, Device, PowerMode, get_device, load_data
-from .model import PRESETS, ModelDescription, Precision, ReportTokens, preset
+from .model import KV_BYTES, PRESETS, ModelDescription, Precision, ReportTokens, preset
 from .rates import Rates, mode_rates
 
 
@@ -315,7 +315,7 @@ def _prefill_phase(c: _Costing, prompt: int) -> Phase:
     attention = shape.layers * 2 * 2 * c.query_width * prompt * prompt / 2  # QK^T and PV, causal
     pre = Phase("prefill", steps=1)
     pre.flops = 2 * shape.decoder_params(precision.head_keep) * prompt + 2 * shape.lm_head_params() + attention
-    pre.bytes = c.decoder_bytes + c.head_bytes + prompt * shape.kv_bytes_per_token()
+    pre.bytes = c.decoder_bytes + c.head_bytes + prompt * shape.kv_bytes_per_token(KV_BYTES)
     pre.compute_s = pre.flops / c.gemm_rate
     pre.memory_s = pre.bytes / c.bw
     pre.overhead_s = shape.layers * c.a["kernels_per_decoder_layer"] * c.launch
@@ -332,7 +332,7 @@ def _decode_phase(c: _Costing, prompt: int, new_tokens: int) -> Phase:
     )
     for i in range(dec.steps):
         context = prompt + 1 + i  # tokens in the cache, this one included
-        kv_read = context * shape.kv_bytes_per_token()
+        kv_read = context * shape.kv_bytes_per_token(KV_BYTES)
         nbytes = (
             c.decoder_bytes + c.head_bytes + kv_read + shape.hidden * precision.bytes_per_weight(precision.embedding)
         )
@@ -354,7 +354,7 @@ def _memory(c: _Costing, device: Device, tokens: int) -> dict[str, float]:
     shape, precision, a = c.shape, c.precision, c.a
     embedding_bytes = shape.embedding_params() * precision.bytes_per_weight(precision.embedding)
     weights_gb = (c.decoder_bytes + c.head_bytes + embedding_bytes + c.vision_bytes) / 1e9
-    kv_gb = tokens * shape.kv_bytes_per_token() / 1e9
+    kv_gb = tokens * shape.kv_bytes_per_token(KV_BYTES) / 1e9
     return {
         "weights_gb": weights_gb,
         "kv_cache_gb": kv_gb,
