@@ -30,13 +30,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgekit.errors import EdgekitError
 
 from .config import RolloutSettings
 from .slots import CANARY, COMMITTED, GATED, IDLE, ROLLED_BACK, STAGED, Slot, SlotDir, SlotState, failpoint
 from .variants import Loaded, VariantRegistry
+
+if TYPE_CHECKING:
+    from edgekit.bundle import Bundle
 
 log = logging.getLogger("edgekitd")
 
@@ -155,18 +158,18 @@ class Rollout:
             incoming = slots.incoming()
             (shutil.move if move else shutil.copyfile)(source, incoming)
             try:
-                slot = self._verify(name, incoming)
+                slot, bundle = self._verify(name, incoming)
             except BaseException:
                 if refused is not None:
                     shutil.move(incoming, refused)
                 incoming.unlink(missing_ok=True)
                 raise
-            return self._install(name, slots, incoming, slot)
+            return self._install(name, slots, incoming, slot, bundle)
         finally:
             with self._lock:
                 self._busy.discard(name)
 
-    def _install(self, name: str, slots: SlotDir, incoming: Path, slot: Slot) -> dict[str, Any]:
+    def _install(self, name: str, slots: SlotDir, incoming: Path, slot: Slot, bundle: Bundle) -> dict[str, Any]:
         slot = dataclasses.replace(slot, bundle=str(slots.keep(incoming, slot.digest)))
         failpoint("received")
         state = slots.read().step(STAGED, staged=slot, phase=STAGED)
@@ -174,7 +177,7 @@ class Rollout:
         self._step(name, STAGED, f"bundle {slot.digest[:12]} staged")
         failpoint("staged")
         try:
-            loaded, gate = self._gate(name, slot)
+            loaded, gate = self._gate(name, slot, bundle)
         except EdgekitError as err:
             state = slots.read().step("gate_failed", err.reason, staged=None, phase=IDLE)
             slots.write(state)
@@ -186,7 +189,7 @@ class Rollout:
         failpoint("gated")
         return self._switch(name, slots, slot, loaded, gate)
 
-    def _verify(self, name: str, path: Path) -> Slot:
+    def _verify(self, name: str, path: Path) -> tuple[Slot, Bundle]:
         """Signature (under [trust]), every file against the manifest, and the same target and model family as the
         bundle the variant serves now; refusals name the file and the reason."""
         from edgekit.bundle import load_bundle
@@ -205,11 +208,12 @@ class Rollout:
             raise RolloutError(
                 f"a {_family(new)} model; variant {name!r} serves a {_family(live)} model", path, code="wrong_family"
             )
-        return Slot(new.digest, str(path), time.time(), signed_by)
+        return Slot(new.digest, str(path), time.time(), signed_by), new
 
-    def _gate(self, name: str, slot: Slot) -> tuple[Loaded, dict[str, Any]]:
-        """Load and warm on this device (the bundle's own check: it runs here), then the quality floor if set."""
-        loaded = self.registry.load_slot(name, Path(slot.bundle))
+    def _gate(self, name: str, slot: Slot, bundle: Bundle) -> tuple[Loaded, dict[str, Any]]:
+        """Load and warm on this device (the bundle's own check: it runs here), then the quality floor if set.
+        `bundle`: as `_verify` checked it (its files are not hashed a second time)."""
+        loaded = self.registry.load_slot(name, Path(slot.bundle), bundle)
         gate: dict[str, Any] = {"loaded_ms": round(loaded.load_ms, 1), "warm_ms": round(loaded.warm_ms, 1)}
         s = self.settings()
         if s.gate_split is not None:

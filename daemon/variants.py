@@ -25,6 +25,7 @@ from edgekit.errors import BundleError, EdgekitError
 from .config import DaemonConfig, Variant
 
 if TYPE_CHECKING:
+    from edgekit.bundle import Bundle
     from edgekit.reporter import Reporter
 
 log = logging.getLogger("edgekitd")
@@ -220,7 +221,7 @@ class VariantRegistry:
             raise
         log.info("variant %s: %s signed by key %s", spec.name, spec.bundle.name, signed.key_id)
 
-    def _load(self, spec: Variant) -> Loaded:
+    def _load(self, spec: Variant, verified: Bundle | None = None) -> Loaded:
         from edgekit.reporter import Reporter
         from edgekit.target import RuntimeOptions
 
@@ -231,7 +232,7 @@ class VariantRegistry:
         runtime = RuntimeOptions(threads=self.threads, state_dir=self.state_dir, settings=dict(spec.settings))
         e = self.engine
         reporter = Reporter.from_bundle(
-            spec.bundle,
+            verified or spec.bundle,  # a bundle the caller has just checked file by file is not hashed again
             runtime=runtime,
             meter=self.meter,
             max_batch=e.max_batch,
@@ -268,10 +269,10 @@ class VariantRegistry:
                     del self.loaded[name]
                     self._on_change()
 
-    def load_slot(self, name: str, bundle: Path) -> Loaded:
+    def load_slot(self, name: str, bundle: Path, verified: Bundle | None = None) -> Loaded:
         """Variant `name`'s settings over another bundle, loaded and warmed beside the serving one (a rollout's
-        gate); nothing routes to it until `install`."""
-        return self._load(replace(self.specs[name], bundle=bundle))
+        gate); nothing routes to it until `install`. `verified`: that bundle as `load_bundle` just gave it."""
+        return self._load(replace(self.specs[name], bundle=bundle), verified)
 
     def install(self, name: str, bundle: Path | None, loaded: Loaded | None = None) -> None:
         """Serve `bundle` (None: the config's own) as variant `name` from now on: `loaded` if the caller loaded it,
