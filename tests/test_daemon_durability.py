@@ -23,16 +23,13 @@ def model(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("model") / "m")
 
 
-def _submit(d: DaemonProcess, n: int) -> list[str]:
+def _submit_one(d: DaemonProcess, i: int) -> str:
     files = study_files(SAMPLES / "cr_chest" / "image.dcm")
-    ids = []
-    for i in range(n):
-        r = d.client.post_study(
-            "/v1/jobs", files, {"max_new_tokens": "120", "prompt": f"job {i}"}, headers={"Idempotency-Key": f"job-{i}"}
-        )
-        assert r.status == 202, r.body
-        ids.append(r.json()["id"])
-    return ids
+    r = d.client.post_study(
+        "/v1/jobs", files, {"max_new_tokens": "120", "prompt": f"job {i}"}, headers={"Idempotency-Key": f"job-{i}"}
+    )
+    assert r.status == 202, r.body
+    return r.json()["id"]
 
 
 def _states(d: DaemonProcess, ids: list[str]) -> list[str]:
@@ -49,13 +46,27 @@ def _wait_all(d: DaemonProcess, ids: list[str], timeout: float = 90) -> list[str
     raise TimeoutError(states)
 
 
+def _submit_until_some_wait(d: DaemonProcess, ids: list[str]) -> None:
+    """Submit in parallel rounds until at least three jobs sit queued: a stop then finds work it must leave queued
+    (one job takes tens of ms, the state read and the signal a few), whatever this machine's speed. Sequential
+    submission raced the workers on a fast runner: every job finished before the stop."""
+    with ThreadPoolExecutor(max_workers=N_JOBS) as pool:
+        for _ in range(4):
+            start = len(ids)
+            ids += pool.map(lambda i: _submit_one(d, i), range(start, start + N_JOBS))
+            if _states(d, ids).count("queued") >= 3:
+                return
+    raise AssertionError(f"no job stayed queued after {len(ids)} submissions: the test cannot prove anything")
+
+
 @pytest.mark.parametrize("how", ["kill -9", "SIGTERM"])
 def test_every_accepted_job_completes_after_a_crash_or_stop(tmp_path, model, how):
     state = tmp_path / "state"
-    # two workers: the rest of the jobs are still queued at the stop (with eight batching, all finish in the drain)
-    args = ["--max-queue", str(N_JOBS), "--drain-timeout", "5", "--workers", "2"]
+    # one worker: jobs submitted in parallel wait in the queue, and a stop leaves them there
+    args = ["--max-queue", str(4 * N_JOBS), "--drain-timeout", "5", "--workers", "1"]
     d = DaemonProcess(state, model, extra_args=args).start()
-    ids = _submit(d, N_JOBS)
+    ids: list[str] = []
+    _submit_until_some_wait(d, ids)
     if how == "kill -9":
         d.kill()
     else:
@@ -64,7 +75,7 @@ def test_every_accepted_job_completes_after_a_crash_or_stop(tmp_path, model, how
     try:
         recovered = d2.client.get("/v2/health/ready").json()["recovered_jobs"]
         assert recovered >= 1, "every job finished before the stop: the test proved nothing"
-        assert _wait_all(d2, ids) == ["succeeded"] * N_JOBS
+        assert _wait_all(d2, ids) == ["succeeded"] * len(ids)
         # a replayed key after the restart still finds its job
         again = d2.client.post_study(
             "/v1/jobs",
@@ -73,7 +84,7 @@ def test_every_accepted_job_completes_after_a_crash_or_stop(tmp_path, model, how
             headers={"Idempotency-Key": "job-0"},
         )
         assert again.status == 200 and again.json()["id"] == ids[0]
-        print(f"{how}: {N_JOBS} accepted, {recovered} recovered, {N_JOBS} completed")
+        print(f"{how}: {len(ids)} accepted, {recovered} recovered, {len(ids)} completed")
     finally:
         d2.stop()
 
