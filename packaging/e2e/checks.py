@@ -251,6 +251,19 @@ def ready(client: Client) -> dict[str, Any] | None:
     return r.json() if r.status == 200 else None
 
 
+def ingest_workers(box: Container, main_pid: str) -> list[str]:
+    """The command lines of edgekitd's children that are ingest workers (`python -m edgekit.ingest.workers FD`):
+    the shipped unit's sandbox (seccomp filter, NoNewPrivileges, the memfd the frames travel in) must let them run,
+    or every study would be decoded on the daemon's own threads, holding the GIL its server needs."""
+    children = box.run("sh", "-c", f"cat /proc/{main_pid}/task/*/children").split()
+    lines = []
+    for pid in children:
+        cmdline = box.run("cat", f"/proc/{pid}/cmdline", check_rc=False).replace("\0", " ").strip()
+        if "edgekit.ingest.workers" in cmdline:
+            lines.append(cmdline)
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", type=Path, required=True, help="the container's root directory")
@@ -344,6 +357,10 @@ def main() -> int:
             f"{args.reports} reports for ct_chest, median {statistics.median(latencies) * 1e3:.0f} ms "
             f"(min {min(latencies) * 1e3:.0f}, max {max(latencies) * 1e3:.0f})",
         )
+
+        workers = ingest_workers(box, box.show(SERVICE, "MainPID")["MainPID"])
+        check(bool(workers), "no ingest worker process under edgekitd after the reports (studies decoded in-process?)")
+        steps.ok("ingest in worker processes", f"{len(workers)} under edgekitd's MainPID: {workers[0]}")
 
         def outsider_connects() -> str:
             try:
