@@ -6,8 +6,8 @@ reader, four vision types), and they drifted: the X1 model's `radreport-tiny` co
 against the embedded model's 588. A source is described here once: edgekit's own `ModelConfig`
 (`from_model_config`), a Hugging Face `config.json` through its family (`edgekit.hf.describe`), or a named
 preset; `edgekit.describe_model` finds which from a name or a path. The X1 and Orin cost models read a
-`ModelDescription`; the graph builders' specs carry the same numbers plus how to build them (norm epsilons, rotary
-tables, weight names).
+`ModelDescription`; the graph builders' specs (`edgekit.export.specs`) hold one (or its `DecoderShape`) and add
+only how to build it (norm epsilons, rotary tables, weight names).
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ class ModelDescription(DecoderShape):
         super().__post_init__()
         if self.positions not in (TEXT, MROPE):
             raise ConfigError(f"model shape field 'positions' must be '{TEXT}' or '{MROPE}', got {self.positions!r}")
+
+    @classmethod
+    def of(cls, shape: DecoderShape, **more: Any) -> ModelDescription:
+        """`shape`'s decoder with the rest of a model (`vision`, `family`, `positions` in `more`)."""
+        return cls(**{f.name: getattr(shape, f.name) for f in dataclasses.fields(DecoderShape)}, **more)
 
     @property
     def image_tokens(self) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.decoder_shape import DecoderShape
 from edgekit.errors import ConfigError
 from edgekit.export.specs import DecoderSpec
 
@@ -66,6 +67,31 @@ def decoder_shape_fields(cfg: dict[str, Any], where: str | Path) -> dict[str, An
         "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads,
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
     }
+
+
+def decoder_shape(cfg: dict[str, Any], where: str | Path, name: str = "") -> DecoderShape:
+    """A LLaMA-style config's decoder as a `DecoderShape`: `decoder_shape_fields` (the one reader), each size a
+    number taken as the whole number it is, refused in one line naming config.json otherwise. What the graph specs
+    hold (`edgekit.export.specs.DecoderSpec`) and the cost models' description is made of (`describe_hf`)."""
+    fields = decoder_shape_fields(cfg, where)
+    sizes = {key: _get(fields, key, Path(where)) for key in (*DECODER_SHAPE_KEYS, "num_key_value_heads", "head_dim")}
+    heads, kv_heads = sizes["num_attention_heads"], sizes["num_key_value_heads"]
+    for key, value in sizes.items():
+        if value < 1:
+            raise ConfigError(f"{key}: expected a positive number, got {value!r}", where)
+    if heads % kv_heads:
+        raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}", where)
+    return DecoderShape(
+        name,
+        hidden=sizes["hidden_size"],
+        layers=sizes["num_hidden_layers"],
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=sizes["head_dim"],
+        intermediate=sizes["intermediate_size"],
+        vocab=sizes["vocab_size"],
+        tied_embeddings=fields["tie_word_embeddings"],
+    )
 
 
 def language_model_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -169,15 +195,11 @@ def check_full_window(cfg: dict[str, Any], where: Path, section: str = "") -> No
 
 
 def decoder_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[str]) -> DecoderSpec:
-    """LLaMA / Mistral / Qwen2 config -> DecoderSpec. `names` (the checkpoint's tensors) decide tied vs untied
-    lm_head."""
+    """LLaMA / Mistral / Qwen2 config -> DecoderSpec over its `decoder_shape` (the one reader of the sizes).
+    `names` (the checkpoint's tensors) decide tied vs untied lm_head."""
     where = Path(model_dir) / "config.json"
     mt = cfg.get("model_type")
-    hidden, heads = _get(cfg, "hidden_size", where), _get(cfg, "num_attention_heads", where)
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    if heads % kv_heads:
-        raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}", where)
+    shape = decoder_shape(cfg, where, Path(model_dir).name)
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"hidden_act {act!r} is not supported (edgekit's decoder is SwiGLU with silu)", where)
@@ -188,17 +210,10 @@ def decoder_spec(cfg: dict[str, Any], model_dir: str | Path, names: Collection[s
     if mt == "qwen2" and cfg.get("use_sliding_window"):
         raise ConfigError("use_sliding_window = true is not supported (edgekit attends over the full cache)", where)
     params = rope_parameters(cfg)
-    inv_freq = rope_inv_freq(params, head_dim, where)
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    lm_head = "model.embed_tokens" if tied or "lm_head.weight" not in names else "lm_head"
+    inv_freq = rope_inv_freq(params, shape.head_dim, where)
+    lm_head = "model.embed_tokens" if shape.tied_embeddings or "lm_head.weight" not in names else "lm_head"
     return DecoderSpec(
-        hidden=hidden,
-        layers=_get(cfg, "num_hidden_layers", where),
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate=_get(cfg, "intermediate_size", where),
-        vocab_size=_get(cfg, "vocab_size", where),
+        shape,
         rms_eps=_get(cfg, "rms_norm_eps", where, float),
         rope_theta=float(params["rope_theta"]),
         qkv_bias=mt == "qwen2",
@@ -229,8 +244,10 @@ def language_model_spec(
         )
     prefix, head = found
     named = module if module is not None else prefix
+    spec = decoder_spec(text, model_dir, names_)
     spec = dataclasses.replace(
-        decoder_spec(text, model_dir, names_),
+        spec,
+        shape=dataclasses.replace(spec.shape, tied_embeddings=True) if tied else spec.shape,
         layer_prefix=f"{named}layers",
         embed_tokens=f"{named}embed_tokens",
         final_norm=f"{named}norm",

@@ -14,13 +14,13 @@ from typing import Any
 from edgekit.errors import ConfigError
 from edgekit.model_description import TEXT, ModelDescription
 
-from .config import decoder_shape_fields, language_model_config
+from .config import decoder_shape, language_model_config
 from .family import MODEL_TYPES, family_for
 
 
 def describe_hf(cfg: dict[str, Any], name: str, where: str | Path = "config.json") -> ModelDescription:
     """A decoder's config (LLaMA / Qwen2 / Mistral / SmolLM keys) or a VLM's (its `text_config` and tower)."""
-    text = decoder_shape_fields(language_model_config(cfg), where)
+    shape = decoder_shape(language_model_config(cfg), where, name)
     model_type = str(cfg.get("model_type") or "llama")
     built = cfg.get("edgekit_vlm") or {}
     family = family_for(model_type) if model_type in MODEL_TYPES else None
@@ -29,16 +29,8 @@ def describe_hf(cfg: dict[str, Any], name: str, where: str | Path = "config.json
     except (KeyError, TypeError, ValueError) as err:
         why = f"{type(err).__name__}: {err}"
         raise ConfigError(f"vision_config: cannot read the tower's shape ({why})", where) from None
-    return ModelDescription(
-        name,
-        hidden=text["hidden_size"],
-        layers=text["num_hidden_layers"],
-        heads=text["num_attention_heads"],
-        kv_heads=text["num_key_value_heads"],
-        head_dim=text["head_dim"],
-        intermediate=text["intermediate_size"],
-        vocab=text["vocab_size"],
-        tied_embeddings=text["tie_word_embeddings"],
+    return ModelDescription.of(
+        shape,
         vision=vision,
         family=family.name if family else model_type,
         positions=family.positions if family else TEXT,
