@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from edgekit.errors import ConfigError
+from edgekit.hf.config import decoder_shape, language_model_config
 
 from .gates import HeadGates
 
@@ -35,10 +36,6 @@ class DecoderAttention:
         return self.modules[0].rsplit("layers.", 1)[0]
 
 
-def _text_config(config):
-    return getattr(config, "text_config", None) or config
-
-
 def find_decoder_attention(model) -> DecoderAttention:
     """The decoder's attention modules; refuses a model with none, or with two decoders, in one line."""
     stacks: dict[str, dict[int, str]] = {}
@@ -52,7 +49,9 @@ def find_decoder_attention(model) -> DecoderAttention:
     (layers,) = stacks.values()
     if sorted(layers) != list(range(len(layers))):
         raise ConfigError(f"cannot gate heads: decoder layers {sorted(layers)} are not numbered 0..N-1")
-    heads = int(_text_config(model.config).num_attention_heads)
+    # the language model's heads as edgekit reads any config (a VLM's through its `text_config`)
+    where = f"{type(model).__name__}.config"
+    heads = decoder_shape(language_model_config(model.config.to_dict()), where).heads
     in_features = model.get_submodule(layers[0]).o_proj.in_features
     if in_features % heads:
         raise ConfigError(f"cannot gate heads: o_proj input {in_features} is not a multiple of {heads} heads")

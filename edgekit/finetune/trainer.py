@@ -116,13 +116,15 @@ def load_model(model_dir: Path):
 def _eos_id(model_dir: Path, tokenizer, config) -> int | None:
     """The end token as a bundle of the model stops at (`edgekit.hf.serving.eos_token_id`), else the (text)
     config's `eos_token_id`, where a bare decoder may name it only."""
+    from edgekit.hf.config import language_model_config
     from edgekit.hf.serving import eos_token_id
 
     eos = eos_token_id(model_dir, tokenizer)
-    for c in (config, getattr(config, "text_config", None)):
-        if eos is not None or c is None:
+    cfg = config.to_dict()
+    for c in (cfg, language_model_config(cfg)):  # the top level, then a VLM's language model
+        if eos is not None:
             break
-        e = getattr(c, "eos_token_id", None)
+        e = c.get("eos_token_id")
         eos = (e[0] if e else None) if isinstance(e, list) else e if isinstance(e, int) else None
     return eos
 
