@@ -95,3 +95,59 @@ def test_a_hugging_face_decoder_and_a_vlm_bundle_config_are_described(tmp_path):
     assert describe_config(qwen, "raw").vision is None  # a directory's Qwen2-VL has no fixed side before import
     with pytest.raises(ConfigError, match="vision_config"):
         describe_config({**llava, "vision_config": {"hidden_size": 32}}, "broken")
+
+
+def test_the_graph_specs_hold_the_description_they_build_from(tmp_path):
+    """A shape number is written once: the export specs hold the description (radreport's) or the decoder shape
+    the one config reader gives (a Hugging Face decoder's, the same `describe_hf` describes), and read it through."""
+    import dataclasses
+
+    from edgekit.export.specs import DecoderSpec, VisionSpec
+    from edgekit.hf.config import decoder_spec
+    from edgekit.model_description import from_model_config
+
+    from small_model import SMALL
+
+    described = from_model_config(SMALL)
+    dec, vis = DecoderSpec.from_model_config(SMALL), VisionSpec.from_model_config(SMALL)
+    assert dec.shape == described and vis.model == described
+    sizes = (dec.hidden, dec.layers, dec.heads, dec.kv_heads, dec.head_dim, dec.intermediate, dec.vocab_size)
+    assert sizes == (48, 2, 4, 2, 12, 96, 97)
+    assert (vis.hidden, vis.layers, vis.heads, vis.out_hidden, vis.num_image_tokens) == (32, 1, 2, 48, 4)
+    assert vis.num_image_tokens == described.image_tokens
+    with pytest.raises(ConfigError, match="no vision tower"):
+        VisionSpec(dataclasses.replace(described, vision=None), heads=2, ln_eps=1e-6)
+
+    text = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    cfg = {"model_type": "qwen2", **text, "intermediate_size": 128, "vocab_size": 300, "rms_norm_eps": 1e-6}
+    spec = decoder_spec(cfg, tmp_path, {"lm_head.weight"})
+    assert ModelDescription.of(spec.shape, family="qwen2") == describe_config(cfg, tmp_path.name)
+    assert spec.head_dim == 16 and spec.lm_head == "lm_head" and spec.qkv_bias
+    with pytest.raises(ConfigError, match="num_attention_heads 4 is not a multiple of num_key_value_heads 3"):
+        decoder_spec({**cfg, "num_key_value_heads": 3}, tmp_path, ())
+    with pytest.raises(ConfigError, match="vocab_size is missing"):
+        decoder_spec({k: v for k, v in cfg.items() if k != "vocab_size"}, tmp_path, ())
+
+
+# the modules that read a VLM config's parts: the one language-model reader, and each family's own (the towers')
+CONFIG_PART_READERS = {
+    "edgekit/hf/config.py",  # language_model_config: every reader of the language model goes through it
+    "edgekit/hf/vlm_spec.py",  # the tower families' language model, checked as they build it
+    "edgekit/hf/tower_family.py",
+    "edgekit/hf/llava.py",
+    "edgekit/hf/idefics3.py",
+    "edgekit/hf/qwen2_vl.py",
+    "edgekit/hf/vision_tower.py",  # a whole SigLIP checkpoint imported as a vision model: its tower
+}
+
+
+def test_only_the_config_reader_and_the_families_read_a_vlm_configs_parts():
+    pattern = re.compile(r"""(\.get\(|\[|getattr\([^,]+,\s*)["'](text|vision)_config["']|\.(text|vision)_config\b""")
+    hits = []
+    for root in ("edgekit", "targets", "models", "daemon"):
+        for path in (REPO / root).rglob("*.py"):
+            rel = str(path.relative_to(REPO))
+            if rel in CONFIG_PART_READERS:
+                continue
+            hits += [f"{rel}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits

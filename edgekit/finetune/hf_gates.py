@@ -49,7 +49,7 @@ def find_decoder_attention(model) -> DecoderAttention:
     (layers,) = stacks.values()
     if sorted(layers) != list(range(len(layers))):
         raise ConfigError(f"cannot gate heads: decoder layers {sorted(layers)} are not numbered 0..N-1")
-    # the language model's heads as edgekit reads any config (a VLM's through its `text_config`)
+    # the language model's heads, read as edgekit reads any config (a VLM's language model: language_model_config)
     where = f"{type(model).__name__}.config"
     heads = decoder_shape(language_model_config(model.config.to_dict()), where).heads
     in_features = model.get_submodule(layers[0]).o_proj.in_features

@@ -23,7 +23,7 @@ from edgekit.errors import ConfigError
 from edgekit.positions import MROPE, POSITIONS_KEY
 from edgekit.prompt import IMAGE_TOKEN, prompt_layout
 
-from .config import read_config_file
+from .config import language_model_config, read_config_file
 from .family import family_named
 from .spec_base import VlmSpecBase
 
@@ -217,8 +217,7 @@ def model_config(spec: VlmSpecBase, cfg: dict[str, Any]) -> dict[str, Any]:
     """The model's config.json, plus `max_positions` (the language model's whole context) and `image_tokens`
     (the positions the image span takes), which the reporter's context budget and the targets' shape limits read
     (`edgekit.prompt`), and the language model's `vocab_size` at the top level."""
-    text = cfg.get("text_config") or {}
-    positions = text.get("max_position_embeddings")
+    positions = language_model_config(cfg).get("max_position_embeddings")
     out = dict(cfg)
     if positions:
         out["max_positions"] = int(positions)
