@@ -21,6 +21,7 @@ from edgekit.bundle.io import tool_versions
 from edgekit.bundle.manifest import EXTERNAL_DATA_ROLES
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.plugins import DEFAULT_MODEL, get_model_family, get_target, target_names
+from edgekit.reference import REFERENCE_FILE, write_reference
 from edgekit.target import BuildInputs
 
 DEFAULT_MODEL_NAME = DEFAULT_MODEL
@@ -179,8 +180,6 @@ def build(
         }
         # a recipe's heads pass scores the graphs it pruned: its scores (in `components`) win over learned gates
         components = {**graph_files, **external, **model_files, **components, **prepared.components}
-        size = sum(Path(p).stat().st_size for p in components.values())
-        figures["size"] = {"bytes": size, "source": "sum of the bundle's component files"}
         provenance = {
             "source_weights_sha256": _weights_sha256(model_dir, hf),
             "source": str(model_dir.name if model_dir == default_model_dir() else model_dir),
@@ -188,11 +187,12 @@ def build(
             "tools": tool_versions(),
         }
         bundle_name = name or (model_dir.name if hf else DEFAULT_MODEL_NAME)
+        staged = write_bundle(work / "staged", components, name=bundle_name, target=target, runtime=prepared.runtime)
         if eval_data is not None:
-            staged = write_bundle(
-                work / "staged", components, name=bundle_name, target=target, runtime=prepared.runtime
-            )
             figures["quality"] = measure_quality(staged, Path(eval_data), eval_limit, say)
+        components.update(write_reference(staged, work / REFERENCE_FILE, say))  # its own outputs, for the device
+        size = sum(Path(p).stat().st_size for p in components.values())
+        figures["size"] = {"bytes": size, "source": "sum of the bundle's component files"}
         say(f"bundle: writing {out}")
         path = write_bundle(
             out,
