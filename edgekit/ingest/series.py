@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pydicom.dataset import Dataset
 
 from edgekit.errors import StudyError, UnsupportedTransferSyntaxError
 from edgekit.ingest import budget
@@ -51,10 +52,11 @@ def order_images(images: list[DicomImage]) -> list[DicomImage]:
     if len(images) < 2:
         return list(images)
     orientation = next((img.orientation for img in images if img.orientation is not None), None)
-    if orientation is not None and all(img.position is not None for img in images):
+    positions = [img.position for img in images if img.position is not None]
+    if orientation is not None and len(positions) == len(images):
         normal = np.cross(orientation[:3], orientation[3:])
         if np.linalg.norm(normal) > 1e-6:
-            key = {id(img): float(np.dot(normal, img.position)) for img in images}
+            key = {id(img): float(np.dot(normal, pos)) for img, pos in zip(images, positions)}
             return sorted(
                 images, key=lambda i: (key[id(i)], i.instance_number if i.instance_number is not None else 0, i.label)
             )
@@ -122,8 +124,8 @@ def assemble(
     if skipped:
         skipped.sort(key=lambda s: (s.ordinal is None, s.ordinal or 0))
         warnings[:0] = [s.warning(first.of or len(skipped) + len(kept.images)) for s in skipped]
-    if not kept.images:
-        raise skipped[0].error
+    if not kept.images:  # every object failed: they are in `skipped` (without it the first failure was raised)
+        raise skipped[0].error if skipped else StudyError("no DICOM image found", label)
     warnings.extend(_note_warnings(kept.notes, len(kept.images)))
     frames = out[: kept.stop]
     _render_series(frames, kept.spans, per_object)
@@ -151,10 +153,8 @@ def _admit_series(
 ) -> list[DicomImage]:
     """The series checked from its headers (one series, one frame size, the limits, the budget) and ordered;
     `admit` hears its cost."""
-    if not images and not skipped:
-        raise StudyError("no DICOM image found", label)
     if not images:
-        raise skipped[0].error
+        raise skipped[0].error if skipped else StudyError("no DICOM image found", label)
     check_one_series(images, label)
     images = order_images(images)
     _check_sizes(images, limits, label)
@@ -173,12 +173,12 @@ class _Kept:
     images: list[DicomImage] = field(default_factory=list)
     spans: list[tuple[int, int, Window]] = field(default_factory=list)  # (start, stop, window) in the array
     notes: dict[str, list[str]] = field(default_factory=dict)
-    meta: dict | None = None
+    meta: dict = field(default_factory=dict)
     uid: str | None = None
     stop: int = 0  # frames written so far
 
     def add(self, img: DicomImage, decoded: Decoded, stop: int) -> None:
-        if self.meta is None:
+        if not self.images:
             self.meta = header_meta(img)
             self.uid = img.study_uid or img.series_uid or str(img.ds.get("SOPInstanceUID", "") or "")
         for note in decoded.notes:
@@ -199,12 +199,18 @@ def _decode_series(images: list[DicomImage], out: np.ndarray, per_object: bool, 
             if skipped is None:
                 raise
             skipped.append(Skipped(err, img.instance_number, img.ordinal))
-            img.ds = None
+            _free(img)
             continue
         kept.add(img, decoded, stop)
-        img.ds = None  # the raw bytes are no longer needed; free them as we go
+        _free(img)  # the raw bytes are no longer needed; free them as we go
         del decoded
     return kept
+
+
+def _free(img: DicomImage) -> None:
+    """Drops the object's dataset (its pixel data) once it has been decoded or skipped, so a series never holds
+    every object's bytes at once; an empty Dataset stands in, as `DicomImage.ds` is always one."""
+    img.ds = Dataset()
 
 
 def _decode_into(img: DicomImage, out: np.ndarray, start: int, per_object: bool) -> tuple[Decoded, int]:
@@ -270,9 +276,11 @@ def _note_warnings(notes: dict[str, list[str]], kept: int) -> list[str]:
 
 
 def _slice_spacing(images: list[DicomImage]) -> float | None:
-    if len(images) < 2 or images[0].orientation is None or any(i.position is None for i in images):
+    orientation = images[0].orientation
+    places = [i.position for i in images if i.position is not None]
+    if len(images) < 2 or orientation is None or len(places) < len(images):
         return None
-    normal = np.cross(images[0].orientation[:3], images[0].orientation[3:])
-    positions = np.array([float(np.dot(normal, i.position)) for i in images])
+    normal = np.cross(orientation[:3], orientation[3:])
+    positions = np.array([float(np.dot(normal, p)) for p in places])
     diffs = np.diff(positions)
     return round(float(np.median(np.abs(diffs))), 4) if diffs.size else None

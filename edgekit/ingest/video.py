@@ -90,7 +90,7 @@ def load_video(path: Path, limits: IngestLimits, admit: Admit | None = None) -> 
     except (av.error.FFmpegError, ValueError, IndexError, OSError, EOFError) as err:
         detail = getattr(err, "strerror", None) or str(err)[:200]  # FFmpeg's text without errno or path
         raise StudyError(f"undecodable video ({type(err).__name__}: {scrub(detail)})", path) from None
-    if not filled:
+    if out is None or not filled:  # `out` is sized by the first kept frame: None when none decoded
         raise StudyError("undecodable video: no frame could be decoded", path)
     if len(filled) < len(slot):
         warnings.append(f"video held {decoded} decodable frames, not the {n} its header announced")

@@ -70,6 +70,20 @@ def _find(findings: list[Finding], type_: str) -> Finding | None:
     return next((f for f in findings if f.type == type_), None)
 
 
+def _location(f: Finding) -> str:
+    """The side `f` is drawn on: findings with locations in the vocabulary are generated with one."""
+    if f.location is None:
+        raise ValueError(f"a {f.type} finding needs a location to be drawn")
+    return f.location
+
+
+def _size_mm(f: Finding) -> int:
+    """The diameter `f` is drawn with: findings with sizes in the vocabulary are generated with one."""
+    if f.size_mm is None:
+        raise ValueError(f"a {f.type} finding needs a size to be drawn")
+    return f.size_mm
+
+
 def _side_sign(side: str) -> int:
     """-1 for the patient's right (image left), +1 for the patient's left."""
     return -1 if side == "right" else 1
@@ -153,9 +167,10 @@ def _ct_anatomy(n: int, anat: np.random.Generator) -> _ChestCT:
 def _ct_effusion(ct: _ChestCT, f: Finding, rng: np.random.Generator) -> np.ndarray:
     """Dependent (posterior = image bottom) fluid with a meniscus rising laterally; painted, its mask returned."""
     yy, xx, lung_ry, lung_rx = ct.yy, ct.xx, ct.lung_ry, ct.lung_rx
-    ly, lx = ct.lung_centre[f.location]
+    side = _location(f)
+    ly, lx = ct.lung_centre[side]
     depth = rng.uniform(0.42, 0.48) * lung_ry
-    lateral = np.clip((xx - lx) * _side_sign(f.location) / lung_rx, 0, 1)
+    lateral = np.clip((xx - lx) * _side_sign(side) / lung_rx, 0, 1)
     level = ly + lung_ry - depth - 6 * lateral**2
     side_lung = np.abs(xx - lx) < lung_rx + 1
     m = ct.lungs & (yy >= level)[None] & side_lung[None]
@@ -165,8 +180,8 @@ def _ct_effusion(ct: _ChestCT, f: Finding, rng: np.random.Generator) -> np.ndarr
 
 def _ct_mass(ct: _ChestCT, f: Finding, rng: np.random.Generator) -> np.ndarray:
     """Upper lung, lobulated soft tissue; painted, its mask returned."""
-    ly, lx = ct.lung_centre[f.location]
-    r = f.size_mm / CT_CHEST.pixel_spacing_mm / 2
+    ly, lx = ct.lung_centre[_location(f)]
+    r = _size_mm(f) / CT_CHEST.pixel_spacing_mm / 2
     my, mx = ly - 0.5 * ct.lung_ry + rng.uniform(-2, 2), lx + rng.uniform(-2, 2)
     rho = _lobulated(ct.yy, ct.xx, my, mx, r, rng)
     prof = _z_profile(ct.n, rng)
@@ -178,8 +193,8 @@ def _ct_mass(ct: _ChestCT, f: Finding, rng: np.random.Generator) -> np.ndarray:
 def _ct_nodules(ct: _ChestCT, f: Finding, rng: np.random.Generator) -> tuple[np.ndarray, list[tuple[float, float]]]:
     """Mid lung, round, well apart; the others are the smallest size. Painted; the mask and centres returned."""
     yy, xx, lung_ry, lung_rx, mm = ct.yy, ct.xx, ct.lung_ry, ct.lung_rx, CT_CHEST.pixel_spacing_mm
-    ly, lx = ct.lung_centre[f.location]
-    radii = [f.size_mm / mm / 2] + [min(CT_CHEST.spec("nodule").sizes_mm) / mm / 2] * (f.count - 1)
+    ly, lx = ct.lung_centre[_location(f)]
+    radii = [_size_mm(f) / mm / 2] + [min(CT_CHEST.spec("nodule").sizes_mm) / mm / 2] * (f.count - 1)
     centres = _place_apart(
         rng,
         radii,
@@ -200,7 +215,7 @@ def _ct_nodules(ct: _ChestCT, f: Finding, rng: np.random.Generator) -> tuple[np.
 def _place_apart(rng, radii, *, y_range, x_range, gap, inside) -> list[tuple[float, float]]:
     """Centres for discs of `radii` inside a region, at least `gap` px apart (rejection sampling, then a row)."""
     for _ in range(200):
-        pts = []
+        pts: list[tuple[tuple[float, float], float]] = []
         for r in radii:
             for _ in range(50):
                 y = rng.uniform(*y_range)
@@ -260,8 +275,8 @@ def render_mr_brain(
     f = _find(findings, "lesion")
     if f:  # bright, homogeneous, lateral-anterior in its hemisphere
         rng = place(f.type)
-        r = f.size_mm / mm / 2
-        ly, lx = cy - 26 + rng.uniform(-3, 3), cx + _side_sign(f.location) * (27 + rng.uniform(-2, 2))
+        r = _size_mm(f) / mm / 2
+        ly, lx = cy - 26 + rng.uniform(-3, 3), cx + _side_sign(_location(f)) * (27 + rng.uniform(-2, 2))
         prof = _z_profile(n, rng)
         d = np.sqrt((yy - ly) ** 2 + (xx - lx) ** 2)
         m = np.stack([d <= r * p for p in prof]) & brain
@@ -270,7 +285,7 @@ def render_mr_brain(
     f = _find(findings, "mass")
     if f:  # ring-enhancing with a dark core and oedema, posterior
         rng = place(f.type)
-        r = f.size_mm / mm / 2
+        r = _size_mm(f) / mm / 2
         side = -1 if rng.random() < 0.5 else 1
         my, mx = cy + 22 + rng.uniform(-2, 2), cx + side * (12 + rng.uniform(-2, 2))
         rho = _lobulated(yy, xx, my, mx, r, rng)
@@ -333,7 +348,7 @@ def render_cr_chest(
 
     f = _find(findings, "consolidation")
     if f:  # patchy opacity in the mid zone
-        ly, lx, e = lungs[f.location]
+        ly, lx, e = lungs[_location(f)]
         rng = place(f.type)
         r = rng.uniform(0.5, 0.58) * lung_rx
         py, px = ly - 0.1 * lung_ry + rng.uniform(-6, 6), lx + rng.uniform(-4, 4)
@@ -344,21 +359,23 @@ def render_cr_chest(
         masks[f.type] = m[None]
     f = _find(findings, "pleural effusion")
     if f:  # dense base with a meniscus rising laterally
-        ly, lx, e = lungs[f.location]
+        side = _location(f)
+        ly, lx, e = lungs[side]
         rng = place(f.type)
         depth = rng.uniform(0.5, 0.58) * lung_ry
-        lateral = np.clip((xx - lx) * _side_sign(f.location) / lung_rx, 0, 1)
+        lateral = np.clip((xx - lx) * _side_sign(side) / lung_rx, 0, 1)
         level = ly + lung_ry - depth - 18 * lateral**2
         m = (e <= 1.02) & (yy >= level)
         img[m] = np.maximum(img[m], 0.66)
         masks[f.type] = m[None]
     f = _find(findings, "pneumothorax")
     if f:  # lateral-apical rim without lung markings, edged by a bright pleural line
-        ly, lx, e = lungs[f.location]
+        side = _location(f)
+        ly, lx, e = lungs[side]
         rng = place(f.type)
         rho = np.sqrt(e)
         edge = rng.uniform(0.6, 0.66)
-        lateral = (xx - lx) * _side_sign(f.location) > -0.3 * lung_rx
+        lateral = (xx - lx) * _side_sign(side) > -0.3 * lung_rx
         upper = yy < ly + 0.3 * lung_ry
         m = (rho <= 1) & (rho > edge) & lateral & upper
         img[m] = 0.02
