@@ -119,7 +119,7 @@ def _names(bundles: Sequence[Any]) -> list[str]:
     return [stem if stems.count(stem) == 1 else f"{stem}@{b.digest[:8]}" for b, stem in zip(bundles, stems)]
 
 
-def expand(bundles: Sequence[Any], grid: dict[str, Sequence[Any]]) -> list[Config]:
+def expand(bundles: Sequence[Any], grid: Mapping[str, Sequence[Any]]) -> list[Config]:
     """Every bundle x every combination of the knobs its target has (`bundles`: loaded `Bundle`s)."""
     out = []
     for b, name in zip(bundles, _names(bundles)):
@@ -131,7 +131,7 @@ def expand(bundles: Sequence[Any], grid: dict[str, Sequence[Any]]) -> list[Confi
     return out
 
 
-def expand_default(bundles: Sequence[Any], devices: dict[str, Sequence[Any]] | None = None) -> list[Config]:
+def expand_default(bundles: Sequence[Any], devices: Mapping[str, Sequence[Any]] | None = None) -> list[Config]:
     """Every bundle at its own settings, then at each value of its target's default-grid knobs, one knob at a
     time; for each of the `devices` values it has (`orin_estimate`), which are fronts of their own."""
     out = []

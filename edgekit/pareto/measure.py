@@ -73,11 +73,11 @@ def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) ->
     ok = [r for r in result["records"] if r.get("error") is None]
     if not ok:
         raise RuntimeError(f"{config.id}: every report failed")
-    latency, latency_source, energy, energy_source = zip(*(_latency_and_energy(r) for r in ok))
+    latency, latency_sources, energy, energy_sources = zip(*(_latency_and_energy(r) for r in ok))
     if any(e is None for e in energy):
         energy_j, energy_source = float("nan"), "none: no meter on this machine"
     else:  # a mean over reports a meter's fallback billed takes the weaker label, as any mixed figure does
-        energy_j, energy_source = float(np.mean(energy)), weakest(dict.fromkeys(energy_source))
+        energy_j, energy_source = float(np.mean(energy)), weakest(dict.fromkeys(energy_sources))
     overall, video = result["overall"], result.get("video") or {}
     video_f1 = video.get("finding_f1")
     return Point(
@@ -97,7 +97,7 @@ def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) ->
         count=overall["n"],  # DICOM studies scored (cine clips' MP4 copies are timed, billed and scored apart)
         load_ms=load_ms,
         recipe=bundle.manifest.provenance.get("recipe"),
-        latency_source=latency_source[0],
+        latency_source=latency_sources[0],
         failed=len(result["records"]) - len(ok),
         video_f1=video_f1["value"] if video_f1 else None,
         video_f1_ci=tuple(video_f1["ci95"]) if video_f1 else None,

@@ -17,6 +17,7 @@ runs it, on its own, in an `ir.passes.PassManager` or in `run_pipeline` alike. `
     class PrunePass(GraphPass):
         name = "prune"
         Config = PruneConfig
+        config: PruneConfig  # the type checker's view of what __init__ checks
         def preconditions(self, model, ctx): require_weight_matmuls(model, self.name, ctx.graph)
         def transform(self, model, ctx) -> PassChanges: ...
 
@@ -151,9 +152,10 @@ def initializer_bytes(model: ir.Model) -> int:
 # the pass and its runs
 # --------------------------------------------------------------------------------------------------------------
 class GraphPass:
-    """A configured pass. Subclasses set `name`, `Config`, optionally `graphs` (the files of a model directory it
-    applies to; the decoder by default) and `max_rel_error`, and implement `preconditions` and `transform`
-    (and `postconditions` when there is something to promise about the result)."""
+    """A configured pass. Subclasses set `name`, `Config` (and annotate `config: ThatConfig`, which `__init__`
+    checks it is), optionally `graphs` (the files of a model directory it applies to; the decoder by default) and
+    `max_rel_error`, and implement `preconditions` and `transform` (and `postconditions` when there is something to
+    promise about the result)."""
 
     name: ClassVar[str] = "pass"
     Config: ClassVar[type[PassConfig]] = PassConfig
@@ -222,12 +224,15 @@ class BoundPass(ir.passes.InPlacePass):
 
     def __call__(self, model_or_result: ir.Model | ir.passes.PassResult, /) -> GraphPassResult:
         try:
-            return super().__call__(model_or_result)
+            result = super().__call__(model_or_result)
         except ir.passes.InvariantError as err:
             # onnx-ir wraps what requires/ensures raise; a user-facing error keeps its own type and message
             if isinstance(err.__cause__, EdgekitError):
                 raise err.__cause__ from None
             raise
+        if not isinstance(result, GraphPassResult):  # onnx-ir returns what `call` made, typed as its base class
+            raise TypeError(f"{self!r} returned a {type(result).__name__}, not a GraphPassResult")
+        return result
 
     def requires(self, model: ir.Model) -> None:
         self.graph_pass.preconditions(model, self.context)

@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from edgekit import names
 from edgekit.errors import ConfigError
+from edgekit.ir_values import name_of
 from edgekit.plugins import DEFAULT_MODEL, get_model_family
 
 _DIM_DEFAULTS = {"batch": 1, "frames": 8}
@@ -48,13 +49,15 @@ def embedding_table(model_dir: str | Path | None) -> np.ndarray | None:
     shapes = [v.shape for v in model.graph.initializers.values() if v.shape is not None and len(v.shape) == 2]
     if not shapes or [i.name for i in model.graph.inputs] != [names.INPUT_IDS]:
         return None
-    vocab = int(shapes[0][0])  # codes (vocab, hidden or hidden / 2) and scales (vocab, blocks) agree on it
+    vocab = shapes[0][0]  # codes (vocab, hidden or hidden / 2) and scales (vocab, blocks) agree on it
+    if not isinstance(vocab, int):  # an initializer's dims are fixed; without that there is no row count to read
+        return None
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return np.asarray(sess.run(None, {names.INPUT_IDS: np.arange(vocab, dtype=np.int64)[None]})[0][0], np.float32)
 
 
-def _np_dtype(dtype: ir.DataType):
-    return dtype.numpy() if dtype is not None else np.float32
+def _np_dtype(dtype: ir.DataType | None) -> np.dtype:
+    return dtype.numpy() if dtype is not None else np.dtype(np.float32)
 
 
 def dim_value(name: str, known: Mapping[str, int]) -> int:
@@ -83,11 +86,12 @@ def _gather_rows(model: ir.Model) -> dict[str, int | None]:
     None when that dim is symbolic); the first such Gather in graph order counts. One scan of the graph."""
     rows: dict[str, int | None] = {}
     for node in model.graph:
-        if node.op_type == "Gather" and len(node.inputs) > 1 and node.inputs[1] is not None:
+        ids = node.inputs[1] if node.op_type == "Gather" and len(node.inputs) > 1 else None
+        if ids is not None and ids.name is not None:  # feeds are by name: an unnamed value is no graph input
             table = node.inputs[0]
             if table is not None and table.shape is not None and table.shape.rank():
                 n = table.shape[0]
-                rows.setdefault(node.inputs[1].name, n if isinstance(n, int) else None)
+                rows.setdefault(ids.name, n if isinstance(n, int) else None)
     return rows
 
 
@@ -116,7 +120,7 @@ def sample_feeds(
         feed: dict[str, np.ndarray] = {}
         for value in model.graph.inputs:
             shape = [d if isinstance(d, int) else dim_value(str(d), known) for d in (value.shape or [])]
-            name, dtype = value.name, _np_dtype(value.dtype)
+            name, dtype = name_of(value), _np_dtype(value.dtype)
             if name == names.ATTENTION_MASK:
                 feed[name] = np.ones(shape, dtype)
             elif name == names.POSITION_IDS:

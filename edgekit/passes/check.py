@@ -43,6 +43,7 @@ def snapshot(model: ir.Model, workdir: str | Path, name: str = "model.onnx") -> 
 def session(model: ModelRef, *, optimize: bool = True, threads: int | None = None) -> ort.InferenceSession:
     """An ORT CPU session from memory, or from a file when the model is a path or too big to serialize."""
     keep = None
+    data: str | bytes  # a file's path, or the serialized model
     if isinstance(model, (str, Path)):
         data = str(model)
     elif isinstance(model, bytes):

@@ -96,6 +96,7 @@ class CoPrunePass(GraphPass):
 
     name = "copruning"
     Config = CoPruneConfig
+    config: CoPruneConfig  # what GraphPass.__init__ checks it is
     graphs = (DECODER,)
 
     def _scores(self) -> tuple[dict[str, np.ndarray], dict, str]:
@@ -147,7 +148,7 @@ class CoPrunePass(GraphPass):
             write_kn(mm, pruned)
             reached[mm.name], sizes[mm.name] = sparsity(pruned), pruned.size
         return PassChanges(
-            initializers_touched=[mm.weight.name for mm in mms],
+            initializers_touched=[mm.weight_name for mm in mms],
             notes={
                 **sparsity_notes(reached, sizes),
                 "weights_zeroed": int(sum(round(reached[k] * sizes[k]) for k in sizes)),

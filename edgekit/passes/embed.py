@@ -22,13 +22,14 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
+from edgekit.ir_values import const_array, name_of
 from edgekit.names import EMBED_TOKENS
 
 from .base import GraphPass, PassChanges, PassContext, PassPreconditionError
 from .config import PassConfig, param
 from .embed_encode import EmbeddingGather, find_embedding_gathers
 from .int4_encode import check_block, quantize_blocks
-from .patterns import add_initializer
+from .patterns import add_initializer, static_dim
 from .weight_formats import EMBEDDING, WeightFormat, WritesWeightFormat
 
 __all__ = ["EmbedQuantConfig", "EmbedQuantPass", "EmbeddingGather", "find_embedding_gathers"]
@@ -80,6 +81,7 @@ class EmbedQuantConfig(WritesWeightFormat, PassConfig):
 class EmbedQuantPass(GraphPass):
     name = "qembed"
     Config = EmbedQuantConfig
+    config: EmbedQuantConfig  # what GraphPass.__init__ checks it is
     graphs = (EMBED_TOKENS,)
 
     @property
@@ -93,7 +95,7 @@ class EmbedQuantPass(GraphPass):
                 f"{self.name}: no Gather of a float (vocab, hidden) table to quantize in {ctx.graph}", ctx.graph or None
             )
         for g in found:
-            check_block(int(g.table.shape[1]), self.config.block, g.table.name)
+            check_block(static_dim(g.table, 1), self.config.block, name_of(g.table))
 
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         cfg = self.config
@@ -102,21 +104,22 @@ class EmbedQuantPass(GraphPass):
         assert encode is not None  # EmbedQuantConfig refuses a format that stores no tables
         changes = PassChanges()
         for g in find_embedding_gathers(model):
-            float_dtype = g.table.const_value.numpy().dtype  # the output keeps it (float32, or float16 after fp16)
-            table = g.table.const_value.numpy().astype(np.float32)
-            qw = quantize_blocks(table, cfg.block, bits=cfg.bits, symmetric=True, clip_grid=cfg.clip, name=g.table.name)
+            table_name = name_of(g.table)  # an initializer's
+            float_dtype = const_array(g.table).dtype  # the output keeps it (float32, or float16 after fp16)
+            table = const_array(g.table).astype(np.float32)
+            qw = quantize_blocks(table, cfg.block, bits=cfg.bits, symmetric=True, clip_grid=cfg.clip, name=table_name)
             signed = (qw.q.astype(np.int16) - 2 ** (cfg.bits - 1)).astype(ml_dtypes.int4 if cfg.bits == 4 else np.int8)
-            base = g.table.name[: -len(".weight")] if g.table.name.endswith(".weight") else g.table.name
+            base = table_name[: -len(".weight")] if table_name.endswith(".weight") else table_name
             codes = add_initializer(model.graph, signed, f"{base}.qweight")
             scales = add_initializer(model.graph, qw.scales.astype(float_dtype), f"{base}.scales")
             added, removed = encode(model, g, codes, scales, cfg.block)
             changes.nodes_added += added
             changes.nodes_removed += removed
-            changes.initializers_touched.append(g.table.name)
+            changes.initializers_touched.append(table_name)
             if not g.table.uses() and not g.table.is_graph_output():
-                model.graph.initializers.pop(g.table.name, None)
+                model.graph.initializers.pop(table_name, None)
             err = np.abs(qw.dequantize() - table)
-            changes.notes.setdefault("tables", {})[g.table.name] = {
+            changes.notes.setdefault("tables", {})[table_name] = {
                 "shape": list(table.shape),
                 "max_abs_error": float(err.max()),
                 "rel_l2": float(np.linalg.norm(err) / (np.linalg.norm(table) + 1e-12)),

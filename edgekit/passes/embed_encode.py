@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
+from .patterns import dtype_of, shape_of
+
 MS_DOMAIN = "com.microsoft"
 
 
@@ -64,7 +66,7 @@ def encode_gather(
     graph.insert_before(g.node, node)
     old = g.node.outputs[0]
     new = node.outputs[0]
-    new.name, new.dtype, new.shape = old.name, scales.dtype, old.shape
+    new.name, new.dtype, new.shape = old.name, dtype_of(scales), old.shape
     old.replace_all_uses_with(new, replace_graph_outputs=True)
     graph.remove(g.node, safe=True)
     model.opset_imports.setdefault(MS_DOMAIN, 1)
@@ -80,8 +82,8 @@ def encode_dequantize(
         "DequantizeLinear", [codes, scales], {"axis": 1, "block_size": block}, name=f"{g.node.name}_DequantizeLinear"
     )
     dq.outputs[0].name = f"{g.table.name}_dq"
-    dq.outputs[0].dtype = scales.dtype
-    dq.outputs[0].shape = ir.Shape(list(codes.shape))
+    dq.outputs[0].dtype = dtype_of(scales)
+    dq.outputs[0].shape = ir.Shape(list(shape_of(codes)))
     model.graph.insert_before(g.node, dq)
     g.node.replace_input_with(0, dq.outputs[0])
     return 1, 0

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from edgekit.ir_values import const_array, name_of
+
 from .base import ALL_GRAPHS, GraphPass, PassChanges, PassContext, PassPreconditionError
 from .config import PassConfig, param
 from .patterns import add_initializer, find_weight_matmuls, matches_any, remove_if_unused
@@ -47,6 +49,7 @@ class Fp16Config(PassConfig):
 class Fp16Pass(GraphPass):
     name = "fp16"
     Config = Fp16Config
+    config: Fp16Config  # what GraphPass.__init__ checks it is
     graphs = ALL_GRAPHS
     max_rel_error = 0.05
 
@@ -59,33 +62,34 @@ class Fp16Pass(GraphPass):
     def transform(self, model: ir.Model, ctx: PassContext) -> PassChanges:
         changes = PassChanges()
         graph = model.graph
-        casts: dict[str, ir.Value] = {}  # activation name -> its FP16 cast
+        casts: dict[ir.Value, ir.Value] = {}  # activation -> its FP16 cast
         for m in find_weight_matmuls(model):
             if matches_any(m.name, self.config.exclude) or m.weight.dtype != F32:
                 continue
             act = m.activation
-            if act.name not in casts:
+            if act not in casts:
                 cast = ir.node("Cast", [act], {"to": F16}, name=f"{m.node.name}_CastToFp16")
                 cast.outputs[0].name, cast.outputs[0].dtype = f"{act.name}_fp16", F16
                 graph.insert_before(m.node, cast)
-                casts[act.name] = cast.outputs[0]
+                casts[act] = cast.outputs[0]
                 changes.nodes_added += 1
             w16 = add_initializer(graph, np.ascontiguousarray(m.kn().astype(np.float16)), f"{m.name}.weight_fp16")
-            m.node.replace_input_with(0, casts[act.name])
+            m.node.replace_input_with(0, casts[act])
             m.node.replace_input_with(1, w16)
             changes.nodes_added += self._cast_back(model, m.node, changes)
-            changes.initializers_touched.append(m.weight.name)
+            changes.initializers_touched.append(m.weight_name)
             changes.nodes_removed += remove_if_unused(model, m.transpose)
             if m.weight.is_initializer() and not m.weight.uses():
-                graph.initializers.pop(m.weight.name, None)
+                graph.initializers.pop(m.weight_name, None)
         if self.config.embeddings:
             for node, table in _embedding_gathers(model):
-                if matches_any(table.name, self.config.exclude):
+                table_name = name_of(table)  # an initializer's
+                if matches_any(table_name, self.config.exclude):
                     continue
-                table.const_value = ir.Tensor(table.const_value.numpy().astype(np.float16), name=table.name)
+                table.const_value = ir.Tensor(const_array(table).astype(np.float16), name=table_name)
                 table.dtype = F16
                 changes.nodes_added += self._cast_back(model, node, changes)
-                changes.initializers_touched.append(table.name)
+                changes.initializers_touched.append(table_name)
         changes.notes = {
             "fp32_kept": "norms, softmax, RoPE, residual stream, graph inputs/outputs",
             "shared_input_casts": len(casts),

@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
 
+from edgekit.ir_values import const_array
 from edgekit.names import HEAD_GATES_FILE
 
 from .peft_adapter import AdapterError
+
+if TYPE_CHECKING:  # lora imports this module
+    from .lora import WeightSlot
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,12 @@ def read_head_gates(adapter_dir: str | Path) -> HeadGateFile | None:
     return HeadGateFile(path, doc, tuple(layers))
 
 
-def plan_gate_fold(gates: HeadGateFile, slots: dict, module_prefix: str = "") -> list[tuple[object, np.ndarray]]:
+def plan_gate_fold(
+    gates: HeadGateFile, slots: Mapping[str, WeightSlot], module_prefix: str = ""
+) -> list[tuple[WeightSlot, np.ndarray]]:
     """(o_proj weight slot, per-input-column scale) per layer; one `AdapterError` for everything that misfits."""
-    plan, problems = [], []
+    plan: list[tuple[WeightSlot, np.ndarray]] = []
+    problems: list[str] = []
     for layer in gates.layers:
         name = f"{module_prefix}{layer.module}.o_proj"
         slot = slots.get(name)
@@ -91,12 +100,12 @@ def plan_gate_fold(gates: HeadGateFile, slots: dict, module_prefix: str = "") ->
     return plan
 
 
-def fold_gates(model: ir.Model, entries: list[tuple[object, np.ndarray]]) -> list[str]:
+def fold_gates(model: ir.Model, entries: list[tuple[WeightSlot, np.ndarray]]) -> list[str]:
     """Scale each planned `o_proj` weight's input side in place; returns the initializers changed."""
     touched = []
     for slot, scale in entries:
         value = model.graph.initializers[slot.initializer]
-        w = value.const_value.numpy()
+        w = const_array(value)
         folded = w * (scale[None, :] if slot.out_in else scale[:, None])
         value.const_value = ir.Tensor(folded.astype(w.dtype), name=slot.initializer)
         touched.append(slot.initializer)

@@ -31,12 +31,13 @@ import onnx_ir as ir
 from onnx import helper
 
 from edgekit import names
+from edgekit.ir_values import name_of
 from edgekit.names import DECODER, EMBED_TOKENS
 from edgekit.positions import for_rank
 
 from .base import GraphPass, PassChanges, PassContext, PassPreconditionError
 from .config import PassConfig, param
-from .patterns import WeightMatMul, find_weight_matmuls
+from .patterns import WeightMatMul, find_weight_matmuls, static_dim
 from .sparsity import sparsity, write_kn
 
 SCORES_FILE = names.HEAD_IMPORTANCE_FILE
@@ -63,13 +64,9 @@ def _reshape_head_dim(q: WeightMatMul) -> int | None:
                 if node.op_type == "Reshape":
                     shape = node.inputs[1]
                     const = shape.const_value if shape is not None else None
-                    if (
-                        const is None
-                        and shape is not None
-                        and shape.producer() is not None
-                        and shape.producer().op_type == "Constant"
-                    ):
-                        const = shape.producer().attributes["value"].as_tensor()
+                    producer = shape.producer() if shape is not None else None
+                    if const is None and producer is not None and producer.op_type == "Constant":
+                        const = producer.attributes["value"].as_tensor()
                     if const is not None:
                         dims = const.numpy().tolist()
                         if len(dims) == 4 and dims[-1] > 0:
@@ -108,16 +105,17 @@ def decoder_feeds(inputs_embeds: np.ndarray, model: ir.Model) -> dict[str, np.nd
     """Prefill feeds (no past) for one batch of embeddings, in the decoder's input signature."""
     b, s, _ = inputs_embeds.shape
     rank = next((len(v.shape) for v in model.graph.inputs if v.name == names.POSITION_IDS and v.shape), 2)
-    feeds = {
+    feeds: dict[str, np.ndarray] = {
         names.INPUTS_EMBEDS: inputs_embeds.astype(np.float32),
         names.ATTENTION_MASK: np.ones((b, s), np.int64),
         # text positions in the decoder's rank (M-RoPE's (3, batch, seq): the same on the three axes)
         names.POSITION_IDS: for_rank(np.tile(np.arange(s, dtype=np.int64), (b, 1)), rank),
     }
     for v in model.graph.inputs:
-        if v.name.startswith(names.PAST_PREFIX):
-            kv_heads, head_dim = int(v.shape[1]), int(v.shape[3])
-            feeds[v.name] = np.zeros((b, kv_heads, 0, head_dim), np.float32)
+        name = name_of(v)
+        if name.startswith(names.PAST_PREFIX):
+            kv_heads, head_dim = static_dim(v, 1), static_dim(v, 3)
+            feeds[name] = np.zeros((b, kv_heads, 0, head_dim), np.float32)
     return feeds
 
 
@@ -127,7 +125,7 @@ def default_calibration(
     """Calibration feeds when none are given: random token ids through the model's own embedding table when the
     sibling `embed_tokens.onnx` is there (realistic activation scale), else unit-normal embeddings."""
     rng = np.random.default_rng(seed)
-    hidden = int(model.graph.inputs[0].shape[-1])
+    hidden = static_dim(model.graph.inputs[0], -1)
     table = None
     if model_dir is not None and (Path(model_dir) / EMBED_TOKENS).is_file():
         inits = onnx.load(str(Path(model_dir) / EMBED_TOKENS)).graph.initializer
@@ -145,7 +143,7 @@ def head_outputs(model: ir.Model, layers: list[AttentionLayer], feeds: list[dict
     import onnxruntime as ort
 
     proto = ir.to_proto(model)
-    wanted_outputs = [layer.o.activation.name for layer in layers]
+    wanted_outputs = [name_of(layer.o.activation) for layer in layers]
     for n in wanted_outputs:
         proto.graph.output.append(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None))
     so = ort.SessionOptions()
@@ -209,7 +207,7 @@ def heads_to_prune(doc: dict, ratio: float, min_heads_per_layer: int = 1) -> lis
     entries = [(share, li, h) for li, L in enumerate(doc["layers"]) for h, share in enumerate(L["share"])]
     budget = int(round(ratio * len(entries)))
     left = {li: L["heads"] for li, L in enumerate(doc["layers"])}
-    chosen = []
+    chosen: list[tuple[int, int]] = []
     for _share, li, h in sorted(entries):
         if len(chosen) >= budget:
             break
@@ -247,6 +245,7 @@ class HeadPrunePass(GraphPass):
 
     name = "heads"
     Config = HeadPruneConfig
+    config: HeadPruneConfig  # what GraphPass.__init__ checks it is
     graphs = (DECODER,)
 
     def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
@@ -276,7 +275,7 @@ class HeadPrunePass(GraphPass):
             Path(c.scores_out).parent.mkdir(parents=True, exist_ok=True)
             Path(c.scores_out).write_text(json.dumps(doc, indent=1))
         touched = sorted(
-            {w for li in {l2 for l2, _ in pruned} for w in (layers[li].q.weight.name, layers[li].o.weight.name)}
+            {w for li in {l2 for l2, _ in pruned} for w in (layers[li].q.weight_name, layers[li].o.weight_name)}
         )
         return PassChanges(
             initializers_touched=touched,

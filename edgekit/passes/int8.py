@@ -23,8 +23,9 @@ import onnx
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
+from edgekit.ir_values import const_array
 
-from .base import GraphPass, PassChanges, PassContext
+from .base import GraphPass, PassChanges, PassContext, PassPreconditionError
 from .config import PassConfig, param
 from .int4_encode import quantize_blocks
 from .patterns import add_initializer, matches_any, remove_if_unused, require_weight_matmuls
@@ -73,10 +74,13 @@ class Int8Config(WritesWeightFormat, PassConfig):
 def fold_weight_transposes(model: ir.Model, exclude: list[str] | None = None) -> tuple[list[str], int]:
     """Rewrite `Transpose(W) -> MatMul` as `W^T -> MatMul` (a new (K, N) initializer). Returns (MatMul node
     names, nodes removed). Other quantizers (ORT's) only see MatMuls fed by an initializer."""
-    names, removed = [], 0
+    names: list[str] = []
+    removed = 0
     for m in require_weight_matmuls(model, "int8"):
         if exclude and matches_any(m.name, exclude):
             continue
+        if m.node.name is None:  # onnx_file names every node first; edgekit's exports name theirs
+            raise PassPreconditionError(f"int8: the MatMul of {m.name} has no node name for the quantizer to select")
         names.append(m.node.name)
         if m.transpose is None:
             continue
@@ -84,13 +88,14 @@ def fold_weight_transposes(model: ir.Model, exclude: list[str] | None = None) ->
         m.node.replace_input_with(1, add_initializer(model.graph, kn, f"{m.name}.weight_kn"))
         removed += remove_if_unused(model, m.transpose)
         if m.weight.is_initializer() and not m.weight.uses():
-            model.graph.initializers.pop(m.weight.name, None)
+            model.graph.initializers.pop(m.weight_name, None)
     return names, removed
 
 
 class Int8Pass(GraphPass):
     name = "int8"
     Config = Int8Config
+    config: Int8Config  # what GraphPass.__init__ checks it is
 
     @property
     def format(self) -> WeightFormat:
@@ -139,7 +144,7 @@ class Int8Pass(GraphPass):
             quantized = ir.load(dst)
             # materialise tensors before the temp dir goes away
             for v in quantized.graph.initializers.values():
-                v.const_value = ir.Tensor(v.const_value.numpy(), name=v.name)
+                v.const_value = ir.Tensor(const_array(v), name=v.name)
         _replace_model_contents(model, quantized)
         nodes_after = len(list(model.graph))
         return PassChanges(
@@ -168,14 +173,14 @@ class Int8Pass(GraphPass):
             block = next((b for b in (128, 64, 32, 16) if b <= cfg.block and m.k % b == 0), cfg.block)
             blocks.add(block)
             transpose = m.transpose
-            qw = quantize_blocks(m.kn().T, block, bits=8, symmetric=True, name=m.weight.name)
+            qw = quantize_blocks(m.kn().T, block, bits=8, symmetric=True, name=m.weight_name)
             added, removed = encoder(model, m.node, qw, m.name, {})
             changes.nodes_added += added
             changes.nodes_removed += removed
-            changes.initializers_touched.append(m.weight.name)
+            changes.initializers_touched.append(m.weight_name)
             changes.nodes_removed += remove_if_unused(model, transpose)
             if m.weight.is_initializer() and not m.weight.uses():
-                model.graph.initializers.pop(m.weight.name, None)
+                model.graph.initializers.pop(m.weight_name, None)
         changes.notes = {
             "format": fmt.name,
             "encoding": fmt.report_label(8),

@@ -27,6 +27,7 @@ import onnx
 import onnx_ir as ir
 
 from edgekit.errors import ConfigError
+from edgekit.ir_values import const_array
 from edgekit.names import DECODER, HEAD_IMPORTANCE, HEAD_IMPORTANCE_FILE, VISION_ENCODER
 
 from .base import ALL_GRAPHS, GraphPass, PassChanges, PassContext
@@ -65,10 +66,10 @@ def weight_slots(model: ir.Model | onnx.ModelProto, graph: str) -> dict[str, Wei
     """Module name -> weight slot for every MatMul fed by a constant 2-D weight."""
     if isinstance(model, onnx.ModelProto):  # sibling graphs are read without their weights
         model = ir.serde.deserialize_model(model)
-    slots = {}
+    slots: dict[str, WeightSlot] = {}
     for mm in find_weight_matmuls(model):
         out_in = mm.transpose is not None
-        slots.setdefault(mm.name, WeightSlot(graph, mm.weight.name, out_in, (mm.n, mm.k)))
+        slots.setdefault(mm.name, WeightSlot(graph, mm.weight_name, out_in, (mm.n, mm.k)))
     return slots
 
 
@@ -106,10 +107,10 @@ def apply_plan(model: ir.Model, entries: list) -> dict[str, float]:
     rel = {}
     for name, delta in deltas.items():
         value = model.graph.initializers[name]
-        w = value.const_value.numpy()
+        w = const_array(value)
         merged = (w.astype(np.float64) + delta).astype(w.dtype)
         value.const_value = ir.Tensor(merged, name=name)
-        rel[name] = float(np.linalg.norm(delta) / max(np.linalg.norm(w), 1e-30))
+        rel[name] = float(np.linalg.norm(delta) / max(float(np.linalg.norm(w)), 1e-30))
     return rel
 
 
@@ -121,8 +122,7 @@ def load_adapters(config: LoraConfig) -> list[tuple[PeftAdapter, float]]:
 def load_gates(adapters: list[tuple[PeftAdapter, float]]) -> HeadGateFile | None:
     """The head gates of the one gated adapter, if any. Gates scale a head, they do not add: two gated adapters,
     or a gated one merged at a weight other than 1, have no meaning the training gave them, so they are refused."""
-    gated = [(read_head_gates(a.path), w) for a, w in adapters]
-    gated = [(g, w) for g, w in gated if g is not None]
+    gated = [(g, w) for a, w in adapters if (g := read_head_gates(a.path)) is not None]
     if len(gated) > 1:
         raise AdapterError(f"{len(gated)} adapters carry head gates; at most one can be merged")
     if gated and gated[0][1] != 1.0:
@@ -149,6 +149,7 @@ class LoraMergePass(GraphPass):
 
     name = "lora"
     Config = LoraConfig
+    config: LoraConfig  # what GraphPass.__init__ checks it is
     graphs = (DECODER, VISION_ENCODER)
 
     def _plan(self, model: ir.Model, ctx: PassContext, adapters: list[tuple[PeftAdapter, float]]):

@@ -154,7 +154,8 @@ def _run(src: Path, dst: Path, passes, calibration, dims, check, check_samples, 
         reports.append(report)
         if on_pass:
             on_pass(p, graph, "done")
-    end_to_end = check_models(original, model, check_feeds) if check and len(passes) > 1 else None
+    # `original` is set exactly when checking
+    end_to_end = check_models(original, model, check_feeds) if original is not None and len(passes) > 1 else None
     shutil.rmtree(scratch, ignore_errors=True)
     save_model(model, dst, external_data_threshold_bytes=0 if external else EXTERNAL_DATA_THRESHOLD_BYTES)
     return reports, end_to_end

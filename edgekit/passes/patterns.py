@@ -11,11 +11,39 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 import onnx_ir as ir
 
+from edgekit.ir_values import MissingValueError, const_array, input_of, name_of
+
 from .base import PassPreconditionError
+
+
+def shape_of(value: ir.Value) -> ir.Shape:
+    """The shape of a value that has one (an initializer, an output this module typed); else `MissingValueError`."""
+    if value.shape is None:
+        raise MissingValueError(f"value {value.name!r} has no shape")
+    return value.shape
+
+
+def dtype_of(value: ir.Value) -> ir.DataType:
+    """The element type of a value that has one (an initializer, an output this module typed); else
+    `MissingValueError`."""
+    if value.dtype is None:
+        raise MissingValueError(f"value {value.name!r} has no element type")
+    return value.dtype
+
+
+def static_dim(value: ir.Value, axis: int) -> int:
+    """The size of `value` along `axis` when the graph fixes it (an initializer's, a KV input's head count);
+    a value with no shape, or a symbolic size there, is a `PassPreconditionError` naming both."""
+    shape = value.shape
+    size = shape[axis] if shape is not None else None
+    if not isinstance(size, int):
+        raise PassPreconditionError(f"{value.name!r} has no fixed size on axis {axis} (shape {shape})")
+    return size
 
 
 @dataclass
@@ -33,26 +61,29 @@ class WeightMatMul:
         return n[: -len(".weight")] if n.endswith(".weight") else n
 
     @property
+    def weight_name(self) -> str:
+        """The initializer's name (every initializer has one)."""
+        return name_of(self.weight)
+
+    @property
     def activation(self) -> ir.Value:
-        return self.node.inputs[0]
+        return input_of(self.node, 0)
 
     def kn(self) -> np.ndarray:
         """The weight as MatMul consumes it, (K, N) float32."""
-        w = self.weight.const_value.numpy()
+        w = const_array(self.weight)
         return np.asarray(w.T if self.transpose is not None else w, dtype=np.float32)
 
     @property
     def k(self) -> int:
-        s = self.weight.shape
-        return int(s[1] if self.transpose is not None else s[0])
+        return static_dim(self.weight, 1 if self.transpose is not None else 0)
 
     @property
     def n(self) -> int:
-        s = self.weight.shape
-        return int(s[0] if self.transpose is not None else s[1])
+        return static_dim(self.weight, 0 if self.transpose is not None else 1)
 
 
-def _is_float_initializer(v: ir.Value | None) -> bool:
+def _is_float_initializer(v: ir.Value | None) -> TypeGuard[ir.Value]:
     return (
         v is not None
         and v.const_value is not None
@@ -105,8 +136,9 @@ def add_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
     while name in graph.initializers:
         i += 1
         name = f"{base}_{i}"
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=None, const_value=ir.Tensor(array, name=name))
-    value.dtype = value.const_value.dtype
+    tensor = ir.Tensor(array, name=name)
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=None, const_value=tensor)
+    value.dtype = tensor.dtype
     graph.register_initializer(value)
     return value
 
@@ -121,5 +153,5 @@ def remove_if_unused(model: ir.Model, node: ir.Node | None) -> int:
     model.graph.remove(node, safe=True)
     for v in inputs:  # an initializer nobody reads any more goes too
         if v is not None and v.is_initializer() and not v.uses() and not v.is_graph_output():
-            model.graph.initializers.pop(v.name, None)
+            model.graph.initializers.pop(name_of(v), None)
     return 1

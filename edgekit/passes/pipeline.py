@@ -188,7 +188,8 @@ class _Run:
             reports.append(report)
             if self.on_pass:
                 self.on_pass(p, graph, "done")
-        errors = check_models(original, model, feeds) if checking and len(mine) > 1 else None
+        # `original` is set exactly when checking
+        errors = check_models(original, model, feeds) if original is not None and len(mine) > 1 else None
         shutil.rmtree(scratch, ignore_errors=True)
         save_model(model, tmp / graph)
         return errors

@@ -9,6 +9,7 @@ always what a layer gets (ties, weights that were already zero).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,13 +72,16 @@ def sparsity(w: np.ndarray) -> float:
 # --------------------------------------------------------------------------------------------------------------
 # graph side
 # --------------------------------------------------------------------------------------------------------------
-def select_weights(model: ir.Model, include, exclude, pass_name: str) -> list[WeightMatMul]:
+def select_weights(
+    model: ir.Model, include: Sequence[str], exclude: Sequence[str], pass_name: str
+) -> list[WeightMatMul]:
     """Weight MatMuls whose module name matches `include` and not `exclude` (fnmatch), one per initializer."""
-    seen, out = set(), []
+    seen: set[str] = set()
+    out: list[WeightMatMul] = []
     for mm in require_weight_matmuls(model, pass_name):
-        if mm.weight.name in seen or not matches_any(mm.name, include) or matches_any(mm.name, exclude):
+        if mm.weight_name in seen or not matches_any(mm.name, include) or matches_any(mm.name, exclude):
             continue
-        seen.add(mm.weight.name)
+        seen.add(mm.weight_name)
         out.append(mm)
     if not out:
         raise PassPreconditionError(f"{pass_name}: no weight matches include={list(include)} exclude={list(exclude)}")
@@ -116,6 +120,7 @@ class PrunePass(GraphPass):
 
     name = "prune"
     Config = PruneConfig
+    config: PruneConfig  # what GraphPass.__init__ checks it is
     graphs = (DECODER,)
 
     def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
@@ -135,7 +140,7 @@ class PrunePass(GraphPass):
             write_kn(mm, pruned)
             reached[mm.name], sizes[mm.name] = sparsity(pruned), pruned.size
         return PassChanges(
-            initializers_touched=[mm.weight.name for mm in mms],
+            initializers_touched=[mm.weight_name for mm in mms],
             notes={**sparsity_notes(reached, sizes), "target": c.ratio, "scope": c.scope},
         )
 
@@ -152,6 +157,7 @@ class Sparse24Pass(GraphPass):
 
     name = "sparse24"
     Config = Sparse24Config
+    config: Sparse24Config  # what GraphPass.__init__ checks it is
     graphs = (DECODER,)
 
     def preconditions(self, model: ir.Model, ctx: PassContext) -> None:
@@ -172,6 +178,6 @@ class Sparse24Pass(GraphPass):
             write_kn(mm, pruned)
             reached[mm.name], sizes[mm.name] = sparsity(pruned), pruned.size
         return PassChanges(
-            initializers_touched=[mm.weight.name for mm in mms],
+            initializers_touched=[mm.weight_name for mm in mms],
             notes={**sparsity_notes(reached, sizes), "pattern": "2:4 along K"},
         )
