@@ -62,6 +62,7 @@ class RolloutSettings:
     gate_limit: int = 8
     drop_dir: Path | None = None
     max_bundle_bytes: int = 8 * 1024**3  # a bundle uploaded to POST /v1/variants/{name}/bundles
+    profile: Path | None = None  # the canary's energy baseline: a new bundle's `edgekit pareto` point; [policy]'s
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any]
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = Path(value) if key in _PATHS else value
     cfg = replace(DaemonConfig(), **values, source=source)
+    if cfg.rollout.profile is None and cfg.policy_profile is not None:  # the canary's energy: the policy's profile
+        cfg = replace(cfg, rollout=replace(cfg.rollout, profile=cfg.policy_profile))
     _check(cfg, source)
     return cfg
 
@@ -354,7 +357,7 @@ def _rollout(table: Any, path: Path) -> RolloutSettings:
     for key, value in table.items():
         if key not in known:
             raise ConfigError(f"unknown key rollout.{key} (known: {', '.join(known)})", path)
-        if key in ("gate_split", "drop_dir"):
+        if key in ("gate_split", "drop_dir", "profile"):
             if not isinstance(value, str):
                 raise ConfigError(f"rollout.{key} must be a path", path)
             values[key] = _resolve(Path(value), path)

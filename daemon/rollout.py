@@ -8,13 +8,16 @@ and counted in /metrics (`edgekitd_rollout_steps_total`):
 - **staged**: the bundle (an `.ekb`, by `POST /v1/variants/{name}/bundles` or a file dropped in `[rollout]
   drop_dir/<name>/`) is verified (signature under `[trust]`, every file against its manifest, the variant's target
   and model family) and kept beside the live one (`slots.py`);
-- **gated**: it loads and warms on this device's target, and, with `[rollout] gate_split`, scores at least
-  `gate_min_f1` finding F1 on that held-out split;
+- **gated**: it loads and warms on this device's target, writes the tokens it wrote when it was built on its own
+  reference input (`reference.json`, `edgekit.reference`; a bundle built before it existed passes with the note "no
+  reference outputs"), and, with `[rollout] gate_split`, scores at least `gate_min_f1` finding F1 on that held-out
+  split;
 - **switched**: new reports go to it; reports running keep the bundle they started on;
 - **committed** after the canary window (`canary_reports` reports or `canary_s` seconds) without a breach, or
-  **rolled back** to the previous bundle at the first breach: error rate, p95 latency or energy per report against
-  the previous bundle's own recent figures, or the SR delivery rate. `POST /v1/variants/{name}/rollback` does it by
-  hand.
+  **rolled back** to the previous bundle at the first breach: error rate, p95 latency against the previous
+  bundle's own recent figures, energy per report against the profile (`EnergyBaseline`: the new bundle's point in
+  `[rollout] profile`, by default the `[policy]` one, else the previous bundle's measured figure), or the SR
+  delivery rate. `POST /v1/variants/{name}/rollback` does it by hand.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Figures:
     delivered: int = 0
     dead: int = 0
     started: float = field(default_factory=time.time)  # the canary window's start (a baseline's: when it began)
+    energy_sources: set[str] = field(default_factory=set)  # the meters that billed its reports
 
     def p95(self) -> float | None:
         values = sorted(self.latency_ms)
@@ -86,19 +90,52 @@ class Figures:
         }
 
 
-def breach(window: Figures, baseline: Figures, s: RolloutSettings, final: bool = False) -> str | None:
+PROFILE, PREVIOUS = "profile", "previous_bundle"
+
+
+@dataclass(frozen=True)
+class EnergyBaseline:
+    """What a canary window's energy per report is judged against, chosen at the switch: the profile's figure for
+    the new bundle (its `edgekit pareto` point with the variant's load-time settings; of several, the costliest,
+    since the policy may serve any of them), or else the previous bundle's mean measured on this device."""
+
+    kind: str  # PROFILE | PREVIOUS
+    energy_j: float | None  # per report: the profile point's; the previous bundle's mean at the switch
+    energy_source: str | None = None  # the profile point's meter (measured:<sensor>, emulated:x1, estimated:...)
+    detail: str = ""  # which profile and point, or why no profile figure was used
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        figure = "no figure yet" if self.energy_j is None else f"{self.energy_j:.3g} J/report"
+        source = f", {self.energy_source}" if self.energy_source else ""
+        return f"{self.kind}: {figure} ({self.detail}{source})"
+
+    def against(self, window: Figures, baseline: Figures) -> tuple[float | None, str]:
+        """The figure the window is compared with now, and its name. A profile figure measured by another meter
+        than the window's reports is not the same quantity: the previous bundle's measured figure then."""
+        if self.kind == PROFILE and (not window.energy_sources or window.energy_sources <= {self.energy_source}):
+            return self.energy_j, f"the profile's ({self.energy_source})"
+        return baseline.mean_energy(), "the previous bundle's measured"
+
+
+def breach(
+    window: Figures, baseline: Figures, s: RolloutSettings, final: bool = False, energy: EnergyBaseline | None = None
+) -> str | None:
     """The first threshold the canary window breaks, as a reason; None while it holds. Each is judged from
-    `min_reports` reports (or settled deliveries) on, or at the window's end; latency and energy against the
-    previous bundle's own recent figures."""
+    `min_reports` reports (or settled deliveries) on, or at the window's end; latency against the previous
+    bundle's own recent figures, energy against `energy` (None: the previous bundle's measured figure)."""
     if window.reports >= s.min_reports or (final and window.reports):
         if window.errors / window.reports > s.max_error_rate:
             return f"error rate {window.errors}/{window.reports} above {s.max_error_rate:.0%}"
         new, old = window.p95(), baseline.p95()
         if new is not None and old and new > s.max_p95_ratio * old:
             return f"p95 latency {new:.0f} ms above {s.max_p95_ratio}x the previous bundle's {old:.0f} ms"
-        new_e, old_e = window.mean_energy(), baseline.mean_energy()
+        new_e = window.mean_energy()
+        old_e, name = (energy or EnergyBaseline(PREVIOUS, None)).against(window, baseline)
         if new_e is not None and old_e and new_e > s.max_energy_ratio * old_e:
-            return f"energy {new_e:.3g} J/report above {s.max_energy_ratio}x the previous bundle's {old_e:.3g} J"
+            return f"energy {new_e:.3g} J/report above {s.max_energy_ratio}x {name} {old_e:.3g} J"
     settled = window.delivered + window.dead
     if (settled >= s.min_reports or (final and settled)) and window.delivered / settled < s.min_delivery_rate:
         return f"SR delivery rate {window.delivered}/{settled} below {s.min_delivery_rate:.0%}"
@@ -122,6 +159,7 @@ class Rollout:
         self._lock = threading.Lock()
         self.windows: dict[str, Figures] = {}  # the canary window of each variant in one
         self.baselines: dict[str, Figures] = {}  # each variant's live bundle's recent figures
+        self.energy: dict[str, EnergyBaseline] = {}  # what each canary window's energy is judged against
 
     # --- start ----------------------------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -211,38 +249,113 @@ class Rollout:
         return Slot(new.digest, str(path), time.time(), signed_by), new
 
     def _gate(self, name: str, slot: Slot, bundle: Bundle) -> tuple[Loaded, dict[str, Any]]:
-        """Load and warm on this device (the bundle's own check: it runs here), then the quality floor if set.
-        `bundle`: as `_verify` checked it (its files are not hashed a second time)."""
+        """Load and warm on this device, the bundle's own reference check (it writes here the tokens it wrote when
+        built), then the quality floor if set. `bundle`: as `_verify` checked it (not hashed a second time)."""
         loaded = self.registry.load_slot(name, Path(slot.bundle), bundle)
-        gate: dict[str, Any] = {"loaded_ms": round(loaded.load_ms, 1), "warm_ms": round(loaded.warm_ms, 1)}
-        s = self.settings()
-        if s.gate_split is not None:
-            from edgekit.eval.runner import evaluate
-
-            result = evaluate(loaded.reporter, s.gate_split, limit=s.gate_limit, resamples=200)
-            f1 = (result["overall"].get("finding_f1") or {}).get("value")
-            gate["quality"] = {"finding_f1": f1, "split": str(s.gate_split), "studies": result["overall"]["n"]}
-            if f1 is None or f1 < s.gate_min_f1:
-                raise RolloutError(
-                    f"finding F1 {f1} on {result['overall']['n']} studies of the gate split, under gate_min_f1 "
-                    f"{s.gate_min_f1}"
-                )
+        try:
+            gate: dict[str, Any] = {"loaded_ms": round(loaded.load_ms, 1), "warm_ms": round(loaded.warm_ms, 1)}
+            gate["reference"] = self._reference(name, loaded)
+            gate.update(self._quality(loaded))
+        except BaseException:
+            loaded.reporter.close()  # never served: nothing else holds it
+            raise
         return loaded, gate
+
+    def _reference(self, name: str, loaded: Loaded) -> dict[str, Any]:
+        """`edgekit.reference.check_reference` on the engine this variant runs (its `engine` setting, else the
+        target's own); a bundle without `reference.json` passes, and the log says so."""
+        from edgekit.plugins import resolve_engine
+        from edgekit.reference import check_reference
+
+        reporter = loaded.reporter
+        engine = self.registry.specs[name].settings.get("engine") or resolve_engine(reporter.bundle)
+        result = check_reference(reporter, str(engine) if engine else None)
+        if not result["checked"]:
+            log.info(
+                "rollout %s: gate: %s in bundle %s; the reference check passes",
+                name,
+                result["note"],
+                loaded.digest[:12],
+            )
+        return result
+
+    def _quality(self, loaded: Loaded) -> dict[str, Any]:
+        s = self.settings()
+        if s.gate_split is None:
+            return {}
+        from edgekit.eval.runner import evaluate
+
+        result = evaluate(loaded.reporter, s.gate_split, limit=s.gate_limit, resamples=200)
+        f1 = (result["overall"].get("finding_f1") or {}).get("value")
+        if f1 is None or f1 < s.gate_min_f1:
+            raise RolloutError(
+                f"finding F1 {f1} on {result['overall']['n']} studies of the gate split, under gate_min_f1 "
+                f"{s.gate_min_f1}"
+            )
+        return {"quality": {"finding_f1": f1, "split": str(s.gate_split), "studies": result["overall"]["n"]}}
 
     def _switch(self, name: str, slots: SlotDir, slot: Slot, loaded: Loaded, gate: dict) -> dict[str, Any]:
         state = slots.read()
         before = state.live or self._factory(name)
-        window = Figures()
+        window, energy = Figures(), self._energy_baseline(name, slot)
         state = state.step(
-            "switched", live=slot, previous=before, staged=None, phase=CANARY, canary_started=window.started
+            "switched",
+            f"energy baseline {energy.describe()}",
+            live=slot,
+            previous=before,
+            staged=None,
+            phase=CANARY,
+            canary_started=window.started,
+            energy_baseline=energy.to_dict(),
         )
         slots.write(state)  # from here a restart rolls back to `before` until the window commits
         failpoint("switched")
         with self._lock:
-            self.windows[name] = window
+            self.windows[name], self.energy[name] = window, energy
         self.registry.install(name, Path(slot.bundle), loaded)
-        self._step(name, "switched", f"bundle {slot.digest[:12]} live; canary window open")
-        return {"variant": name, "phase": CANARY, "bundle": slot.digest, "gate": gate, "signed_by": slot.signed_by}
+        live = f"bundle {slot.digest[:12]} live; canary window open; energy baseline {energy.describe()}"
+        self._step(name, "switched", live)
+        return {
+            "variant": name,
+            "phase": CANARY,
+            "bundle": slot.digest,
+            "gate": gate,
+            "signed_by": slot.signed_by,
+            "energy_baseline": energy.to_dict(),
+        }
+
+    def _energy_baseline(self, name: str, slot: Slot) -> EnergyBaseline:
+        """The new bundle's point in the profile (`[rollout] profile`, by default `[policy] profile`), else the
+        previous bundle's figure measured here, with the reason no profile figure was used."""
+        with self._lock:
+            previous = self.baselines.get(name, Figures()).mean_energy()
+        path = self.settings().profile
+        why = "no profile configured"
+        if path is not None:
+            from edgekit.pareto import read_profile
+
+            from .policy_loop import load_time_knobs
+
+            try:
+                points = read_profile(path).points
+            except EdgekitError as err:
+                log.warning("rollout %s: the profile %s cannot be read (%s)", name, path, err.reason)
+                points, why = [], f"{path.name} cannot be read"
+            else:
+                why = f"{path.name} has no point for bundle {slot.digest[:12]}"
+            settings = dict(self.registry.specs[name].settings)
+            ours = [
+                p
+                for p in points
+                if p.bundle_digest == slot.digest
+                and load_time_knobs(p) == settings
+                and math.isfinite(p.energy_j)
+                and p.energy_j > 0
+            ]
+            if ours:
+                top = max(ours, key=lambda p: p.energy_j)
+                return EnergyBaseline(PROFILE, top.energy_j, top.energy_source, f"{path.name} point {top.id}")
+        return EnergyBaseline(PREVIOUS, previous, None, f"the previous bundle's mean on this device; {why}")
 
     def _factory(self, name: str) -> Slot:
         """The bundle the config names, as a slot (what a first rollout rolls back to)."""
@@ -250,7 +363,14 @@ class Rollout:
         return Slot(loaded.digest, str(self.registry.configured[name].bundle), factory=True)
 
     # --- the canary window -------------------------------------------------------------------------------------------
-    def observe_report(self, variant: str, ok: bool, latency_ms: float | None, energy_j: float | None) -> None:
+    def observe_report(
+        self,
+        variant: str,
+        ok: bool,
+        latency_ms: float | None,
+        energy_j: float | None,
+        energy_source: str | None = None,
+    ) -> None:
         with self._lock:
             figures = self.windows.get(variant) or self.baselines.setdefault(variant, Figures())
             figures.reports += 1
@@ -259,6 +379,8 @@ class Rollout:
                 figures.latency_ms.append(latency_ms)
             if ok and energy_j is not None:
                 figures.energy_j.append(energy_j)
+                if energy_source:
+                    figures.energy_sources.add(energy_source)
         self.judge(variant)
 
     def observe_delivery(self, variant: str | None, ok: bool) -> None:
@@ -277,15 +399,17 @@ class Rollout:
             if window is None:
                 return None
             s, baseline = self.settings(), self.baselines.get(name, Figures())
+            energy = self.energy.get(name)
             full = window.reports >= s.canary_reports or (now or time.time()) - window.started >= s.canary_s
-            reason = breach(window, baseline, s, final=full)
+            reason = breach(window, baseline, s, final=full, energy=energy)
             if reason is None and not full:
                 return None
             del self.windows[name]
+            self.energy.pop(name, None)
         if reason is not None:
             self.rollback(name, f"canary: {reason}", window=window)
             return ROLLED_BACK
-        self._commit(name, window)
+        self._commit(name, window, (energy or EnergyBaseline(PREVIOUS, None)).against(window, baseline)[1])
         return COMMITTED
 
     def tick(self) -> None:
@@ -310,16 +434,17 @@ class Rollout:
                     log.warning("variant %s: dropped bundle %s refused: %s", name, path.name, err.reason)
                     refused.with_name(refused.name + ".txt").write_text(f"{err.code}: {err.reason}\n")
 
-    def _commit(self, name: str, window: Figures) -> None:
+    def _commit(self, name: str, window: Figures, energy_against: str) -> None:
         slots = SlotDir(self.state_dir, name)
         state = slots.read()
         if state.phase != CANARY:
             return
-        slots.write(state.step(COMMITTED, json.dumps(window.summary()), phase=COMMITTED))
+        summary = json.dumps({**window.summary(), "energy_against": energy_against})
+        slots.write(state.step(COMMITTED, summary, phase=COMMITTED))
         failpoint("committed")
         with self._lock:
             self.baselines[name] = window
-        self._step(name, COMMITTED, json.dumps(window.summary()))
+        self._step(name, COMMITTED, summary)
 
     # --- rollback -----------------------------------------------------------------------------------------------------
     def rollback(self, name: str, reason: str, window: Figures | None = None) -> dict[str, Any]:
@@ -331,6 +456,7 @@ class Rollout:
             raise RolloutError(f"variant {name!r} has no previous bundle to roll back to", code="nothing_to_roll_back")
         with self._lock:
             self.windows.pop(name, None)
+            self.energy.pop(name, None)
         state = self._rolled_back(state, reason)
         slots.write(state)
         self.registry.install(name, Path(state.live.bundle) if state.live else None)
@@ -354,6 +480,10 @@ class Rollout:
         with self._lock:
             if name in self.windows:
                 out["canary"] = self.windows[name].summary()
+                if name in self.energy:
+                    out["canary"]["energy_against"] = self.energy[name].against(
+                        self.windows[name], self.baselines.get(name, Figures())
+                    )[1]
         return out
 
     def _step(self, name: str, step: str, reason: str) -> None:

@@ -35,8 +35,8 @@ class ReportRunner:
     def __init__(self, registry: VariantRegistry, store: JobStore, metrics: Metrics, ingestor: Ingestor):
         self.registry, self.store, self.metrics, self.ingestor = registry, store, metrics, ingestor
         self.recent_ms: deque[float] = deque(maxlen=RECENT_REPORTS)  # the policy's "recent p95" reads these
-        # each report's outcome for the rollouts' canary windows: (variant, ok, total_ms, energy_j)
-        self.observe: Callable[[str, bool, float | None, float | None], None] | None = None
+        # each report's outcome for the rollouts' canary windows: (variant, ok, total_ms, energy_j, energy_source)
+        self.observe: Callable[[str, bool, float | None, float | None, str | None], None] | None = None
         # the policy's point serving a variant now, for the report's trace (None: no policy, or another's point)
         self.point_of: Callable[[str], str | None] | None = None
 
@@ -83,7 +83,7 @@ class ReportRunner:
 
     def _observe(self, work: Work, ok: bool, total_ms: float | None = None, energy_j: float | None = None) -> None:
         if self.observe is not None and work.variant in self.registry.specs:
-            self.observe(work.variant, ok, total_ms, energy_j)
+            self.observe(work.variant, ok, total_ms, energy_j, None)
 
     def _label(self, work: Work) -> str:
         """A metrics label only once the name is known to be configured (clients choose the name)."""
@@ -124,7 +124,7 @@ class ReportRunner:
         if report.energy_j is not None:
             self.metrics.energy.labels(variant, report.energy_source).inc(report.energy_j)
         if self.observe is not None:
-            self.observe(variant, True, out["timings"]["total_ms"], report.energy_j)
+            self.observe(variant, True, out["timings"]["total_ms"], report.energy_j, report.energy_source)
         log.info(
             "report %s variant=%s study=%s tokens=%d total_ms=%.0f",
             work.job_id or "sync",

@@ -65,6 +65,8 @@ class SlotState:
     staged: Slot | None = None
     phase: str = IDLE
     canary_started: float | None = None
+    # what the last canary's energy per report was judged against (rollout.EnergyBaseline.to_dict())
+    energy_baseline: dict[str, Any] | None = None
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
     def step(self, step: str, reason: str = "", **changes: Any) -> SlotState:
@@ -84,6 +86,7 @@ class SlotState:
             staged=Slot.from_dict(d.get("staged")),
             phase=str(d.get("phase", IDLE)),
             canary_started=d.get("canary_started"),
+            energy_baseline=d.get("energy_baseline"),
             history=tuple(d.get("history", ())),
         )
 

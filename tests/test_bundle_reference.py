@@ -7,12 +7,11 @@ existed passes with a note."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
+from bundle_tamper import altered_embeddings, rewrite
 
-from edgekit.bundle import load_bundle, sha256_file, write_bundle
+from edgekit.bundle import load_bundle, sha256_file
 from edgekit.reference import (
     NO_REFERENCE,
     OTHER_ENGINE_TOKENS,
@@ -29,31 +28,6 @@ def _reporter(bundle, engine: str | None = None):
     from edgekit.target import RuntimeOptions
 
     return Reporter.from_bundle(bundle, runtime=RuntimeOptions(threads=1, engine=engine))
-
-
-def rewrite(bundle_path: Path, out: Path, *, drop: tuple[str, ...] = (), replace: dict | None = None) -> Path:
-    """The bundle's files (less `drop`, with `replace` {role: file}) under a fresh manifest: every checksum good."""
-    b = load_bundle(bundle_path)
-    files = {r: b.component(r) for r in b.roles if r not in drop}
-    files.update(replace or {})
-    m = b.manifest
-    return write_bundle(out, files, name=m.name, target=m.target, provenance=m.provenance, runtime=m.runtime)
-
-
-def altered_embeddings(bundle_path: Path, work: Path) -> Path:
-    """The bundle's embedding graph with its table's rows shuffled (a seeded permutation): other weights."""
-    import onnx
-    from onnx import numpy_helper
-
-    src = load_bundle(bundle_path).component("embed_tokens")
-    model = onnx.load(str(src))
-    table = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
-    values = numpy_helper.to_array(table)
-    shuffled = values[np.random.default_rng(0).permutation(values.shape[0])]
-    table.CopyFrom(numpy_helper.from_array(shuffled, table.name))
-    work.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(work / src.name))
-    return work / src.name
 
 
 def test_a_built_bundle_carries_its_reference_under_the_manifest(tiny_orin_bundles):

@@ -1,5 +1,6 @@
-"""Bundle rollouts on the device (daemon/rollout.py, daemon/slots.py): a new bundle is verified, staged, gated and
-switched to; its canary window commits it or rolls it back by itself; refusals leave the live bundle serving; and
+"""Bundle rollouts on the device (daemon/rollout.py, daemon/slots.py): a new bundle is verified, staged, gated (its
+own reference outputs, a quality floor) and switched to; its canary window commits it or rolls it back by itself,
+energy judged against the profile or else the previous bundle; refusals leave the live bundle serving; and
 `kill -9` at every step leaves the daemon serving the old bundle or the committed new one."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from bundle_tamper import altered_embeddings, rewrite
 
 pytest.importorskip("fastapi")
 
@@ -18,6 +20,8 @@ from edgekit.daemon.rollout import Rollout, RolloutBusyError, RolloutError  # no
 from edgekit.daemon.slots import SlotDir  # noqa: E402
 from edgekit.daemon.testing import DaemonProcess, write_tiny_model  # noqa: E402
 from edgekit.daemon.variants import VariantRegistry  # noqa: E402
+from edgekit.pareto import Point, Profile, write_profile  # noqa: E402
+from edgekit.reference import REFERENCE_ROLE  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / "models" / "samples"
 
@@ -66,6 +70,7 @@ def test_a_bad_canary_rolls_back_by_itself_and_a_good_one_commits(bundles, tmp_p
         rollout.observe_report("a", True, 100.0, 0.5)
     out = rollout.install("a", bundles["v2"])
     assert out["phase"] == "canary" and out["bundle"] == v2 and "warm_ms" in out["gate"]
+    assert out["gate"]["reference"]["checked"] and out["gate"]["reference"]["tokens_compared"] > 0
     assert registry.get("a").digest == v2 and registry.get("a").reporter.bundle.digest == v2
     with pytest.raises(RolloutBusyError):
         rollout.install("a", bundles["v2"])
@@ -185,3 +190,111 @@ def test_kill_9_at_every_step_serves_the_old_or_the_committed_bundle(bundles, tm
     assert len(names) == (failpoint == "committed")  # only a committed slot is kept; a killed rollout's is removed
     if (variant_dir / "state.json").exists():  # none when it died before staging
         assert json.loads((variant_dir / "state.json").read_text())["phase"] != "canary"
+
+
+def test_the_reference_check_refuses_altered_weights_and_passes_an_older_bundle(bundles, tmp_path, caplog):
+    """Weights changed and the manifest written again (every checksum passes): the bundle's own reference outputs
+    catch it before the switch. A bundle built before reference.json existed passes, and the log says so."""
+    rollout, registry, steps = _rollout(tmp_path, bundles["v1"])
+    v1 = registry.get("a").digest
+    weights = altered_embeddings(bundles["v2"], tmp_path / "w")
+    bad = pack_bundle(rewrite(bundles["v2"], tmp_path / "bad", replace={"embed_tokens": weights}), tmp_path / "b.ekb")
+    with pytest.raises(RolloutError, match=r"reference\.json: case .* differs at token position \d+") as err:
+        rollout.install("a", bad)
+    assert err.value.code == "gate_failed" and registry.get("a").digest == v1
+    assert [s for _, s in steps.seen] == ["staged", "gate_failed"]
+    assert "reference.json" in SlotDir(tmp_path / "state", "a").read().history[-1]["reason"]
+
+    old = pack_bundle(rewrite(bundles["v2"], tmp_path / "old", drop=(REFERENCE_ROLE,)), tmp_path / "old.ekb")
+    with caplog.at_level("INFO", logger="edgekitd"):
+        out = rollout.install("a", old)
+    assert out["gate"]["reference"] == {"checked": False, "note": "no reference outputs"}
+    assert any("no reference outputs" in r.getMessage() for r in caplog.records)
+    assert registry.get("a").digest == load_bundle(old).digest
+
+
+def _profile(path: Path, digest: str, energy_j: float, source: str = "measured:rapl") -> Path:
+    def point(i: int, joules: float) -> Point:
+        return Point(
+            id=f"v2[{i}]",
+            bundle="v2.ekb",
+            bundle_digest=digest,
+            target="cpu",
+            settings={"max_new_tokens": 8 * (i + 1)},
+            f1=0.5,
+            f1_ci=(0.4, 0.6),
+            hallucination_rate=0.0,
+            latency_p50_ms=100.0,
+            latency_p95_ms=120.0,
+            energy_j=joules,
+            energy_source=source,
+            peak_rss_mib=100.0,
+            count=3,
+        )
+
+    return write_profile(Profile([point(0, energy_j / 2), point(1, energy_j)]), path)
+
+
+def test_the_canary_judges_energy_against_the_profile_else_the_previous_bundle(bundles, tmp_path):
+    v2 = load_bundle(bundles["v2"]).digest
+    profile = _profile(tmp_path / "pareto.json", v2, energy_j=0.2)
+    rollout, _, _ = _rollout(tmp_path, bundles["v1"], canary_reports=10, min_reports=4, profile=profile)
+    for _ in range(10):  # the previous bundle: 0.5 J a report
+        rollout.observe_report("a", True, 100.0, 0.5, "measured:rapl")
+    out = rollout.install("a", bundles["v2"])
+    baseline = {
+        "kind": "profile",
+        "energy_j": 0.2,
+        "energy_source": "measured:rapl",
+        "detail": "pareto.json point v2[1]",
+    }
+    assert out["energy_baseline"] == baseline  # of the bundle's two points, the costlier
+    assert SlotDir(tmp_path / "state", "a").read().energy_baseline == baseline
+    shown = rollout.describe("a")  # what GET /v1/variants shows as the variant's slots
+    assert shown["energy_baseline"] == baseline and shown["canary"]["energy_against"].startswith("the profile's")
+    assert "energy baseline profile: 0.2 J/report" in shown["history"][-1]["reason"]
+    for _ in range(4):  # 0.4 J: under the previous bundle's 0.5, but twice the profile's
+        rollout.observe_report("a", True, 100.0, 0.4, "measured:rapl")
+    state = SlotDir(tmp_path / "state", "a").read()
+    assert state.phase == "rolled_back"
+    assert "energy 0.4 J/report above 1.5x the profile's (measured:rapl) 0.2 J" in state.history[-1]["reason"]
+
+    # no profile: the previous bundle's measured figure, which the same 0.4 J holds
+    (tmp_path / "b").mkdir()
+    rollout, _, _ = _rollout(tmp_path / "b", bundles["v1"], canary_reports=10, min_reports=4)
+    for _ in range(10):
+        rollout.observe_report("a", True, 100.0, 0.5, "measured:rapl")
+    out = rollout.install("a", bundles["v2"])
+    assert out["energy_baseline"]["kind"] == "previous_bundle" and out["energy_baseline"]["energy_j"] == 0.5
+    assert "no profile configured" in out["energy_baseline"]["detail"]
+    for _ in range(10):
+        rollout.observe_report("a", True, 100.0, 0.4, "measured:rapl")
+    state = SlotDir(tmp_path / "b" / "state", "a").read()
+    assert state.phase == "committed" and state.energy_baseline["kind"] == "previous_bundle"
+    assert json.loads(state.history[-1]["reason"])["energy_against"] == "the previous bundle's measured"
+
+
+def test_a_profile_figure_from_another_meter_is_not_compared():
+    from edgekit.daemon.rollout import PREVIOUS, PROFILE, EnergyBaseline, Figures, breach
+
+    window, previous = Figures(), Figures()
+    for _ in range(5):
+        window.reports += 1
+        window.energy_j.append(0.4)
+        previous.energy_j.append(0.5)
+    window.energy_sources.add("measured:tegrastats")
+    estimated = EnergyBaseline(PROFILE, 0.1, "estimated:orin-agx-64gb:MAXN")
+    assert estimated.against(window, previous) == (0.5, "the previous bundle's measured")
+    assert breach(window, previous, RolloutSettings(min_reports=5), energy=estimated) is None
+    same = EnergyBaseline(PROFILE, 0.1, "measured:tegrastats")
+    assert "the profile's" in breach(window, previous, RolloutSettings(min_reports=5), energy=same)
+    assert EnergyBaseline(PREVIOUS, None).against(window, previous)[0] == 0.5
+
+
+def test_the_profile_defaults_to_the_policys(tmp_path):
+    path = tmp_path / "edgekitd.toml"
+    path.write_text('[rollout]\nprofile = "fleet/pareto.json"\n')
+    assert load_config(path).rollout.profile == tmp_path / "fleet" / "pareto.json"
+    path.write_text("[rollout]\ncanary_reports = 3\n")
+    cfg = load_config(path, {"policy_profile": tmp_path / "pareto.json"})
+    assert cfg.rollout.profile == tmp_path / "pareto.json" and cfg.rollout.canary_reports == 3
