@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from edgekit.errors import EdgekitError, TextModelError
 
+from . import trace_spans
 from .dicomweb import DICOM_JSON
 from .events import job_events, report_events
 from .forms import UPLOAD_OPENAPI, ReportForm, report_form
@@ -214,6 +215,9 @@ class Routes:
         except asyncio.CancelledError:  # the client went away
             work.cancel.set()
             raise
+        if fmt == "sr":  # built here, under this request's span (a job's SR is built by its delivery)
+            with trace_spans.render_sr_span(variant=work.variant):
+                return render(report, fmt, accepted.evidence)
         return render(report, fmt, accepted.evidence)
 
     # --- jobs ---------------------------------------------------------------------------------------------------

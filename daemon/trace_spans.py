@@ -84,6 +84,9 @@ class _Clock:
         return self.offset + int(pc * 1e9)
 
 
+Stage = tuple[str, float, float]  # a child span: its name, start and end (perf_counter seconds)
+
+
 @guarded
 def record_report(
     work: Work,
@@ -107,61 +110,12 @@ def record_report(
     from opentelemetry import trace as otel_trace
 
     clock = _Clock()
-    t = report.timings
-    ms = 1e-3
-    total_end = called + t.get("total_ms", 0.0) * ms
-    gen_start = total_end - t.get("generate_ms", 0.0) * ms
-    decode_start = max(gen_start, total_end - t.get("decode_ms", 0.0) * ms)
-    prefill_start = max(gen_start, decode_start - t.get("prefill_ms", 0.0) * ms)
-    encode_start = max(gen_start, prefill_start - t.get("encode_ms", 0.0) * ms)
-    stages: list[tuple[str, float, float]] = []
-    if ingested is not None:
-        stages.append(("ingest", *ingested))
-    elif "ingest_ms" in t:
-        stages.append(("ingest", work.accepted - t["ingest_ms"] * ms, work.accepted))
-    stages.append(("queue_wait", work.accepted, started))
-    stages.append(("preprocess", called, called + t.get("preprocess_ms", 0.0) * ms))
-    if t.get("wait_ms"):
-        stages.append(("engine_wait", gen_start, min(encode_start, gen_start + t["wait_ms"] * ms)))
-    if t.get("encode_ms"):
-        stages.append(("encode_images", encode_start, prefill_start))
-    stages.append(("prefill", prefill_start, decode_start))
-    stages.append(("decode", decode_start, total_end))
+    stages, decode_start, total_end = report_stages(work, report, started=started, called=called, ingested=ingested)
     begin = min([work.accepted, *(s for _, s, _ in stages)])
-    finish = [FINISH_REASONS.get(report.stop_reason, report.stop_reason)]
-    attrs: dict[str, Any] = {
-        "gen_ai.operation.name": "generate_content",
-        "gen_ai.provider.name": PROVIDER,
-        "gen_ai.request.model": work.variant,
-        "gen_ai.response.model": report.model,
-        "gen_ai.output.type": "text",
-        "gen_ai.request.max_tokens": max_tokens,
-        "gen_ai.request.stream": work.stream is not None,
-        "gen_ai.usage.input_tokens": input_tokens,
-        "gen_ai.usage.output_tokens": t.get("new_tokens"),
-        "gen_ai.response.finish_reasons": finish,
-        "gen_ai.response.time_to_first_chunk": round(decode_start - begin, 6),
-        "edgekit.time_to_first_token_ms": round((decode_start - begin) * 1e3, 3),
-        "edgekit.variant": work.variant,
-        "edgekit.target": report.target,
-        "edgekit.stop_reason": report.stop_reason,
-        "edgekit.energy_j": report.energy_j,
-        "edgekit.energy_source": report.energy_source,
-        "edgekit.policy.point": point,
-        "edgekit.study": report.study or None,  # hashed by ingest (edgekit.ingest.phi.hash_uid), as in the logs
-        "edgekit.modality": report.modality or None,
-        "edgekit.job.id": work.job_id,
-        "edgekit.decode_tokens_per_s": t.get("decode_tokens_per_s"),
-        "edgekit.frames.used": report.frames.get("used"),
-        "edgekit.routed": bool(work.routing) or None,
-    }
+    attrs = report_attributes(work, report, first_token_s=decode_start - begin, max_tokens=max_tokens)
+    attrs.update({"gen_ai.usage.input_tokens": input_tokens, "edgekit.policy.point": point})
     if st.capture_content:
-        attrs["gen_ai.input.messages"] = json.dumps(
-            [{"role": "user", "parts": [{"type": "text", "content": work.prompt}]}]
-        )
-        attrs["gen_ai.output.messages"] = json.dumps(
-            [{"role": "assistant", "parts": [{"type": "text", "content": report.text}], "finish_reason": finish[0]}]
-        )
+        attrs.update(content_attributes(work, report))
     root = st.tracer.start_span(
         f"generate_content {work.variant}",
         context=context_of(work.trace),
@@ -174,6 +128,83 @@ def record_report(
         child = st.tracer.start_span(name, context=inside, start_time=clock(start))
         child.end(end_time=clock(max(start, end)))
     root.end(end_time=clock(total_end))
+
+
+def report_stages(
+    work: Work, report: Report, *, started: float, called: float, ingested: tuple[float, float] | None
+) -> tuple[list[Stage], float, float]:
+    """A report's stages placed back to back from its timings (ingest, queue wait, preprocessing, the engine's
+    wait, image encoding, prefill, decode), with when decoding began and when the report ended."""
+    t = report.timings
+    ms = 1e-3
+    total_end = called + t.get("total_ms", 0.0) * ms
+    gen_start = total_end - t.get("generate_ms", 0.0) * ms
+    decode_start = max(gen_start, total_end - t.get("decode_ms", 0.0) * ms)
+    prefill_start = max(gen_start, decode_start - t.get("prefill_ms", 0.0) * ms)
+    encode_start = max(gen_start, prefill_start - t.get("encode_ms", 0.0) * ms)
+    stages: list[Stage] = []
+    if ingested is not None:
+        stages.append(("ingest", *ingested))
+    elif "ingest_ms" in t:
+        stages.append(("ingest", work.accepted - t["ingest_ms"] * ms, work.accepted))
+    stages.append(("queue_wait", work.accepted, started))
+    stages.append(("preprocess", called, called + t.get("preprocess_ms", 0.0) * ms))
+    if t.get("wait_ms"):
+        stages.append(("engine_wait", gen_start, min(encode_start, gen_start + t["wait_ms"] * ms)))
+    if t.get("encode_ms"):
+        stages.append(("encode_images", encode_start, prefill_start))
+    stages.append(("prefill", prefill_start, decode_start))
+    stages.append(("decode", decode_start, total_end))
+    return stages, decode_start, total_end
+
+
+def report_attributes(work: Work, report: Report, *, first_token_s: float, max_tokens: int | None) -> dict[str, Any]:
+    """The GenAI conventions' attributes of a finished report and edgekit's own (no prompt, no report text)."""
+    t = report.timings
+    return {
+        "gen_ai.operation.name": "generate_content",
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.request.model": work.variant,
+        "gen_ai.response.model": report.model,
+        "gen_ai.output.type": "text",
+        "gen_ai.request.max_tokens": max_tokens,
+        "gen_ai.request.stream": work.stream is not None,
+        "gen_ai.usage.output_tokens": t.get("new_tokens"),
+        "gen_ai.response.finish_reasons": [finish_reason(report)],
+        "gen_ai.response.time_to_first_chunk": round(first_token_s, 6),
+        "edgekit.time_to_first_token_ms": round(first_token_s * 1e3, 3),
+        "edgekit.variant": work.variant,
+        "edgekit.target": report.target,
+        "edgekit.stop_reason": report.stop_reason,
+        "edgekit.energy_j": report.energy_j,
+        "edgekit.energy_source": report.energy_source,
+        "edgekit.study": report.study or None,  # hashed by ingest (edgekit.ingest.phi.hash_uid), as in the logs
+        "edgekit.modality": report.modality or None,
+        "edgekit.job.id": work.job_id,
+        "edgekit.decode_tokens_per_s": t.get("decode_tokens_per_s"),
+        "edgekit.frames.used": report.frames.get("used"),
+        "edgekit.routed": bool(work.routing) or None,
+    }
+
+
+def finish_reason(report: Report) -> str:
+    return FINISH_REASONS.get(report.stop_reason, report.stop_reason)
+
+
+def content_attributes(work: Work, report: Report) -> dict[str, str]:
+    """The prompt and the report's text: only with `[telemetry] capture_content` (they may carry PII)."""
+    return {
+        "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": work.prompt}]}]),
+        "gen_ai.output.messages": json.dumps(
+            [
+                {
+                    "role": "assistant",
+                    "parts": [{"type": "text", "content": report.text}],
+                    "finish_reason": finish_reason(report),
+                }
+            ]
+        ),
+    }
 
 
 @guarded
@@ -203,6 +234,13 @@ def record_failure(work: Work, exc: BaseException, *, started: float) -> None:
     )
     s.set_status(Status(StatusCode.ERROR))
     s.end()
+
+
+# --- the SR ---------------------------------------------------------------------------------------------------------
+def render_sr_span(*, job_id: str | None = None, variant: str | None = None):
+    """`render_sr` around building a report's DICOM SR: a job's, for its first delivery or `GET /v1/jobs/{id}/sr`
+    (`job_id`), or a direct `POST /v1/reports?format=sr` (`variant`), a child of the current span."""
+    return span("render_sr", attributes={"edgekit.job.id": job_id, "edgekit.variant": variant})
 
 
 # --- deliveries ----------------------------------------------------------------------------------------------------

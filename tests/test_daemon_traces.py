@@ -294,6 +294,38 @@ def test_an_uploaded_job_reports_under_its_request_span(traced):
     assert not leaks, leaks
 
 
+def test_a_direct_sr_report_renders_its_sr_under_the_request_span(traced):
+    """`POST /v1/reports?format=sr`: no job, no delivery; the SR is built in the request, a `render_sr` child of
+    its server span, after the report's `generate_content`."""
+    from edgekit.daemon.client import study_files
+
+    d, receiver = traced
+    trace_id = secrets.token_bytes(16)
+    headers = {"traceparent": f"00-{trace_id.hex()}-{'ef' * 8}-01"}
+    reply = d.client.post_study("/v1/reports?format=sr", study_files(CR), {"prompt": PROMPT}, headers=headers)
+    assert reply.status == 200, reply.body[:300]
+    assert pydicom.dcmread(__import__("io").BytesIO(reply.body)).Modality == "SR"
+    spans = _wait(
+        lambda: (
+            (got := receiver.in_trace(trace_id))
+            and {"POST /v1/reports", "render_sr", "decode"} <= {s.name for s in got}
+            and got
+        ),
+        30,
+        "the direct report's spans",
+    )
+    by_name = {s.name: s for s in spans}
+    post, sr = by_name["POST /v1/reports"], by_name["render_sr"]
+    (gen,) = [s for s in spans if s.name.startswith("generate_content ")]
+    assert post.parent_span_id == bytes.fromhex("ef" * 8) and sr.parent_span_id == post.span_id
+    assert gen.parent_span_id == post.span_id and sr.start_time_unix_nano >= gen.end_time_unix_nano
+    assert post.start_time_unix_nano <= sr.start_time_unix_nano <= sr.end_time_unix_nano <= post.end_time_unix_nano
+    a = _attrs(sr.attributes)
+    assert a["edgekit.variant"] == gen.name.removeprefix("generate_content ") and "edgekit.job.id" not in a
+    leaks = [v for v in _every_value(spans, []) if "Quimby" in v]
+    assert not leaks, leaks
+
+
 # --- the parts, without a daemon ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "text,needle",
