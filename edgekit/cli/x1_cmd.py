@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -124,14 +125,16 @@ def compile(  # noqa: A001 - the subcommand's name
 ) -> None:
     """Compile the graphs of MODEL_DIR into X1 programs (one .x1 file per graph)."""
     from edgekit.targets.x1.backend import PROGRAM_FILES
-    from edgekit.targets.x1.compiler import compile_model
+    from edgekit.targets.x1.compiler import compile_graph, graph_files
     from edgekit.targets.x1.machine import load_machine
 
     mach = load_machine(machine)
-    programs = compile_model(model_dir, mach, strict=strict)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for graph, prog in programs.items():
+    for graph, source in graph_files(model_dir).items():
+        start = time.perf_counter()
+        prog = compile_graph(source, mach, strict=strict, graph_name=graph)
+        seconds = time.perf_counter() - start  # the program holds no time: rebuilds are byte-identical
         path = prog.save(out / PROGRAM_FILES[graph])
         rows.append(
             {
@@ -140,7 +143,7 @@ def compile(  # noqa: A001 - the subcommand's name
                 "bytes": path.stat().st_size,
                 "instructions": len(prog.instructions),
                 "host_partitions": prog.meta["host_partitions"],
-                "compile_s": round(prog.meta["compile_seconds"], 3),
+                "compile_s": round(seconds, 3),
                 "act_peak_kib": round(prog.memory_plan["act_peak_bytes"] / 1024, 1),
             }
         )

@@ -15,13 +15,13 @@ read as onnx-ir (`graph_view`), lowered by `lowering` with the patterns of `lowe
 from __future__ import annotations
 
 import re
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 
+from edgekit.ir_values import name_of
 from edgekit.names import GRAPH_FILES
 
 from .graph_view import GraphView, load_graph
@@ -37,7 +37,8 @@ LAYER_RE = re.compile(r"layers\.(\d+)/")
 
 def _io_entry(g: GraphView, v: ir.Value) -> dict:
     """A graph input or output as IODS records it: the declared dtype, the shape as shape inference gave it."""
-    return {"name": v.name, "shape": g.shape(v.name), "dtype": int(v.dtype) if v.dtype is not None else 0}
+    name = name_of(v)
+    return {"name": name, "shape": g.shape(name), "dtype": int(v.dtype) if v.dtype is not None else 0}
 
 
 def compile_graph(
@@ -45,11 +46,10 @@ def compile_graph(
 ) -> Program:
     """One ONNX file -> one Program."""
     path = Path(path)
-    start = time.perf_counter()
     g, low, groups = _lower(path, machine, strict, graph_name or path.name)
     table = _TensorTable(g, plan_seq)
     for v in g.inputs:
-        table.tid(v.name, 0)
+        table.tid(name_of(v), 0)
     instrs, attrs, symbols = _emit(groups, table)
     end = len(instrs)
     for v in g.outputs:
@@ -64,7 +64,7 @@ def compile_graph(
         "outputs": [_io_entry(g, v) for v in g.outputs],
         "kv_outputs": {str(k): list(v) for k, v in low.kv_outputs.items()},
     }
-    meta = _meta(g, low, instrs, graph_name or path.stem, path.name, start)
+    meta = _meta(g, low, instrs, graph_name or path.stem, path.name)
     header = {"magic": "EKX1PRG", "isa_version": ISA_VERSION, "machine_hash": machine.hash}
     return Program(
         header, instrs, symbols, io, attrs, low.weights, low.weight_space, plan, low.host, low.host_models, meta
@@ -121,7 +121,9 @@ class _TensorTable:
 
 def _emit(groups: list, table: _TensorTable) -> tuple[list[Instr], list[dict], dict[int, str]]:
     """The lowered groups as instructions: each gets its attributes (layer, operand ids) and its symbol."""
-    instrs, attrs, symbols = [], [], {}
+    instrs: list[Instr] = []
+    attrs: list[dict] = []
+    symbols: dict[int, str] = {}
     for symbol, group in groups:
         for mnem, attr in group:
             idx = len(instrs)
@@ -139,15 +141,16 @@ def _emit(groups: list, table: _TensorTable) -> tuple[list[Instr], list[dict], d
     return instrs, attrs, symbols
 
 
-def _meta(g: GraphView, low: Lowering, instrs: list[Instr], graph: str, source: str, start: float) -> dict:
-    """The program's statistics: instruction counts, fused blocks, host partitions, compile time."""
-    counts = defaultdict(int)
+def _meta(g: GraphView, low: Lowering, instrs: list[Instr], graph: str, source: str) -> dict:
+    """The program's statistics: instruction counts, fused blocks, host partitions. No compile time: a program is
+    a function of its graph and machine, byte for byte, so a rebuild (and the manifest that signs it) reproduces;
+    the build records its wall time in the bundle's figures instead."""
+    counts: defaultdict[str, int] = defaultdict(int)
     for ins in instrs:
         counts[ins.mnemonic] += 1
     return {
         "graph": graph,
         "source": source,
-        "compile_seconds": time.perf_counter() - start,
         "instructions": dict(counts),
         "fused": dict(low.fused),
         "host_partitions": len(low.host),
@@ -155,14 +158,19 @@ def _meta(g: GraphView, low: Lowering, instrs: list[Instr], graph: str, source: 
     }
 
 
-def compile_model(model_dir: str | Path, machine: Machine, *, strict: bool = False) -> dict[str, Program]:
-    """The graphs present in `model_dir` -> {"vision_encoder" | "embed_tokens" | "decoder": Program} (the roles
-    and file names of `edgekit.names.GRAPH_FILES`)."""
+def graph_files(model_dir: str | Path) -> dict[str, Path]:
+    """The graphs present in `model_dir` by role (the roles and file names of `edgekit.names.GRAPH_FILES`);
+    refused if there is none."""
     model_dir = Path(model_dir)
-    out = {}
-    for role, fname in GRAPH_FILES.items():
-        if (model_dir / fname).is_file():
-            out[role] = compile_graph(model_dir / fname, machine, strict=strict, graph_name=role)
-    if not out:
+    found = {role: model_dir / f for role, f in GRAPH_FILES.items() if (model_dir / f).is_file()}
+    if not found:
         raise CompileError(f"no ONNX graphs ({', '.join(GRAPH_FILES.values())}) to compile", model_dir)
-    return out
+    return found
+
+
+def compile_model(model_dir: str | Path, machine: Machine, *, strict: bool = False) -> dict[str, Program]:
+    """The graphs present in `model_dir` -> {"vision_encoder" | "embed_tokens" | "decoder": Program}."""
+    return {
+        role: compile_graph(path, machine, strict=strict, graph_name=role)
+        for role, path in graph_files(model_dir).items()
+    }
