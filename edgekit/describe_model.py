@@ -10,7 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import ConfigError
-from edgekit.model_description import PRESETS, ModelDescription, from_model_config
+from edgekit.model_description import PRESETS as NAMED_DECODERS
+from edgekit.model_description import ModelDescription, from_model_config
+
+
+def _radreport_tiny() -> ModelDescription:
+    """The embedded model as it ships (its weights' config.json, found through the model-family registry)."""
+    from edgekit.export.model_config import ModelConfig
+    from edgekit.plugins import get_model_family
+
+    return from_model_config(ModelConfig.load(get_model_family().weights_dir() / "config.json"))
+
+
+# Every model known by name: the core's named decoders and the embedded radreport-tiny
+PRESETS = {**NAMED_DECODERS, "radreport-tiny": _radreport_tiny}
 
 
 def describe_config(cfg: dict[str, Any], name: str, where: str | Path = "config.json") -> ModelDescription:

@@ -134,22 +134,16 @@ def from_model_config(config, name: str = "radreport-tiny") -> ModelDescription:
     return ModelDescription(name, *dims, False, vision, "radreport-tiny")
 
 
-def _radreport_tiny() -> ModelDescription:
-    """The embedded model as it ships (its weights' config.json, found through the model-family registry)."""
-    from edgekit.export.model_config import ModelConfig
-    from edgekit.plugins import get_model_family
-
-    return from_model_config(ModelConfig.load(get_model_family().weights_dir() / "config.json"))
-
-
 # Decoders known by name (from their Hugging Face configs): the X1 cost model's calibration target, a small
 # public LLM, and the decoders of NVIDIA's published Orin Nano tokens/s ([references] in orin's devices.toml)
 QWEN2_7B = ModelDescription("qwen2-7b", 3584, 28, 28, 4, 128, 18944, 152064, False, family="qwen2")
 SMOLLM2_135M = ModelDescription("smollm2-135m", 576, 30, 9, 3, 64, 1536, 49152, True, family="llama")
+# The core's named decoders; `edgekit.describe_model.PRESETS` adds the embedded radreport-tiny (read from its
+# shipped config through edgekit's own `ModelConfig`, which this module does not import: the graph specs hold a
+# description, so `edgekit.export` imports this module)
 PRESETS = {
     "qwen2-7b": lambda: QWEN2_7B,
     "smollm2-135m": lambda: SMOLLM2_135M,
-    "radreport-tiny": _radreport_tiny,
     "llama-3.1-8b": lambda: ModelDescription(
         "llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, False, family="llama"
     ),

@@ -3,7 +3,7 @@ tower), the formats its weights are held in, and one report's token counts.
 
 Why together: these three are the estimate's whole input besides the device; a bundle is read into them
 (`bundle.py`), a preset or `shape_from_params` makes a model without one. The models known by name are the
-core's (`edgekit.model_description.PRESETS`) and the seed's 1.2B VLM.
+core's (`edgekit.describe_model.PRESETS`) and the seed's 1.2B VLM.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from edgekit.describe_model import PRESETS as KNOWN_MODELS
 from edgekit.errors import ConfigError
-from edgekit.model_description import PRESETS as KNOWN_MODELS
 from edgekit.model_description import ModelDescription, VisionDescription, check_positive_int
 
 WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")
