@@ -20,18 +20,14 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 
+from edgekit.decoder_shape import DecoderShape
 from edgekit.export import DecoderSpec, build_decoder, random_weights
 from edgekit.export.model_config import ModelConfig
 from edgekit.passes import make_pass
 
+# SmolLM2-135M's shape, with its own (untied) LM head here: the benchmark's random weights give it one
 SMOLLM2 = DecoderSpec(
-    hidden=576,
-    layers=30,
-    heads=9,
-    kv_heads=3,
-    head_dim=64,
-    intermediate=1536,
-    vocab_size=49152,
+    DecoderShape("smollm2-135m", 576, 30, 9, 3, 64, 1536, 49152),
     rms_eps=1e-5,
     rope_theta=100000.0,
 )

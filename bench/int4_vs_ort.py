@@ -70,6 +70,7 @@ import onnx
 import onnx_ir as ir
 from onnx import numpy_helper
 
+from edgekit.decoder_shape import DecoderShape
 from edgekit.export import DecoderSpec, build_decoder
 from edgekit.names import DECODER
 from edgekit.passes import PassContext, make_pass
@@ -109,13 +110,7 @@ EDGEKIT = [  # (row label, pass spec after `int4:block=B,`): the grid, then vari
 # ----------------------------------------------------------------------------------------------------------------
 def outlier_decoder(seed: int = 0, qwen2: bool = False) -> tuple[ir.Model, np.ndarray]:
     spec = DecoderSpec(
-        hidden=256,
-        layers=4,
-        heads=8,
-        kv_heads=4,
-        head_dim=32,
-        intermediate=704,
-        vocab_size=2048,
+        DecoderShape("qwen2-like" if qwen2 else "llama-like", 256, 4, 8, 4, 32, 704, 2048, tied_embeddings=qwen2),
         rms_eps=1e-6 if qwen2 else 1e-5,
         rope_theta=1e6 if qwen2 else 10000.0,
         qkv_bias=qwen2,
