@@ -390,9 +390,12 @@ def _resolve(value: Path, config_path: Path) -> Path:
     return value if value.is_absolute() else (config_path.parent / value).resolve()
 
 
-def _mode(value: int | str, path: Path) -> int:
+def _mode(value: object, path: Path) -> int:
+    """`listen.socket_mode`, its type checked against `_KEYS` (int or str): an int as is, a string read as octal."""
+    if isinstance(value, int):
+        return value
     try:
-        return int(value, 8) if isinstance(value, str) else value
+        return int(str(value), 8)
     except ValueError:
         raise ConfigError(f'listen.socket_mode must be octal like "0660", got {value!r}', path) from None
 

@@ -126,12 +126,13 @@ def _head(resp: httpx.Response, limit: int) -> bytes:
 def _reason(exc: BaseException) -> str:
     """The OS's words for a transport failure ("Connection refused"), found down the exception chain; never the
     exception's own text, which can hold the URL."""
-    while exc is not None:
-        if isinstance(exc, ssl.SSLError):
-            return f" ({exc.reason})" if isinstance(exc.reason, str) else ""
-        if isinstance(exc, OSError):
-            return f" ({exc.strerror})" if isinstance(exc.strerror, str) else ""
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None:
+        if isinstance(link, ssl.SSLError):
+            return f" ({link.reason})" if isinstance(link.reason, str) else ""
+        if isinstance(link, OSError):
+            return f" ({link.strerror})" if isinstance(link.strerror, str) else ""
+        link = link.__cause__ or link.__context__
     return ""
 
 
@@ -145,6 +146,8 @@ def cstore(dest: Destination, data: bytes, calling_ae: str) -> None:
         from pynetdicom import AE
     except ImportError:
         raise DeliveryError("C-STORE needs pynetdicom: pip install 'edgekit[serve]'") from None
+    if dest.host is None or dest.port is None or dest.ae_title is None:  # dicom_config refuses such a destination
+        raise DeliveryError(f"{dest.describe()} needs ae_title, host and port")
     ds = pydicom.dcmread(io.BytesIO(data))
     ae = AE(ae_title=calling_ae)
     ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = dest.timeout_s

@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .telemetry import carrier
 
@@ -25,6 +25,9 @@ TERMINAL = (SUCCEEDED, FAILED)
 # A delivery (a finished report on its way to one destination): pending until it is sent, a dead letter after the
 # configured number of failed attempts, skipped when its job failed (there is no report to send).
 PENDING, DELIVERED, DEAD, SKIPPED = "pending", "delivered", "dead", "skipped"
+# The same states as types (the API's query parameters): a Literal takes the values themselves, not names for them.
+JobState = Literal["queued", "running", "succeeded", "failed"]
+DeliveryState = Literal["pending", "delivered", "dead", "skipped"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -81,7 +84,7 @@ class Job:
 
     def public(self) -> dict[str, Any]:
         """What `GET /v1/jobs/{id}` shows: no prompt (it may name the patient), no paths."""
-        out = {
+        out: dict[str, Any] = {
             "id": self.id,
             "state": self.state,
             "variant": self.variant,

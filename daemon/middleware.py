@@ -99,8 +99,8 @@ class Guard:
         upload = length is None or not length.isdigit() or int(length) > SMALL_BODY
         if upload and self.uploads >= cfg.max_uploads:
             self.metrics.rejected_uploads.inc()
-            err = UploadsBusyError(f"{self.uploads} uploads are being received (limits.max_uploads); retry shortly")
-            return await error_response(err, cfg.retry_after_s)(scope, receive, send)
+            busy = UploadsBusyError(f"{self.uploads} uploads are being received (limits.max_uploads); retry shortly")
+            return await error_response(busy, cfg.retry_after_s)(scope, receive, send)
         self.uploads += upload
         reading = True
         seen = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 from fastapi import Body, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -21,7 +21,7 @@ from . import trace_spans
 from .dicomweb import DICOM_JSON
 from .events import job_events, report_events
 from .forms import UPLOAD_OPENAPI, ReportForm, report_form
-from .jobs import DEAD, DELIVERED, FAILED, PENDING, QUEUED, RUNNING, SKIPPED, SUCCEEDED, TERMINAL
+from .jobs import TERMINAL, DeliveryState, JobState
 from .responses import DICOM_MEDIA_TYPE, STREAM_MEDIA, Format, StreamFormat, error_json, job_links, render
 from .service import Daemon
 
@@ -55,8 +55,6 @@ class Route(NamedTuple):
 
 
 Upload = Annotated[ReportForm, Depends(report_form)]
-JobState = Literal[QUEUED, RUNNING, SUCCEEDED, FAILED]
-DeliveryState = Literal[PENDING, DELIVERED, DEAD, SKIPPED]
 # The STOW-RS body (multipart/related; type="application/dicom", PS3.18 10.5) is read raw by the handler, so it is
 # described in words, not as an OpenAPI requestBody: schema-driven clients and fuzzers have no serializer for it.
 STOW_DESCRIPTION = (

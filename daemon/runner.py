@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from edgekit.errors import EdgekitError, TextModelError
+from edgekit.errors import EdgekitError, StudyRequiredError, TextModelError
 
 from . import telemetry, trace_spans
 from .intake import Ingestor
@@ -97,6 +97,8 @@ class ReportRunner:
             raise TextModelError(f"variant {variant!r} is a text model: it cannot report on a study")
         ingested = None
         if not reporter.is_text and work.study is None:  # a recovered job: ingested here, held like any other
+            if work.study_path is None:  # a prompt alone, for a job whose variant became a vision-language model
+                raise StudyRequiredError(f"variant {variant!r} is a vision-language model: it reports on a study")
             work.study, work.reservation = self.ingestor.load(work.study_path, force=True)
             ingested = (t0, time.perf_counter())
         # the prompt as admitted, when this same reporter fitted it; else the options merged and fitted here

@@ -249,13 +249,13 @@ def _export_hf(model_dir: Path, onnx_dir: Path, work: Path, image_size: int | No
     entries = SafetensorsCheckpoint(model_dir).entries
     # tokenizer and chat template first: a model the runtime could not prompt is refused before any export
     if model_kind(cfg, model_dir) == "decoder":
-        spec = decoder_spec(cfg, model_dir, entries)
-        files = write_text_serving_files(spec, model_dir, cfg, work / "serving")
-        described = text_model_summary(spec, cfg)
+        text = decoder_spec(cfg, model_dir, entries)
+        files = write_text_serving_files(text, model_dir, cfg, work / "serving")
+        described = text_model_summary(text, cfg)
     else:
-        spec = vlm_spec(cfg, model_dir, entries, image_size=image_size)
-        files = write_serving_files(spec, model_dir, cfg, work / "serving")
-        described = spec.to_dict()
+        vlm = vlm_spec(cfg, model_dir, entries, image_size=image_size)
+        files = write_serving_files(vlm, model_dir, cfg, work / "serving")
+        described = vlm.to_dict()
     return convert_hf(model_dir, onnx_dir, image_size=image_size).spec, files, described
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol, TypeGuard
 
 import typer
 from typer.core import TyperGroup
@@ -24,6 +24,21 @@ from edgekit.cli.errors import env_debug, exit_status, state
 
 # typer >= 0.2x vendors its own click; take click's class from typer so either kind works.
 _Command = next(c for c in TyperGroup.__mro__ if c.__name__ == "Command")
+
+
+class _Subcommand(Protocol):
+    """What `_load` sets on click's Command; which click defines it depends on typer's version."""
+
+    name: str | None
+    params: list[Any]
+    help: str | None
+
+
+def _is_command(obj: object) -> TypeGuard[_Subcommand]:
+    """True for a click Command; `_Command` is found at run time, so the checker needs the guard."""
+    return isinstance(obj, _Command)
+
+
 _COMPLETION_PARAMS = {"install_completion", "show_completion"}
 
 # name -> one-line help shown before the module is imported. Order is the order of `edgekit --help`.
@@ -52,9 +67,10 @@ def _load(name: str) -> Any:
     module_name = _module_name(name)
     module = importlib.import_module(module_name)
     sub = getattr(module, "app", None)
+    command: _Subcommand
     if isinstance(sub, typer.Typer):
         command = typer.main.get_command(sub)
-    elif isinstance(sub, _Command):
+    elif _is_command(sub):
         command = sub
     else:
         raise RuntimeError(f"{module_name} defines no `app` (a typer.Typer)")

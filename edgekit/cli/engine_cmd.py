@@ -47,6 +47,11 @@ def _say(as_json: bool):
     return say
 
 
+def _state(state_dir: Path | None) -> str | None:
+    """`--state-dir` as the orin library takes it (a string; None: its default, $EDGEKIT_STATE_DIR and on)."""
+    return None if state_dir is None else str(state_dir)
+
+
 def _overrides(
     dla: list[str] | None, dla_core: int | None, workspace: int | None, level: int | None, max_batch: int | None = None
 ) -> dict:
@@ -104,14 +109,16 @@ def build(
     b = load_bundle(bundle)
     overrides = _overrides(dla, dla_core, workspace, level, max_batch)
     if dry_run:
-        emit(plan_only(b, state=state_dir, overrides=overrides), as_json, title="engine build plan (dry run)")
+        emit(plan_only(b, state=_state(state_dir), overrides=overrides), as_json, title="engine build plan (dry run)")
         return
     with progress("building engines", as_json=as_json) as task:
 
         def step(phase: str, done: int, total: int) -> None:
             task.update(description=phase, completed=done, total=total)
 
-        meta = build_engines(b, state=state_dir, overrides=overrides, force=rebuild, progress=step, say=_say(as_json))
+        meta = build_engines(
+            b, state=_state(state_dir), overrides=overrides, force=rebuild, progress=step, say=_say(as_json)
+        )
     emit(meta, as_json, title="TensorRT engines")
 
 
@@ -147,7 +154,7 @@ def check(
     result = check_bundle(
         b,
         executor="onnxrt" if onnxrt else "tensorrt",
-        state=state_dir,
+        state=_state(state_dir),
         eval_data=eval_data,
         eval_limit=eval_limit,
         floor=floor,

@@ -22,13 +22,33 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import typer
 
 from edgekit.errors import EdgekitError
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
+
 # typer >= 0.2x vendors its own click; take click's class from typer so either kind works.
 _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+class _UsageError(Protocol):
+    """What `exit_status` uses of click's ClickException; which click defines it depends on typer's version."""
+
+    exit_code: int
+
+    def format_message(self) -> str: ...
+
+    def show(self) -> None: ...
+
+
+def _is_usage_error(err: object) -> TypeIs[_UsageError]:
+    """True for click's usage errors; `_ClickException` is found at run time, so the checker needs the guard."""
+    return isinstance(err, _ClickException)
+
 
 # Library errors name parameters; on the command line the user knows them by their flags.
 PARAM_FLAGS: dict[str, str] = {
@@ -175,7 +195,7 @@ def exit_status(err: BaseException, argv: list[str]) -> int | None:
         return _aborted(err)
     if isinstance(err, typer.Exit):
         return int(err.exit_code)
-    if isinstance(err, _ClickException):  # usage errors: click's own message, exit 2
+    if _is_usage_error(err):  # usage errors: click's own message, exit 2
         if as_json:
             _json_error(err, err.format_message())
         err.show()

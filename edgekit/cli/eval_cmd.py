@@ -11,6 +11,7 @@ import typer
 
 from edgekit.cli.options import (
     BundleArgument,
+    Engine,
     EngineOption,
     ForceOption,
     JsonOption,
@@ -157,7 +158,7 @@ def eval(  # noqa: A001 - the subcommand's name
     out: Annotated[Path | None, out_option("Write the full result (with per-study records) as JSON here.")] = None,
     force: ForceOption = False,
     threads: ThreadsOption = None,
-    engine: EngineOption = "default",
+    engine: EngineOption = Engine.default,
     as_json: JsonOption = False,
 ) -> None:
     """Finding-level P/R/F1, hallucination rate, BLEU-4 and ROUGE-L with bootstrap intervals, and latency."""

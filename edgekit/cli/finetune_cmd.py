@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypedDict
 
 import typer
 
@@ -18,7 +18,19 @@ from edgekit.cli.output import emit, progress
 
 app = typer.Typer(help="Fine-tune a Hugging Face model with LoRA and learned head gates (train extra).")
 
-_D = {  # the library's defaults, shown in --help without importing torch
+
+class _Defaults(TypedDict):
+    """The TrainConfig fields the options show; typed per key, so an int option gets an int default."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    r: int
+    gate_rate: float
+    max_length: int
+
+
+_D: _Defaults = {  # the library's defaults, shown in --help without importing torch
     "steps": 200,
     "batch_size": 8,
     "lr": 2e-3,

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, OverflowMethod
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -82,7 +82,7 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _overflow() -> str:
+def _overflow() -> OverflowMethod:
     """On a terminal a cell too wide folds; in a log it is left whole (a word cut in two cannot be grepped)."""
     return "fold" if console.is_terminal else "ignore"
 

@@ -4,8 +4,9 @@ device, a plot."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -140,7 +141,7 @@ def pareto(
     loaded = [load_bundle(b) for b in bundles]  # every bundle checked before the first point is measured
     orin_estimate = _orin_estimates(loaded, orin_estimate)
     data_dir, split = _split(data, limit)
-    knobs = {
+    knobs: dict[str, Sequence[Any] | None] = {
         "max_new_tokens": max_new_tokens,
         "video_max_frames": video_max_frames,
         "sparsity_target": sparsity_target,

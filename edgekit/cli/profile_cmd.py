@@ -9,6 +9,7 @@ import typer
 
 from edgekit.cli.options import (
     BundleArgument,
+    Engine,
     EngineOption,
     ForceOption,
     JsonOption,
@@ -49,7 +50,7 @@ def profile(
     force: ForceOption = False,
     threads: ThreadsOption = None,
     dense: Annotated[bool, typer.Option("--dense", help="x1: run without dynamic head sparsity.")] = False,
-    engine: EngineOption = "default",
+    engine: EngineOption = Engine.default,
     as_json: JsonOption = False,
 ) -> None:
     """Run one report with the target's profiler; write a chrome trace, tables and a plot."""

@@ -6,6 +6,7 @@ import typer
 
 from edgekit.cli.options import (
     BundleArgument,
+    Engine,
     EngineOption,
     JsonOption,
     MaxNewTokensOption,
@@ -49,7 +50,7 @@ def run(
     top_p: TopPOption = 1.0,
     seed: SeedOption = None,
     threads: ThreadsOption = None,
-    engine: EngineOption = "default",
+    engine: EngineOption = Engine.default,
     as_json: JsonOption = False,
 ) -> None:
     """Write a report: findings, impression, and where the time went."""

@@ -91,6 +91,7 @@ def load_model(model_dir: Path):
         raise ConfigError("fine-tuning needs the model's tokenizer.json", model_dir)
     tokenizer = Tokenizer.from_file(str(tok_path))
     spec = None
+    auto: type[transformers.AutoModelForImageTextToText] | type[transformers.AutoModelForCausalLM]
     if kind == "vlm":
         from edgekit.hf import SafetensorsCheckpoint
         from edgekit.hf.vlm import vlm_spec
@@ -243,7 +244,13 @@ class _Training:
         targets = opts.target_modules or (
             re.escape(attention.prefix) + r"layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
         )
-        lcfg = peft.LoraConfig(r=opts.r, lora_alpha=opts.alpha, target_modules=targets, lora_dropout=0.0)
+        # peft annotates lora_alpha as int, but scales by lora_alpha / r and takes a float (alpha = 2r from the CLI)
+        lcfg = peft.LoraConfig(
+            r=opts.r,
+            lora_alpha=opts.alpha,  # type: ignore[arg-type]
+            target_modules=targets,
+            lora_dropout=0.0,
+        )
         pm = peft.get_peft_model(model, lcfg)  # in place: `model`'s modules are now PEFT's wrappers
         gates = HeadGates(len(attention.modules), attention.heads) if opts.gate_rate > 0 else None
         groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": opts.lr}]

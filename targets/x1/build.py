@@ -33,8 +33,8 @@ def int4_block(graphs: Path) -> int:
 
     ks = set()
     for f in sorted(graphs.glob("*.onnx")):
-        for m in find_weight_matmuls(ir.load(f)):  # a transposed weight is stored (N, K)
-            ks.add(int(m.weight.shape[1] if m.transpose is not None else m.weight.shape[0]))
+        for m in find_weight_matmuls(ir.load(f)):
+            ks.add(m.k)  # K of the weight as MatMul consumes it (a transposed one is stored (N, K))
     return next((b for b in (DEFAULT_BLOCK, 16) if all(k % b == 0 for k in ks)), 16)
 
 

@@ -129,13 +129,15 @@ class Emulator:
         subst = _Substitution(by_id, {i: n for n, i in ids.items()}, replaced) if by_id else None
         # input-determined steps: replayed from the memo when this key was seen (not while values are being
         # captured or overridden: those runs must see, and may change, freshly computed arrays)
-        key = replay = recorded = None
+        key: tuple | None = None
+        replay: list | None = None
+        recorded: list | None = None  # a memo miss: the steps' cost entries, remembered under `key`
         if prep.static_steps and not by_id and not capture:
             key = prep.memo_key(store)
             replay = self._replay(prep, key, store)
             recorded = [] if replay is None else None
         cycles, energies, log = _execute(prep.plan, store, ctx, replay, recorded, subst)
-        if recorded is not None:
+        if key is not None and recorded is not None:
             prep.remember(key, store, recorded)
         outputs = self._outputs(prep, store, kv, want_present)
         captured = {n: store[ids[n]] for n in (capture or ()) if n in ids and store[ids[n]] is not None}
