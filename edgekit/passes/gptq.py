@@ -21,6 +21,8 @@ refits again: a local search towards the nearest grid point in the output metric
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .int4_encode import QuantizedWeight, check_block, quantize_blocks, round_codes
@@ -64,52 +66,28 @@ def gptq_quantize(
     n, k = w_nk.shape
     check_block(k, block, name)
     qmax = 2**bits - 1
-    w = np.asarray(w_nk, np.float64).copy()
-    h = np.asarray(h, np.float64)
     float_zeros = float_zeros and not symmetric
-    hb = block_hessians(h, block)
-    hd = h.copy()
-    dead = np.diag(hd) <= 0
-    hd[dead, dead] = 1.0
+    h = np.asarray(h, np.float64)
+    hd, dead = _regularised(h, shrink, damp)
+    w = np.asarray(w_nk, np.float64).copy()
     w[:, dead] = 0.0
-    hd[np.diag_indices(k)] *= 1.0 + shrink
-    hd[np.diag_indices(k)] += damp * float(np.mean(np.diag(hd)))
-    u = _upper_inverse_cholesky(hd)
 
-    codes = np.zeros((n, k), np.uint8)
-    groups = k // block
-    scales = np.zeros((n, groups), np.float32)
-    zeros = np.zeros((n, groups), np.float32)
-    chunk = block * max(1, -(-CHUNK // block))
-    for i1 in range(0, k, chunk):
-        i2 = min(i1 + chunk, k)
-        w1 = w[:, i1:i2].copy()
-        e1 = np.zeros_like(w1)
-        u1 = u[i1:i2, i1:i2]
-        for j in range(i2 - i1):
-            col = i1 + j
-            if col % block == 0:
-                g = col // block
-                qw = quantize_blocks(
-                    w1[:, j : j + block].astype(np.float32),
-                    block,
-                    bits=bits,
-                    symmetric=symmetric,
-                    hessian=hb[g : g + 1],
-                    clip_grid=clip_grid,
-                    scale_search=scale_search,
-                    signed_scales=signed_scales,
-                    float_zeros=float_zeros,
-                    name=name,
-                )
-                scales[:, g], zeros[:, g] = qw.scales[:, 0], qw.zeros()[:, 0]
-            s, z = scales[:, col // block].astype(np.float64), zeros[:, col // block].astype(np.float64)
-            q = round_codes(w1[:, j], s, z, qmax)
-            err = (w1[:, j] - (q - z) * s) / u1[j, j]
-            w1[:, j:] -= np.outer(err, u1[j, j:])
-            e1[:, j] = err
-            codes[:, col] = q
-        w[:, i2:] -= e1 @ u[i1:i2, i2:]
+    def block_grid(wg: np.ndarray, hg: np.ndarray) -> QuantizedWeight:
+        """The scale (and zero point) of one block of columns `wg` (N, B), by its share `hg` of the output error."""
+        return quantize_blocks(
+            wg.astype(np.float32),
+            block,
+            bits=bits,
+            symmetric=symmetric,
+            hessian=hg,
+            clip_grid=clip_grid,
+            scale_search=scale_search,
+            signed_scales=signed_scales,
+            float_zeros=float_zeros,
+            name=name,
+        )
+
+    codes, scales, zeros = _sweep(w, _upper_inverse_cholesky(hd), block_hessians(h, block), block, qmax, block_grid)
     target = np.asarray(w_nk, np.float64).copy()
     target[:, dead] = 0.0
     if float_zeros:
@@ -123,6 +101,55 @@ def gptq_quantize(
     return QuantizedWeight(
         q=codes, scales=scales, zero_points=None if symmetric else zeros.astype(np.uint8), bits=bits, block=block
     )
+
+
+def _regularised(h: np.ndarray, shrink: float, damp: float) -> tuple[np.ndarray, np.ndarray]:
+    """The Hessian GPTQ sweeps with: a dead channel (diagonal <= 0, its weights zeroed by the caller) set to 1 on
+    the diagonal, every channel's diagonal times 1 + `shrink`, plus `damp` times the mean diagonal; and the dead
+    channels' mask."""
+    hd = h.copy()
+    dead = np.diag(hd) <= 0
+    hd[dead, dead] = 1.0
+    hd[np.diag_indices(hd.shape[0])] *= 1.0 + shrink
+    hd[np.diag_indices(hd.shape[0])] += damp * float(np.mean(np.diag(hd)))
+    return hd, dead
+
+
+def _sweep(
+    w: np.ndarray,
+    u: np.ndarray,
+    hb: np.ndarray,
+    block: int,
+    qmax: int,
+    block_grid: Callable[[np.ndarray, np.ndarray], QuantizedWeight],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GPTQ's sweep over the columns of `w` (N, K; updated in place) with H^-1 = U^T U: each block's grid chosen
+    (`block_grid`) when the sweep reaches it, each column rounded on it and its error pushed onto the columns to
+    come, lazily in chunks of CHUNK columns. (codes uint8 (N, K), scales and zero points float32 (N, K/B))."""
+    n, k = w.shape
+    codes = np.zeros((n, k), np.uint8)
+    scales = np.zeros((n, k // block), np.float32)
+    zeros = np.zeros((n, k // block), np.float32)
+    chunk = block * max(1, -(-CHUNK // block))
+    for i1 in range(0, k, chunk):
+        i2 = min(i1 + chunk, k)
+        w1 = w[:, i1:i2].copy()
+        e1 = np.zeros_like(w1)
+        u1 = u[i1:i2, i1:i2]
+        for j in range(i2 - i1):
+            col = i1 + j
+            g = col // block
+            if col % block == 0:
+                qw = block_grid(w1[:, j : j + block], hb[g : g + 1])
+                scales[:, g], zeros[:, g] = qw.scales[:, 0], qw.zeros()[:, 0]
+            s, z = scales[:, g].astype(np.float64), zeros[:, g].astype(np.float64)
+            q = round_codes(w1[:, j], s, z, qmax)
+            err = (w1[:, j] - (q - z) * s) / u1[j, j]
+            w1[:, j:] -= np.outer(err, u1[j, j:])
+            e1[:, j] = err
+            codes[:, col] = q
+        w[:, i2:] -= e1 @ u[i1:i2, i2:]
+    return codes, scales, zeros
 
 
 def refit_scales_offsets(

@@ -34,7 +34,6 @@ RETARGET = 0.7
 CALIB_SAMPLES = 128
 METHODS = ("rtn", "hqq", "awq", "gptq", "awq-gptq")
 GPTQ_METHODS = ("gptq", "awq-gptq")
-DATA_METHODS = ("awq", "gptq", "awq-gptq")  # the ones that read calibration activations
 GRAPHS = {"decoder": DECODER, "vision": VISION_ENCODER}  # the `graphs` parameter's names for the files
 
 
@@ -153,6 +152,20 @@ class Int4Config(WritesWeightFormat, PassConfig):
         if self.method == "hqq" and self.float_zeros:
             raise ConfigError(f"{where}.float_zeros: method hqq keeps integer zero points; use gptq, awq or rtn")
         self.check_format(where)
+
+    def block_for(self, k: int) -> int:
+        """`block`, or with `fit_block` the largest allowed block <= it that divides K (checked by the caller)."""
+        if self.fit_block:
+            for b in (128, 64, 32, 16):
+                if b <= self.block and k % b == 0:
+                    return b
+        return self.block
+
+    def shrink_for(self, k: int, tokens: int) -> float:
+        """GPTQ's shrinkage towards the diagonal for an input of K channels seen on `tokens` calibration tokens."""
+        if self.shrink is not None:
+            return self.shrink
+        return SHRINK_PER_CHANNEL_PER_TOKEN * k / max(tokens, 1)
 
     def format_bits(self) -> set[int]:
         """4, and 8 where `mixed` or `keep` keep MatMuls at 8 bits (32 leaves them float)."""

@@ -121,61 +121,25 @@ def quantize_blocks(
     n, k = w_nk.shape
     check_block(k, block, name)
     qmax = 2**bits - 1
-    half = 2 ** (bits - 1)
     wb = w_nk.reshape(n, k // block, block).astype(np.float32)
     imp = None if importance is None else importance.astype(np.float32).reshape(k // block, block)
     hess = None if hessian is None else np.asarray(hessian, np.float32)
 
-    def attempt(scale: np.ndarray, zero: np.ndarray):
+    def attempt(scale: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         q = round_codes(wb, scale[..., None], zero[..., None], qmax)
         err = block_error((q - zero[..., None]) * scale[..., None] - wb, imp, hess)
         return q, err
 
-    candidates = []  # (scale, zero) pairs, (N, G) each
     ratios = [1.0, *(np.linspace(1.0, min_clip, clip_grid + 1)[1:] if clip_grid else [])]
-    weighted = importance is not None or hessian is not None
     if symmetric:
-        amax = np.abs(wb).max(-1)
-        zero = np.full(amax.shape, half, np.float32)
-        narrow = amax / (half - 1)  # +-7 around the implied zero 8: exact on the extreme, code -8 unused
-        if scale_search:
-            # ORT's choice: the abs-max element lands exactly on -8 (a negative scale when it is positive)
-            signed = np.take_along_axis(wb, np.abs(wb).argmax(-1)[..., None], -1)[..., 0]
-            ort = signed / -half
-            narrow = np.where(signed_scales | (ort > 0), ort, narrow)
-        for ratio in ratios:
-            candidates.append((narrow * ratio, zero))
-            if scale_search and weighted:  # with the activations in the error, clipping the extreme is judged
-                candidates.append((amax * ratio / (half - 1), zero))
-                candidates.append((amax * ratio / (half - 0.5), zero))
+        weighted = importance is not None or hessian is not None
+        candidates = _symmetric_candidates(wb, bits, ratios, scale_search, signed_scales, weighted)
     else:
-        for ratio in ratios:
-            lo = (wb.min(-1) if float_zeros else np.minimum(wb.min(-1), 0)) * ratio
-            hi = (wb.max(-1) if float_zeros else np.maximum(wb.max(-1), 0)) * ratio
-            scale = (hi - lo) / qmax
-            if float_zeros:  # a constant block: any scale > 0 with its value on a code
-                scale = np.where(scale > 0, scale, np.maximum(np.abs(lo), 1e-12))
-                candidates.append((scale, -lo / scale))
-            else:
-                candidates.append((scale, np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), 0, qmax)))
-
-    scale, zero = candidates[0]
-    q, err = attempt(scale, zero)
-    for s2, z2 in candidates[1:]:
-        q2, e2 = attempt(s2, z2)
-        better = e2 < err
-        q = np.where(better[..., None], q2, q)
-        scale, zero, err = np.where(better, s2, scale), np.where(better, z2, zero), np.where(better, e2, err)
-    for _ in range(refine):
-        s2 = _least_squares_scale(wb, q - zero[..., None], imp, hess, scale)
-        if not signed_scales and symmetric:
-            s2 = np.where(s2 > 0, s2, scale)
-        q2, e2 = attempt(s2, zero)
-        better = e2 < err
-        if not better.any():
-            break
-        q = np.where(better[..., None], q2, q)
-        scale, err = np.where(better, s2, scale), np.where(better, e2, err)
+        candidates = _asymmetric_candidates(wb, bits, ratios, float_zeros)
+    q, scale, zero, err = _best_candidate(candidates, attempt)
+    if refine:
+        keep_positive = symmetric and not signed_scales
+        q, scale = _refine_scales(wb, q, scale, zero, err, imp, hess, attempt, refine, keep_positive)
     return QuantizedWeight(
         q=q.reshape(n, k).astype(np.uint8),
         scales=scale.astype(np.float32),
@@ -183,6 +147,90 @@ def quantize_blocks(
         bits=bits,
         block=block,
     )
+
+
+Candidate = tuple[np.ndarray, np.ndarray]  # (scale, zero), (N, G) each
+Attempt = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # (scale, zero) -> (codes, error)
+
+
+def _symmetric_candidates(
+    wb: np.ndarray, bits: int, ratios: list[float], scale_search: bool, signed_scales: bool, weighted: bool
+) -> list[Candidate]:
+    """`quantize_blocks`' symmetric scales for the blocks `wb` (N, G, B), each range ratio in turn (see there)."""
+    half = 2 ** (bits - 1)
+    amax = np.abs(wb).max(-1)
+    zero = np.full(amax.shape, half, np.float32)
+    narrow = amax / (half - 1)  # +-7 around the implied zero 8: exact on the extreme, code -8 unused
+    if scale_search:
+        # ORT's choice: the abs-max element lands exactly on -8 (a negative scale when it is positive)
+        signed = np.take_along_axis(wb, np.abs(wb).argmax(-1)[..., None], -1)[..., 0]
+        ort = signed / -half
+        narrow = np.where(signed_scales | (ort > 0), ort, narrow)
+    candidates = []
+    for ratio in ratios:
+        candidates.append((narrow * ratio, zero))
+        if scale_search and weighted:  # with the activations in the error, clipping the extreme is judged
+            candidates.append((amax * ratio / (half - 1), zero))
+            candidates.append((amax * ratio / (half - 0.5), zero))
+    return candidates
+
+
+def _asymmetric_candidates(wb: np.ndarray, bits: int, ratios: list[float], float_zeros: bool) -> list[Candidate]:
+    """`quantize_blocks`' asymmetric (scale, zero point) pairs, each range ratio in turn: the zero point on the
+    grid with 0 kept in the range, or (`float_zeros`) off it, mapping [min, max] onto the codes exactly."""
+    qmax = 2**bits - 1
+    candidates = []
+    for ratio in ratios:
+        lo = (wb.min(-1) if float_zeros else np.minimum(wb.min(-1), 0)) * ratio
+        hi = (wb.max(-1) if float_zeros else np.maximum(wb.max(-1), 0)) * ratio
+        scale = (hi - lo) / qmax
+        if float_zeros:  # a constant block: any scale > 0 with its value on a code
+            scale = np.where(scale > 0, scale, np.maximum(np.abs(lo), 1e-12))
+            candidates.append((scale, -lo / scale))
+        else:
+            candidates.append((scale, np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), 0, qmax)))
+    return candidates
+
+
+def _best_candidate(
+    candidates: list[Candidate], attempt: Attempt
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per block, the candidate with the lowest error (the first on a tie): (codes, scale, zero, error)."""
+    scale, zero = candidates[0]
+    q, err = attempt(scale, zero)
+    for s2, z2 in candidates[1:]:
+        q2, e2 = attempt(s2, z2)
+        better = e2 < err
+        q = np.where(better[..., None], q2, q)
+        scale, zero, err = np.where(better, s2, scale), np.where(better, z2, zero), np.where(better, e2, err)
+    return q, scale, zero, err
+
+
+def _refine_scales(
+    wb: np.ndarray,
+    q: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray,
+    err: np.ndarray,
+    imp: np.ndarray | None,
+    hess: np.ndarray | None,
+    attempt: Attempt,
+    steps: int,
+    keep_positive: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Up to `steps` rounds of a least-squares scale for the current codes, re-rounded, each block keeping it
+    only where its error falls; (codes, scale)."""
+    for _ in range(steps):
+        s2 = _least_squares_scale(wb, q - zero[..., None], imp, hess, scale)
+        if keep_positive:
+            s2 = np.where(s2 > 0, s2, scale)
+        q2, e2 = attempt(s2, zero)
+        better = e2 < err
+        if not better.any():
+            break
+        q = np.where(better[..., None], q2, q)
+        scale, err = np.where(better, s2, scale), np.where(better, e2, err)
+    return q, scale
 
 
 def _least_squares_scale(
@@ -221,11 +269,11 @@ def matmulnbits_tensors(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray, np
     kb = k // qw.block
     blocks = qw.q.reshape(n, kb, qw.block)
     b = pack_nibbles(blocks) if qw.bits == 4 else blocks.copy()
-    zp = None
-    if qw.float_zeros:
-        zp = qw.zero_points.astype(qw.scales.dtype)
-    elif qw.zero_points is not None:
-        zp = pack_nibbles(qw.zero_points) if qw.bits == 4 else qw.zero_points.copy()
+    zp = qw.zero_points
+    if zp is not None and qw.float_zeros:
+        zp = zp.astype(qw.scales.dtype)
+    elif zp is not None:
+        zp = pack_nibbles(zp) if qw.bits == 4 else zp.copy()
     return b, qw.scales.copy(), zp
 
 

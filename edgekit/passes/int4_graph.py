@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
+from edgekit.ir_values import name_of
 from edgekit.names import VISION_ENCODER
 from edgekit.onnx_model import NodeNames
 
@@ -40,35 +41,36 @@ def quantize_other_weights(
             or any(u.node.op_type in ("MatMul", "Gather", "Transpose") for u in value.uses())
         ):
             continue
+        name = name_of(value)
         flat = arr.reshape(arr.shape[0], -1).astype(np.float32)
         b = int(np.gcd(block, flat.shape[1]))
-        qw = quantize_blocks(flat, b, bits=bits, symmetric=True, name=value.name)
+        qw = quantize_blocks(flat, b, bits=bits, symmetric=True, name=name)
         signed = (qw.q.astype(np.int16) - 2 ** (bits - 1)).astype(ml_dtypes.int4 if bits == 4 else np.int8)
         dq = ir.node(
             "DequantizeLinear",
             [
-                add_initializer(model.graph, signed, f"{value.name}.q{bits}"),
-                add_initializer(model.graph, qw.scales, f"{value.name}.scales"),
+                add_initializer(model.graph, signed, f"{name}.q{bits}"),
+                add_initializer(model.graph, qw.scales, f"{name}.scales"),
             ],
             {"axis": 1, "block_size": b},
-            name=node_names.take(f"{value.name}_DequantizeLinear"),
+            name=node_names.take(f"{name}_DequantizeLinear"),
         )
         out, nodes = dq.outputs[0], [dq]
-        out.name, out.dtype, out.shape = f"{value.name}_dq", ir.DataType.FLOAT, ir.Shape(list(flat.shape))
+        out.name, out.dtype, out.shape = f"{name}_dq", ir.DataType.FLOAT, ir.Shape(list(flat.shape))
         if arr.ndim != 2:
-            shape = add_initializer(model.graph, np.asarray(arr.shape, np.int64), f"{value.name}.shape")
-            reshape = ir.node("Reshape", [out, shape], name=node_names.take(f"{value.name}_Reshape"))
+            shape = add_initializer(model.graph, np.asarray(arr.shape, np.int64), f"{name}.shape")
+            reshape = ir.node("Reshape", [out, shape], name=node_names.take(f"{name}_Reshape"))
             out = reshape.outputs[0]
-            out.name, out.dtype, out.shape = f"{value.name}_dqr", ir.DataType.FLOAT, ir.Shape(list(arr.shape))
+            out.name, out.dtype, out.shape = f"{name}_dqr", ir.DataType.FLOAT, ir.Shape(list(arr.shape))
             nodes.append(reshape)
         first = min((u.node for u in value.uses()), key=lambda n: list(model.graph).index(n))
         for node in nodes:
             model.graph.insert_before(first, node)
         value.replace_all_uses_with(out)
-        model.graph.initializers.pop(value.name, None)
+        model.graph.initializers.pop(name, None)
         changes.nodes_added += len(nodes)
-        changes.initializers_touched.append(value.name)
-        done.append(value.name)
+        changes.initializers_touched.append(name)
+        done.append(name)
     return done
 
 
