@@ -77,3 +77,18 @@ def test_labels_of_close_front_points_stack_instead_of_overlapping():
     labels = [y + dy for (_, y), dy in zip(anchors, offsets)]
     assert offsets[0] == 4.0 and offsets[3] == 4.0  # alone: just above its point
     assert all(abs(a - b) >= 9.0 for i, a in enumerate(labels[:3]) for b in labels[i + 1 : 3])
+
+
+def test_knob_flag_sets_any_targets_knob_and_refuses_one_they_lack(bundles, split, tmp_path, capsys):
+    """`--knob NAME=VALUE`: the generic way a target's knob reaches the CLI (cpu's threads here, typed int); on a
+    cpu bundle the X1's sparsity_target is one line naming the knobs it has, before any point."""
+    out = tmp_path / "profile"
+    args = ["pareto", str(bundles[0]), "-o", str(out), "--data", str(split), "--limit", "1", "--no-plot"]
+    assert main([*args, "--knob", "threads=1", "--knob", "max_new_tokens=4", "--json"]) == 0
+    capsys.readouterr()
+    (point,) = read_profile(out / "pareto.json").points
+    assert point.settings["threads"] == 1 and point.settings["max_new_tokens"] == 4
+    assert main([*args, "--knob", "sparsity_target=0.5", "--force"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--knob sparsity_target: not a knob of these bundles' targets" in err[0]
+    assert "threads" in err[0]

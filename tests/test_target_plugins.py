@@ -202,3 +202,33 @@ def test_a_targets_pareto_knobs_come_from_its_plug_in(toy_registered):
     assert DEFAULT_GRID["greeting"] == (("hey",), ("toy",))
     assert knob_settings({"greeting": "hey", "max_new_tokens": 8}, "toy") == {"greeting": "hey"}
     assert knob_settings({"greeting": "hey"}, "cpu") == {}  # not a cpu knob
+
+
+def test_a_targets_own_knob_reaches_the_pareto_cli_flag(toy_registered):
+    """`edgekit pareto --knob greeting=yo`: the toy's knob, which no named flag knows, typed like its grid (str) and
+    planned as a configuration of its bundles; a knob no bundle's target has is named with the ones they have."""
+    from edgekit.pareto.configs import plan
+    from edgekit.pareto.knob_flags import merge_knobs, parse_knob_flags
+
+    extra = parse_knob_flags(["greeting=yo", "greeting=hi", "max_new_tokens=8"], ["toy"])
+    assert extra == {"greeting": ["yo", "hi"], "max_new_tokens": [8]}
+    knobs = merge_knobs({"max_new_tokens": [16], "threads": None}, extra)
+    assert knobs == {"max_new_tokens": [16, 8], "threads": None, "greeting": ["yo", "hi"]}
+
+    class _Bundle:  # what plan reads of a loaded bundle
+        source, target, digest = "/b/toy-bundle", "toy", "0" * 64
+
+    configs, grid = plan([_Bundle()], knobs)
+    assert sorted(c.id for c in configs) == [
+        "toy-bundle[greeting=hi,max_new_tokens=16]",
+        "toy-bundle[greeting=hi,max_new_tokens=8]",
+        "toy-bundle[greeting=yo,max_new_tokens=16]",
+        "toy-bundle[greeting=yo,max_new_tokens=8]",
+    ]
+    assert grid["kind"] == "flags"
+    with pytest.raises(ConfigError, match=r"--knob sparsity_target: not a knob of these bundles. targets"):
+        parse_knob_flags(["sparsity_target=0.5"], ["toy"])
+    with pytest.raises(ConfigError, match=r"--knob 'greeting': expected NAME=VALUE"):
+        parse_knob_flags(["greeting"], ["toy"])
+    with pytest.raises(ConfigError, match=r"--knob max_new_tokens=0: max_new_tokens takes a whole number >= 1"):
+        parse_knob_flags(["max_new_tokens=0"], ["toy"])

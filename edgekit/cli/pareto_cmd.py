@@ -4,7 +4,6 @@ device, a plot."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,7 +26,7 @@ def _default(knob: str) -> str:
 
 
 DEFAULT_GRID_NOTE = (
-    "With no knob flag (--max-new-tokens, --video-max-frames, --sparsity-target, --threads), each bundle is "
+    "With no knob flag (--max-new-tokens, --video-max-frames, --sparsity-target, --threads, --knob), each bundle is "
     "measured at its own settings and then at each value of the default grid, one knob at a time: "
     + describe_default_grid()
     + ". --no-default-grid: one point per bundle. Each device has a front of its own (the X1's emulated figures, "
@@ -64,6 +63,8 @@ def _rows(front) -> list[dict]:
         "edgekit pareto out/radreport-tiny-x1 -o out/pareto-dss --data data/test --limit 2 --sparsity-target 0.2 "
         "--sparsity-target 0.5",
         "edgekit pareto out/radreport-tiny-cpu -o out/pareto-cpu --data data/test --limit 4 --no-default-grid --json",
+        "edgekit pareto out/radreport-tiny-x1 -o out/pareto-knob --data data/test --limit 2 --knob sparsity_target=0.5 "
+        "--knob max_new_tokens=24",
         "edgekit build --target orin -o out/radreport-tiny-orin --no-parity --force && edgekit pareto "
         "out/radreport-tiny-orin -o out/pareto-orin --data data/test --limit 2 --orin-estimate agx-orin-64:MAXN "
         "--orin-estimate orin-nano-8:15W --no-default-grid",
@@ -104,6 +105,15 @@ def pareto(
     threads: Annotated[
         list[int] | None, typer.Option(min=1, help=f"Threads. {GRID_HELP} Default grid: {_default('threads')}.")
     ] = None,
+    knob: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME=VALUE",
+            help="Any knob of these bundles' targets, by name: the core's (max_new_tokens, video_max_frames, threads) "
+            "or one a target's plug-in declares (x1's sparsity_target, orin's orin_estimate, an out-of-tree "
+            f"target's own). {GRID_HELP} The same as its named flag where there is one.",
+        ),
+    ] = None,
     orin_estimate: Annotated[
         list[str] | None,
         typer.Option(
@@ -135,26 +145,28 @@ def pareto(
     from edgekit.bundle import load_bundle
     from edgekit.pareto.configs import plan
     from edgekit.pareto.energy import describe_meter
+    from edgekit.pareto.knob_flags import merge_knobs, parse_knob_flags
     from edgekit.pareto.run import PROFILE_NAME
 
     writable_out(out / PROFILE_NAME)
     loaded = [load_bundle(b) for b in bundles]  # every bundle checked before the first point is measured
-    orin_estimate = _orin_estimates(loaded, orin_estimate)
-    data_dir, split = _split(data, limit)
-    knobs: dict[str, Sequence[Any] | None] = {
+    named: dict[str, list[Any] | None] = {
         "max_new_tokens": max_new_tokens,
         "video_max_frames": video_max_frames,
         "sparsity_target": sparsity_target,
         "threads": threads,
         "orin_estimate": orin_estimate,
     }
+    knobs = merge_knobs(named, parse_knob_flags(knob, sorted({b.target for b in loaded})))
+    knobs["orin_estimate"] = _orin_estimates(loaded, knobs.get("orin_estimate"))
+    data_dir, split = _split(data, limit)
     configs, grid = plan(loaded, knobs, use_default=default_grid)
     meter_info = describe_meter(meter)
     profile = _measure(configs, out, data_dir, split, limit, meter_info, grid, resume=not force, as_json=as_json)
     _report(profile, out, split, meter_info, plot=plot, as_json=as_json)
 
 
-def _orin_estimates(bundles: list, estimates: list[str] | None) -> list[str] | None:
+def _orin_estimates(bundles: list, estimates: list[Any] | None) -> list[Any] | None:
     """`--orin-estimate`, each in the cost model's spelling; checked here, not in each point's process, so a bad
     one is one line listing the devices and modes."""
     if not estimates:

@@ -153,7 +153,7 @@ def describe_default_grid() -> str:
 
 
 def plan(
-    bundles: Sequence[Any], knobs: dict[str, Sequence[Any] | None], *, use_default: bool = True
+    bundles: Sequence[Any], knobs: Mapping[str, Sequence[Any] | None], *, use_default: bool = True
 ) -> tuple[list[Config], dict[str, Any]]:
     """The configurations `edgekit pareto` measures for `knobs` (its flags: a list per knob, None where not
     given), and what was varied as pareto.json records it (`grid`): the given knobs in every combination; with
