@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from edgekit import names
 from edgekit.bundle import sha256_file, write_bundle
@@ -100,26 +101,9 @@ def build(
     `machine` is a machine description, for targets that take one. `image_size` pins a Hugging Face Qwen2-VL's
     dynamic resolution to that square side (`edgekit.hf.convert_hf`); any other model refuses it.
     """
-    if target not in target_names():
-        raise ConfigError(f"target '{target}' is not buildable here (buildable: {', '.join(target_names())})")
-    plugin = get_target(target)
-    if machine is not None and not plugin.takes_machine:
-        raise ConfigError(f"target '{target}' takes no machine description", machine)
+    plugin = _plugin(target, machine)
     model_dir = Path(model_dir) if model_dir else default_model_dir()
-    hf = _is_hf_dir(model_dir)
-    text = False  # a decoder alone: a text model's bundle (no vision graph)
-    if hf:
-        text = _check_hf_source(model_dir) == "decoder"
-        if text and image_size is not None:
-            from edgekit.hf.qwen2_vl_processor import image_size_refused
-
-            raise image_size_refused(read_model_type(model_dir), model_dir / "config.json", "decoder")
-    else:
-        _check_source(model_dir)
-        if image_size is not None:
-            from edgekit.hf.qwen2_vl_processor import image_size_refused
-
-            raise image_size_refused("edgekit's own model", model_dir, "edgekit")
+    hf, text = _source_kind(model_dir, image_size)
     loaded_recipe = _load_recipe(recipe) if recipe is not None else None
     if loaded_recipe is not None:
         loaded_recipe = retarget_recipe(loaded_recipe, target, getattr(plugin, "weight_formats", None))
@@ -129,17 +113,7 @@ def build(
     with tempfile.TemporaryDirectory(prefix="edgekit-build-") as tmp:
         work = Path(tmp)
         onnx_dir = work / "onnx"
-        say("export: writing ONNX graphs from weights")
-        if hf:
-            hf_spec, model_files, described = _export_hf(model_dir, onnx_dir, work, image_size)
-            steps.append({"name": "hf_import", "params": {"opset": 21, "dtype": "float32", **described}})
-        else:
-            from edgekit.export import export_default
-
-            export_default(model_dir, onnx_dir)
-            model_files = {role: model_dir / fname for role, fname in WEIGHT_FILES.items()}
-            model_files.update(learned_head_importance(model_dir))
-            steps.append({"name": "export", "params": {"opset": 21, "format": "onnx", "dtype": "float32"}})
+        hf_spec, model_files = _export(model_dir, onnx_dir, work, hf, image_size, steps, say)
         figures: dict = {}
         components: dict = {}
         graphs_dir = onnx_dir
@@ -159,33 +133,9 @@ def build(
         steps += prepared.steps
         figures.update(prepared.figures)
         if parity:
-            if importlib.util.find_spec("torch") is not None:  # without torch the figure says it was not measured
-                say("parity: ONNX Runtime against the PyTorch reference")
-            if text:
-                from edgekit.hf.text_parity import measure_text_parity
-
-                figures["parity"] = measure_text_parity(graphs_dir, model_dir, model_files["generation_config"])
-            elif hf:
-                from edgekit.hf.parity import measure_hf_parity
-
-                figures["parity"] = measure_hf_parity(graphs_dir, model_dir, hf_spec)
-            else:
-                figures["parity"] = measure_parity_figure(graphs_dir, model_dir)
-        graph_roles = names.TEXT_GRAPH_ROLES if text else names.GRAPH_ROLES
-        graph_files = {role: prepared.graphs / names.GRAPH_FILES[role] for role in graph_roles}
-        external = {  # weights past protobuf's limit travel beside their graph
-            EXTERNAL_DATA_ROLES[role]: p.with_name(p.name + ".data")
-            for role, p in graph_files.items()
-            if p.with_name(p.name + ".data").is_file()
-        }
+            figures["parity"] = _parity(graphs_dir, model_dir, model_files, hf_spec, hf=hf, text=text, say=say)
         # a recipe's heads pass scores the graphs it pruned: its scores (in `components`) win over learned gates
-        components = {**graph_files, **external, **model_files, **components, **prepared.components}
-        provenance = {
-            "source_weights_sha256": _weights_sha256(model_dir, hf),
-            "source": str(model_dir.name if model_dir == default_model_dir() else model_dir),
-            "passes": steps,
-            "tools": tool_versions(),
-        }
+        components = {**_graph_components(prepared.graphs, text), **model_files, **components, **prepared.components}
         bundle_name = name or (model_dir.name if hf else DEFAULT_MODEL_NAME)
         staged = write_bundle(work / "staged", components, name=bundle_name, target=target, runtime=prepared.runtime)
         if eval_data is not None:
@@ -199,12 +149,111 @@ def build(
             components,
             name=bundle_name,
             target=target,
-            provenance=provenance,
+            provenance=_provenance(model_dir, hf, steps),
             figures=figures,
             runtime=prepared.runtime,
             archive=archive,
         )
     return BuildResult(bundle=path, figures=figures, steps=steps)
+
+
+def _provenance(model_dir: Path, hf: bool, steps: list[dict]) -> dict:
+    """Where the bundle came from: its source weights' digest, the source, the passes, the tools' versions."""
+    return {
+        "source_weights_sha256": _weights_sha256(model_dir, hf),
+        "source": str(model_dir.name if model_dir == default_model_dir() else model_dir),
+        "passes": steps,
+        "tools": tool_versions(),
+    }
+
+
+def _plugin(target: str, machine: Path | None):
+    """The target's plug-in, refused in one line if this install cannot build it or it takes no machine."""
+    if target not in target_names():
+        raise ConfigError(f"target '{target}' is not buildable here (buildable: {', '.join(target_names())})")
+    plugin = get_target(target)
+    if machine is not None and not plugin.takes_machine:
+        raise ConfigError(f"target '{target}' takes no machine description", machine)
+    return plugin
+
+
+def _source_kind(model_dir: Path, image_size: int | None) -> tuple[bool, bool]:
+    """(a Hugging Face directory, a decoder alone: a text model's bundle), checked up front; `image_size` is
+    refused for anything but a Qwen2-VL."""
+    if not _is_hf_dir(model_dir):
+        _check_source(model_dir)
+        if image_size is not None:
+            from edgekit.hf.qwen2_vl_processor import image_size_refused  # importing edgekit.hf takes a second
+
+            raise image_size_refused("edgekit's own model", model_dir, "edgekit")
+        return False, False
+    text = _check_hf_source(model_dir) == "decoder"
+    if text and image_size is not None:
+        from edgekit.hf.qwen2_vl_processor import image_size_refused
+
+        raise image_size_refused(read_model_type(model_dir), model_dir / "config.json", "decoder")
+    return True, text
+
+
+def _export(
+    model_dir: Path,
+    onnx_dir: Path,
+    work: Path,
+    hf: bool,
+    image_size: int | None,
+    steps: list[dict],
+    say: Callable[[str], None],
+) -> tuple[Any, dict[str, Path]]:
+    """The ONNX graphs written from weights into `onnx_dir`: (the Hugging Face spec or None, the model's files a
+    bundle ships beside its graphs); the step recorded in `steps`."""
+    say("export: writing ONNX graphs from weights")
+    if hf:
+        hf_spec, model_files, described = _export_hf(model_dir, onnx_dir, work, image_size)
+        steps.append({"name": "hf_import", "params": {"opset": 21, "dtype": "float32", **described}})
+        return hf_spec, model_files
+    from edgekit.export import export_default
+
+    export_default(model_dir, onnx_dir)
+    model_files = {role: model_dir / fname for role, fname in WEIGHT_FILES.items()}
+    model_files.update(learned_head_importance(model_dir))
+    steps.append({"name": "export", "params": {"opset": 21, "format": "onnx", "dtype": "float32"}})
+    return None, model_files
+
+
+def _parity(
+    graphs_dir: Path,
+    model_dir: Path,
+    model_files: dict[str, Path],
+    hf_spec: Any,
+    *,
+    hf: bool,
+    text: bool,
+    say: Callable[[str], None],
+) -> dict:
+    """The graphs held to the PyTorch reference (without torch, the figure says it was not measured)."""
+    if importlib.util.find_spec("torch") is not None:
+        say("parity: ONNX Runtime against the PyTorch reference")
+    if text:
+        from edgekit.hf.text_parity import measure_text_parity
+
+        return measure_text_parity(graphs_dir, model_dir, model_files["generation_config"])
+    if hf:
+        from edgekit.hf.parity import measure_hf_parity
+
+        return measure_hf_parity(graphs_dir, model_dir, hf_spec)
+    return measure_parity_figure(graphs_dir, model_dir)
+
+
+def _graph_components(graphs: Path, text: bool) -> dict[str, Path]:
+    """The bundle's graph files by role, and the external weights beside any past protobuf's limit."""
+    graph_roles = names.TEXT_GRAPH_ROLES if text else names.GRAPH_ROLES
+    graph_files = {role: graphs / names.GRAPH_FILES[role] for role in graph_roles}
+    external = {
+        EXTERNAL_DATA_ROLES[role]: p.with_name(p.name + ".data")
+        for role, p in graph_files.items()
+        if p.with_name(p.name + ".data").is_file()
+    }
+    return {**graph_files, **external}
 
 
 def _is_hf_dir(model_dir: Path) -> bool:
