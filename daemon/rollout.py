@@ -71,6 +71,7 @@ class Figures:
     dead: int = 0
     started: float = field(default_factory=time.time)  # the canary window's start (a baseline's: when it began)
     energy_sources: set[str] = field(default_factory=set)  # the meters that billed its reports
+    digest: str | None = None  # the bundle whose reports these are (None: not known yet)
 
     def p95(self) -> float | None:
         values = sorted(self.latency_ms)
@@ -297,7 +298,7 @@ class Rollout:
     def _switch(self, name: str, slots: SlotDir, slot: Slot, loaded: Loaded, gate: dict) -> dict[str, Any]:
         state = slots.read()
         before = state.live or self._factory(name)
-        window, energy = Figures(), self._energy_baseline(name, slot)
+        window, energy = Figures(digest=slot.digest), self._energy_baseline(name, slot)
         state = state.step(
             "switched",
             f"energy baseline {energy.describe()}",
@@ -370,9 +371,15 @@ class Rollout:
         latency_ms: float | None,
         energy_j: float | None,
         energy_source: str | None = None,
+        digest: str | None = None,
     ) -> None:
+        """One report's outcome, by the bundle that wrote it (`digest`; None where the report failed before a
+        bundle was held)."""
+        live = self.registry.peek(variant)  # outside our lock: the registry takes its own
         with self._lock:
-            figures = self.windows.get(variant) or self.baselines.setdefault(variant, Figures())
+            figures = self._figures_for(variant, digest, live.digest if live is not None else None)
+            if figures is None:
+                return
             figures.reports += 1
             figures.errors += not ok
             if ok and latency_ms is not None:
@@ -382,6 +389,23 @@ class Rollout:
                 if energy_source:
                     figures.energy_sources.add(energy_source)
         self.judge(variant)
+
+    def _figures_for(self, variant: str, digest: str | None, live: str | None) -> Figures | None:
+        """Under the lock. What a report of bundle `digest` counts in: the canary window when the new bundle wrote
+        it, else the live bundle's baseline; None for a report of a bundle no longer live (one begun before a
+        switch or a rollback, which finished after it: counted, a slow bundle's last reports raised the restored
+        bundle's p95 baseline, and a later slow bundle could pass its canary)."""
+        window = self.windows.get(variant)
+        if window is not None and (digest is None or window.digest in (None, digest)):
+            return window
+        if digest is not None and live is not None and digest != live:
+            return None
+        baseline = self.baselines.get(variant)
+        if baseline is None or (digest is not None and baseline.digest not in (None, digest)):
+            baseline = self.baselines[variant] = Figures(digest=digest)  # the live bundle changed without a canary
+        elif baseline.digest is None:
+            baseline.digest = digest
+        return baseline
 
     def observe_delivery(self, variant: str | None, ok: bool) -> None:
         with self._lock:

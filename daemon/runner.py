@@ -35,8 +35,9 @@ class ReportRunner:
     def __init__(self, registry: VariantRegistry, store: JobStore, metrics: Metrics, ingestor: Ingestor):
         self.registry, self.store, self.metrics, self.ingestor = registry, store, metrics, ingestor
         self.recent_ms: deque[float] = deque(maxlen=RECENT_REPORTS)  # the policy's "recent p95" reads these
-        # each report's outcome for the rollouts' canary windows: (variant, ok, total_ms, energy_j, energy_source)
-        self.observe: Callable[[str, bool, float | None, float | None, str | None], None] | None = None
+        # each report's outcome for the rollouts' canary windows: (variant, ok, total_ms, energy_j, energy_source,
+        # the digest of the bundle that wrote it: a report begun before a switch is not the new bundle's)
+        self.observe: Callable[[str, bool, float | None, float | None, str | None, str | None], None] | None = None
         # the policy's point serving a variant now, for the report's trace (None: no policy, or another's point)
         self.point_of: Callable[[str], str | None] | None = None
 
@@ -83,7 +84,7 @@ class ReportRunner:
 
     def _observe(self, work: Work, ok: bool, total_ms: float | None = None, energy_j: float | None = None) -> None:
         if self.observe is not None and work.variant in self.registry.specs:
-            self.observe(work.variant, ok, total_ms, energy_j, None)
+            self.observe(work.variant, ok, total_ms, energy_j, None, None)
 
     def _label(self, work: Work) -> str:
         """A metrics label only once the name is known to be configured (clients choose the name)."""
@@ -126,7 +127,8 @@ class ReportRunner:
         if report.energy_j is not None:
             self.metrics.energy.labels(variant, report.energy_source).inc(report.energy_j)
         if self.observe is not None:
-            self.observe(variant, True, out["timings"]["total_ms"], report.energy_j, report.energy_source)
+            timings = out["timings"]
+            self.observe(variant, True, timings["total_ms"], report.energy_j, report.energy_source, loaded.digest)
         log.info(
             "report %s variant=%s study=%s tokens=%d total_ms=%.0f",
             work.job_id or "sync",

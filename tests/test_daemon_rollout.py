@@ -97,6 +97,27 @@ def test_a_bad_canary_rolls_back_by_itself_and_a_good_one_commits(bundles, tmp_p
     assert err.value.code == "nothing_to_roll_back"
 
 
+def test_a_report_counts_for_the_bundle_that_wrote_it(bundles, tmp_path):
+    """Reports begun before a switch (or a rollback) finish after it: each counts for the bundle that wrote it, or
+    not at all, so one bundle is never judged, nor made a baseline, by another's reports."""
+    rollout, registry, _ = _rollout(tmp_path, bundles["v1"], canary_reports=10, min_reports=4)
+    v1, v2 = registry.get("a").digest, load_bundle(bundles["v2"]).digest
+    for _ in range(10):
+        rollout.observe_report("a", True, 100.0, None, None, v1)
+    rollout.install("a", bundles["v2"])
+    for _ in range(5):  # begun on v1, finished in v2's window
+        rollout.observe_report("a", True, 900.0, None, None, v1)
+    assert rollout.windows["a"].reports == 0
+    for _ in range(3):
+        rollout.observe_report("a", True, 110.0, None, None, v2)
+    rollout.observe_report("a", True, 400.0, None, None, v2)  # over 2x the baseline's p95: rolled back
+    assert registry.get("a").digest == v1
+    for _ in range(20):  # v2's last reports, finished after the rollback
+        rollout.observe_report("a", True, 5000.0, None, None, v2)
+    baseline = rollout.baselines["a"]
+    assert baseline.digest == v1 and baseline.reports == 10 and baseline.p95() == 100.0
+
+
 def test_errors_deliveries_and_time_each_end_a_window(bundles, tmp_path):
     rollout, registry, _ = _rollout(tmp_path, bundles["v1"], canary_reports=50, min_reports=4, canary_s=60)
     rollout.install("a", bundles["v2"])
