@@ -161,9 +161,7 @@ class Daemon:
             rollout.recover()  # an unfinished rollout goes back before anything loads; each variant's live slot
             self.signals = SignalReader(self.cfg, self.metrics)
             self.signals.start()
-            # VariantRegistry sets `meter = None` unannotated, so mypy types it None though it holds this Sampler;
-            # annotating it there (`Sampler | None`) is the fix and makes this ignore unused
-            registry.meter = self.signals.meter  # type: ignore[assignment]
+            registry.meter = self.signals.meter
             runner = self.runner = ReportRunner(registry, self.store, self.metrics, self.ingestor)
             runner.observe = rollout.observe_report
             runner.point_of = self._served_point

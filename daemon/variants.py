@@ -26,6 +26,7 @@ from .config import DaemonConfig, Variant
 
 if TYPE_CHECKING:
     from edgekit.bundle import Bundle
+    from edgekit.energy.sampler import Sampler
     from edgekit.reporter import Reporter
 
 log = logging.getLogger("edgekitd")
@@ -92,7 +93,8 @@ class VariantRegistry:
         self._text: dict[str, bool] = {}  # whether a variant's bundle is a text model's, read from its manifest
         self.active = ""
         self.threads: int | None = None
-        self.meter = None  # the energy meter each report is billed by (edgekit.energy), where the target has none
+        # the energy meter each report is billed by (edgekit.energy), where the target has none
+        self.meter: Sampler | None = None
         self.keep_alive_s = 0.0
         self.configure(cfg)
 
