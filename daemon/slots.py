@@ -65,7 +65,7 @@ class SlotState:
     staged: Slot | None = None
     phase: str = IDLE
     canary_started: float | None = None
-    # what the last canary's energy per report was judged against (rollout.EnergyBaseline.to_dict())
+    # what the last canary's energy per report was judged against (canary.EnergyBaseline.to_dict())
     energy_baseline: dict[str, Any] | None = None
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 

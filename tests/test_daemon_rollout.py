@@ -296,7 +296,7 @@ def test_the_canary_judges_energy_against_the_profile_else_the_previous_bundle(b
 
 
 def test_a_profile_figure_from_another_meter_is_not_compared():
-    from edgekit.daemon.rollout import PREVIOUS, PROFILE, EnergyBaseline, Figures, breach
+    from edgekit.daemon.canary import PREVIOUS, PROFILE, EnergyBaseline, Figures, breach
 
     window, previous = Figures(), Figures()
     for _ in range(5):
