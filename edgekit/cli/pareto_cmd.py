@@ -18,6 +18,16 @@ from edgekit.pareto.configs import DEFAULT_GRID, describe_default_grid
 app = typer.Typer(help="Profile variants: energy, quality and latency, and their Pareto front.")
 
 GRID_HELP = "Repeat to vary it: each value is one configuration per bundle."
+ORIN_ESTIMATE_HELP = (
+    "Orin bundles only: bill each report by the Orin cost model for this device and power mode (e.g. "
+    "agx-orin-64:MAXN, orin-nano-8:15W), the graphs run in ONNX Runtime. Repeat for more devices or modes: each is "
+    "a front of its own, and not a knob flag (the default grid still applies)."
+)
+KNOB_HELP = (
+    "Any knob of these bundles' targets, by name: the core's (max_new_tokens, video_max_frames, threads) or one a "
+    "target's plug-in declares (x1's sparsity_target, orin's orin_estimate, an out-of-tree target's own). "
+    f"{GRID_HELP} The same as its named flag where there is one."
+)
 
 
 def _default(knob: str) -> str:
@@ -109,20 +119,10 @@ def pareto(
         list[str] | None,
         typer.Option(
             metavar="NAME=VALUE",
-            help="Any knob of these bundles' targets, by name: the core's (max_new_tokens, video_max_frames, threads) "
-            "or one a target's plug-in declares (x1's sparsity_target, orin's orin_estimate, an out-of-tree "
-            f"target's own). {GRID_HELP} The same as its named flag where there is one.",
+            help=KNOB_HELP,
         ),
     ] = None,
-    orin_estimate: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="DEVICE:MODE",
-            help="Orin bundles only: bill each report by the Orin cost model for this device and power mode "
-            "(e.g. agx-orin-64:MAXN, orin-nano-8:15W), the graphs run in ONNX Runtime. Repeat for more devices "
-            "or modes: each is a front of its own, and not a knob flag (the default grid still applies).",
-        ),
-    ] = None,
+    orin_estimate: Annotated[list[str] | None, typer.Option(metavar="DEVICE:MODE", help=ORIN_ESTIMATE_HELP)] = None,
     meter: Annotated[
         str | None, typer.Option(help="Energy meter for non-emulated targets (default: the best this machine has).")
     ] = None,
@@ -143,9 +143,7 @@ def pareto(
     hallucination rate of every configuration, and write the non-dominated front over energy x F1 x latency of
     each device: points whose energy or latency come from different sources are on different fronts."""
     from edgekit.bundle import load_bundle
-    from edgekit.pareto.configs import plan
     from edgekit.pareto.energy import describe_meter
-    from edgekit.pareto.knob_flags import merge_knobs, parse_knob_flags
     from edgekit.pareto.run import PROFILE_NAME
 
     writable_out(out / PROFILE_NAME)
@@ -157,13 +155,21 @@ def pareto(
         "threads": threads,
         "orin_estimate": orin_estimate,
     }
-    knobs = merge_knobs(named, parse_knob_flags(knob, sorted({b.target for b in loaded})))
-    knobs["orin_estimate"] = _orin_estimates(loaded, knobs.get("orin_estimate"))
+    configs, grid = _plan(loaded, named, knob, use_default=default_grid)
     data_dir, split = _split(data, limit)
-    configs, grid = plan(loaded, knobs, use_default=default_grid)
     meter_info = describe_meter(meter)
     profile = _measure(configs, out, data_dir, split, limit, meter_info, grid, resume=not force, as_json=as_json)
     _report(profile, out, split, meter_info, plot=plot, as_json=as_json)
+
+
+def _plan(loaded: list, named: dict[str, list[Any] | None], knob: list[str] | None, *, use_default: bool):
+    """The configurations to measure: the named knob flags and `--knob`'s merged, orin estimates checked."""
+    from edgekit.pareto.configs import plan
+    from edgekit.pareto.knob_flags import merge_knobs, parse_knob_flags
+
+    knobs = merge_knobs(named, parse_knob_flags(knob, sorted({b.target for b in loaded})))
+    knobs["orin_estimate"] = _orin_estimates(loaded, knobs.get("orin_estimate"))
+    return plan(loaded, knobs, use_default=use_default)
 
 
 def _orin_estimates(bundles: list, estimates: list[Any] | None) -> list[Any] | None:
