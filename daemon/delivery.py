@@ -291,7 +291,7 @@ class DeliveryWorker:
             job = self.store.get(job_id)
             if job is None or job.result is None:
                 raise DeliveryError("the job or its report is gone (past its retention?)")
-            with telemetry.span("render_sr", attributes={"edgekit.job.id": job_id}):
+            with trace_spans.render_sr_span(job_id=job_id, variant=job.result.get("variant")):
                 data = render_sr(job.result, self.store.evidence(job_id), algorithm_version=edgekit_version)
             self.store.save_sr(job_id, data)
         return data

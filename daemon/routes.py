@@ -258,6 +258,9 @@ class Routes:
         delivered = self.daemon.store.stored_sr(job.id) if fmt == "sr" else None
         if delivered is not None:  # the SR the destinations got
             return Response(delivered, media_type=DICOM_MEDIA_TYPE)
+        if fmt == "sr":  # built now, in this request
+            with trace_spans.render_sr_span(job_id=job.id, variant=job.result.get("variant")):
+                return render(job.result, fmt, self.daemon.store.evidence(job.id))
         return render(job.result, fmt, self.daemon.store.evidence(job.id))
 
     async def get_job_sr(self, job_id: str) -> Response | dict[str, Any]:

@@ -293,6 +293,22 @@ def test_an_uploaded_job_reports_under_its_request_span(traced):
     leaks = [v for v in _every_value(spans, []) if "Quimby" in v]
     assert not leaks, leaks
 
+    # an uploaded job has no delivery: its SR is built when asked for, a render_sr under that request's span
+    get_trace = secrets.token_bytes(16)
+    headers = {"traceparent": f"00-{get_trace.hex()}-{'ab' * 8}-01"}
+    sr = d.client.get(f"/v1/jobs/{job['id']}/sr", headers=headers)
+    assert sr.status == 200 and pydicom.dcmread(__import__("io").BytesIO(sr.body)).Modality == "SR"
+    got = _wait(
+        lambda: (spans := receiver.in_trace(get_trace)) and "render_sr" in {s.name for s in spans} and spans,
+        30,
+        "the on-demand SR's render_sr span",
+    )
+    (render,) = [s for s in got if s.name == "render_sr"]
+    (server,) = [s for s in got if s.kind == s.SPAN_KIND_SERVER]
+    assert server.parent_span_id == bytes.fromhex("ab" * 8) and render.parent_span_id == server.span_id
+    a = _attrs(render.attributes)
+    assert a["edgekit.job.id"] == job["id"] and a["edgekit.variant"] == variant
+
 
 def test_a_direct_sr_report_renders_its_sr_under_the_request_span(traced):
     """`POST /v1/reports?format=sr`: no job, no delivery; the SR is built in the request, a `render_sr` child of
