@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from edgekit.bundle.io import replace_bytes
 from edgekit.targets.orin.device import DeviceFacts, current_facts, read_device_model, read_l4t, state_dir
-from edgekit.targets.orin.engine_cache import EngineCache, EngineMismatchError, atomic_write, bundle_id, check_folder
+from edgekit.targets.orin.engine_cache import EngineCache, EngineMismatchError, bundle_id, check_folder
 
 R36_4 = (
     "# R36 (release), REVISION: 4.0, GCID: 37537400, BOARD: generic, EABI: aarch64, DATE: Fri Sep 13 04:36:44 UTC 2024"
@@ -64,7 +65,7 @@ def _engine_folder(cache: EngineCache, facts: DeviceFacts) -> None:
     engines = {}
     for role in ("vision_encoder", "embed_tokens", "decoder"):
         path = cache.engine(role)
-        atomic_write(path, role.encode() * 100)
+        replace_bytes(path, role.encode() * 100)
         engines[role] = {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
     cache.write_meta({"bundle": cache.bundle, "facts": facts.to_dict(), "engines": engines})
 
@@ -94,14 +95,14 @@ def test_engines_from_another_jetpack_are_refused_naming_the_file(tmp_path):
 
 def test_atomic_writes_leave_nothing_half_written(tmp_path):
     out = tmp_path / "e" / "decoder.plan"
-    assert atomic_write(out, [b"ab", memoryview(b"cd")]) == 4 and out.read_bytes() == b"abcd"
+    assert replace_bytes(out, [b"ab", memoryview(b"cd")]) == 4 and out.read_bytes() == b"abcd"
 
     def failing():
         yield b"x" * 10
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        atomic_write(out, failing())
+        replace_bytes(out, failing())
     assert out.read_bytes() == b"abcd" and sorted(p.name for p in out.parent.iterdir()) == ["decoder.plan"]
 
 

@@ -13,6 +13,7 @@ import platform
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -185,12 +186,22 @@ def _write_text_synced(path: Path, text: str) -> None:
 
 
 def replace_file(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, fsynced, renamed over it, the directory fsynced
-    (what a crash or power cut may interrupt: a signature, a rollout's state)."""
+    """Write text to `path` whole or not at all (`replace_bytes`): a signature, a rollout's state."""
+    replace_bytes(path, text.encode("utf-8"))
+
+
+def replace_bytes(path: Path, chunks: bytes | bytearray | memoryview | Iterable[bytes | memoryview]) -> int:
+    """Write `chunks` (one buffer or an iterable of them) to `path` whole or not at all, and return the bytes
+    written: a temporary file beside it, fsynced, renamed over it, the directory fsynced (what a crash or power cut
+    may interrupt: a signature, a rollout's state, an Orin engine and its cache)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    written = 0
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            for chunk in [chunks] if isinstance(chunks, (bytes, bytearray, memoryview)) else chunks:
+                f.write(chunk)
+                written += memoryview(chunk).nbytes
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -202,6 +213,7 @@ def replace_file(path: Path, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return written
 
 
 def replace_dir(new: Path, out: Path) -> None:

@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING
 
 from edgekit import names
 from edgekit.bundle import sha256_file
+from edgekit.bundle.io import replace_bytes
 from edgekit.errors import BundleError, ConfigError
 
 from .capability import check_file, refuse_unsupported
 from .device import DeviceFacts, current_facts, state_dir
-from .engine_cache import EngineCache, atomic_write, bundle_id
+from .engine_cache import EngineCache, bundle_id
 from .plan import dla_roles, plan_for
 from .profiles import is_static
 from .trt_import import dla_supported, import_tensorrt, strongly_typed_flags
@@ -185,10 +186,10 @@ def build_engines(
         t0 = time.perf_counter()
         serialized, timing = build_engine(path, role, plan, timing, progress)
         out = cache.engine(role)
-        size = atomic_write(out, memoryview(serialized))
+        size = replace_bytes(out, memoryview(serialized))
         del serialized
         gc.collect()
-        atomic_write(cache.timing_cache, timing)
+        replace_bytes(cache.timing_cache, timing)
         engines[role] = {
             "file": out.name,
             "bytes": size,

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit import names
 from edgekit.bundle import sha256_file
+from edgekit.bundle.io import replace_bytes
 from edgekit.errors import ConfigError
 
 from .device import DeviceFacts
@@ -39,25 +38,6 @@ def bundle_id(bundle, plan: dict) -> str:
         h.update(bundle.manifest.components[role].sha256.encode())
     h.update(json.dumps(plan, sort_keys=True, default=str).encode())
     return f"{bundle.name}-{h.hexdigest()[:16]}"
-
-
-def atomic_write(path: Path, chunks) -> int:
-    """Write bytes-like `chunks` (one buffer or an iterable of them) to `path` atomically; returns bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    written = 0
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in [chunks] if isinstance(chunks, (bytes, bytearray, memoryview)) else chunks:
-                f.write(chunk)
-                written += memoryview(chunk).nbytes
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return written
 
 
 @dataclass(frozen=True)
@@ -99,7 +79,7 @@ class EngineCache:
             raise EngineMismatchError(f"unreadable engine record ({type(err).__name__})", self.meta_path) from None
 
     def write_meta(self, meta: dict) -> Path:
-        atomic_write(self.meta_path, (json.dumps(meta, indent=1) + "\n").encode())
+        replace_bytes(self.meta_path, (json.dumps(meta, indent=1) + "\n").encode())
         return self.meta_path
 
     def is_complete(self) -> bool:
