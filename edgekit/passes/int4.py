@@ -86,10 +86,6 @@ class Int4Pass(GraphPass):
         needs = [n for n in (self.format.min_opset, 21 if self.config.other_bits else None) if n is not None]
         return max(needs) if needs else None
 
-    def shrink_for(self, k: int, tokens: int) -> float:
-        """GPTQ's shrinkage towards the diagonal for an input of K channels seen on `tokens` calibration tokens."""
-        return self.config.shrink_for(k, tokens)
-
     @property
     def symmetric(self) -> bool:
         """`symmetric` as set, else asymmetric where the format takes zero points (matmulnbits), else symmetric."""
@@ -99,16 +95,6 @@ class Int4Pass(GraphPass):
     def float_zeros(self) -> bool:
         """`float_zeros` as set, or on with the GPTQ methods where the format takes them (qdq-blocked takes none)."""
         return self.method.float_zeros
-
-    @property
-    def sequential(self) -> bool:
-        """On for the GPTQ methods unless set false (validate refuses it for the others)."""
-        return self.method.sequential
-
-    @property
-    def retarget(self) -> float:
-        """`retarget` as set, or RETARGET (validate refuses it where nothing is sequential)."""
-        return self.method.retarget
 
     def block_for(self, k: int) -> int:
         """`block`, or with `fit_block` the largest allowed block <= it that divides K (checked by the caller)."""
