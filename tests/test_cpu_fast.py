@@ -214,6 +214,13 @@ def test_qwen2_vl_mrope_positions(tmp_path):
     pos = np.stack([np.concatenate([text, 3 + a, after]) for a in (t, h, w)])[:, None]  # (3, 1, 24)
     x = portable.embed(np.random.default_rng(3).integers(5, 150, (1, pos.shape[-1])))
     assert _teacher_forced(portable, fused, x, pos) < FLOAT_TOL
+    # the engine's call: a text position written on all three axes, as `PositionScheme.step` makes it
+    by_ids = _fused(graphs, tmp_path / "decoder_cpu.onnx")
+    for backend in (fused, by_ids):
+        backend.prefill(0, x, pos)
+    for i, token in enumerate((17, 42, 99)):
+        want = fused.step([0], portable.embed(np.array([[token]])), np.full((3, 1, 1), 12 + i))
+        np.testing.assert_allclose(by_ids.step_tokens([0], [token], [12 + i]), want, rtol=0, atol=1e-6)
 
 
 # the engine's rows ------------------------------------------------------------------------------------------
@@ -227,6 +234,27 @@ def test_rows_at_different_lengths_in_one_step_decode_as_alone(radreport):
     together = _tokens(fused, pixels, ids, prompt_attention_mask=mask)
     alone = [_tokens(fused, pixels[i : i + 1], ids[i : i + 1, mask[i] == 1])[0] for i in range(3)]
     assert together == alone
+
+
+def test_a_step_from_token_ids_decodes_as_one_from_embeddings(radreport):
+    """The engine's call (`step_tokens`: cached embeddings and text positions written into the bound inputs)
+    gives `step`'s logits for the same tokens, rows out of physical order and a row left out included."""
+    graphs, decoder = radreport
+    by_ids, by_embeds = _fused(graphs, decoder), _fused(graphs, decoder)
+    rng = np.random.default_rng(8)
+    lengths = [5, 8, 3]
+    prompts = [by_embeds.embed(rng.integers(5, 500, (1, n)), [0]) for n in lengths]
+    for backend in (by_ids, by_embeds):
+        for row, x in enumerate(prompts):
+            backend.prefill(row, x, np.arange(x.shape[1])[None])
+    for rows in ([0, 1, 2], [0, 1, 2], [2, 0, 1], [1, 2]):  # steady, permuted, then row 0 swapped out
+        tokens = [int(t) for t in rng.integers(5, 500, len(rows))]
+        at = [lengths[r] for r in rows]
+        want = by_embeds.step(rows, by_embeds.embed(np.array(tokens)[:, None], rows), np.array(at)[:, None])
+        np.testing.assert_allclose(by_ids.step_tokens(rows, tokens, at), want, rtol=0, atol=1e-6)
+        for r in rows:
+            lengths[r] += 1
+    assert [by_ids.kv.length_of(r) for r in range(3)] == lengths
 
 
 def test_chunked_prefill_gives_the_same_tokens(radreport):

@@ -61,7 +61,7 @@ class _Row:
     positions: np.ndarray | None = None  # its prefill positions, (1, L) or (3, 1, L)
     cursor: int = 0  # prompt positions prefilled so far
     length: int = 0  # positions in this row's KV cache
-    next_pos: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))  # (1,): the next token's position
+    next_pos: int = 0  # the next token's position
     token: int = 0  # the last token chosen (fed at the next step)
     generated: list[int] = field(default_factory=list)
     reason: str | None = None
@@ -122,6 +122,8 @@ class Engine:
         self._threaded = False
         self._closed = False
         self.stats = StepStats()
+        # a decode step from token ids, where the backend offers one (it embeds into its own bound input)
+        self._step_tokens = getattr(self.slots, "step_tokens", None)
 
     # submitting --------------------------------------------------------------------------------------------
     def kv_need(self, request: Request) -> int:
@@ -217,6 +219,8 @@ class Engine:
 
     # admission ---------------------------------------------------------------------------------------------
     def _admit(self) -> None:
+        if not self._waiting:  # read without the lock: a request queued meanwhile is admitted at the next step
+            return
         admitted: list[_Row] = []
         limit = max(1, min(self.max_batch, self.controller.batch_size(self.stats)))
         with self._lock:
@@ -279,7 +283,7 @@ class Engine:
             except Exception as exc:  # noqa: BLE001
                 self._fail(r, exc)
                 continue
-            r.embeds, r.positions, r.next_pos = x, positions, nxt
+            r.embeds, r.positions, r.next_pos = x, positions, int(nxt[0])
             r.t_encoded = time.perf_counter()
             self._prefilling.append(r)
 
@@ -290,20 +294,24 @@ class Engine:
             return
         t0 = time.perf_counter()
         try:
-            ids = np.asarray([[r.token] for r in rows], np.int64)
-            x = self.slots.embed(ids, [r.row for r in rows])
-            pos = self.scheme.step(np.concatenate([r.next_pos for r in rows]))
-            logits = self.slots.step([r.row for r in rows], x, pos)
+            if self._step_tokens is not None:  # the backend writes tokens and positions into its bound inputs
+                logits = self._step_tokens([r.row for r in rows], [r.token for r in rows], [r.next_pos for r in rows])
+            else:
+                ids = np.asarray([[r.token] for r in rows], np.int64)
+                x = self.slots.embed(ids, [r.row for r in rows])
+                pos = self.scheme.step(np.fromiter([r.next_pos for r in rows], np.int64, len(rows)))
+                logits = self.slots.step([r.row for r in rows], x, pos)
         except Exception as exc:  # noqa: BLE001
             for r in rows:
                 self._fail(r, exc)
             return
         self.stats.record_step(len(rows), self._step_seconds(t0), self._step_bytes(rows))
+        greedy = logits.argmax(-1).tolist()  # every greedy row's token from one call (sampled rows ignore it)
         for i, r in enumerate(rows):
             r.length += 1
-            r.next_pos = r.next_pos + 1
+            r.next_pos += 1
             r.steps += 1
-            self._choose(r, logits[i : i + 1])
+            self._choose(r, logits[i : i + 1], greedy[i])
 
     def _step_seconds(self, t0: float) -> float:
         """The step's time: the backend's own (an emulator's time on the device it emulates), else the wall time
@@ -346,12 +354,14 @@ class Engine:
         r.embeds = r.positions = None
         r.t_first = time.perf_counter()
         self._decoding.append(r)
-        self._choose(r, np.asarray(logits)[None])
+        logits = np.asarray(logits)[None]
+        self._choose(r, logits, int(logits.argmax()))
 
     # tokens and endings -----------------------------------------------------------------------------------
-    def _choose(self, r: _Row, logits: np.ndarray) -> None:
+    def _choose(self, r: _Row, logits: np.ndarray, greedy: int) -> None:
+        """`logits` (1, vocab); `greedy` its argmax, the token when the row does not sample."""
         opts = r.ticket.request.options
-        token = int(next_tokens(logits, opts, r.rng)[0])
+        token = greedy if opts.temperature == 0 else int(next_tokens(logits, opts, r.rng)[0])
         if token in r.stops:
             return self._end(r, "stop_token")
         r.generated.append(token)

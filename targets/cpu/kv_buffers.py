@@ -84,15 +84,18 @@ class KvBuffers:
         self._owner[last] = None
         self.length[last] = 0
 
-    def gather(self, rows: Sequence[int]) -> np.ndarray:
+    def gather(self, rows: Sequence[int]) -> list[int]:
         """Swap physical rows until `rows` occupy [0, len(rows)); returns each row's physical index, in order."""
         n = len(rows)
-        wanted = set(rows)
-        outsiders = [p for p in range(n) if self._owner[p] not in wanted]
-        for r in rows:
-            if self._physical[r] >= n:
-                self._swap(self._physical[r], outsiders.pop())
-        return np.fromiter((self._physical[r] for r in rows), np.int64, n)
+        where = [self._physical[r] for r in rows]
+        if max(where) >= n:  # steady decoding skips this: the rows stay where the last step put them
+            wanted = set(rows)
+            outsiders = [p for p in range(n) if self._owner[p] not in wanted]
+            for r in rows:
+                if self._physical[r] >= n:
+                    self._swap(self._physical[r], outsiders.pop())
+            where = [self._physical[r] for r in rows]
+        return where
 
     def reserve(self, rows: Sequence[int], extra: int) -> None:
         """Capacity for `extra` more positions in each of `rows` (doubling, the valid part copied once)."""
