@@ -194,29 +194,30 @@ class Submissions:
         a.queue.reserve()
         tmp = None
         try:
-            self.daemon.check_free_space()
-            tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
-            got = await self._ingest(a, form, tmp / "in", keep_evidence)
-        except BaseException as err:
-            a.queue.release()
-            if isinstance(err, OSError):
-                raise storage_error(err) from None
-            raise
-        finally:
+            try:
+                self.daemon.check_free_space()
+                tmp = Path(tempfile.mkdtemp(prefix="edgekitd-"))
+                got = await self._ingest(a, form, tmp / "in", keep_evidence)
+            except BaseException as err:
+                a.queue.release()
+                if isinstance(err, OSError):
+                    raise storage_error(err) from None
+                raise
+            work = work_of(
+                got.intake.saved.path,
+                form.prompt,
+                a.options,
+                got.variant,
+                study=got.intake.study,
+                reservation=got.intake.reservation,
+                routing=got.routing,
+                stream=tokens,
+                fitted=got.fitted,
+            )
+            a.queue.submit(work, reserved=True)
+        finally:  # once the work is queued (its study is in memory): the upload's removal is not on its path
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        work = work_of(
-            got.intake.saved.path,
-            form.prompt,
-            a.options,
-            got.variant,
-            study=got.intake.study,
-            reservation=got.intake.reservation,
-            routing=got.routing,
-            stream=tokens,
-            fitted=got.fitted,
-        )
-        a.queue.submit(work, reserved=True)
         return Accepted(work, got.intake.evidence)
 
     async def create_job(self, form: ReportForm, idempotency_key: str | None) -> Submitted:
