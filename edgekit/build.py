@@ -137,7 +137,9 @@ def build(
         # a recipe's heads pass scores the graphs it pruned: its scores (in `components`) win over learned gates
         components = {**_graph_components(prepared.graphs, text), **model_files, **components, **prepared.components}
         bundle_name = name or (model_dir.name if hf else DEFAULT_MODEL_NAME)
-        staged = write_bundle(work / "staged", components, name=bundle_name, target=target, runtime=prepared.runtime)
+        staged = write_bundle(
+            work / "staged", components, name=bundle_name, target=target, runtime=prepared.runtime, link=True
+        )
         if eval_data is not None:
             figures["quality"] = measure_quality(staged, Path(eval_data), eval_limit, say)
         components.update(write_reference(staged, work / REFERENCE_FILE, say))  # its own outputs, for the device

@@ -17,6 +17,7 @@ from edgekit.bundle import (
     pack_bundle,
     sha256_file,
     unpack_bundle,
+    verify_dir,
     write_bundle,
 )
 from edgekit.bundle import io as bundle_io
@@ -78,6 +79,19 @@ def test_round_trip(tmp_path, sources):
     assert m["created"].endswith("+00:00")
     with pytest.raises(BundleError, match="no 'lora' component"):
         bundle.component("lora")
+
+
+def test_a_staging_bundle_links_its_components_and_a_shipped_one_copies_them(tmp_path, sources):
+    """The build's staging copy (`link=True`) holds the component files themselves (hard links: the model's
+    bytes are written once per build); a shipped bundle holds copies, whatever happens to the sources after."""
+    staged = _write(tmp_path, sources, link=True)
+    shipped = write_bundle(tmp_path / "shipped", sources, name="radreport-tiny", target="cpu", figures=FIGURES)
+    for role, src in sources.items():
+        assert load_bundle(staged).component(role).stat().st_ino == src.stat().st_ino
+        assert load_bundle(shipped).component(role).stat().st_ino != src.stat().st_ino
+    verify_dir(staged)
+    (tmp_path / "src" / FILES["decoder"][0]).write_bytes(b"changed")
+    verify_dir(shipped)
 
 
 def test_corrupt_byte_is_a_checksum_mismatch(tmp_path, sources):

@@ -118,11 +118,15 @@ def write_bundle(
     runtime: dict[str, Any] | None = None,
     archive: bool = False,
     required_roles: tuple[str, ...] | None = None,
+    link: bool = False,
 ) -> Path:
     """Copy `components` ({role: file}) into a new bundle at `out`; returns the directory or `.ekb` path.
 
     `required_roles`: the roles it must hold (default: a VLM's with a vision graph, else a text model's,
     `manifest.required_roles`). An existing bundle at `out` is replaced only once the new one is complete.
+    `link`: hard-link the components where the file system allows, else copy: for a bundle nobody will modify
+    or ship (the build's staging copy, which its evaluation and reference outputs read), so a build writes the
+    model's bytes once, not twice.
     """
     out = Path(out)
     if archive and out.suffix != ARCHIVE_SUFFIX:
@@ -149,7 +153,7 @@ def write_bundle(
         entries: dict[str, Component] = {}
         for role, src in components.items():
             dst = tmp / Path(src).name
-            shutil.copyfile(src, dst)
+            _place(Path(src), dst, link=link)
             entries[role] = Component(dst.name, sha256_file(dst), dst.stat().st_size)
         prov = dict(provenance or {})
         prov.setdefault("passes", [])
@@ -176,6 +180,16 @@ def write_bundle(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _place(src: Path, dst: Path, *, link: bool) -> None:
+    if link:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:  # another file system, or links refused (fs.protected_hardlinks): a copy
+            pass
+    shutil.copyfile(src, dst)
 
 
 def _write_text_synced(path: Path, text: str) -> None:
