@@ -46,6 +46,10 @@ class SlotBackend(Protocol):
     def release(self, row: int) -> dict:
         """Forget `row`'s cache; what the row cost (an emulator's cycles and energy), {} when nothing is measured."""
 
+    # Optional: `step_tokens(rows, tokens, positions) -> logits (n, vocab)`, a decode step from each row's token id
+    # and text position (ints), which the engine calls instead of `embed` + `step` where a backend has it: the cpu
+    # target writes them straight into its bound inputs (its logits are valid until the next step).
+
 
 def kv_bytes_per_token(backend) -> int:
     """KV bytes one token of one row holds (the engine's admission budget), 0 when the backend does not say."""
