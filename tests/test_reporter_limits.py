@@ -7,6 +7,7 @@ import shutil
 from importlib.resources import files
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgekit.build import build
@@ -98,3 +99,20 @@ def test_a_prompt_fitted_once_is_not_tokenised_again_and_keeps_its_warnings(repo
     other = reporter.fit_prompt("MR", "cough", opts)
     reporter.report(study, "cough", fitted=other)  # another modality's fit is not this study's: fitted anew
     assert counting.encodes == 4
+
+
+def test_a_one_frame_study_is_encoded_once_with_the_features_of_its_repeats(reporter):
+    """The encoder pools frames by mean and deviation, so a radiograph repeated to the model's frames pools as
+    itself: it is encoded once, an eighth of the encoder's work, with the same features."""
+    from edgekit.ingest import load_study
+    from edgekit.preprocess import preprocess_frames
+
+    cr, ct = load_study(SAMPLES / "cr_chest"), load_study(SAMPLES / "ct_chest")
+    once = reporter.pixel_values(cr)
+    repeated = preprocess_frames(cr.frames, reporter.image_config)[None]
+    assert once.shape[1] == 1 and repeated.shape[1] == reporter.image_config.num_frames == 8
+    assert reporter.pixel_values(ct).shape[1] == 8  # fourteen slices: sampled to the model's eight, as before
+    np.testing.assert_allclose(
+        reporter.backend.encode_images(once), reporter.backend.encode_images(repeated), rtol=0, atol=1e-5
+    )
+    assert reporter.frames_used(cr, warnings := []) == {"used": 1, "of": 1, "model_frames": 1} and not warnings
