@@ -195,9 +195,10 @@ class CpuSlotBackend:
         valid until the next step (the engine reads them at once)."""
         step, where, longest = self._step_for(rows)
         embeds, pos = step.embeds, step.positions
+        mrope = self.signature.mrope
         for p, row, at in zip(where, self._embedding_rows(list(tokens)), positions):
             embeds[p, 0] = row
-            if self.signature.mrope:
+            if mrope:
                 pos[:, p, 0] = at
             else:
                 pos[p, 0] = at
@@ -217,11 +218,10 @@ class CpuSlotBackend:
         return step, where, longest
 
     def _run_step(self, step: _Step, where: list[int], longest: int) -> np.ndarray:
-        lengths = self.kv.length[: len(where)]
-        step.seqlens_k[:] = lengths  # the new token's index = each row's total length - 1
+        step.seqlens_k[:] = self.kv.length[: len(where)]  # the new token's index = each row's total length - 1
         step.total[...] = longest + 1
         self.decoder.run_with_iobinding(step.binding)
-        lengths += 1  # the rows' lengths, in place (`KvBuffers.advance`)
+        self.kv.advance(slice(0, len(where)))
         # rows in physical order (steady decoding): a slice. After a run each distinct numpy call is ~10x slower
         # than warm (the graph's weights have been through the caches), so the step makes as few as it can.
         return step.logits[:, 0] if where == step.in_order else step.logits[where, 0]
