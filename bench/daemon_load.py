@@ -4,7 +4,8 @@ Latency p50/p95/p99 and throughput at concurrency 1, 4, 8 and 16 (synchronous PO
 continuous batching (the default: 8 workers, the token engine's max_batch 8) and, beside it, the same daemon serving one
 report at a time (`--workers 1 --max-batch 1`, as before the engine batched), so the ratio c=8 / c=1 is measured against
 its own baseline in one run, and the same batched daemon with ingest in its own threads (`--ingest-processes 0`, as
-before ingest moved to worker processes) at c=1 and c=8. The daemon's overhead at concurrency 1: p50(daemon) / p50(in-
+before ingest moved to worker processes) at c=1 and c=8, and with one ingest process (`--ingest-processes 1`, the
+default on 2 cores before it became at least two) at c=8. The daemon's overhead at concurrency 1: p50(daemon) / p50(in-
 process Reporter.report on the same bundle and file) - 1. Both sides use one ONNX Runtime thread. Then the faults,
 counted: `kill -9` with durable jobs accepted and a restart (every accepted job must complete), overload at 4x capacity
 (answers must be 2xx or 503 only; the daemon's RSS before/after and its peak; healthy afterwards), and RSS (the daemon's
@@ -276,6 +277,13 @@ def main() -> None:
                 rows[f"threads c={c}"] = over_socket(threads, args.requests * (2 if c > 1 else 1), c)
         finally:
             threads.stop()
+        one = DaemonProcess(
+            tmp / "state-one", model, extra_args=["--max-queue", "64", "--ingest-processes", "1"]
+        ).start(wait_ready=600)
+        try:
+            rows["one ingest c=8"] = over_socket(one, args.requests * 2, 8)
+        finally:
+            one.stop()
         d = DaemonProcess(tmp / "state", model, extra_args=["--max-queue", "64"]).start(wait_ready=600)
         try:
             rows.update(
@@ -312,6 +320,7 @@ def main() -> None:
         "ingest": {
             "daemon": "worker processes (the default)",
             "threads": "the daemon's threads",
+            "one ingest process": "one worker process (--ingest-processes 1)",
             "serial": "worker processes",
         },
         "rows": rows,
@@ -323,6 +332,9 @@ def main() -> None:
             "daemon_c8_over_serial_c8": rows["daemon c=8"]["throughput_rps"] / rows["serial c=8"]["throughput_rps"],
             "threads_rps_c8_over_c1": rows["threads c=8"]["throughput_rps"] / rows["threads c=1"]["throughput_rps"],
             "daemon_c8_over_threads_c8": rows["daemon c=8"]["throughput_rps"] / rows["threads c=8"]["throughput_rps"],
+            "daemon_c8_over_one_ingest_c8": rows["daemon c=8"]["throughput_rps"]
+            / rows["one ingest c=8"]["throughput_rps"],
+            "daemon_p95_c8_over_one_ingest_c8": rows["daemon c=8"]["p95_ms"] / rows["one ingest c=8"]["p95_ms"],
         },
         "soak": soaked,
         "faults": faults,
@@ -346,7 +358,9 @@ def main() -> None:
         f"{sc['serial_rps_c8_over_c1']:.2f}x), p95 c=8 / c=1 = {sc['daemon_p95_c8_over_c1']:.2f}x, "
         f"c=16 / c=1 = {sc['daemon_rps_c16_over_c1']:.2f}x; batched / serial at c=8 = "
         f"{sc['daemon_c8_over_serial_c8']:.2f}x; ingest in processes / in threads at c=8 = "
-        f"{sc['daemon_c8_over_threads_c8']:.2f}x (threads: c=8 / c=1 = {sc['threads_rps_c8_over_c1']:.2f}x)"
+        f"{sc['daemon_c8_over_threads_c8']:.2f}x (threads: c=8 / c=1 = {sc['threads_rps_c8_over_c1']:.2f}x); "
+        f"the default ingest processes / one at c=8: req/s {sc['daemon_c8_over_one_ingest_c8']:.2f}x, "
+        f"p95 {sc['daemon_p95_c8_over_one_ingest_c8']:.2f}x"
     )
     for name, r in rows.items():
         if "emulated_mj_per_report" in r:

@@ -82,7 +82,7 @@ class DaemonConfig:
     threads: int | None = None  # ONNX Runtime intra-op threads per loaded variant (None: physical cores)
     workers: int = 8  # reports in progress at once: ingest and preprocessing overlap, generation batches
     # Processes that decode studies (edgekit.ingest.workers), off the server's GIL; 0: in the daemon's own threads.
-    # None: half the physical cores, 2 to 4 (on 2 cores, two served c=8 at 4-14% more req/s than one).
+    # None: half the physical cores, 2 to 4 (on 2 cores two served c=8 at 1.19x the req/s of one, bench/daemon_load).
     ingest_processes: int | None = None
     max_queue: int = 16
     # The token engine per loaded variant (edgekit.engine): rows decoding together, their KV budget, the batch

@@ -129,7 +129,7 @@ class Ingestor:
 def ingest_processes(cfg: DaemonConfig) -> int:
     """The configured count, or half the physical cores, 2 to 4: the rest run the model and the server. At least
     two, so a study's decode need not wait for the one before it: on 2 cores, with one process, reports at
-    concurrency 8 queued for it, and a second took req/s up 4-14% and p95 down 9-25% (bench/daemon_load.py)."""
+    concurrency 8 queued for it; two served 1.19x its req/s at 0.71x its p95 (bench/daemon_load.py, one run)."""
     if cfg.ingest_processes is not None:
         return cfg.ingest_processes
     from edgekit.ort.threads import physical_cores
