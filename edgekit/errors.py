@@ -80,3 +80,11 @@ class StudyRequiredError(EdgekitError):
 
     code = "study_required"
     http_status = 422
+
+
+class ContextExceededError(EdgekitError):
+    """A row that would grow past the positions the decoder was built for (the reporter's context budget keeps
+    requests within them; this is what a run side says to a caller that does not)."""
+
+    code = "context_exceeded"
+    http_status = 422

@@ -17,20 +17,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 
 from edgekit import names
 from edgekit.engine import Engine, Request
-from edgekit.errors import ConfigError
+from edgekit.errors import ConfigError, ContextExceededError
 from edgekit.generate import GenerationOptions, generate, generate_batch
 from edgekit.ort import CpuBackend
 from edgekit.positions import MROPE, PositionScheme
-from edgekit.targets.cpu.fused import FUSED_ROLE, NotPortable, lower_decoder
+from edgekit.targets.cpu.build import model_positions
+from edgekit.targets.cpu.fused import FUSED_ROLE, ROPE_POSITIONS, NotPortable, lower_decoder
 from edgekit.targets.cpu.kv_buffers import KvBuffers
 from edgekit.targets.cpu.slots import CpuSlotBackend
 
 FLOAT_TOL = 1e-4
+RR_POSITIONS = 256  # radreport-tiny's context (its config's max_positions): the build's RoPE table rows
 INT8_ACTIVATIONS_TOL = 2e-2
 
 
@@ -90,7 +93,7 @@ def radreport(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("radreport")
     export_default(default_model_dir(), out / "graphs")
-    return out / "graphs", _lower(out / "graphs", out / "decoder_cpu.onnx")
+    return out / "graphs", _lower(out / "graphs", out / "decoder_cpu.onnx", max_positions=RR_POSITIONS)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +105,10 @@ def radreport_int4(radreport, tmp_path_factory):
     out = tmp_path_factory.mktemp("radreport-int4")
     run_pipeline(radreport[0], out / "graphs", load_recipe("int4").passes, check=False)
     return out / "graphs", {
-        level: _lower(out / "graphs", out / f"decoder_cpu_{level}.onnx", accuracy_level=level) for level in (0, 4)
+        level: _lower(
+            out / "graphs", out / f"decoder_cpu_{level}.onnx", accuracy_level=level, max_positions=RR_POSITIONS
+        )
+        for level in (0, 4)
     }
 
 
@@ -125,6 +131,42 @@ def test_fused_graph_is_contrib_ops_over_an_in_place_cache(radreport):
     inputs = [v.name for v in model.graph.inputs]
     assert names.ATTENTION_MASK not in inputs and {"seqlens_k", "total_sequence_length"} <= set(inputs)
     assert [d if isinstance(d, int) else str(d) for d in model.graph.outputs[0].shape] == ["batch", 1, 588]
+
+
+def test_text_rope_reads_position_tables_and_norms_name_only_what_is_read(radreport, tmp_path):
+    """The shipped lowering of a text RoPE: constant cos/sin tables of the model's context, indexed by the
+    decoder's own position_ids, so a step runs no angle nodes; the fused norms name only the outputs read (ORT
+    computes a named optional output). Without a known context the per-token tables stay, and match as well."""
+    graphs, fused = radreport
+    model = ir.load(fused)
+    assert model.metadata_props[ROPE_POSITIONS] == str(RR_POSITIONS)
+    ops = {n.op_type for n in model.graph}
+    assert not ops & {"Cos", "Sin", "Range", "Pad"}
+    gqa = [n for n in model.graph if n.op_type == "GroupQueryAttention"]
+    assert all(tuple(n.inputs[7].shape) == (RR_POSITIONS, 16) and n.inputs[9].name == names.POSITION_IDS for n in gqa)
+    norms = [list(n.output) for n in onnx.load(fused).graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
+    assert all(out[1:3] == ["", ""] and out[3] for out in norms[:-1])  # no mean, no deviation; the sum goes on
+    assert len(norms[-1]) == 1  # the last sum goes nowhere: only the normed output is named
+
+    per_token = _lower(graphs, tmp_path / "decoder_cpu.onnx")
+    assert ROPE_POSITIONS not in ir.load(per_token).metadata_props
+    assert {"Cos", "Sin"} <= {n.op_type for n in ir.load(per_token).graph}
+    portable = _portable(graphs)
+    x = portable.embed(np.random.default_rng(9).integers(5, 500, (1, 12)))
+    pos = np.arange(12)[None]
+    assert _teacher_forced(portable, _fused(graphs, per_token), x, pos) < FLOAT_TOL
+
+
+def test_a_row_cannot_grow_past_the_position_tables(radreport):
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder, capacity=8)
+    x = fused.embed(np.random.default_rng(10).integers(5, 500, (1, RR_POSITIONS + 1)), [0])
+    with pytest.raises(ContextExceededError, match=f"{RR_POSITIONS + 1} positions.*context of {RR_POSITIONS}"):
+        fused.prefill(0, x, np.arange(RR_POSITIONS + 1)[None])
+    fused.prefill(1, x[:, :RR_POSITIONS], np.arange(RR_POSITIONS)[None])  # the whole context fills
+    with pytest.raises(ContextExceededError) as err:
+        fused.step_tokens([1], [7], [RR_POSITIONS])
+    assert err.value.code == "context_exceeded" and err.value.http_status == 422
 
 
 def test_lowering_refuses_what_it_cannot_read(radreport, tmp_path):
@@ -179,14 +221,25 @@ def hf_decoders(tmp_path_factory):
         root = tmp_path_factory.mktemp(family)
         make_text_lm(root / "hf", family, seed=3)
         convert_hf(root / "hf", root / "graphs")
-        out[family] = root / "graphs", _lower(root / "graphs", root / "decoder_cpu.onnx")
+        positions = model_positions(root / "hf")
+        assert positions is not None
+        out[family] = (
+            root / "graphs",
+            {
+                "position": _lower(root / "graphs", root / "decoder_cpu.onnx", max_positions=positions),
+                "token": _lower(root / "graphs", root / "decoder_cpu_token_tables.onnx"),
+            },
+        )
     return out
 
 
+@pytest.mark.parametrize("tables", ["position", "token"])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
-def test_hf_decoders_match_portable(hf_decoders, family):
-    graphs, decoder = hf_decoders[family]
-    portable, fused = _portable(graphs), _fused(graphs, decoder)
+def test_hf_decoders_match_portable(hf_decoders, family, tables):
+    """Both kinds of RoPE table: indexed by position (what the build ships for a text RoPE with a known context)
+    and each token's own angles (without a context)."""
+    graphs, decoders = hf_decoders[family]
+    portable, fused = _portable(graphs), _fused(graphs, decoders[tables])
     rng = np.random.default_rng(2)
     ids = rng.integers(5, 160, (1, 12))
     assert _teacher_forced(portable, fused, portable.embed(ids), np.arange(12)[None]) < FLOAT_TOL
@@ -207,7 +260,9 @@ def test_qwen2_vl_mrope_positions(tmp_path):
     graphs = tmp_path / "graphs"
     assert PositionScheme.beside(graphs).kind == MROPE
     portable = _portable(graphs)
-    fused = _fused(graphs, _lower(graphs, tmp_path / "decoder_cpu.onnx"))
+    lowered = _lower(graphs, tmp_path / "decoder_cpu.onnx", max_positions=4096)  # no position table can do M-RoPE
+    assert ROPE_POSITIONS not in ir.load(lowered).metadata_props
+    fused = _fused(graphs, lowered)
     text = np.arange(3)
     t, h, w = np.zeros(16, int), np.repeat(np.arange(4), 4), np.tile(np.arange(4), 4)  # a 4 x 4 merged grid
     after = np.arange(7, 12)

@@ -14,12 +14,16 @@ kernel, tests/test_cpu_fast.py):
   window over `seqlens_k` replaces it, and rows are never padded.
 - RoPE: `do_rotary` 1, HF's rotate_half layout (`rotary_interleaved` 0), with `cos_cache` / `sin_cache` indexed by
   GQA's `position_ids` input (ORT 1.32's CPU kernel honours it; without it the kernel rotates by each token's
-  index in the cache). The tables here are not the usual (max_position, head_dim / 2) constants: they are each
-  token's own angles, computed by the portable graph's `rope_cos_sin` from `position_ids` (whatever the rope
-  scaling), one row per token, and GQA's `position_ids` are 0 .. batch * seq - 1. So every token is rotated by
-  its own angles, which also covers Qwen2-VL's M-RoPE (three position axes per token, which no position-indexed
-  table can express), and there is no table of `max_position_embeddings` rows nor a position limit. GQA checks
-  the tables against `total_sequence_length`, so they are padded with zero rows to it (never read).
+  index in the cache). Two kinds of table:
+  - text RoPE (the angles are `position * f`, rope scaling folded into the constant `f`: LLaMA, Qwen2, Mistral,
+    radreport-tiny) with a known context: the usual (max_positions, head_dim / 2) constants, indexed by the
+    decoder's own `position_ids` (`position_tables`), as onnxruntime-genai's decoders carry them. No node runs
+    for them in a step.
+  - otherwise each token's own angles, computed by the portable graph's `rope_cos_sin` from `position_ids`, one
+    row per token, GQA's `position_ids` 0 .. batch * seq - 1 (`rope_tables`). This covers Qwen2-VL's M-RoPE
+    (three position axes per token, which no position-indexed table can express) and has no position limit;
+    17 nodes a step. GQA checks the tables against `total_sequence_length`, so they are padded with zero rows
+    to it (never read).
 - The q, k and v projections are packed into one when they can be (`packing.py`); GQA then takes the packed
   (batch, seq, (heads + 2 kv_heads) * head_dim) query with key and value empty, as onnxruntime-genai's do.
 
@@ -155,8 +159,8 @@ def find_attention(graph: ir.Graph, layer: int) -> Attention:
 class Rope:
     """The per-token RoPE tables every layer's GroupQueryAttention reads."""
 
-    positions: ir.Value  # (batch, seq) int64: 0 .. batch * seq - 1, each token's row of the tables
-    cos: ir.Value  # (max(batch * seq, total_sequence_length), head_dim / 2)
+    positions: ir.Value  # (batch, seq) int64: each token's row of the tables
+    cos: ir.Value  # (rows, head_dim / 2)
     sin: ir.Value
 
 
@@ -186,6 +190,40 @@ def rope_tables(graph: ir.Graph, freqs: ir.Value, embeds: ir.Value, total: ir.Va
     sin = op("Pad", [op("Reshape", [op("Sin", [freqs]), flat]), pads])
     graph.insert_after(made_by(freqs, "rope tables"), nodes)
     return Rope(positions, cos, sin)
+
+
+def text_angles(freqs: ir.Value, position_ids: ir.Value) -> np.ndarray | None:
+    """The frequencies `f` when the angles are `position * f` of the text positions (the portable export's
+    `Mul(Unsqueeze(Cast(position_ids), [-1]), f)`, whatever rope scaling folded into `f`); None for anything
+    else (M-RoPE's per-axis sections, an angle computed some other way)."""
+    mul = freqs.producer()
+    if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2:
+        return None
+    for pos, f in (mul.inputs, mul.inputs[::-1]):
+        inv = const(f)
+        unsq = pos.producer() if pos is not None else None
+        if inv is None or inv.ndim != 1 or unsq is None or unsq.op_type != "Unsqueeze":
+            continue
+        cast = unsq.inputs[0].producer() if unsq.inputs[0] is not None else None
+        if cast is not None and cast.op_type == "Cast" and cast.inputs[0] is position_ids:
+            if const(unsq.inputs[1]) is not None and const(unsq.inputs[1]).tolist() in ([-1], [2]):
+                return inv.astype(np.float32)
+    return None
+
+
+def position_tables(graph: ir.Graph, inv_freq: np.ndarray, position_ids: ir.Value, rows: int) -> Rope:
+    """cos / sin of positions 0 .. rows - 1 as constants, indexed by the decoder's own `position_ids`: what
+    onnxruntime-genai's decoders carry. The per-token tables (`rope_tables`) cost 17 nodes a step, ~10% of
+    radreport-tiny's 0.12 ms decode step (ORT's C API, bench/decode_split.py); these cost none. The angles are
+    the portable graph's own float32 product `position * f`, so a token is rotated as before."""
+    angles = np.arange(rows, dtype=np.float32)[:, None] * inv_freq[None, :]
+    tables = []
+    for fn in ("cos", "sin"):
+        tensor = ir.tensor(getattr(np, fn)(angles).astype(np.float32), name=f"/model/rotary_emb/cpu/{fn}_cache")
+        value = ir.val(tensor.name, ir.DataType.FLOAT, list(angles.shape), const_value=tensor)
+        graph.register_initializer(value)
+        tables.append(value)
+    return Rope(position_ids, tables[0], tables[1])
 
 
 def fuse_attention(

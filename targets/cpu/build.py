@@ -10,6 +10,7 @@ layout) ships without the fused one, the reason recorded in the build steps.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -18,9 +19,10 @@ import onnx_ir as ir
 
 from edgekit import names
 from edgekit.export.save import save_model
+from edgekit.prompt import context_positions
 from edgekit.target import BuildInputs, TargetBuild
 
-from .fused import ACCURACY_LEVEL, FUSED_DECODER, FUSED_ROLE, FuseCpuDecoder, NotPortable
+from .fused import ACCURACY_LEVEL, FUSED_DECODER, FUSED_ROLE, ROPE_POSITIONS, FuseCpuDecoder, NotPortable
 from .runtime import FUSED, PORTABLE
 
 WORK_DIR = "cpu-fused"
@@ -31,7 +33,7 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
     decoder = inputs.graphs / names.DECODER
     t0 = time.perf_counter()
     model = ir.load(decoder)
-    lowering = FuseCpuDecoder()
+    lowering = FuseCpuDecoder(max_positions=model_positions(inputs.model_dir))
     try:
         lowering(model)
     except NotPortable as err:
@@ -56,7 +58,12 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
     step = {
         "name": "cpu_fuse",
-        "params": {"accuracy_level": ACCURACY_LEVEL, "fuse_norms": True, "pack_qkv": True},
+        "params": {
+            "accuracy_level": ACCURACY_LEVEL,
+            "fuse_norms": True,
+            "pack_qkv": True,
+            "rope_positions": model.metadata_props.get(ROPE_POSITIONS),
+        },
         "ops": dict(sorted(ops.items())),
         "seconds": round(seconds, 3),
     }
@@ -70,6 +77,16 @@ def prepare(inputs: BuildInputs) -> TargetBuild:
     return TargetBuild(
         graphs=inputs.graphs, components=components, figures=figures, steps=[step], runtime={"decoder": FUSED}
     )
+
+
+def model_positions(model_dir: Path) -> int | None:
+    """The model's whole context from its config.json (None when it does not say): the rows of the fused
+    decoder's RoPE tables, which the reporter's context budget keeps every request within."""
+    path = model_dir / names.WEIGHT_FILES["model_config"]
+    try:
+        return context_positions(json.loads(path.read_text())) if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError):
+        return None
 
 
 def _portable(inputs: BuildInputs, reason: str) -> TargetBuild:

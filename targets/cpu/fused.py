@@ -6,8 +6,10 @@ cache into a new `present` tensor. onnxruntime-genai's decoders avoid both. This
 after the recipe's passes (INT4 `MatMulNBits`, LoRA merges, pruned heads, FP16 casts: projections are left as
 the passes wrote them) and rewrites, for the cpu target only:
 
-- attention into one `GroupQueryAttention` per layer that rotates q and k itself (per-token RoPE tables, so
-  M-RoPE too) over one preallocated KV buffer per layer that is both past and present (`attention.py`), with
+- attention into one `GroupQueryAttention` per layer that rotates q and k itself (RoPE tables indexed by
+  position where the angles are text positions times constant frequencies and the model's context is known,
+  else per-token tables, so M-RoPE too) over one preallocated KV buffer per layer that is both past and present
+  (`attention.py`), with
   q/k/v packed into one projection where the passes left them packable (`packing.py`); the `attention_mask`
   input and its mask subgraph go;
 - RMSNorms, with the residual Add in front, into `SkipSimplifiedLayerNormalization` (`norms.py`);
@@ -23,7 +25,8 @@ the past and meant to be bound to the same buffers (`slots.CpuSlotBackend`). One
 a first prompt (seq > 1 and no past: seq == total_sequence_length) must come one row at a time, because GQA then
 reads only the first element of its `position_ids` and rotates every row from there (measured on ORT 1.32; the
 schema says so too). Later chunks (past > 0) and decode steps take any rows. `CpuSlotBackend` prefills one row
-per call, as the engine's protocol has it.
+per call, as the engine's protocol has it. With position-indexed tables the model's metadata
+`edgekit.rope_positions` (`ROPE_POSITIONS`) says how many rows they hold: no row may grow past it.
 """
 
 from __future__ import annotations
@@ -36,9 +39,17 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from edgekit import names
 
-from .attention import MS_DOMAIN, attention_layers, find_attention, fuse_attention, rope_tables
+from .attention import (
+    MS_DOMAIN,
+    attention_layers,
+    find_attention,
+    fuse_attention,
+    position_tables,
+    rope_tables,
+    text_angles,
+)
 from .graph_walk import NotPortable, expect, made_by, named
-from .norms import find_rms_norms, fuse_norm
+from .norms import find_rms_norms, fuse_norm, leave_unread_outputs_out
 from .packing import float_projections, pack_projections
 
 FUSED_DECODER = "decoder_cpu.onnx"  # the bundle file
@@ -46,6 +57,7 @@ FUSED_ROLE = "cpu_decoder"  # its bundle role (and `cpu_decoder_data` for extern
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
 MAX_SEQ = "max_seq"
+ROPE_POSITIONS = "edgekit.rope_positions"  # metadata: rows of the position-indexed RoPE tables (absent: per token)
 
 # MatMulNBits' accuracy_level on this target: 4 quantizes each activation block to int8 and runs MLAS' integer
 # kernels; 0 dequantizes the weights to float32. Measured here (2 threads, SmolLM2-135M's shape at INT4 block 32,
@@ -92,8 +104,18 @@ class FuseCpuDecoder(ir.passes.InPlacePass):
     `accuracy_level`: what every MatMulNBits gets (None: leave each as the int4 pass wrote it). `fuse_norms`:
     write the RMSNorms as fused norms (off: keep the decomposition, for measuring what the fusion gives)."""
 
-    def __init__(self, *, accuracy_level: int | None = ACCURACY_LEVEL, fuse_norms: bool = True, pack_qkv: bool = True):
+    def __init__(
+        self,
+        *,
+        accuracy_level: int | None = ACCURACY_LEVEL,
+        fuse_norms: bool = True,
+        pack_qkv: bool = True,
+        max_positions: int | None = None,
+    ):
         super().__init__()
+        if max_positions is not None and max_positions < 1:
+            raise ValueError(f"max_positions must be >= 1, got {max_positions}")
+        self.max_positions = max_positions
         if accuracy_level is not None and accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError(f"accuracy_level must be 0..4, got {accuracy_level}")
         self.accuracy_level = accuracy_level
@@ -125,7 +147,12 @@ class FuseCpuDecoder(ir.passes.InPlacePass):
         inputs = {v.name: v for v in graph.inputs}
         seqlens_k = ir.val(SEQLENS_K, ir.DataType.INT32, ["batch"])
         total = ir.val(TOTAL_SEQUENCE_LENGTH, ir.DataType.INT32, [])
-        rope = rope_tables(graph, layers[0].freqs, inputs[names.INPUTS_EMBEDS], total, layers[0].head_dim)
+        inv_freq = text_angles(layers[0].freqs, inputs[names.POSITION_IDS])
+        if inv_freq is not None and self.max_positions is not None:
+            rope = position_tables(graph, inv_freq, inputs[names.POSITION_IDS], self.max_positions)
+            model.metadata_props[ROPE_POSITIONS] = str(self.max_positions)
+        else:
+            rope = rope_tables(graph, layers[0].freqs, inputs[names.INPUTS_EMBEDS], total, layers[0].head_dim)
         for a in layers:
             name = f"/model/layers.{a.layer}/self_attn/qkv_proj"
             qkv = pack_projections(graph, [a.q, a.k, a.v], name, projections) if self.pack_qkv else None
@@ -134,6 +161,7 @@ class FuseCpuDecoder(ir.passes.InPlacePass):
         _last_position(graph, final)
 
         RemoveUnusedNodesPass()(model)
+        leave_unread_outputs_out(graph)
         mask = inputs[names.ATTENTION_MASK]
         expect(not mask.uses(), "attention_mask is still read after the lowering")
         graph.inputs.remove(mask)
@@ -203,6 +231,7 @@ __all__ = [
     "FuseCpuDecoder",
     "FusedSignature",
     "NotPortable",
+    "ROPE_POSITIONS",
     "SEQLENS_K",
     "TOTAL_SEQUENCE_LENGTH",
     "lower_decoder",

@@ -123,3 +123,15 @@ def fuse_norm(graph: ir.Graph, norm: RmsNorm) -> ir.Value:
         norm.out.replace_all_uses_with(node.outputs[0])
     named(node)
     return node.outputs[0]
+
+
+def leave_unread_outputs_out(graph: ir.Graph) -> None:
+    """Leave out the fused norms' outputs nothing reads (the mean and inverse deviation always; the sum after the
+    last norm): ORT computes and allocates an optional output only when it is named. onnxruntime-genai's decoders
+    name none of them either; on radreport-tiny's 0.12 ms decode step the unread ones cost ~4 us."""
+    for node in graph:
+        if node.op_type != "SkipSimplifiedLayerNormalization" or node.domain != MS_DOMAIN:
+            continue
+        for out in node.outputs[1:]:
+            if not out.uses() and not out.is_graph_output():
+                out.name = ""

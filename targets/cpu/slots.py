@@ -21,10 +21,10 @@ import numpy as np
 import onnxruntime as ort
 
 from edgekit import names
-from edgekit.errors import BundleError, ConfigError, TextModelError
+from edgekit.errors import BundleError, ConfigError, ContextExceededError, TextModelError
 from edgekit.ort import CpuBackend, open_session, physical_cores, session_options
 
-from .fused import SEQLENS_K, TOTAL_SEQUENCE_LENGTH, FusedSignature
+from .fused import ROPE_POSITIONS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH, FusedSignature
 from .kv_buffers import KvBuffers
 
 DEFAULT_CAPACITY = 256  # positions per row before the first doubling
@@ -101,6 +101,9 @@ class CpuSlotBackend:
         data = self._decoder_path.with_name(self._decoder_path.name + ".data")
         # what one decode step streams from memory: the decoder's weights, once (the engine's bandwidth rule)
         self.weight_bytes = self._decoder_path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+        meta = self.decoder.get_modelmeta().custom_metadata_map
+        # position-indexed RoPE tables hold this many positions (None: per-token tables, no limit)
+        self.max_positions = int(meta[ROPE_POSITIONS]) if ROPE_POSITIONS in meta else None
         self.kv = KvBuffers(sig.layers, max_rows, sig.kv_heads, sig.head_dim, capacity)
         self._steps: dict[int, _Step] = {}
         self._embeddings: dict[int, np.ndarray] = {}  # token id -> its embedding row (decode steps)
@@ -161,6 +164,7 @@ class CpuSlotBackend:
         if row not in self.kv:
             self.kv.acquire(row)
         seq = inputs_embeds.shape[1]
+        self._within_context(self.kv.length_of(row) + seq)
         self.kv.reserve([row], seq)
         p, length = self.kv.physical(row), self.kv.length_of(row)
         logits = np.zeros((1, 1, self.signature.vocab), np.float32)
@@ -210,12 +214,21 @@ class CpuSlotBackend:
         n = len(rows)
         where = self.kv.gather(rows)  # a permutation of 0 .. n-1
         longest = int(self.kv.length[:n].max())
+        if self.max_positions is not None and longest + 1 > self.max_positions:
+            self._within_context(longest + 1)
         if longest + 1 > self.kv.capacity:
             self.kv.reserve(rows, 1)  # new buffers (rows keep their physical index): the bindings are made again
         step = self._steps.get(n)
         if step is None or step.generation != self.kv.generation:
             step = self._steps[n] = _Step(self, n)
         return step, where, longest
+
+    def _within_context(self, positions: int) -> None:
+        if self.max_positions is not None and positions > self.max_positions:
+            raise ContextExceededError(
+                f"a row would hold {positions} positions; this decoder was built for a context of {self.max_positions}",
+                self._decoder_path,
+            )
 
     def _run_step(self, step: _Step, where: list[int], longest: int) -> np.ndarray:
         step.seqlens_k[:] = self.kv.length[: len(where)]  # the new token's index = each row's total length - 1
