@@ -54,6 +54,13 @@ class _Step:
         self.logits = np.zeros((n, 1, sig.vocab), np.float32)
         self.binding = backend.bind(self.embeds, self.positions, self.seqlens_k, self.total, self.logits, 0, n)
         self.in_order = list(range(n))
+        self.logit_rows = self.logits[:, 0]  # what a step in physical order returns: a view made once
+        # flat views the step writes through with plain Python ints and buffer copies: right after a decoder
+        # run each numpy call costs several microseconds (cold caches), a memoryview item a fraction of one
+        self.embeds_flat = memoryview(self.embeds).cast("B").cast("f")
+        self.positions_flat = memoryview(self.positions).cast("B").cast("q")
+        self.seqlens_flat = memoryview(self.seqlens_k)
+        self.total_flat = memoryview(self.total.reshape(1))
 
 
 class CpuSlotBackend:
@@ -136,7 +143,7 @@ class CpuSlotBackend:
                 missing = set(tokens)
             wanted = sorted(missing)
             rows_out = self.embed_session.run(None, {names.INPUT_IDS: np.asarray([wanted], np.int64)})[0][0]
-            cache.update(zip(wanted, rows_out))
+            cache.update(zip(wanted, np.ascontiguousarray(rows_out, np.float32)))  # what the decoder is fed
         return [cache[t] for t in tokens]
 
     # the cache --------------------------------------------------------------------------------------------
@@ -198,14 +205,12 @@ class CpuSlotBackend:
         step, the engine's Python around the graph was a third of a token. The logits are the step's own buffer:
         valid until the next step (the engine reads them at once)."""
         step, where, longest = self._step_for(rows)
-        embeds, pos = step.embeds, step.positions
-        mrope = self.signature.mrope
+        embeds, pos, hidden, n = step.embeds_flat, step.positions_flat, self.hidden, len(where)
+        axes = range(3) if self.signature.mrope else range(1)  # positions (3, n, 1) or (n, 1), flattened
         for p, row, at in zip(where, self._embedding_rows(list(tokens)), positions):
-            embeds[p, 0] = row
-            if mrope:
-                pos[:, p, 0] = at
-            else:
-                pos[p, 0] = at
+            embeds[p * hidden : (p + 1) * hidden] = memoryview(row)
+            for a in axes:
+                pos[a * n + p] = at
         return self._run_step(step, where, longest)
 
     def _step_for(self, rows: Sequence[int]) -> tuple[_Step, list[int], int]:
@@ -213,7 +218,7 @@ class CpuSlotBackend:
         position each; each row's physical index, in order; and the longest row's length."""
         n = len(rows)
         where = self.kv.gather(rows)  # a permutation of 0 .. n-1
-        longest = int(self.kv.length[:n].max())
+        longest = max(self.kv.length[:n])
         if self.max_positions is not None and longest + 1 > self.max_positions:
             self._within_context(longest + 1)
         if longest + 1 > self.kv.capacity:
@@ -231,13 +236,15 @@ class CpuSlotBackend:
             )
 
     def _run_step(self, step: _Step, where: list[int], longest: int) -> np.ndarray:
-        step.seqlens_k[:] = self.kv.length[: len(where)]  # the new token's index = each row's total length - 1
-        step.total[...] = longest + 1
+        n, seqlens_k, length = len(where), step.seqlens_flat, self.kv.length
+        for p in range(n):
+            seqlens_k[p] = length[p]  # the new token's index = each row's total length - 1
+        step.total_flat[0] = longest + 1
         self.decoder.run_with_iobinding(step.binding)
-        self.kv.advance(slice(0, len(where)))
-        # rows in physical order (steady decoding): a slice. After a run each distinct numpy call is ~10x slower
-        # than warm (the graph's weights have been through the caches), so the step makes as few as it can.
-        return step.logits[:, 0] if where == step.in_order else step.logits[where, 0]
+        self.kv.advance_first(n)
+        # rows in physical order (steady decoding): the step's own view. After a run each numpy call is several
+        # times slower than warm (the graph's weights have been through the caches), so the step makes none.
+        return step.logit_rows if where == step.in_order else step.logits[where, 0]
 
     def release(self, row: int) -> dict:
         """Free `row` (the last physical row moves into its place); nothing is metered on the cpu target."""
