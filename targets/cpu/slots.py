@@ -57,10 +57,10 @@ class _Step:
         self.logit_rows = self.logits[:, 0]  # what a step in physical order returns: a view made once
         # flat views the step writes through with plain Python ints and buffer copies: right after a decoder
         # run each numpy call costs several microseconds (cold caches), a memoryview item a fraction of one
-        self.embeds_flat = memoryview(self.embeds).cast("B").cast("f")
-        self.positions_flat = memoryview(self.positions).cast("B").cast("q")
-        self.seqlens_flat = memoryview(self.seqlens_k)
-        self.total_flat = memoryview(self.total.reshape(1))
+        self.embeds_flat = self.embeds.data.cast("B").cast("f")
+        self.positions_flat = self.positions.data.cast("B").cast("q")
+        self.seqlens_flat = self.seqlens_k.data
+        self.total_flat = self.total.reshape(1).data
 
 
 class CpuSlotBackend:
@@ -208,7 +208,7 @@ class CpuSlotBackend:
         embeds, pos, hidden, n = step.embeds_flat, step.positions_flat, self.hidden, len(where)
         axes = range(3) if self.signature.mrope else range(1)  # positions (3, n, 1) or (n, 1), flattened
         for p, row, at in zip(where, self._embedding_rows(list(tokens)), positions):
-            embeds[p * hidden : (p + 1) * hidden] = memoryview(row)
+            embeds[p * hidden : (p + 1) * hidden] = row.data
             for a in axes:
                 pos[a * n + p] = at
         return self._run_step(step, where, longest)
