@@ -7,14 +7,16 @@ built there when missing).
 - graph ms: each side's decoder graph alone, run through ONNX Runtime's I/O binding from one Python harness (the
   same session options: ORT_ENABLE_ALL, sequential, 2 intra-op threads as in decode_vs_genai), its KV cache
   preallocated and shared between past and present at the length the loop reaches mid-report (96 positions), one
-  token in, logits out; the median of `--runs` runs, the two graphs interleaved in blocks of 20;
+  token in, logits out; the median of `--runs` runs, the two graphs alternated in blocks of `BLOCK` runs, each
+  block in a process of its own (two sessions in one process hid a 9 us difference between the graphs: the
+  idle session's spinning pool threads take the 2 cores from the timed one);
 - loop ms = token ms - graph ms: everything a token costs outside the graph (edgekit: the engine's Python step,
   the embedding lookup, the binding; genai: its C++ step and search);
 - edgekit's engine us a token: its token ms less its decoder's run timed inside its own loop (the same graph runs
   there as in the harness; what the engine's Python costs between two runs, caches cold from the graph).
 Ratios are edgekit / genai. The machine is shared: medians, interleaved, and the load is recorded.
 
-    python bench/decode_split.py [--only radreport|smollm] [--runs 400] [--repeats 5] [--json bench/decode_split.json]
+    python bench/decode_split.py [--only radreport|smollm] [--runs 1000] [--repeats 5] [--json bench/decode_split.json]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -89,6 +92,22 @@ class BareGraph:
         return out
 
 
+BLOCK = 100  # graph runs a child process times (after warming up)
+
+
+def bare_block(path: Path, threads: int, kv_heads: int, head_dim: int, runs: int = BLOCK) -> list[float]:
+    """`runs` timed runs of one graph (`BareGraph`) in a fresh process: seconds each."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import decode_split as ds; "
+        "g = ds.BareGraph(ds.Path(sys.argv[2]), *map(int, sys.argv[3:6])); g.times(50); "
+        "print(json.dumps(g.times(int(sys.argv[6]))))"
+    )
+    here = str(Path(__file__).resolve().parent)
+    args = [sys.executable, "-c", code, here, str(path), str(threads), str(kv_heads), str(head_dim), str(runs)]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 class TimedRuns:
     """edgekit's decoder session with each `run_with_iobinding` timed: the graph as the engine's own loop runs it
     (after each run, the engine's first numpy calls meet caches the graph's weights went through, so its Python
@@ -122,11 +141,9 @@ def split(model: str, work: Path, threads: int, runs: int, repeats: int) -> dict
     cfg = json.loads((hf_dir / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    graphs = {name: BareGraph(side.graph, threads, kv_heads, head_dim) for name, side in sides.items()}
     ids = dvg.prompt_ids(hf_dir / "tokenizer.json", 1)
     for name in sides:  # warm-up
         sides[name].run(ids)
-        graphs[name].times(20)
     tokens: dict[str, list[float]] = {n: [] for n in sides}
     backend = sides["edgekit"].backend
     timed = backend.decoder = TimedRuns(backend.decoder)  # the fused decoder's session (the cpu slot backend)
@@ -134,10 +151,10 @@ def split(model: str, work: Path, threads: int, runs: int, repeats: int) -> dict
         for name in list(sides) if rep % 2 == 0 else list(sides)[::-1]:
             tokens[name].append(token_ms(sides[name], ids))
     backend.decoder = timed.session
-    bare: dict[str, list[float]] = {n: [] for n in graphs}
-    for _ in range(max(1, runs // 20)):
-        for name, g in graphs.items():
-            bare[name] += g.times(20)
+    bare: dict[str, list[float]] = {n: [] for n in sides}
+    for block in range(max(1, runs // BLOCK)):
+        for name in list(sides) if block % 2 == 0 else list(sides)[::-1]:
+            bare[name] += bare_block(sides[name].graph, threads, kv_heads, head_dim)
     out: dict = {"graphs": {n: str(s.graph) for n, s in sides.items()}}
     for name in sides:
         tok = statistics.median(tokens[name])
@@ -153,7 +170,7 @@ def split(model: str, work: Path, threads: int, runs: int, repeats: int) -> dict
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=dvg.MODELS)
-    ap.add_argument("--runs", type=int, default=400, help="graph runs per side")
+    ap.add_argument("--runs", type=int, default=1000, help=f"graph runs per side (blocks of {BLOCK})")
     ap.add_argument("--repeats", type=int, default=5, help="reports per side (token ms: their median)")
     ap.add_argument("--work", type=Path, default=dvg.REPO / "out" / "decode_vs_genai")
     ap.add_argument("--json", type=Path, default=Path(__file__).with_suffix(".json"))
