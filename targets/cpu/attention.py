@@ -205,7 +205,7 @@ def text_angles(freqs: ir.Value, position_ids: ir.Value) -> np.ndarray | None:
         if inv is None or inv.ndim != 1 or unsq is None or unsq.op_type != "Unsqueeze":
             continue
         cast = unsq.inputs[0].producer() if unsq.inputs[0] is not None else None
-        axes = const(unsq.inputs[1])
+        axes = const(unsq.inputs[1]) if len(unsq.inputs) > 1 else None  # opset < 13: axes an attribute
         if cast is not None and cast.op_type == "Cast" and cast.inputs[0] is position_ids:
             if axes is not None and axes.tolist() in ([-1], [2]):
                 return inv.astype(np.float32)
