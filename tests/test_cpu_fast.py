@@ -157,6 +157,44 @@ def test_text_rope_reads_position_tables_and_norms_name_only_what_is_read(radrep
     assert _teacher_forced(portable, _fused(graphs, per_token), x, pos) < FLOAT_TOL
 
 
+def _angles_graph(opset: int) -> ir.Graph:
+    """`Mul(Unsqueeze(Cast(position_ids)), inv_freq)`, the portable export's angles, with the Unsqueeze of `opset`
+    (13 and later: axes an input; before: an attribute)."""
+    from onnx import TensorProto, helper
+
+    inv = onnx.numpy_helper.from_array(np.asarray([1.0, 0.1], np.float32), "inv_freq")
+    cast = helper.make_node("Cast", ["position_ids"], ["pos_f"], to=TensorProto.FLOAT)
+    if opset >= 13:
+        axes = onnx.numpy_helper.from_array(np.asarray([-1], np.int64), "axes")
+        unsq = helper.make_node("Unsqueeze", ["pos_f", "axes"], ["pos_u"])
+        inits = [inv, axes]
+    else:
+        unsq = helper.make_node("Unsqueeze", ["pos_f"], ["pos_u"], axes=[-1])
+        inits = [inv]
+    mul = helper.make_node("Mul", ["pos_u", "inv_freq"], ["freqs"])
+    graph = helper.make_graph(
+        [cast, unsq, mul],
+        "angles",
+        [helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("freqs", TensorProto.FLOAT, ["b", "s", 2])],
+        inits,
+    )
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])).graph
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_text_angles_are_found_only_where_the_axes_are_an_input(opset):
+    from edgekit.targets.cpu.attention import text_angles
+
+    graph = _angles_graph(opset)
+    freqs = graph.outputs[0]
+    got = text_angles(freqs, graph.inputs[0])
+    if opset >= 13:
+        assert got is not None and got.tolist() == pytest.approx([1.0, 0.1])
+    else:  # axes in an attribute: not recognised, so per-token tables (and no IndexError on a missing input)
+        assert got is None
+
+
 def test_a_row_cannot_grow_past_the_position_tables(radreport):
     graphs, decoder = radreport
     fused = _fused(graphs, decoder, capacity=8)
