@@ -13,7 +13,8 @@ Models (made here, nothing downloaded; cached under `--work`):
   (their library calls: `convert_hf`, `run_pipeline`).
 The fused decoder is each model's portable decoder lowered by `FuseCpuDecoder` with the defaults the cpu build
 ships. `--variants` adds lowerings with one default changed (`acc0`: accuracy_level 0, `nopack`: q/k/v apart,
-`nonorm`: RMSNorm left decomposed) for the measurements behind those defaults.
+`nonorm`: RMSNorm left decomposed) for the measurements behind those defaults, and `single`: the fused decoder
+with the engine making one backend call per step (`greedy_run_steps=1`) instead of its multi-step greedy runs.
 
 Timing: `--threads` intra-op threads (2), a 32-token prompt per row (row r: other ids), 128 new tokens, greedy, no
 stop tokens, through the engine (`Engine`, one request per row, `max_batch` = the batch), each token stamped as
@@ -60,6 +61,7 @@ VARIANTS = {
     "nopack": {"pack_qkv": False},
     "nonorm": {"fuse_norms": False},
 }
+ENGINE_OPTIONS = {"single": {"greedy_run_steps": 1}}  # the fused decoder, the engine's options changed
 SMOLLM2 = dict(  # SmolLM2-135M's shape as transformers' LlamaConfig takes it (bench/decode_vs_genai.py too)
     hidden_size=576,
     intermediate_size=1536,
@@ -127,11 +129,11 @@ def backend(graphs: Path, variant: str, decoders: dict, threads: int, rows: int)
 
 
 # measuring --------------------------------------------------------------------------------------------------
-def decode_rate(be, batch: int, vocab: int, prompt: int, new: int) -> tuple[float, list[list[int]]]:
-    """Decode tok/s of `batch` requests through the engine, and their tokens."""
+def decode_rate(be, batch: int, vocab: int, prompt: int, new: int, **options) -> tuple[float, list[list[int]]]:
+    """Decode tok/s of `batch` requests through the engine (`options`: the engine's), and their tokens."""
     rng = np.random.default_rng(batch)
     stamps: list[list[float]] = [[] for _ in range(batch)]
-    engine = Engine(be, max_batch=batch)
+    engine = Engine(be, max_batch=batch, **options)
     opts = GenerationOptions(max_new_tokens=new, stop_token_ids=[])
     tickets = [
         engine.submit(
@@ -181,23 +183,26 @@ def run(args) -> dict:
     results = {"machine": machine(args.threads), "settings": settings, "models": {}}
     for model in args.only or list(MODELS):
         graphs, vocab = MODELS[model](args.work)
-        decoders = {v: lower(graphs, v) for v in variants if v != "portable"}
+        decoders = {v: lower(graphs, v) for v in variants if v in VARIANTS}
+        decoders.update({v: decoders["fused"] for v in variants if v in ENGINE_OPTIONS})
         rows = max(args.batches)
         backends = {v: backend(graphs, v, decoders, args.threads, rows) for v in variants}
         out = results["models"][model] = {
             "graphs": str(graphs),
             "decoder_bytes": sum(p.stat().st_size for p in graphs.glob("decoder_model_merged.onnx*")),
-            "logit_error": {v: logit_error(graphs, decoders[v], vocab) for v in decoders},
+            "logit_error": {v: logit_error(graphs, decoders[v], vocab) for v in decoders if v in VARIANTS},
             "batches": {},
         }
         for batch in args.batches:
             rates: dict[str, list[float]] = {v: [] for v in variants}
             tokens = {}
             for v in variants:  # warm-up
-                decode_rate(backends[v], batch, vocab, args.prompt, 8)
+                decode_rate(backends[v], batch, vocab, args.prompt, 8, **ENGINE_OPTIONS.get(v, {}))
             for repeat in range(args.repeats):
                 for v in variants if repeat % 2 == 0 else variants[::-1]:  # A B C, then C B A, ...
-                    rate, tokens[v] = decode_rate(backends[v], batch, vocab, args.prompt, args.new)
+                    rate, tokens[v] = decode_rate(
+                        backends[v], batch, vocab, args.prompt, args.new, **ENGINE_OPTIONS.get(v, {})
+                    )
                     rates[v].append(rate)
             out["batches"][str(batch)] = {
                 "tok_s": rates,
@@ -252,7 +257,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--new", type=int, default=128)
-    p.add_argument("--variants", nargs="*", default=[], choices=[v for v in VARIANTS if v != "fused"])
+    p.add_argument(
+        "--variants", nargs="*", default=[], choices=[*(v for v in VARIANTS if v != "fused"), *ENGINE_OPTIONS]
+    )
     p.add_argument("--work", type=Path, default=Path("out/cpu_decode"))
     p.add_argument("--json", type=Path, default=Path(__file__).with_suffix(".json"))
     args = p.parse_args()

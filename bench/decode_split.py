@@ -3,18 +3,21 @@ around it. Side by side in one run, on bench/decode_vs_genai.py's checkpoints an
 built there when missing).
 
 - token ms: each side's own loop generating 128 tokens after a 32-token prompt, greedy (edgekit's token engine
-  from Python; genai's C++ `generate_next_token`), the median time between two tokens;
+  from Python; genai's C++ `generate_next_token`), the mean time between two tokens, first to last (what decode
+  tok/s counts; edgekit's engine hands greedy tokens over in runs of several steps, so its gaps are not per token);
 - graph ms: each side's decoder graph alone, run through ONNX Runtime's I/O binding from one Python harness (the
   same session options: ORT_ENABLE_ALL, sequential, 2 intra-op threads as in decode_vs_genai), its KV cache
   preallocated and shared between past and present at the length the loop reaches mid-report (96 positions), one
-  token in, logits out; the median of `--runs` runs, the two graphs alternated in blocks of `BLOCK` runs, each
+  token in, logits out; the mean of `--runs` runs, the two graphs alternated in blocks of `BLOCK` runs, each
   block in a process of its own (two sessions in one process hid a 9 us difference between the graphs: the
   idle session's spinning pool threads take the 2 cores from the timed one);
 - loop ms = token ms - graph ms: everything a token costs outside the graph (edgekit: the engine's Python step,
   the embedding lookup, the binding; genai: its C++ step and search);
-- edgekit's engine us a token: its token ms less its decoder's run timed inside its own loop (the same graph runs
-  there as in the harness; what the engine's Python costs between two runs, caches cold from the graph).
-Ratios are edgekit / genai. The machine is shared: medians, interleaved, and the load is recorded.
+- edgekit's engine us a token: its token ms less its decoder's decode-step runs timed inside its own loop (their
+  mean; the same graph runs there as in the harness; what the engine's Python costs between two runs, caches cold
+  from the graph).
+Ratios are edgekit / genai. The machine is shared: each figure is a median over `--repeats` reports (token) or
+blocks (graph), interleaved.
 
     python bench/decode_split.py [--only radreport|smollm] [--runs 1000] [--repeats 5] [--json bench/decode_split.json]
 """
@@ -126,10 +129,10 @@ class TimedRuns:
 
 
 def token_ms(side, ids: np.ndarray) -> float:
-    """The median gap between two tokens of one report (each side's own stamps, the first token excluded)."""
+    """The mean gap between two tokens of one report, first to last (each side's own stamps)."""
     run = side.run(ids)
     stamps = run.stamps[0]
-    return statistics.median(np.diff(stamps)) * 1e3
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1e3
 
 
 def split(model: str, work: Path, threads: int, runs: int, repeats: int) -> dict:
@@ -147,22 +150,25 @@ def split(model: str, work: Path, threads: int, runs: int, repeats: int) -> dict
     tokens: dict[str, list[float]] = {n: [] for n in sides}
     backend = sides["edgekit"].backend
     timed = backend.decoder = TimedRuns(backend.decoder)  # the fused decoder's session (the cpu slot backend)
+    in_loop: list[float] = []
     for rep in range(repeats):
         for name in list(sides) if rep % 2 == 0 else list(sides)[::-1]:
+            timed.seconds = []
             tokens[name].append(token_ms(sides[name], ids))
+            if name == "edgekit":  # the report's decode steps: its first run is the prompt's prefill
+                in_loop.append(statistics.fmean(timed.seconds[1:]) * 1e3)
     backend.decoder = timed.session
     bare: dict[str, list[float]] = {n: [] for n in sides}
     for block in range(max(1, runs // BLOCK)):
         for name in list(sides) if block % 2 == 0 else list(sides)[::-1]:
-            bare[name] += bare_block(sides[name].graph, threads, kv_heads, head_dim)
+            bare[name].append(statistics.fmean(bare_block(sides[name].graph, threads, kv_heads, head_dim)))
     out: dict = {"graphs": {n: str(s.graph) for n, s in sides.items()}}
     for name in sides:
         tok = statistics.median(tokens[name])
         graph = statistics.median(bare[name]) * 1e3
         out[name] = {"token_ms": tok, "graph_ms": graph, "loop_ms": tok - graph, "token_ms_runs": tokens[name]}
-    in_loop = statistics.median(timed.seconds) * 1e3  # decode steps' runs (a report's one prefill hardly moves it)
-    out["edgekit"]["graph_in_loop_ms"] = in_loop
-    out["edgekit"]["engine_ms"] = out["edgekit"]["token_ms"] - in_loop
+    out["edgekit"]["graph_in_loop_ms"] = statistics.median(in_loop)
+    out["edgekit"]["engine_ms"] = out["edgekit"]["token_ms"] - out["edgekit"]["graph_in_loop_ms"]
     out["ratio"] = {k: out["edgekit"][k] / out["genai"][k] for k in ("token_ms", "graph_ms", "loop_ms")}
     return out
 
@@ -189,7 +195,7 @@ def main() -> None:
         "models": models,
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nbatch 1, {dvg.THREADS} threads, medians; ratio = edgekit / genai")
+    print(f"\nbatch 1, {dvg.THREADS} threads, means (a report, a block) and their medians; ratio = edgekit / genai")
     print(f"{'model':<24} {'side':<8} {'token ms':>9} {'graph ms':>9} {'loop ms':>8}")
     for model, m in models.items():
         for side in ("edgekit", "genai"):

@@ -350,6 +350,66 @@ def test_a_step_from_token_ids_decodes_as_one_from_embeddings(radreport):
     assert [by_ids.kv.length_of(r) for r in range(3)] == lengths
 
 
+def test_greedy_runs_give_the_tokens_of_single_steps(radreport):
+    """The engine's multi-step greedy runs (`decode_greedy`: several steps in one backend call) against one call
+    per step: the same tokens for rows with their own caps and stop tokens, a sampled row (no runs while it
+    decodes) beside them; and the runs are really taken."""
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder)
+    rng = np.random.default_rng(9)
+    pixels, ids = _rr_inputs(fused, rng, rows=4)
+    runs: list[int] = []
+    greedy_run = fused.decode_greedy
+
+    def counted(*args):
+        out = greedy_run(*args)
+        runs.append(len(out))
+        return out
+
+    def generate_all(multi_step: bool, stop: int | None = None) -> list[list[int]]:
+        engine = Engine(fused, max_batch=4, greedy_run_steps=32 if multi_step else 1)
+        engine._decode_greedy = counted  # the backend's own call, counted
+        caps = (30, 9, 30, 30)
+        opts = [GenerationOptions(max_new_tokens=n) for n in caps]
+        if stop is not None:
+            opts[0] = GenerationOptions(max_new_tokens=30, stop_token_ids=[stop])
+        opts[3] = GenerationOptions(max_new_tokens=12, temperature=0.8, seed=3)
+        tickets = [engine.submit(Request(ids[i], opts[i], pixels[i])) for i in range(4)]
+        engine.run()
+        return [t.result().token_ids for t in tickets]
+
+    alone = generate_all(False)
+    stop = alone[0][14]  # row 0 stops before its 15th token
+    single = generate_all(False, stop)
+    assert not runs
+    assert len(single[0]) == alone[0].index(stop) and len(single[1]) == 9
+    assert generate_all(True, stop) == single
+    assert runs and max(runs) > 1  # after the sampled row left, the greedy rows ran several steps a call
+
+
+def test_a_greedy_run_ends_at_a_stop_a_signal_or_the_context(radreport):
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder, capacity=8)
+    x = fused.embed(np.random.default_rng(11).integers(5, 500, (1, 6)), [0])
+    fused.prefill(0, x, np.arange(6)[None])
+    free = fused.decode_greedy([0], [7], [6], 20, frozenset(), lambda: True)
+    assert len(free) == 20 and fused.kv.length_of(0) == 26 and fused.kv.capacity == 32  # grown once, for the run
+    fused.release(0)
+    fused.prefill(0, x, np.arange(6)[None])
+    stopped = fused.decode_greedy([0], [7], [6], 20, frozenset({free[4][0]}), lambda: True)
+    assert stopped == free[: free.index(free[4]) + 1]  # ends at the step that chose the stop token
+    fused.release(0)
+    fused.prefill(0, x, np.arange(6)[None])
+    calls = iter(range(100))
+    assert fused.decode_greedy([0], [7], [6], 20, frozenset(), lambda: next(calls) < 2) == free[:3]
+    fused.release(0)
+    y = fused.embed(np.random.default_rng(12).integers(5, 500, (1, RR_POSITIONS - 3)), [0])
+    fused.prefill(0, y, np.arange(RR_POSITIONS - 3)[None])
+    assert len(fused.decode_greedy([0], [7], [RR_POSITIONS - 3], 20, frozenset(), lambda: True)) == 3
+    with pytest.raises(ContextExceededError):  # the context is full: the next single step says so
+        fused.step_tokens([0], [7], [RR_POSITIONS])
+
+
 def test_chunked_prefill_gives_the_same_tokens(radreport):
     graphs, decoder = radreport
     fused = _fused(graphs, decoder)

@@ -49,6 +49,9 @@ class SlotBackend(Protocol):
     # Optional: `step_tokens(rows, tokens, positions) -> logits (n, vocab)`, a decode step from each row's token id
     # and text position (ints), which the engine calls instead of `embed` + `step` where a backend has it: the cpu
     # target writes them straight into its bound inputs (its logits are valid until the next step).
+    # Optional: `decode_greedy(rows, tokens, positions, steps, stops, more) -> [tokens of each step]`, up to `steps`
+    # greedy steps in one call, ending after a step that chose a token in `stops` or when `more()` is false (the
+    # engine's multi-step runs: its own work per step is paid once a run). Without it, one call per step.
 
 
 def kv_bytes_per_token(backend) -> int:
