@@ -387,6 +387,32 @@ def test_greedy_runs_give_the_tokens_of_single_steps(radreport):
     assert runs and max(runs) > 1  # after the sampled row left, the greedy rows ran several steps a call
 
 
+def test_the_greedy_token_output_is_numpys_argmax_ties_included(radreport, tmp_path):
+    """The lowering's `greedy_token` (ArgMax in the graph, what greedy runs read) against numpy's argmax of the same
+    step's logits; then with a lower token's LM-head row made equal to the winner's, a tie both must break to it."""
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder)
+    assert fused.signature.greedy
+    x = fused.embed(np.random.default_rng(13).integers(5, 500, (1, 7)), [0])
+    fused.prefill(0, x, np.arange(7)[None])
+    logits = fused.step_tokens([0], [9], [7]).copy()
+    step = fused._steps[1]
+    assert step.greedy is not None and step.greedy[0] == int(logits.argmax())
+    winner = int(logits.argmax())
+    model = ir.load(decoder)
+    head = next(n for n in model.graph if n.outputs[0].name == names.LOGITS).inputs[1].producer()
+    weight = head.inputs[0].const_value.numpy().copy()  # (vocab, hidden), transposed in the graph
+    lower = next(t for t in range(winner) if t != 0)
+    weight[lower] = weight[winner]
+    head.inputs[0].const_value = ir.tensor(weight, name=head.inputs[0].name)
+    ir.save(model, tmp_path / "tied.onnx")
+    tied = _fused(graphs, tmp_path / "tied.onnx")
+    tied.prefill(0, x, np.arange(7)[None])
+    logits = tied.step_tokens([0], [9], [7])
+    assert logits[0, lower] == logits[0, winner] == logits.max()
+    assert tied._steps[1].greedy[0] == int(logits.argmax()) == lower
+
+
 def test_a_greedy_run_ends_at_a_stop_a_signal_or_the_context(radreport):
     graphs, decoder = radreport
     fused = _fused(graphs, decoder, capacity=8)

@@ -25,7 +25,7 @@ from edgekit import names
 from edgekit.errors import BundleError, ConfigError, ContextExceededError, TextModelError
 from edgekit.ort import CpuBackend, open_session, physical_cores, session_options
 
-from .fused import ROPE_POSITIONS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH, FusedSignature
+from .fused import GREEDY_TOKEN, ROPE_POSITIONS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH, FusedSignature
 from .kv_buffers import KvBuffers
 
 DEFAULT_CAPACITY = 256  # positions per row before the first doubling
@@ -54,6 +54,11 @@ class _Step:
         self.total = np.zeros((), np.int32)
         self.logits = np.zeros((n, 1, sig.vocab), np.float32)
         self.binding = backend.bind(self.embeds, self.positions, self.seqlens_k, self.total, self.logits, 0, n)
+        self.greedy: memoryview | None = None  # each physical row's argmax, where the decoder gives it
+        if sig.greedy:
+            tokens = np.zeros((n, 1), np.int64)
+            _bind(self.binding, GREEDY_TOKEN, tokens, output=True)
+            self.greedy = tokens.data.cast("B").cast("q")
         self.in_order = list(range(n))
         self.logit_rows = self.logits[:, 0]  # what a step in physical order returns: a view made once
         # flat views the step writes through with plain Python ints and buffer copies: right after a decoder
@@ -236,7 +241,7 @@ class CpuSlotBackend:
         embeds, pos, seqlens, total = step.embeds_flat, step.positions_flat, step.seqlens_flat, step.total_flat
         axes = [a * n for a in range(3 if self.signature.mrope else 1)]  # positions (3, n, 1) or (n, 1), flattened
         length, cache, run, binding = self.kv.length, self._embeddings, self.decoder.run_with_iobinding, step.binding
-        in_order, logits = where == step.in_order, step.logit_rows
+        in_order, logits, greedy = where == step.in_order, step.logit_rows, step.greedy
         physical_rows = range(n)
         for _ in range(max(1, steps)):
             try:
@@ -253,7 +258,7 @@ class CpuSlotBackend:
             longest += 1
             total[0] = longest
             run(binding)
-            picked = logits.argmax(-1).tolist()
+            picked = greedy.tolist() if greedy is not None else logits.argmax(-1).tolist()
             chosen = picked if in_order else [picked[p] for p in where]
             out.append(chosen)
             if len(out) >= steps or not stops.isdisjoint(chosen) or not more():
