@@ -19,7 +19,7 @@ built there when missing).
 Ratios are edgekit / genai. The machine is shared: each figure is a median over `--repeats` reports (token) or
 blocks (graph), interleaved.
 
-    python bench/decode_split.py [--only radreport|smollm] [--runs 1000] [--repeats 5] [--json bench/decode_split.json]
+    python bench/decode_split.py [--only radreport|smollm] [--runs 1000] [--repeats 15] [--json bench/decode_split.json]
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=dvg.MODELS)
     ap.add_argument("--runs", type=int, default=1000, help=f"graph runs per side (blocks of {BLOCK})")
-    ap.add_argument("--repeats", type=int, default=5, help="reports per side (token ms: their median)")
+    ap.add_argument("--repeats", type=int, default=15, help="reports per side (token ms: the median of their means)")
     ap.add_argument("--work", type=Path, default=dvg.REPO / "out" / "decode_vs_genai")
     ap.add_argument("--json", type=Path, default=Path(__file__).with_suffix(".json"))
     args = ap.parse_args()
