@@ -14,7 +14,8 @@ Models (made here, nothing downloaded; cached under `--work`):
 The fused decoder is each model's portable decoder lowered by `FuseCpuDecoder` with the defaults the cpu build
 ships. `--variants` adds lowerings with one default changed (`acc0`: accuracy_level 0, `nopack`: q/k/v apart,
 `nonorm`: RMSNorm left decomposed) for the measurements behind those defaults, and `single`: the fused decoder
-with the engine making one backend call per step (`greedy_run_steps=1`) instead of its multi-step greedy runs.
+with the engine making one backend call per step (`greedy_run_steps=1`) instead of its multi-step greedy runs,
+timed in pairs with the default engine on the same backend after the others (`engine_pairs`).
 
 Timing: `--threads` intra-op threads (2), a 32-token prompt per row (row r: other ids), 128 new tokens, greedy, no
 stop tokens, through the engine (`Engine`, one request per row, `max_batch` = the batch), each token stamped as
@@ -178,44 +179,67 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def run(args) -> dict:
-    variants = ["portable", "fused", *args.variants]
+    lowerings = ["portable", "fused", *(v for v in args.variants if v in VARIANTS)]
+    engine_variants = [v for v in args.variants if v in ENGINE_OPTIONS]
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     results = {"machine": machine(args.threads), "settings": settings, "models": {}}
     for model in args.only or list(MODELS):
         graphs, vocab = MODELS[model](args.work)
-        decoders = {v: lower(graphs, v) for v in variants if v in VARIANTS}
-        decoders.update({v: decoders["fused"] for v in variants if v in ENGINE_OPTIONS})
+        decoders = {v: lower(graphs, v) for v in lowerings if v != "portable"}
         rows = max(args.batches)
-        backends = {v: backend(graphs, v, decoders, args.threads, rows) for v in variants if v not in ENGINE_OPTIONS}
-        # an engine variant drives the fused backend itself: another session's idle pool threads would spin beside it
-        backends.update({v: backends["fused"] for v in variants if v in ENGINE_OPTIONS})
+        backends = {v: backend(graphs, v, decoders, args.threads, rows) for v in lowerings}
         out = results["models"][model] = {
             "graphs": str(graphs),
             "decoder_bytes": sum(p.stat().st_size for p in graphs.glob("decoder_model_merged.onnx*")),
-            "logit_error": {v: logit_error(graphs, decoders[v], vocab) for v in decoders if v in VARIANTS},
+            "logit_error": {v: logit_error(graphs, decoders[v], vocab) for v in decoders},
             "batches": {},
         }
         for batch in args.batches:
-            rates: dict[str, list[float]] = {v: [] for v in variants}
+            rates: dict[str, list[float]] = {v: [] for v in lowerings}
             tokens = {}
-            for v in variants:  # warm-up
-                decode_rate(backends[v], batch, vocab, args.prompt, 8, **ENGINE_OPTIONS.get(v, {}))
+            for v in lowerings:  # warm-up
+                decode_rate(backends[v], batch, vocab, args.prompt, 8)
             for repeat in range(args.repeats):
-                for v in variants if repeat % 2 == 0 else variants[::-1]:  # A B C, then C B A, ...
-                    rate, tokens[v] = decode_rate(
-                        backends[v], batch, vocab, args.prompt, args.new, **ENGINE_OPTIONS.get(v, {})
-                    )
+                for v in lowerings if repeat % 2 == 0 else lowerings[::-1]:  # A B C, then C B A, ...
+                    rate, tokens[v] = decode_rate(backends[v], batch, vocab, args.prompt, args.new)
                     rates[v].append(rate)
             out["batches"][str(batch)] = {
                 "tok_s": rates,
                 "median": {v: statistics.median(r) for v, r in rates.items()},
                 # each repeat's rate over the portable decoder's in the same repeat: load from other processes,
                 # which drifts over minutes, falls on both sides of a ratio alike
-                "speedup": {v: statistics.median(a / b for a, b in zip(rates[v], rates["portable"])) for v in variants},
-                "greedy_agreement": {v: agreement(tokens[v], tokens["portable"]) for v in variants[1:]},
+                "speedup": {
+                    v: statistics.median(a / b for a, b in zip(rates[v], rates["portable"])) for v in lowerings
+                },
+                "greedy_agreement": {v: agreement(tokens[v], tokens["portable"]) for v in lowerings[1:]},
             }
+            if engine_variants:
+                out["batches"][str(batch)]["engine"] = engine_pairs(
+                    backends["fused"], engine_variants, batch, vocab, args
+                )
             print(f"{model} batch {batch}: " + ", ".join(f"{v} {statistics.median(r):.1f}" for v, r in rates.items()))
     return results
+
+
+def engine_pairs(be, variants: list[str], batch: int, vocab: int, args) -> dict:
+    """The default engine against engine variants on the fused backend, alternated among themselves only: right
+    after the portable decoder's runs, either side ran up to 0.7x slower for a while (its sessions' pool threads,
+    the caches), which split one configuration's repeats in two when it sometimes followed them."""
+    names = ["fused", *variants]
+    rates: dict[str, list[float]] = {v: [] for v in names}
+    tokens = {}
+    for v in names:
+        decode_rate(be, batch, vocab, args.prompt, 8, **ENGINE_OPTIONS.get(v, {}))
+    for repeat in range(args.repeats):
+        for v in names if repeat % 2 == 0 else names[::-1]:
+            rate, tokens[v] = decode_rate(be, batch, vocab, args.prompt, args.new, **ENGINE_OPTIONS.get(v, {}))
+            rates[v].append(rate)
+    return {
+        "tok_s": rates,
+        "median": {v: statistics.median(r) for v, r in rates.items()},
+        "fused_over": {v: statistics.median(a / b for a, b in zip(rates["fused"], rates[v])) for v in variants},
+        "same_tokens": {v: tokens[v] == tokens["fused"] for v in variants},
+    }
 
 
 def machine(threads: int) -> dict:
@@ -248,6 +272,14 @@ def table(results: dict) -> str:
             f"b{batch} {v} {a:.2f}" for batch, b in m["batches"].items() for v, a in b["greedy_agreement"].items()
         )
         lines.append(f"logit error vs portable: {err}; greedy agreement: {agree}")
+        for batch, b in m["batches"].items():
+            for v, r in b.get("engine", {}).get("fused_over", {}).items():
+                e = b["engine"]
+                lines.append(
+                    f"batch {batch}, the default engine against `{v}` on the fused decoder, alternated: "
+                    f"{e['median']['fused']:.1f} vs {e['median'][v]:.1f} tok/s, {r:.2f}x; "
+                    f"same tokens: {e['same_tokens'][v]}"
+                )
     return "\n".join(lines)
 
 
