@@ -37,6 +37,9 @@ to back, alternating which goes first (A B, then B A, ...); the table gives medi
 of each pair's edgekit / genai (drift between pairs cancels). The machine is shared: before each pair the bench
 waits up to `--quiet` seconds for other processes' load to fall below 0.3 cores, and every run records that
 load and the CPU it got (`cpu_per_wall`: 2.0 = both threads busy throughout); every repeat is in the JSON.
+`--isolate` times each run in a fresh process that loads its side alone and warms up there first: by default
+both runtimes share the bench's process, and a run right after the other side's can meet its pool threads and
+caches (a run after the portable decoder's ran up to 0.7x slower in bench/cpu_decode.py).
 
 Memory-bandwidth limit: this machine's copy bandwidth, measured at the start and at the end of the run (the
 higher counts: other processes only lower it): numpy `copyto` of a 512 MiB array, best of 5, counting bytes read
@@ -50,7 +53,8 @@ with that side's own bytes. radreport-tiny's decoder is a few MB and stays in ca
 construction.
 
     python bench/decode_vs_genai.py [--quick] [--only smollm|radreport] [--repeats N] [--block 32] [--quiet 20]
-                                    [--work out/decode_vs_genai] [--rebuild] [--json bench/decode_vs_genai.json]
+                                    [--isolate] [--work out/decode_vs_genai] [--rebuild]
+                                    [--json bench/decode_vs_genai.json]
 
 onnxruntime-genai is a bench-only dependency (`pip install 'edgekit[bench]'`), never a runtime one.
 """
@@ -705,18 +709,43 @@ def timed(side, ids: np.ndarray, busy: float) -> dict:
     return {**run.figures(), "others_busy_cores_before": busy, "first_tokens": run.first_tokens}
 
 
-def measure(model: str, sides: dict, ids_by_batch: dict, repeats: int, quiet_s: float) -> dict:
+SIDES = {"edgekit": EdgekitSide, "genai": GenaiSide}
+
+
+def timed_alone(name: str, model_dir: Path, hf_dir: Path, batch: int, busy: float) -> dict:
+    """`timed` in a fresh process that loads this side alone (`--isolate`): no other runtime's sessions beside it,
+    and none of the previous run's state. It warms up once, then times one run."""
+    args = [sys.executable, __file__, "--child", name, str(model_dir), str(hf_dir), str(batch), str(busy)]
+    out = subprocess.run(args, check=True, capture_output=True, text=True, cwd=REPO).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def child(name: str, model_dir: str, hf_dir: str, batch: str, busy: str) -> None:
+    side = SIDES[name](Path(model_dir))
+    ids = prompt_ids(Path(hf_dir) / "tokenizer.json", int(batch))
+    side.run(ids)  # warm-up, unmeasured
+    print(json.dumps(timed(side, ids, float(busy))))
+
+
+def measure(
+    model: str, sides: dict, ids_by_batch: dict, repeats: int, quiet_s: float, alone: dict | None = None
+) -> dict:
+    """`alone` (side -> its model directory, and "hf" -> the checkpoint): each timed run in a process of its own."""
     out: dict = {}
     for batch in BATCHES:
         ids = ids_by_batch[batch]
-        for side in sides.values():  # warm-up, unmeasured
-            side.run(ids)
+        if alone is None:
+            for side in sides.values():  # warm-up, unmeasured
+                side.run(ids)
         runs: dict[str, list[dict]] = {name: [] for name in sides}
         for rep in range(repeats):
             order = list(sides) if rep % 2 == 0 else list(sides)[::-1]
             busy = wait_quiet(quiet_s)  # once per pair: the two runs of a pair follow each other
             for name in order:
-                runs[name].append(timed(sides[name], ids, busy))
+                if alone is None:
+                    runs[name].append(timed(sides[name], ids, busy))
+                else:
+                    runs[name].append(timed_alone(name, alone[name], alone["hf"], batch, busy))
             line = "  ".join(
                 f"{n} {runs[n][-1]['decode_tok_s']:8.1f} ({runs[n][-1]['cpu_per_wall']:.1f} cores)" for n in sides
             )
@@ -756,7 +785,15 @@ def main() -> None:
         default=20.0,
         help="seconds to wait before each run for other processes' load to fall below 0.3 cores (default 20)",
     )
+    ap.add_argument(
+        "--isolate",
+        action="store_true",
+        help="time each run in a fresh process that loads its side alone (no other runtime beside it)",
+    )
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)  # one run of one side, for --isolate
     args = ap.parse_args()
+    if args.child:
+        return child(*args.child)
     repeats = args.repeats or (2 if args.quick else 5)
     models = [args.only] if args.only else list(MODELS)
     args.work = args.work.resolve()  # the builds run with the repository as their working directory
@@ -793,7 +830,10 @@ def main() -> None:
         entry["genai_tokenizer"] = sides["genai"].tokenizer_check(text, expect)
         entry["bytes"] = {name: streamed_bytes(side.graph, hf_dir) for name, side in sides.items()}
         entry["session_options"] = {name: side.session_options for name, side in sides.items()}
-        entry.update(measure(model, sides, ids, repeats, args.quiet))
+        alone = {name: Path(entry["builds"][name]["dir"]) for name in sides} if args.isolate else None
+        if alone is not None:
+            alone["hf"] = hf_dir
+        entry.update(measure(model, sides, ids, repeats, args.quiet, alone))
         results[model] = entry
         del sides
 
@@ -820,7 +860,12 @@ def main() -> None:
             "block": args.block,
             "repeats": repeats,
             "edgekit_recipe": recipe if not recipe.endswith(".toml") else Path(recipe).read_text(),
-            "order": "warm-up run per side and batch, then repeats alternating edgekit/genai (A B, B A, ...)",
+            "order": "warm-up run per side and batch, then repeats alternating edgekit/genai (A B, B A, ...)"
+            + (
+                "; each run in a fresh process loading its side alone, after a warm-up run there"
+                if args.isolate
+                else ""
+            ),
             "decode_definition": (
                 "B x steps / seconds while all B rows decode together (from every row's first token to the first "
                 "row's last); batch 1: tokens after the first / seconds after the first (edgekit: the engine's "
