@@ -314,6 +314,18 @@ def test_qwen2_vl_mrope_positions(tmp_path):
     for i, token in enumerate((17, 42, 99)):
         want = fused.step([0], portable.embed(np.array([[token]])), np.full((3, 1, 1), 12 + i))
         np.testing.assert_allclose(by_ids.step_tokens([0], [token], [12 + i]), want, rtol=0, atol=1e-6)
+    # a greedy run of two rows writes each row's text position on all three axes, as single steps do
+    run, steps = _fused(graphs, lowered), _fused(graphs, lowered)
+    for backend in (run, steps):
+        backend.prefill(0, x, pos)
+        backend.prefill(1, x[:, :10], pos[..., :10])
+    got = run.decode_greedy([0, 1], [17, 42], [12, 9], 6, frozenset(), lambda: True)
+    want, tokens, at = [], [17, 42], [12, 9]
+    for _ in range(6):
+        tokens = [int(t) for t in steps.step_tokens([0, 1], tokens, at).argmax(-1)]
+        want.append(tokens)
+        at = [a + 1 for a in at]
+    assert got == want
 
 
 # the engine's rows ------------------------------------------------------------------------------------------
