@@ -247,6 +247,7 @@ class CpuSlotBackend:
         embeds, pos, seqlens, total = step.embeds_flat, step.positions_flat, step.seqlens_flat, step.total_flat
         axes = [a * n for a in range(3 if self.signature.mrope else 1)]  # positions (3, n, 1) or (n, 1), flattened
         length, cache, run, binding = self.kv.length, self._embeddings, self.decoder.run_with_iobinding, step.binding
+        advance = self.kv.advance_first
         in_order, logits, greedy = where == step.in_order, step.logit_rows, step.greedy
         physical_rows = range(n)
         for _ in range(max(1, steps)):
@@ -263,8 +264,7 @@ class CpuSlotBackend:
             longest += 1
             total[0] = longest
             run(binding)
-            for p in physical_rows:
-                length[p] += 1
+            advance(n)
             picked = greedy.tolist() if greedy is not None else logits.argmax(-1).tolist()
             chosen = picked if in_order else [picked[p] for p in where]
             out.append(chosen)
