@@ -195,14 +195,7 @@ def run(args) -> dict:
             "batches": {},
         }
         for batch in args.batches:
-            rates: dict[str, list[float]] = {v: [] for v in lowerings}
-            tokens = {}
-            for v in lowerings:  # warm-up
-                decode_rate(backends[v], batch, vocab, args.prompt, 8)
-            for repeat in range(args.repeats):
-                for v in lowerings if repeat % 2 == 0 else lowerings[::-1]:  # A B C, then C B A, ...
-                    rate, tokens[v] = decode_rate(backends[v], batch, vocab, args.prompt, args.new)
-                    rates[v].append(rate)
+            rates, tokens = alternated({v: (backends[v], {}) for v in lowerings}, batch, vocab, args)
             out["batches"][str(batch)] = {
                 "tok_s": rates,
                 "median": {v: statistics.median(r) for v, r in rates.items()},
@@ -221,19 +214,29 @@ def run(args) -> dict:
     return results
 
 
+def alternated(configs: dict, batch: int, vocab: int, args) -> tuple[dict, dict]:
+    """Each configuration (name -> (backend, engine options)) once, 8 tokens, to warm up, then `--repeats` times,
+    interleaved (A B C, then C B A, ...) so load from other processes falls on all alike: the rates, and the
+    tokens of each one's last run."""
+    rates: dict[str, list[float]] = {v: [] for v in configs}
+    tokens: dict[str, list[list[int]]] = {}
+    for be, options in configs.values():
+        decode_rate(be, batch, vocab, args.prompt, 8, **options)
+    names = list(configs)
+    for repeat in range(args.repeats):
+        for v in names if repeat % 2 == 0 else names[::-1]:
+            be, options = configs[v]
+            rate, tokens[v] = decode_rate(be, batch, vocab, args.prompt, args.new, **options)
+            rates[v].append(rate)
+    return rates, tokens
+
+
 def engine_pairs(be, variants: list[str], batch: int, vocab: int, args) -> dict:
     """The default engine against engine variants on the fused backend, alternated among themselves only: right
     after the portable decoder's runs, either side ran up to 0.7x slower for a while (its sessions' pool threads,
     the caches), which split one configuration's repeats in two when it sometimes followed them."""
-    names = ["fused", *variants]
-    rates: dict[str, list[float]] = {v: [] for v in names}
-    tokens = {}
-    for v in names:
-        decode_rate(be, batch, vocab, args.prompt, 8, **ENGINE_OPTIONS.get(v, {}))
-    for repeat in range(args.repeats):
-        for v in names if repeat % 2 == 0 else names[::-1]:
-            rate, tokens[v] = decode_rate(be, batch, vocab, args.prompt, args.new, **ENGINE_OPTIONS.get(v, {}))
-            rates[v].append(rate)
+    configs = {v: (be, ENGINE_OPTIONS.get(v, {})) for v in ["fused", *variants]}
+    rates, tokens = alternated(configs, batch, vocab, args)
     return {
         "tok_s": rates,
         "median": {v: statistics.median(r) for v, r in rates.items()},
