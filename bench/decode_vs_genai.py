@@ -716,8 +716,11 @@ def timed_alone(name: str, model_dir: Path, hf_dir: Path, batch: int, busy: floa
     """`timed` in a fresh process that loads this side alone (`--isolate`): no other runtime's sessions beside it,
     and none of the previous run's state. It warms up once, then times one run."""
     args = [sys.executable, __file__, "--child", name, str(model_dir), str(hf_dir), str(batch), str(busy)]
-    out = subprocess.run(args, check=True, capture_output=True, text=True, cwd=REPO).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:  # the child's last words, not a bare CalledProcessError
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        raise RuntimeError(f"{name}'s run alone exited {proc.returncode}: {lines[-1] if lines else ''}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def child(name: str, model_dir: str, hf_dir: str, batch: str, busy: str) -> None:
