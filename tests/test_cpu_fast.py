@@ -326,6 +326,12 @@ def test_qwen2_vl_mrope_positions(tmp_path):
         want.append(tokens)
         at = [a + 1 for a in at]
     assert got == want
+    # two first prompts at the same M-RoPE positions in one call: row 1 rotated from row 0's positions, exactly
+    together = _fused(graphs, lowered)
+    y = portable.embed(np.random.default_rng(4).integers(5, 150, (1, pos.shape[-1])))
+    got = together.prefill_rows([0, 1], np.concatenate([x, y]), np.concatenate([pos, pos], axis=1))
+    want = np.stack([steps.prefill(r, e, pos) for r, e in ((2, x), (3, y))])
+    np.testing.assert_array_equal(got, want)
 
 
 # the engine's rows ------------------------------------------------------------------------------------------
@@ -447,6 +453,64 @@ def test_a_greedy_run_ends_at_a_stop_a_signal_or_the_context(radreport):
     assert len(fused.decode_greedy([0], [7], [RR_POSITIONS - 3], 20, frozenset(), lambda: True)) == 3
     with pytest.raises(ContextExceededError):  # the context is full: the next single step says so
         fused.step_tokens([0], [7], [RR_POSITIONS])
+
+
+def test_first_prompts_prefilled_together_equal_one_row_at_a_time(radreport):
+    """`prefill_rows` (several new rows' first prompts in one decoder call) against one `prefill` per row: the same
+    logits and KV cache to the bit, with a decoding row already in physical row 0; and what it refuses."""
+    graphs, decoder = radreport
+    together, alone = _fused(graphs, decoder), _fused(graphs, decoder)
+    rng = np.random.default_rng(21)
+    x = together.embed(rng.integers(5, 500, (4, 9)), [0, 1, 2, 3])
+    pos = np.tile(np.arange(9), (3, 1))
+    for backend in (together, alone):
+        backend.prefill(0, x[:1, :5], np.arange(5)[None])  # a row of another length, in physical row 0
+    got = together.prefill_rows([3, 1, 2], x[1:], pos)
+    want = np.stack([alone.prefill(row, x[i + 1 : i + 2], pos[:1]) for i, row in enumerate((3, 1, 2))])
+    np.testing.assert_array_equal(got, want)
+    for row in (0, 1, 2, 3):
+        a, b = together.kv.physical(row), alone.kv.physical(row)
+        assert together.kv.length_of(row) == alone.kv.length_of(row)
+        for k1, k2 in zip(together.kv.keys + together.kv.values, alone.kv.keys + alone.kv.values):
+            np.testing.assert_array_equal(k1[a, :, :9], k2[b, :, :9])
+    with pytest.raises(ConfigError, match="same positions"):
+        together.prefill_rows([4, 5], x[:2], np.stack([np.arange(9), np.arange(9) + 1]))
+    with pytest.raises(ConfigError, match="new rows only"):
+        together.prefill_rows([1, 5], x[:2], pos[:2])
+    assert 4 not in together.kv and 5 not in together.kv  # nothing acquired by a refused call
+
+
+def test_the_engine_prefills_prompts_of_one_length_together(radreport):
+    """Requests waiting together whose prompts have the same length and positions share one prefill call; others
+    prefill alone, and the tokens are those of one prefill per row."""
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder)
+    rng = np.random.default_rng(22)
+    pixels, ids = _rr_inputs(fused, rng, rows=5, prompt=12)
+    prompts = [ids[0], ids[1], ids[2, :7], ids[3], ids[4]]  # four of 12 tokens (+ the image's), one of 7
+    calls: list[int] = []
+    prefill_rows = fused.prefill_rows
+
+    def counted(rows, *args):
+        calls.append(len(rows))
+        return prefill_rows(rows, *args)
+
+    def run(together: bool, chunk: int | None = None) -> list[list[int]]:
+        engine = Engine(fused, max_batch=5, prefill_chunk=chunk)
+        engine._prefill_rows = counted if together else None
+        opts = GenerationOptions(max_new_tokens=16)
+        tickets = [engine.submit(Request(prompts[i], opts, pixels[i])) for i in range(5)]
+        engine.run()
+        return [t.result().token_ids for t in tickets]
+
+    alone = run(False)
+    assert not calls
+    assert run(True) == alone
+    assert calls == [4]  # the four prompts of one length in one call; the 7-token prompt alone
+    calls.clear()
+    image = fused.encode_images(pixels[:1]).shape[1]
+    assert run(True, chunk=2 * (image + 12)) == alone
+    assert calls == [2, 2]  # within the chunk's token budget: two prompts a call
 
 
 def test_chunked_prefill_gives_the_same_tokens(radreport):

@@ -52,6 +52,9 @@ class SlotBackend(Protocol):
     # Optional: `decode_greedy(rows, tokens, positions, steps, stops, more) -> [tokens of each step]`, up to `steps`
     # greedy steps in one call, ending after a step that chose a token in `stops` or when `more()` is false (the
     # engine's multi-step runs: its own work per step is paid once a run). Without it, one call per step.
+    # Optional: `prefill_rows(rows, inputs_embeds, position_ids) -> logits (n, vocab)`, the whole first prompts of
+    # several new rows in one call ((n, seq, hidden); every row the same positions, (n, seq) or (3, n, seq)); the
+    # engine groups waiting prompts for it (`Engine._prefill_group`). Without it, one prefill call per row.
 
 
 def kv_bytes_per_token(backend) -> int:

@@ -26,11 +26,12 @@ total length - 1, `total_sequence_length` () int32 = the longest total, `past_ke
 kv_heads, max_seq, head_dim); outputs `logits` (batch, 1, vocab), `greedy_token` (batch, 1) int64 (decoders
 lowered before it have none) and `present.{i}.key|value`, the same shape as
 the past and meant to be bound to the same buffers (`slots.CpuSlotBackend`). One restriction, from ORT's kernel:
-a first prompt (seq > 1 and no past: seq == total_sequence_length) must come one row at a time, because GQA then
-reads only the first element of its `position_ids` and rotates every row from there (measured on ORT 1.32; the
-schema says so too). Later chunks (past > 0) and decode steps take any rows. `CpuSlotBackend` prefills one row
-per call, as the engine's protocol has it. With position-indexed tables the model's metadata
-`edgekit.rope_positions` (`ROPE_POSITIONS`) says how many rows they hold: no row may grow past it.
+a first prompt of several rows (seq > 1 and no past: seq == total_sequence_length) is exact only when every row
+has the same positions, because GQA then reads only the first element of its `position_ids` and rotates every row
+from there (measured on ORT 1.32; the schema says so too). Later chunks (past > 0) and decode steps take any rows.
+`CpuSlotBackend.prefill_rows` takes such first prompts together (the same length and positions: bit-identical to
+one row at a time on radreport-tiny), and any other prompt one row per call. With position-indexed tables the
+model's metadata `edgekit.rope_positions` (`ROPE_POSITIONS`) says how many rows they hold: no row may grow past it.
 """
 
 from __future__ import annotations

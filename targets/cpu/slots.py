@@ -194,6 +194,42 @@ class CpuSlotBackend:
         self.kv.advance(p, seq)
         return logits[0, 0]
 
+    def prefill_rows(self, rows: Sequence[int], inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """The whole first prompts of new `rows` in one decoder call; the logits (len(rows), vocab) of each last
+        position. Every prompt has the same length and every row the same positions ((n, seq), or M-RoPE's
+        (3, n, seq)): a first prompt of several rows is the one case where GroupQueryAttention rotates every row
+        from the first row's positions (`fused.py`), so that is what makes it exact. The rows are acquired
+        together, so they sit in adjacent physical rows and one view of each KV buffer binds them all."""
+        n, seq = len(rows), inputs_embeds.shape[1]
+        positions = np.ascontiguousarray(position_ids, np.int64)
+        if inputs_embeds.shape[0] != n or positions.shape[-2] != n or positions.shape[-1] != seq:
+            raise ConfigError(f"prefill_rows: {n} rows, embeddings {inputs_embeds.shape}, positions {positions.shape}")
+        if not (positions == positions[..., :1, :]).all():
+            raise ConfigError("prefill_rows: every row's prompt must have the same positions")
+        if any(row in self.kv for row in rows):
+            raise ConfigError("prefill_rows takes new rows only (a row with a cache prefills alone)")
+        if self.kv.count + n > self.kv.rows:
+            raise ConfigError(f"prefill_rows: {n} new rows do not fit beside {self.kv.count} of {self.kv.rows}")
+        self._within_context(seq)
+        first = self.kv.count  # `acquire` hands out physical rows in order: these n are first .. first + n - 1
+        for row in rows:
+            self.kv.acquire(row)
+        self.kv.reserve(rows, seq)
+        logits = np.zeros((n, 1, self.signature.vocab), np.float32)
+        binding = self.bind(
+            np.ascontiguousarray(inputs_embeds, np.float32),
+            positions,
+            np.full(n, seq - 1, np.int32),
+            np.asarray(seq, np.int32),
+            logits,
+            first,
+            n,
+        )
+        self.decoder.run_with_iobinding(binding)
+        for p in range(first, first + n):
+            self.kv.advance(p, seq)
+        return logits[:, 0]
+
     def step(self, rows: Sequence[int], inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         """One token for each of `rows`, each at its own length; logits (len(rows), vocab)."""
         step, where, longest = self._step_for(rows)
