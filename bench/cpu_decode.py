@@ -20,8 +20,8 @@ timed in pairs with the default engine on the same backend after the others (`en
 Timing: `--threads` intra-op threads (2), a 32-token prompt per row (row r: other ids), 128 new tokens, greedy, no
 stop tokens, through the engine (`Engine`, one request per row, `max_batch` = the batch), each token stamped as
 the engine chooses it (`on_token`). Decode tok/s at batch B = tokens chosen while all B rows decode / seconds of
-that stretch (from every row having its first token to the first row having its last: the engine prefills one
-request per step beside the decode step), as bench/decode_vs_genai.py defines it; at batch 1, tokens after the
+that stretch (from every row having its first token to the first row having its last: rows whose prefill the
+engine could not share start apart), as bench/decode_vs_genai.py defines it; at batch 1, tokens after the
 first / seconds after the first. Each configuration runs once to warm up, then `--repeats` times, the
 configurations interleaved (A B C, then C B A, ...) so load from other processes falls on all alike; the table
 gives each configuration's median and the median over repeats of its rate over the portable decoder's rate in the

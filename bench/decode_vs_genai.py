@@ -29,8 +29,8 @@ engine's `on_token`). One definition for both:
   `Timings.decode_tokens_per_s`, the figure `edgekit run --json` reports; the stamps give the same within noise);
 - decode tok/s at batch B = B x steps / seconds of the stretch where all B rows decode together: from the moment
   every row has its first token (all prefills done) to the moment the first row has its last, counting every
-  token chosen in between (genai prefills the batch in one call and finishes all rows together; edgekit's engine
-  prefills one request per step beside the decode step, so its first rows start a few steps earlier);
+  token chosen in between (genai prefills the batch in one call and finishes all rows together; so does edgekit's
+  engine, whose prompts of one length and positions share a prefill call: `Engine._prefill_group`);
 - prefill = from the prompt going in to the first token (batch B: to every row's first token), reported apart.
 Each configuration runs once to warm up, then `--repeats` pairs (default 5, `--quick` 2), edgekit and genai back
 to back, alternating which goes first (A B, then B A, ...); the table gives medians, and the ratio is the median
