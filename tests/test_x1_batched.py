@@ -16,6 +16,7 @@ import pytest
 
 from edgekit.bundle import load_bundle
 from edgekit.engine import Engine, Request
+from edgekit.errors import ConfigError
 from edgekit.generate import GenerationOptions
 from edgekit.targets.x1.backend import X1Backend
 from edgekit.targets.x1.batch_step import WEIGHT_ACTIONS, step_cost
@@ -109,10 +110,37 @@ def test_energy_per_token_falls_at_batch_8_and_rows_are_billed_their_part(backen
         assert 0 < b["mj_per_token"] < a["mj_per_token"] / 2  # the weight stream and the dispatches are shared
         assert 0 < b["emulated_ms_per_token"] < a["emulated_ms_per_token"]
         assert b["energy_j"] > 0 and b["latency_ms"] > b["emulated_ms_total"]  # it waited for whole steps
-        assert b["phases"]["prefill"] == a["phases"]["prefill"]  # prefills run one row at a time
+        # the eight 6-token prompts prefill in one machine run: each row billed its part of it
+        assert b["phases"]["prefill"]["calls"] == a["phases"]["prefill"]["calls"] == 1
+        assert 0 < b["phases"]["prefill"]["mj"] < a["phases"]["prefill"]["mj"] / 2
     # the engine's bandwidth rule reads the emulated step: bytes off chip over emulated seconds
     rows, seconds, moved = engine.stats.recent[-1]
     assert seconds == backend.last_step_seconds < 1e-3 and moved == backend.last_step_bytes > 0
+
+
+def test_first_prompts_prefilled_together_are_one_machine_prefill(backend):
+    """`prefill_rows`: each row's logits those of its own `prefill`; billed as one prefill whose weights stream once
+    (the rows' parts add up to less than their prefills alone), and one row's exactly its own prefill."""
+    x = backend.embed(np.arange(5, 29).reshape(3, 8), [0, 1, 2])
+    pos = np.tile(np.arange(8), (3, 1))
+    alone, alone_mj = [], []
+    for i in range(3):
+        alone.append(backend.prefill(i, x[i : i + 1], pos[:1]))
+    for i in range(3):
+        alone_mj.append(backend.release(i)["phases"]["prefill"]["mj"])
+    together = backend.prefill_rows([0, 1, 2], x, pos)
+    np.testing.assert_array_equal(together, np.stack(alone))
+    parts = [backend.release(i)["phases"]["prefill"] for i in range(3)]
+    assert all(p["calls"] == 1 for p in parts)
+    assert sum(p["mj"] for p in parts) < 0.6 * sum(alone_mj)
+    one = backend.prefill_rows([4], x[:1], pos[:1])
+    np.testing.assert_array_equal(one[0], alone[0])
+    assert backend.release(4)["phases"]["prefill"]["mj"] == pytest.approx(alone_mj[0], rel=1e-12)
+    backend.prefill(5, x[:1, :3], pos[:1, :3])
+    with pytest.raises(ConfigError, match="new rows only"):
+        backend.prefill_rows([5, 6], x[:2], pos[:2])
+    backend.release(5)
+    backend.release(6)
 
 
 def test_release_returns_the_rows_cost_and_a_reused_row_starts_afresh(backend):

@@ -60,7 +60,8 @@ class SequenceCost:
         seconds = step.row_seconds[i]
         self.add(phase, step.row_cycles[i], seconds, step.row_energy_j[i])
         self.waited_s += step.seconds - seconds
-        self.decode_rows += step.rows
+        if phase == "decode":
+            self.decode_rows += step.rows
 
     def summary(self) -> dict:
         """The figures every x1 cost dict states (`X1Backend.take_cost`, `release`)."""

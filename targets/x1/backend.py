@@ -252,6 +252,26 @@ class X1Backend:
         self._record(s, "prefill", r)
         return r.outputs[names.LOGITS][0, -1]
 
+    def prefill_rows(self, rows: Sequence[int], inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """The whole first prompts of new `rows` ((n, seq, hidden), positions (n, seq) or M-RoPE's (3, n, seq)),
+        costed as the one prefill the machine runs for all of them: its weight GEMMs over every row's tokens at
+        once (`batch_step`), the weights streamed once. Each row runs by itself, in order, exactly as its own
+        `prefill` would (its numerics and its share of the KV banks), so its tokens are those it gets alone."""
+        states = [self._row(row) for row in rows]
+        if any(s.started for s in states):
+            raise ConfigError("prefill_rows takes new rows only (a row with a cache prefills alone)")
+        runs = []
+        for i, s in enumerate(states):
+            s.start()
+            x, at = inputs_embeds[i : i + 1], position_ids[..., i : i + 1, :]
+            runs.append(self._call(s, "prefill", x, at, None, self._window(extra=True)))
+        shared = step_cost(self.emulator, names.DECODER_ROLE, runs, [None] * len(runs))
+        for i, (s, r) in enumerate(zip(states, runs)):
+            s.cost.add_step("prefill", shared, i)
+            if self.keep_runs:
+                s.runs.append(("prefill", r))
+        return np.concatenate([r.outputs[names.LOGITS][:, -1] for r in runs])
+
     def step(self, rows: Sequence[int], inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         """One token for each of `rows`, each against its own cache with its own head mask (one emulator run per
         row: numerics exactly those of the row alone), costed as the one step the machine executes for all of
