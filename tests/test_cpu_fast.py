@@ -513,6 +513,36 @@ def test_the_engine_prefills_prompts_of_one_length_together(radreport):
     assert calls == [2, 2]  # within the chunk's token budget: two prompts a call
 
 
+def test_prompts_grouped_while_rows_decode_stay_within_the_token_budget(radreport, monkeypatch):
+    """With rows decoding, a shared prefill holds at most `PREFILL_BATCH_TOKENS` tokens (their next token waits
+    for it); with none decoding, every waiting prompt of the length goes at once."""
+    from edgekit.engine import scheduler
+
+    graphs, decoder = radreport
+    fused = _fused(graphs, decoder)
+    rng = np.random.default_rng(23)
+    pixels, ids = _rr_inputs(fused, rng, rows=7, prompt=12)
+    image = fused.encode_images(pixels[:1]).shape[1]
+    monkeypatch.setattr(scheduler, "PREFILL_BATCH_TOKENS", 2 * (image + 12))
+    calls: list[int] = []
+    prefill_rows = fused.prefill_rows
+
+    def counted(rows, *args):
+        calls.append(len(rows))
+        return prefill_rows(rows, *args)
+
+    engine = Engine(fused, max_batch=7)
+    engine._prefill_rows = counted
+    opts = GenerationOptions(max_new_tokens=12)
+    first = [engine.submit(Request(ids[i], opts, pixels[i])) for i in range(3)]
+    engine.step()  # nothing decodes yet: the three prompts in one call
+    assert calls == [3]
+    later = [engine.submit(Request(ids[i], opts, pixels[i])) for i in range(3, 7)]
+    engine.run()
+    assert calls == [3, 2, 2]  # beside the three decoding rows: two prompts a call
+    assert all(len(t.result().token_ids) == 12 for t in first + later)
+
+
 def test_chunked_prefill_gives_the_same_tokens(radreport):
     graphs, decoder = radreport
     fused = _fused(graphs, decoder)

@@ -42,10 +42,12 @@ IDLE_EXIT_S = 10.0  # a started engine's thread ends after this long with nothin
 # radreport-tiny's 0.15 ms token the engine's own Python was 20 us of each step; run together, the steps pay it once
 GREEDY_RUN_STEPS = 32
 GREEDY_RUN_S = 0.02
-# First prompts prefilled together (`Engine._prefill_group`) hold at most this many tokens in all (`prefill_chunk`
-# instead when it is set): a decode step waits for the call. radreport-tiny's eight 32-token prompts: 8.2 ms in one
-# call against 12.3 ms one by one, and rows that start together decode at one length (ORT's GQA: faster)
-PREFILL_BATCH_TOKENS = 2048
+# First prompts prefilled together (`Engine._prefill_group`) hold at most this many tokens in all while other rows
+# decode (`prefill_chunk` instead when it is set): their next token waits for the call, as it waits for one prompt's
+# prefill when prompts go one at a time. With no row decoding, nothing waits: the rows bound the group. radreport-
+# tiny's eight 32-token prompts: 8.2 ms in one call against 12.3 ms one by one, and rows that start together decode
+# at one length (ORT's attention: faster)
+PREFILL_BATCH_TOKENS = 512
 
 
 class EngineBusyError(EdgekitError):
@@ -438,16 +440,17 @@ class Engine:
     def _prefill_group(self) -> list[_Row]:
         """The oldest prefilling request, and beside it those whose first prompt can share its prefill call
         (`prefill_rows`, where the backend has it): each whole prompt in one call (none chunked yet), the same
-        length and the same positions, up to `PREFILL_BATCH_TOKENS` (or `prefill_chunk`) tokens together."""
+        length and the same positions, up to `prefill_chunk` tokens together, else `PREFILL_BATCH_TOKENS` while
+        other rows decode."""
         head = self._prefilling[0]
         if self._prefill_rows is None or head.cursor:
             return [head]
         embeds, positions = head.prompt()
         seq = embeds.shape[1]
-        budget = self.prefill_chunk or PREFILL_BATCH_TOKENS
+        budget = self.prefill_chunk or (PREFILL_BATCH_TOKENS if self._decoding else None)  # None: nothing waits
         group = [head]
         for r in list(self._prefilling)[1:]:
-            if (len(group) + 1) * seq > budget:
+            if budget is not None and (len(group) + 1) * seq > budget:
                 break
             if r.cursor or r.ticket.cancelled or r.embeds is None or r.positions is None:
                 continue
