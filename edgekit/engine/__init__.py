@@ -1,8 +1,8 @@
 """The token engine: continuous batching over any target's run side (see `scheduler`)."""
 
 from .control import CONTROLLERS, BandwidthRule, BatchController, FixedBatch, LatencyTarget, StepStats, make_controller
-from .request import Cancelled, Request, Ticket
-from .scheduler import Engine, EngineBusyError, KVBudgetError, generate_all
+from .request import Cancelled, EngineBusyError, KVBudgetError, Request, Ticket
+from .scheduler import Engine, generate_all
 from .slots import PastKVSlots, SlotBackend, as_slots
 
 __all__ = [

@@ -13,6 +13,21 @@ from edgekit.errors import EdgekitError
 from .sequence import GenerationOptions, GenerationResult, OnToken
 
 
+# what a request can be refused with at `Engine.submit` (503: the caller may come back)
+class EngineBusyError(EdgekitError):
+    """More requests waiting than the engine takes: the caller should retry later."""
+
+    code = "engine_busy"
+    http_status = 503
+
+
+class KVBudgetError(EdgekitError):
+    """A request whose KV cache alone would exceed the engine's budget: it cannot run here as configured."""
+
+    code = "kv_budget_exceeded"
+    http_status = 503
+
+
 @dataclass(eq=False)
 class Request:
     """`prompt_ids` (seq,) without padding; `pixel_values` (frames, 1, H, W) or None for a text-only request; the

@@ -25,7 +25,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,7 +32,8 @@ from edgekit.errors import EdgekitError
 from edgekit.positions import PositionScheme
 
 from .control import BatchController, FixedBatch, StepStats
-from .request import Request, Ticket
+from .request import EngineBusyError, KVBudgetError, Request, Ticket
+from .rows import EngineRow, shared_prefill
 from .sequence import GenerationResult, Timings, next_tokens, place_image
 from .slots import as_slots, kv_bytes_per_token
 
@@ -48,48 +48,6 @@ GREEDY_RUN_S = 0.02
 # tiny's eight 32-token prompts: 8.2 ms in one call against 12.3 ms one by one, and rows that start together decode
 # at one length (ORT's attention: faster)
 PREFILL_BATCH_TOKENS = 512
-
-
-class EngineBusyError(EdgekitError):
-    """More requests waiting than the engine takes: the caller should retry later."""
-
-    code = "engine_busy"
-    http_status = 503
-
-
-class KVBudgetError(EdgekitError):
-    """A request whose KV cache alone would exceed the engine's budget: it cannot run here as configured."""
-
-    code = "kv_budget_exceeded"
-    http_status = 503
-
-
-@dataclass(eq=False)
-class _Row:
-    ticket: Ticket
-    row: int
-    kv_reserved: int
-    rng: np.random.Generator
-    stops: frozenset[int]
-    embeds: np.ndarray | None = None  # the prompt with its image, (1, L, hidden), until prefilled
-    positions: np.ndarray | None = None  # its prefill positions, (1, L) or (3, 1, L)
-    cursor: int = 0  # prompt positions prefilled so far
-    length: int = 0  # positions in this row's KV cache
-    next_pos: int = 0  # the next token's position
-    token: int = 0  # the last token chosen (fed at the next step)
-    generated: list[int] = field(default_factory=list)
-    reason: str | None = None
-    t_admitted: float = 0.0
-    t_encoded: float = 0.0
-    t_first: float = 0.0
-    encode_s: float = 0.0
-    steps: int = 0
-
-    def prompt(self) -> tuple[np.ndarray, np.ndarray]:
-        """The prompt's embeddings and prefill positions, which a row has from its layout until it is prefilled."""
-        if self.embeds is None or self.positions is None:
-            raise RuntimeError(f"row {self.row} has no prompt to prefill")
-        return self.embeds, self.positions
 
 
 class Engine:
@@ -134,8 +92,8 @@ class Engine:
         self._waiting: deque[Ticket] = deque()
         self._lock = threading.Condition()
         self._free_rows = list(range(self.max_batch))
-        self._prefilling: deque[_Row] = deque()
-        self._decoding: list[_Row] = []
+        self._prefilling: deque[EngineRow] = deque()
+        self._decoding: list[EngineRow] = []
         self._kv_used = 0
         self._thread: threading.Thread | None = None
         self._threaded = False
@@ -244,7 +202,7 @@ class Engine:
     def _admit(self) -> None:
         if not self._waiting:  # read without the lock: a request queued meanwhile is admitted at the next step
             return
-        admitted: list[_Row] = []
+        admitted: list[EngineRow] = []
         limit = max(1, min(self.max_batch, self.controller.batch_size(self.stats)))
         with self._lock:
             while self._waiting and self._free_rows and self.in_flight + len(admitted) < limit:
@@ -260,7 +218,7 @@ class Engine:
                 self._kv_used += need
                 opts = ticket.request.options
                 admitted.append(
-                    _Row(
+                    EngineRow(
                         ticket,
                         self._free_rows.pop(0),
                         need,
@@ -272,9 +230,9 @@ class Engine:
         if admitted:
             self._lay_out(admitted)
 
-    def _lay_out(self, rows: list[_Row]) -> None:
+    def _lay_out(self, rows: list[EngineRow]) -> None:
         """Encode the new rows' images (one call per image shape) and assemble their prefills."""
-        by_shape: dict[tuple, list[tuple[_Row, np.ndarray]]] = {}
+        by_shape: dict[tuple, list[tuple[EngineRow, np.ndarray]]] = {}
         for r in rows:
             pv = r.ticket.request.pixel_values
             if pv is not None:
@@ -339,7 +297,7 @@ class Engine:
             r.steps += 1
             self._choose(r, logits[i : i + 1], greedy[i])
 
-    def _greedy_run_length(self, rows: list[_Row]) -> int:
+    def _greedy_run_length(self, rows: list[EngineRow]) -> int:
         """How many decode steps the next backend call may take: 1, unless the backend runs several greedy steps
         in one call (`decode_greedy`) and nothing needs a step of its own in between: no prompt is prefilling
         (its chunks go between decode steps), every row is greedy, and none is due to stop at its cap sooner."""
@@ -353,7 +311,7 @@ class Engine:
             left = min(left, opts.max_new_tokens - len(r.generated))
         return left
 
-    def _greedy_run(self, rows: list[_Row], steps: int) -> None:
+    def _greedy_run(self, rows: list[EngineRow], steps: int) -> None:
         """Up to `steps` greedy decode steps in one backend call, then each token kept as a single step keeps it.
         The run ends early when a row stops, a request arrives, or `GREEDY_RUN_S` has passed (which bounds how
         late a cancel, a streamed token or the controller's next decision can be)."""
@@ -393,7 +351,7 @@ class Engine:
         own = getattr(self.slots, "last_step_seconds", None)
         return float(own) if own is not None else time.perf_counter() - t0
 
-    def _step_bytes(self, rows: list[_Row]) -> float | None:
+    def _step_bytes(self, rows: list[EngineRow]) -> float | None:
         """Bytes the step moved: the backend's own count (an emulator's), else its weights read once plus each
         row's KV cache read (the cpu target's estimate); None when the backend says neither."""
         exact = getattr(self.slots, "last_step_bytes", None)
@@ -430,35 +388,23 @@ class Engine:
         self._prefilling.popleft()
         self._prefilled(r, np.asarray(logits)[None])
 
-    def _prefilled(self, r: _Row, logits: np.ndarray) -> None:
+    def _prefilled(self, r: EngineRow, logits: np.ndarray) -> None:
         """`r`'s whole prompt is in its cache: from now on it decodes, from its first token (`logits`: (1, vocab))."""
         r.embeds = r.positions = None
         r.t_first = time.perf_counter()
         self._decoding.append(r)
         self._choose(r, logits, int(logits.argmax()))
 
-    def _prefill_group(self) -> list[_Row]:
+    def _prefill_group(self) -> list[EngineRow]:
         """The oldest prefilling request, and beside it those whose first prompt can share its prefill call
-        (`prefill_rows`, where the backend has it): each whole prompt in one call (none chunked yet), the same
-        length and the same positions, up to `prefill_chunk` tokens together, else `PREFILL_BATCH_TOKENS` while
-        other rows decode."""
-        head = self._prefilling[0]
-        if self._prefill_rows is None or head.cursor:
-            return [head]
-        embeds, positions = head.prompt()
-        seq = embeds.shape[1]
+        (`prefill_rows`, where the backend has it; `rows.shared_prefill`), up to `prefill_chunk` tokens together,
+        else `PREFILL_BATCH_TOKENS` while other rows decode."""
+        if self._prefill_rows is None:
+            return [self._prefilling[0]]
         budget = self.prefill_chunk or (PREFILL_BATCH_TOKENS if self._decoding else None)  # None: nothing waits
-        group = [head]
-        for r in list(self._prefilling)[1:]:
-            if budget is not None and (len(group) + 1) * seq > budget:
-                break
-            if r.cursor or r.ticket.cancelled or r.embeds is None or r.positions is None:
-                continue
-            if r.embeds.shape[1] == seq and np.array_equal(r.positions, positions):
-                group.append(r)
-        return group
+        return shared_prefill(list(self._prefilling), budget)
 
-    def _prefill_together(self, group: list[_Row]) -> None:
+    def _prefill_together(self, group: list[EngineRow]) -> None:
         """The first prompts of `group` in one backend call (`_prefill_group` chose them)."""
         for r in group:
             self._prefilling.remove(r)
@@ -479,7 +425,7 @@ class Engine:
             self._prefilled(r, logits[i : i + 1])
 
     # tokens and endings -----------------------------------------------------------------------------------
-    def _choose(self, r: _Row, logits: np.ndarray | None, greedy: int) -> None:
+    def _choose(self, r: EngineRow, logits: np.ndarray | None, greedy: int) -> None:
         """`logits` (1, vocab); `greedy` its argmax, the token when the row does not sample (then `logits` may be
         None)."""
         opts = r.ticket.request.options
@@ -501,13 +447,13 @@ class Engine:
         if len(r.generated) >= opts.max_new_tokens:
             self._end(r, "max_new_tokens")
 
-    def _cancel_if_asked(self, r: _Row) -> bool:
+    def _cancel_if_asked(self, r: EngineRow) -> bool:
         if not r.ticket.cancelled:
             return False
         self._end(r, "cancelled")
         return True
 
-    def _end(self, r: _Row, reason: str) -> None:
+    def _end(self, r: EngineRow, reason: str) -> None:
         r.reason = reason
         now = time.perf_counter()
         decode_s = now - r.t_first if r.t_first else 0.0
@@ -520,7 +466,7 @@ class Engine:
         )
         r.ticket._finish(GenerationResult(list(r.generated), reason, timings, self._leave(r)))
 
-    def _fail(self, r: _Row, exc: BaseException) -> None:
+    def _fail(self, r: EngineRow, exc: BaseException) -> None:
         r.reason = "error"
         try:
             self._leave(r)
@@ -528,7 +474,7 @@ class Engine:
             pass
         r.ticket._finish(None, exc)
 
-    def _leave(self, r: _Row) -> dict:
+    def _leave(self, r: EngineRow) -> dict:
         if r in self._decoding:
             self._decoding.remove(r)
         if r in self._prefilling:
