@@ -408,8 +408,9 @@ class Engine:
         """The first prompts of `group` in one backend call (`_prefill_group` chose them)."""
         for r in group:
             self._prefilling.remove(r)
-        embeds = np.concatenate([r.prompt()[0] for r in group])  # (n, seq, hidden)
-        positions = np.concatenate([r.prompt()[1] for r in group], axis=-2)  # (n, seq) or (3, n, seq)
+        prompts = [r.prompt() for r in group]
+        embeds = np.concatenate([x for x, _ in prompts])  # (n, seq, hidden)
+        positions = np.concatenate([pos for _, pos in prompts], axis=-2)  # (n, seq) or (3, n, seq)
         t0 = time.perf_counter()
         try:
             assert self._prefill_rows is not None, "groups form only where the backend has prefill_rows"

@@ -42,6 +42,15 @@ def _bind(binding: ort.IOBinding, name: str, array: np.ndarray, *, output: bool 
     binding.__dict__.setdefault("_edgekit_arrays", {})[name] = array
 
 
+def _bind_call(binding: ort.IOBinding, embeds, positions, seqlens_k, total, logits) -> None:
+    """A call's own inputs and its logits (every binding's; the KV views are bound once per binding)."""
+    _bind(binding, names.INPUTS_EMBEDS, embeds)
+    _bind(binding, names.POSITION_IDS, positions)
+    _bind(binding, SEQLENS_K, seqlens_k)
+    _bind(binding, TOTAL_SEQUENCE_LENGTH, total)
+    _bind(binding, names.LOGITS, logits, output=True)
+
+
 class _Step:
     """The bound arrays and I/O binding of a decode step of `n` rows (valid for one buffer generation)."""
 
@@ -157,20 +166,11 @@ class CpuSlotBackend:
         return [cache[t] for t in tokens]
 
     # the cache --------------------------------------------------------------------------------------------
-    def bind(
-        self, embeds, positions, seqlens_k, total, logits, first: int, n: int, binding: ort.IOBinding | None = None
-    ) -> ort.IOBinding:
+    def bind(self, embeds, positions, seqlens_k, total, logits, first: int, n: int) -> ort.IOBinding:
         """An I/O binding of these arrays and physical rows [first, first + n) of every KV buffer (past and
-        present alike); given `binding`, one whose KV views are those already, only the arrays are bound."""
-        fresh = binding is None
-        binding = self.decoder.io_binding() if binding is None else binding
-        _bind(binding, names.INPUTS_EMBEDS, embeds)
-        _bind(binding, names.POSITION_IDS, positions)
-        _bind(binding, SEQLENS_K, seqlens_k)
-        _bind(binding, TOTAL_SEQUENCE_LENGTH, total)
-        _bind(binding, names.LOGITS, logits, output=True)
-        if not fresh:
-            return binding
+        present alike)."""
+        binding = self.decoder.io_binding()
+        _bind_call(binding, embeds, positions, seqlens_k, total, logits)
         for i in range(self.num_layers):
             for past, present, buf in (
                 (names.past_key(i), names.present_key(i), self.kv.keys[i]),
@@ -242,9 +242,12 @@ class CpuSlotBackend:
         buffers have moved); the binding holds this call's arrays (`_bind`) until the next call binds its own, so
         at most one prompt's embeddings per kept binding stay alive between prefills."""
         kept = self._prefill_bindings.get((first, n))
-        binding = kept[1] if kept is not None and kept[0] == self.kv.generation else None
-        binding = self.bind(embeds, positions, seqlens_k, total, logits, first, n, binding)
-        self._prefill_bindings[(first, n)] = (self.kv.generation, binding)
+        if kept is not None and kept[0] == self.kv.generation:
+            binding = kept[1]
+            _bind_call(binding, embeds, positions, seqlens_k, total, logits)
+        else:
+            binding = self.bind(embeds, positions, seqlens_k, total, logits, first, n)
+            self._prefill_bindings[(first, n)] = (self.kv.generation, binding)
         self.decoder.run_with_iobinding(binding)
 
     def step(self, rows: Sequence[int], inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
