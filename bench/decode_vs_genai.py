@@ -37,7 +37,10 @@ to back, alternating which goes first (A B, then B A, ...); the table gives medi
 of each pair's edgekit / genai (drift between pairs cancels). The machine is shared: before each pair the bench
 waits up to `--quiet` seconds for other processes' load to fall below 0.3 cores, and every run records that
 load and the CPU it got (`cpu_per_wall`: 2.0 = both threads busy throughout); every repeat is in the JSON.
-`--isolate` times each run in a fresh process that loads its side alone and warms up there first: by default
+`--runs N` makes each side's turn in a pair N generations back to back, and the turn's figures their medians: a
+radreport-tiny generation decodes for about 20 ms, so one run is at the mercy of a page fault or a scheduler tick
+(single-run pairs scattered 0.58-1.13 on the 2-core host).
+`--isolate` times each turn in a fresh process that loads its side alone and warms up there first: by default
 both runtimes share the bench's process, and a run right after the other side's can meet its pool threads and
 caches (a run after the portable decoder's ran up to 0.7x slower in bench/cpu_decode.py).
 
@@ -53,7 +56,7 @@ with that side's own bytes. radreport-tiny's decoder is a few MB and stays in ca
 construction.
 
     python bench/decode_vs_genai.py [--quick] [--only smollm|radreport] [--repeats N] [--block 32] [--quiet 20]
-                                    [--isolate] [--work out/decode_vs_genai] [--rebuild]
+                                    [--runs N] [--isolate] [--work out/decode_vs_genai] [--rebuild]
                                     [--json bench/decode_vs_genai.json]
 
 onnxruntime-genai is a bench-only dependency (`pip install 'edgekit[bench]'`), never a runtime one.
@@ -701,21 +704,30 @@ def wait_quiet(limit_s: float) -> float:
     return round(busy, 2)
 
 
-def timed(side, ids: np.ndarray, busy: float) -> dict:
-    c0, w0 = os.times(), time.perf_counter()
-    run = side.run(ids)
-    c1, w1 = os.times(), time.perf_counter()
-    run.cpu_per_wall = (c1.user + c1.system - c0.user - c0.system) / (w1 - w0)
-    return {**run.figures(), "others_busy_cores_before": busy, "first_tokens": run.first_tokens}
+def timed(side, ids: np.ndarray, busy: float, runs: int = 1) -> dict:
+    """`runs` generations back to back; each figure is the median over them (the JSON keeps every run's decode
+    tok/s). One radreport-tiny generation decodes for about 20 ms: a single run is at the mercy of one page
+    fault or one scheduler tick, and pairs of single runs scattered 0.58-1.13 on the 2-core host."""
+    figures = []
+    for _ in range(runs):
+        c0, w0 = os.times(), time.perf_counter()
+        run = side.run(ids)
+        c1, w1 = os.times(), time.perf_counter()
+        run.cpu_per_wall = (c1.user + c1.system - c0.user - c0.system) / (w1 - w0)
+        figures.append(run.figures())
+    out = {k: float(np.median([f[k] for f in figures])) for k in figures[0]}
+    out["cpu_per_wall"] = round(out["cpu_per_wall"], 2)
+    out["runs_decode_tok_s"] = [round(f["decode_tok_s"], 1) for f in figures]
+    return {**out, "others_busy_cores_before": busy, "first_tokens": run.first_tokens}
 
 
 SIDES = {"edgekit": EdgekitSide, "genai": GenaiSide}
 
 
-def timed_alone(name: str, model_dir: Path, hf_dir: Path, batch: int, busy: float) -> dict:
+def timed_alone(name: str, model_dir: Path, hf_dir: Path, batch: int, busy: float, runs: int) -> dict:
     """`timed` in a fresh process that loads this side alone (`--isolate`): no other runtime's sessions beside it,
-    and none of the previous run's state. It warms up once, then times one run."""
-    args = [sys.executable, __file__, "--child", name, str(model_dir), str(hf_dir), str(batch), str(busy)]
+    and none of the previous run's state. It warms up once, then times `runs` runs."""
+    args = [sys.executable, __file__, "--child", name, str(model_dir), str(hf_dir), str(batch), str(busy), str(runs)]
     proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:  # the child's last words, not a bare CalledProcessError
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -723,17 +735,24 @@ def timed_alone(name: str, model_dir: Path, hf_dir: Path, batch: int, busy: floa
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def child(name: str, model_dir: str, hf_dir: str, batch: str, busy: str) -> None:
+def child(name: str, model_dir: str, hf_dir: str, batch: str, busy: str, runs: str) -> None:
     side = SIDES[name](Path(model_dir))
     ids = prompt_ids(Path(hf_dir) / "tokenizer.json", int(batch))
     side.run(ids)  # warm-up, unmeasured
-    print(json.dumps(timed(side, ids, float(busy))))
+    print(json.dumps(timed(side, ids, float(busy), int(runs))))
 
 
 def measure(
-    model: str, sides: dict, ids_by_batch: dict, repeats: int, quiet_s: float, alone: dict | None = None
+    model: str,
+    sides: dict,
+    ids_by_batch: dict,
+    repeats: int,
+    quiet_s: float,
+    alone: dict | None = None,
+    per_repeat: int = 1,
 ) -> dict:
-    """`alone` (side -> its model directory, and "hf" -> the checkpoint): each timed run in a process of its own."""
+    """`alone` (side -> its model directory, and "hf" -> the checkpoint): each timed repeat in a process of its own.
+    `per_repeat`: generations per side in a repeat, whose medians are the repeat's figures."""
     out: dict = {}
     for batch in BATCHES:
         ids = ids_by_batch[batch]
@@ -746,9 +765,9 @@ def measure(
             busy = wait_quiet(quiet_s)  # once per pair: the two runs of a pair follow each other
             for name in order:
                 if alone is None:
-                    runs[name].append(timed(sides[name], ids, busy))
+                    runs[name].append(timed(sides[name], ids, busy, per_repeat))
                 else:
-                    runs[name].append(timed_alone(name, alone[name], alone["hf"], batch, busy))
+                    runs[name].append(timed_alone(name, alone[name], alone["hf"], batch, busy, per_repeat))
             line = "  ".join(
                 f"{n} {runs[n][-1]['decode_tok_s']:8.1f} ({runs[n][-1]['cpu_per_wall']:.1f} cores)" for n in sides
             )
@@ -793,7 +812,13 @@ def main() -> None:
         action="store_true",
         help="time each run in a fresh process that loads its side alone (no other runtime beside it)",
     )
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)  # one run of one side, for --isolate
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="generations per side in each repeat, back to back; the repeat's figures are their medians (default 1)",
+    )
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)  # one run of one side, for --isolate
     args = ap.parse_args()
     if args.child:
         return child(*args.child)
@@ -836,7 +861,7 @@ def main() -> None:
         alone = {name: Path(entry["builds"][name]["dir"]) for name in sides} if args.isolate else None
         if alone is not None:
             alone["hf"] = hf_dir
-        entry.update(measure(model, sides, ids, repeats, args.quiet, alone))
+        entry.update(measure(model, sides, ids, repeats, args.quiet, alone, args.runs))
         results[model] = entry
         del sides
 
@@ -862,6 +887,7 @@ def main() -> None:
             "batches": list(BATCHES),
             "block": args.block,
             "repeats": repeats,
+            "runs_per_repeat": args.runs,
             "edgekit_recipe": recipe if not recipe.endswith(".toml") else Path(recipe).read_text(),
             "order": "warm-up run per side and batch, then repeats alternating edgekit/genai (A B, B A, ...)"
             + (
