@@ -113,6 +113,24 @@ def test_overlapping_windows_add_up():
     assert outer.joules == pytest.approx(4.0 * outer.seconds) and outer.joules > inner.joules
 
 
+def test_a_report_that_shared_its_decode_steps_is_billed_its_share_of_the_window():
+    """A host meter sees the whole machine: a report decoded beside two others (three rows a step on average) is
+    billed a third of its window. A target that bills its own device (x1's emulator) already bills each row its
+    part, so its figure is not divided again."""
+    from edgekit.reporter import report_energy
+
+    clock = VClock(0.1)
+    s = Sampler([CounterMeter(6.0, clock)])
+    with s.window() as w:
+        s.sample()
+        s.sample()
+    assert w.joules == pytest.approx(6.0 * 0.3)
+    assert report_energy({}, w) == (pytest.approx(w.joules), COUNTER)
+    assert report_energy({}, w, shared=3.0) == (pytest.approx(w.joules / 3), COUNTER)
+    own = {"energy_j": 0.5, "figure_source": "emulated:x1", "latency_ms": 2.0}
+    assert report_energy(own, w, shared=3.0) == (0.5, "emulated:x1")
+
+
 def test_a_dying_meter_falls_back_to_the_next_labelled_as_such_and_logged_once(caplog):
     clock = VClock(0.05)
     a = ProfileMeter(lambda t: 10.0, clock, die_after=6)

@@ -15,6 +15,7 @@ import pytest
 from edgekit.engine import Engine, EngineBusyError, FixedBatch, KVBudgetError, LatencyTarget, Request
 from edgekit.engine.control import BandwidthRule, StepStats
 from edgekit.engine.scheduler import IDLE_EXIT_S
+from edgekit.errors import EdgekitError
 from edgekit.generate import GenerationOptions, generate
 
 from small_model import SMALL
@@ -58,6 +59,28 @@ def test_batched_requests_get_the_tokens_they_get_alone(small_backend):
     assert [t.result().token_ids for t in tickets] == alone
     assert engine.stats.steps < sum(len(a) for a in alone)  # rows really shared steps
     assert max(rows for rows, _, _ in engine.stats.recent) > 1
+
+
+def test_a_row_cap_set_while_running_bounds_the_rows_until_lifted(small_backend):
+    """edgekitd's policy caps the served variant's rows at its point's batch size: the cap holds from the next
+    admission, each row says the batch it shared (`decode_batch_mean`), and the tokens stay those alone."""
+    reqs = _requests()
+    alone = [_alone(small_backend, r) for r in reqs]
+    engine = Engine(small_backend, max_batch=4)
+    engine.cap_rows(1)
+    tickets = [engine.submit(r) for r in reqs]
+    engine.run()
+    assert [t.result().token_ids for t in tickets] == alone
+    assert max(rows for rows, _, _ in engine.stats.recent) == 1
+    assert {t.result().timings.decode_batch_mean for t in tickets} == {1.0}
+    engine.cap_rows(None)
+    tickets = [engine.submit(r) for r in reqs]
+    engine.run()
+    assert [t.result().token_ids for t in tickets] == alone
+    shared = [t.result().timings.decode_batch_mean for t in tickets]
+    assert max(shared) > 1 and all(1 <= m <= 4 for m in shared)
+    with pytest.raises(EdgekitError, match="row cap must be >= 1"):
+        engine.cap_rows(0)
 
 
 def test_requests_join_while_others_decode(small_backend):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .request import Ticket
+from .sequence import Timings
 
 
 @dataclass(eq=False)
@@ -35,7 +36,27 @@ class EngineRow:
     t_encoded: float = 0.0
     t_first: float = 0.0
     encode_s: float = 0.0
-    steps: int = 0
+    steps: int = 0  # decode steps taken
+    step_rows: int = 0  # rows of those steps, summed (itself included): their mean is the batch it shared
+
+    def stepped(self, rows: int) -> None:
+        """One decode step taken, one of `rows`: one more position and token."""
+        self.length += 1
+        self.next_pos += 1
+        self.steps += 1
+        self.step_rows += rows
+
+    def timings(self, now: float) -> Timings:
+        """Where its time went, at its end (`now`)."""
+        decode_s = now - self.t_first if self.t_first else 0.0
+        return Timings(
+            encode_ms=self.encode_s * 1e3,
+            prefill_ms=((self.t_first or now) - (self.t_encoded or now)) * 1e3,
+            decode_ms=decode_s * 1e3,
+            decode_tokens_per_s=self.steps / decode_s if self.steps and decode_s > 0 else 0.0,
+            wait_ms=(self.t_admitted - self.ticket.submitted) * 1e3,
+            decode_batch_mean=self.step_rows / self.steps if self.steps else 1.0,
+        )
 
     def prompt(self) -> tuple[np.ndarray, np.ndarray]:
         """The prompt's embeddings and prefill positions, which a row has from its layout until it is prefilled."""

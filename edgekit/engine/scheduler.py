@@ -86,6 +86,7 @@ class Engine:
         self.kv_budget = kv_budget_bytes
         self.kv_per_token = kv_bytes_per_token(self.slots)
         self.controller = controller or FixedBatch(self.max_batch)
+        self.row_cap: int | None = None  # a cap set while running (`cap_rows`): a policy point's batch size
         self.max_waiting = max_waiting
         self.image_tokens = image_tokens
         self.greedy_run_steps = greedy_run_steps
@@ -105,6 +106,13 @@ class Engine:
         self._decode_greedy = getattr(self.slots, "decode_greedy", None)
         # several rows' first prompts in one backend call, where the backend offers it (`_prefill_group`)
         self._prefill_rows = getattr(self.slots, "prefill_rows", None)
+
+    def cap_rows(self, rows: int | None) -> None:
+        """At most `rows` requests decode together from the next admission on (None: `max_batch` again); rows
+        already decoding finish. edgekitd's policy sets it to the served point's batch size (`max_batch` knob)."""
+        if rows is not None and rows < 1:
+            raise EdgekitError(f"a row cap must be >= 1, got {rows}")
+        self.row_cap = rows
 
     # submitting --------------------------------------------------------------------------------------------
     def kv_need(self, request: Request) -> int:
@@ -203,7 +211,7 @@ class Engine:
         if not self._waiting:  # read without the lock: a request queued meanwhile is admitted at the next step
             return
         admitted: list[EngineRow] = []
-        limit = max(1, min(self.max_batch, self.controller.batch_size(self.stats)))
+        limit = max(1, min(self.max_batch, self.row_cap or self.max_batch, self.controller.batch_size(self.stats)))
         with self._lock:
             while self._waiting and self._free_rows and self.in_flight + len(admitted) < limit:
                 ticket = self._waiting[0]
@@ -292,9 +300,7 @@ class Engine:
         self.stats.record_step(len(rows), self._step_seconds(t0), self._step_bytes(rows))
         greedy = logits.argmax(-1).tolist()  # every greedy row's token from one call (sampled rows ignore it)
         for i, r in enumerate(rows):
-            r.length += 1
-            r.next_pos += 1
-            r.steps += 1
+            r.stepped(len(rows))
             self._choose(r, logits[i : i + 1], greedy[i])
 
     def _greedy_run_length(self, rows: list[EngineRow]) -> int:
@@ -340,9 +346,7 @@ class Engine:
             for r, token in zip(rows, tokens):
                 if r.reason is not None:  # it ended at an earlier step of the run (its stream's reader failed)
                     continue
-                r.length += 1
-                r.next_pos += 1
-                r.steps += 1
+                r.stepped(len(rows))
                 self._choose(r, None, token)
 
     def _step_seconds(self, t0: float) -> float:
@@ -456,16 +460,7 @@ class Engine:
 
     def _end(self, r: EngineRow, reason: str) -> None:
         r.reason = reason
-        now = time.perf_counter()
-        decode_s = now - r.t_first if r.t_first else 0.0
-        timings = Timings(
-            encode_ms=r.encode_s * 1e3,
-            prefill_ms=((r.t_first or now) - (r.t_encoded or now)) * 1e3,
-            decode_ms=decode_s * 1e3,
-            decode_tokens_per_s=r.steps / decode_s if r.steps and decode_s > 0 else 0.0,
-            wait_ms=(r.t_admitted - r.ticket.submitted) * 1e3,
-        )
-        r.ticket._finish(GenerationResult(list(r.generated), reason, timings, self._leave(r)))
+        r.ticket._finish(GenerationResult(list(r.generated), reason, r.timings(time.perf_counter()), self._leave(r)))
 
     def _fail(self, r: EngineRow, exc: BaseException) -> None:
         r.reason = "error"

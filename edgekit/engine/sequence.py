@@ -67,6 +67,7 @@ class Timings:
     decode_ms: float
     decode_tokens_per_s: float  # tokens from decode calls (all but the first, which prefill yields) per second
     wait_ms: float = 0.0  # from submission to the engine's admission (rows or KV budget were taken)
+    decode_batch_mean: float = 1.0  # rows of its decode steps, on average (itself included): the batch it shared
 
 
 @dataclass
