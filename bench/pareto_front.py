@@ -2,9 +2,10 @@
 
 x1 (the main front: one energy source, the X1 cost model, `emulated:x1`): FP16, INT8, INT4, INT4 + 2:4 sparsity,
 INT4 with 38% of heads pruned, INT4 at several DSS sparsity targets and report-length caps (`--caps`), and INT4 and
-heads38 with video frame skipping (`--frames`: video_max_frames below the model's 8). cpu (a front of its own:
-energy is this machine's best meter, here the CPU-time estimate): FP32, INT8, INT4 RTN, INT4 AWQ, and FP32 at the
-same caps and frames. Each is measured on the same studies of the test split (one child process per point), F1 on
+heads38 with video frame skipping (`--frames`: video_max_frames below the model's 8), and INT4 with the split
+reported several at a time and decoded together (`--batches`: max_batch). cpu (a front of its own: energy is this
+machine's best meter, here the CPU-time estimate): FP32, INT8, INT4 RTN, INT4 AWQ, and FP32 at the same caps,
+frames and batches. Each is measured on the same studies of the test split (one child process per point), F1 on
 its DICOM studies and video F1 on its cine clips. Fronts are never mixed across energy sources, and points equal
 on energy, F1, video F1 and latency count once ("distinct"). A cached bundle built from other weights or by
 other edgekit code is rebuilt.
@@ -18,6 +19,7 @@ each report is billed by the Orin cost model at a few devices and power modes (`
     python bench/pareto_front.py --limit 240 --sparsity 0.0 0.5 --frames 4 --caps 16 24 32   # README's row
     python bench/pareto_front.py --x1-only --limit 60 --sparsity 0.0 0.25 0.38 0.5
     python bench/pareto_front.py --orin agx-orin-64:MAXN orin-nano-8:7W
+    python bench/pareto_front.py --limit 120 --sparsity 0.5 --frames --batches 4 8 --out out/pareto-batch
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def profile_x1(
     fresh: bool,
     frames: list[int] = (),
     caps: list[int] = (),
+    batches: list[int] = (),
 ):
     """Every x1 variant at its own DSS setting, and the INT4 one at each DSS target and report-length cap, INT4
     and INT4-heads38 at each video frame count (frame skipping); one energy source, the X1 cost model. Through
@@ -132,6 +135,7 @@ def profile_x1(
     heads = [b for b in loaded if Path(b.source).name.endswith("x1-int4-heads38")]
     configs += expand([int4, *heads], {"video_max_frames": list(frames)}) if frames else []
     configs += expand([int4], {"max_new_tokens": list(caps)}) if caps else []
+    configs += expand([int4], {"max_batch": list(batches)}) if batches else []
     run_pareto(configs, out, data, split={"name": "test", "count": limit}, limit=limit, resume=not fresh)
 
 
@@ -141,6 +145,7 @@ def main() -> int:
     ap.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.5])
     ap.add_argument("--frames", type=int, nargs="*", default=[4], help="video_max_frames of INT4 points (skipping)")
     ap.add_argument("--caps", type=int, nargs="*", default=[], help="max_new_tokens of INT4 points")
+    ap.add_argument("--batches", type=int, nargs="*", default=[], help="max_batch of INT4 (x1) and FP32 (cpu) points")
     ap.add_argument("--x1-only", action="store_true", help="skip the cpu and orin fronts")
     ap.add_argument("--cache", type=Path, default=Path("out/pareto-bundles"))
     ap.add_argument("--out", type=Path, default=Path("out/pareto"))
@@ -151,7 +156,7 @@ def main() -> int:
     t0 = time.perf_counter()
     paths = bundles(args.cache, x1_only=args.x1_only)
     data = default_test_split()
-    profile_x1(paths["x1"], args.out, data, args.limit, args.sparsity, args.fresh, args.frames, args.caps)
+    profile_x1(paths["x1"], args.out, data, args.limit, args.sparsity, args.fresh, args.frames, args.caps, args.batches)
     x1_profile = read_profile(args.out / "pareto.json")
     plot_profile(x1_profile, args.out / "pareto")
     front, rows, split = show(x1_profile, "radreport-tiny on the X1 (emulated)")
@@ -208,6 +213,7 @@ def other_fronts(paths: dict[str, list[Path]], args, data: Path) -> dict:
     configs = expand(loaded, {})
     configs += expand([fp32], {"video_max_frames": list(args.frames)}) if args.frames else []
     configs += expand([fp32], {"max_new_tokens": list(args.caps)}) if args.caps else []
+    configs += expand([fp32], {"max_batch": list(args.batches)}) if args.batches else []
     meter = describe_meter(None)  # what the CLI chose for the variants' points: this machine's best
     cpu_profile = run_pareto(configs, cpu_out, data, split={"name": "test", "count": args.limit}, limit=args.limit,
                              meter=meter["name"], meters=[meter])  # fmt: skip
@@ -237,7 +243,8 @@ def show(profile, title: str, reference=None) -> tuple[set[str], list[dict], dic
     best = reference or max(profile.points, key=lambda p: p.f1)
     table = Table(title=f"{title}: {len(front)} of {len(profile.points)} points non-dominated")
     vs = "vs best F1 J" if reference is None else f"vs {best.settings.get('orin_estimate', best.id)} J"
-    for col in ("point", "front", "F1 [95% CI]", "video F1", "p95 ms", "latency src", "J/report", "energy src", vs):
+    cols = ("point", "front", "F1 [95% CI]", "video F1", "p95 ms", "latency src", "J/report", "W", "energy src", vs)
+    for col in cols:
         table.add_column(col)
     rows = []
     for p in sorted(profile.points, key=lambda p: p.energy_j):
@@ -248,7 +255,8 @@ def show(profile, title: str, reference=None) -> tuple[set[str], list[dict], dic
         table.add_row(
             p.id, "*" if p.id in front else "", f"{p.f1:.3f} [{lo:.3f}, {hi:.3f}]",
             "-" if p.video_f1 is None else f"{p.video_f1:.3f}", f"{p.latency_p95_ms:.3g}",
-            p.latency_source, f"{p.energy_j:.4g}", p.energy_source, f"{ratio:.3f}x" if ratio else "-",
+            p.latency_source, f"{p.energy_j:.4g}", f"{p.power_w:.3g}", p.energy_source,
+            f"{ratio:.3f}x" if ratio else "-",
         )  # fmt: skip
     Console(width=200).print(table)
     return front, rows, profile.split

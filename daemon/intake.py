@@ -127,11 +127,9 @@ class Ingestor:
 
 
 def ingest_processes(cfg: DaemonConfig) -> int:
-    """The configured count, or half the physical cores, 2 to 4: the rest run the model and the server. At least
-    two, so a study's decode need not wait for the one before it: on 2 cores, with one process, reports at
-    concurrency 8 queued for it; two served 1.19x its req/s at 0.71x its p95 (bench/daemon_load.py, one run)."""
+    """The configured count, or `default_processes()`: half the physical cores, 2 to 4."""
     if cfg.ingest_processes is not None:
         return cfg.ingest_processes
-    from edgekit.ort.threads import physical_cores
+    from edgekit.ingest.workers import default_processes
 
-    return max(2, min(4, physical_cores() // 2))
+    return default_processes()

@@ -37,7 +37,7 @@ def best_quality(p: Point) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Constraints:
-    power_budget_w: float | None = None  # average power while a report runs
+    power_budget_w: float | None = None  # average power while its reports run (`Point.power_w`)
     energy_budget_j: float | None = None  # per report
     quality_floor_f1: float | None = None  # finding F1 on the profiled split (its DICOM studies and video clips)
     latency_slo_ms: float | None = None  # p95 per report
@@ -112,8 +112,9 @@ class Choice:
 def effective(settings: PolicySettings, signals: Signals, current: Point | None) -> tuple[str, Constraints, str]:
     """The objective and constraints in force once the signals are read, and the signal that set them.
 
-    Objectives: the configured mode, `saver` on a low battery or a hot zone, `fast` (lowest p95 that meets the
-    constraints) when the queue is deep or recent reports missed the latency SLO."""
+    Objectives: the configured mode, `saver` on a low battery or a hot zone, `fast` (the lowest p95 per report in
+    flight that meets the constraints, `Point.drain_p95_ms`: a batched point clears a queue faster than its own
+    p95 says) when the queue is deep or recent reports missed the latency SLO."""
     mode, c, reason = settings.mode, settings.constraints, "constraints"
     if signals.on_battery and signals.battery_pct is not None and signals.battery_pct < settings.battery_low_pct:
         mode, reason = "saver", "battery"
@@ -146,7 +147,7 @@ def choose(points: Sequence[Point], settings: PolicySettings, signals: Signals, 
         elif mode == "saver":
             best = min(fits, key=lambda p: (p.energy_j, -p.lowest_f1))
         elif mode == "fast":
-            best = min(fits, key=lambda p: (p.latency_p95_ms, p.energy_j))
+            best = min(fits, key=lambda p: (p.drain_p95_ms, p.energy_j))
         else:
             top = max(p.lowest_f1 for p in fits)
             near = (p for p in fits if p.lowest_f1 >= top - settings.balanced_f1_slack)

@@ -38,11 +38,13 @@ class PolicyNotConfiguredError(EdgekitError):
     http_status = 404
 
 
-# The knobs a point may set that edgekitd applies per report. The others (the X1's DSS target, threads) are fixed
-# when a variant loads: a point with them belongs to the variant configured with the same `settings` (one bundle
-# may be listed twice, dense and sparse), and is left out of the choice otherwise, which the log says.
+# The knobs a point may set that edgekitd applies per report, and the one it applies to the served variant's engine
+# (its batch size caps the rows decoding together). The others (the X1's DSS target, threads) are fixed when a
+# variant loads: a point with them belongs to the variant configured with the same `settings` (one bundle may be
+# listed twice, dense and sparse), and is left out of the choice otherwise, which the log says.
 PER_REPORT_KNOBS = ("max_new_tokens", "video_max_frames")
-APPLIED_KNOBS = {"variant", *PER_REPORT_KNOBS}
+ENGINE_KNOB = "max_batch"
+APPLIED_KNOBS = {"variant", *PER_REPORT_KNOBS, ENGINE_KNOB}
 
 
 def load_time_knobs(point: Point) -> dict:
@@ -180,12 +182,29 @@ class PolicyLoop:
                     )
                 self.metrics.set_active(self.registry.active, set(self.registry.specs))
             self._serving = self.governor.current
+            self._cap_rows()
             if decision.broken != self._logged_broken:
                 if decision.broken:
                     log.warning("policy: no point meets %s; serving %s", ", ".join(decision.broken), decision.point.id)
                 self._logged_broken = decision.broken
             self.metrics.set_broken(decision.broken)
             return decision
+
+    def _cap_rows(self) -> None:
+        """The served point's batch size (`max_batch`) caps its variant's engine; every other loaded variant (a
+        request may still name one) decodes up to its configured `max_batch`. Set at every tick, so a variant
+        loaded again after an eviction gets its cap back."""
+        serving = self._serving
+        for name in self.registry.specs:
+            loaded = self.registry.peek(name)
+            if loaded is None:
+                continue
+            cap = (
+                serving.settings.get(ENGINE_KNOB)
+                if serving is not None and serving.settings["variant"] == name
+                else None
+            )
+            loaded.reporter.engine.cap_rows(cap)
 
     def _why(self, d: Decision) -> str:
         s = self.signals

@@ -60,7 +60,8 @@ class ParetoKnob:
 
     `setting` is the `RuntimeOptions.settings` key the knob's value goes to, with `fixed` settings beside it (orin's
     `orin_estimate` sets `estimate` and `engine=onnxruntime`); None marks one of the core's own knobs
-    (`max_new_tokens`, `video_max_frames`, `threads`: every target has them), listed only to add `grid` values.
+    (`max_new_tokens`, `video_max_frames`, `threads`, `max_batch`: every target has them), listed only to add
+    `grid` values.
     `grid`: the values the default grid varies it over on this target, each alone from the bundle's own settings
     (none: not in the default grid). `device`: the knob says where the figures come from (a front of its own), not
     what a report costs, so it is never in the default grid."""

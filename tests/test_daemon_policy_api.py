@@ -177,3 +177,41 @@ def test_one_bundle_listed_dense_and_sparse_gets_each_its_own_points(setup, tmp_
         match_profile(cfg, VariantRegistry(cfg))
     with pytest.raises(ConfigError, match=r"variants\[1\].settings must be a table of scalars"):
         load_config(config(("small", ""), ("bad", "settings = { dss = [1] }")))
+
+
+def test_the_served_points_batch_size_caps_the_engines_rows(setup, tmp_path):
+    """A point measured with `max_batch` (edgekit pareto --max-batch) caps the served variant's engine at its batch
+    size: concurrent reports under a one-at-a-time point each decode alone (`decode_batch_mean` 1), and under the
+    batched point they share steps."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root, bundles, _ = setup
+    write_profile(
+        Profile(
+            [
+                _point("alone", bundles["small"], 0.96, 3.0, 500, max_batch=1),
+                _point("batched", bundles["small"], 0.96, 1.0, 900, max_batch=8),
+            ],
+            split={"name": "test", "count": 300},
+        ),
+        tmp_path / "pareto.json",
+    )
+    config = tmp_path / "edgekitd.toml"
+    config.write_text(
+        f'[[variants]]\nname = "small"\nbundle = "{bundles["small"]}"\n'
+        f'[policy]\nprofile = "{tmp_path / "pareto.json"}"\nmode = "fixed"\nfixed = "alone"\ntick_s = 0.1\n'
+    )
+    study = SAMPLES / "cr_chest" / "image.dcm"
+
+    def shared(d: DaemonProcess) -> list[float]:
+        with ThreadPoolExecutor(6) as pool:
+            replies = list(pool.map(lambda _: d.client.report(study, max_new_tokens="24"), range(12)))
+        assert all(r.status == 200 for r in replies), [r.json() for r in replies if r.status != 200]
+        return [r.json()["timings"]["decode_batch_mean"] for r in replies]
+
+    with DaemonProcess(tmp_path / "state", config=config).start() as d:
+        _wait_point(d, "alone")
+        assert set(shared(d)) == {1.0}
+        r = d.client.put_json("/v1/policy", {"fixed": "batched"})
+        assert r.status == 200 and r.json()["point"] == "batched"
+        assert max(shared(d)) > 1

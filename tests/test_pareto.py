@@ -92,3 +92,33 @@ def test_knob_flag_sets_any_targets_knob_and_refuses_one_they_lack(bundles, spli
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--knob sparsity_target: not a knob of these bundles' targets" in err[0]
     assert "threads" in err[0]
+
+
+def test_max_batch_reports_the_split_that_many_at_a_time_with_the_same_reports(bundles, split, tmp_path, capsys):
+    """`--max-batch`: the split reported three at a time and decoded together. Greedy reports are the ones written
+    one at a time (the same F1 and hallucination rate), and the point's power is its reports in flight over the
+    median latency. (Each report's share of a host meter's window: tests/test_energy_sampler.py.)"""
+    from edgekit.eval.runner import evaluate
+    from edgekit.reporter import Reporter
+
+    out = tmp_path / "profile"
+    args = ["pareto", str(bundles[0]), "-o", str(out), "--data", str(split), "--limit", "3", "--no-plot"]
+    assert main([*args, "--max-batch", "1", "--max-batch", "3", "--json"]) == 0
+    capsys.readouterr()
+    one, three = sorted(read_profile(out / "pareto.json").points, key=lambda p: p.in_flight)
+    assert (one.in_flight, three.in_flight) == (1, 3) and three.id.endswith("[max_batch=3]")
+    assert (three.f1, three.hallucination_rate, three.count) == (one.f1, one.hallucination_rate, one.count)
+    assert three.power_w == pytest.approx(3 * three.energy_j / (three.latency_p50_ms / 1e3))
+    assert three.drain_p95_ms == pytest.approx(three.latency_p95_ms / 3)
+
+    reporter = Reporter(load_bundle(bundles[0]), threads=1, max_batch=3)
+    try:
+        alone = evaluate(reporter, split, limit=3, include_video=False)
+        together = evaluate(reporter, split, limit=3, include_video=False, concurrency=3)
+    finally:
+        reporter.close()
+    assert together["concurrency"] == 3
+    assert [r["id"] for r in together["records"]] == [r["id"] for r in alone["records"]]
+    assert [r["text"] for r in together["records"]] == [r["text"] for r in alone["records"]]
+    shared = [r["timings"]["decode_batch_mean"] for r in together["records"]]
+    assert max(shared) > 1 and {r["timings"]["decode_batch_mean"] for r in alone["records"]} == {1.0}

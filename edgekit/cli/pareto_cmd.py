@@ -24,7 +24,8 @@ ORIN_ESTIMATE_HELP = (
     "a front of its own, and not a knob flag (the default grid still applies)."
 )
 KNOB_HELP = (
-    "Any knob of these bundles' targets, by name: the core's (max_new_tokens, video_max_frames, threads) or one a "
+    "Any knob of these bundles' targets, by name: the core's (max_new_tokens, video_max_frames, threads, max_batch) "
+    "or one a "
     "target's plug-in declares (x1's sparsity_target, orin's orin_estimate, an out-of-tree target's own). "
     f"{GRID_HELP} The same as its named flag where there is one."
 )
@@ -36,7 +37,8 @@ def _default(knob: str) -> str:
 
 
 DEFAULT_GRID_NOTE = (
-    "With no knob flag (--max-new-tokens, --video-max-frames, --sparsity-target, --threads, --knob), each bundle is "
+    "With no knob flag (--max-new-tokens, --video-max-frames, --sparsity-target, --threads, --max-batch, --knob), "
+    "each bundle is "
     "measured at its own settings and then at each value of the default grid, one knob at a time: "
     + describe_default_grid()
     + ". --no-default-grid: one point per bundle. Each device has a front of its own (the X1's emulated figures, "
@@ -59,6 +61,7 @@ def _rows(front) -> list[dict]:
                 "halluc.": f"{p.hallucination_rate:.3f}",
                 "p50 / p95 ms": f"{p.latency_p50_ms:.3g} / {p.latency_p95_ms:.3g}",
                 "J / report": f"{p.energy_j:.3g}",
+                "W": f"{p.power_w:.3g}",
                 "peak MiB": f"{p.peak_rss_mib:.0f}",
                 "n": p.count,
             }
@@ -73,6 +76,8 @@ def _rows(front) -> list[dict]:
         "edgekit pareto out/radreport-tiny-x1 -o out/pareto-dss --data data/test --limit 2 --sparsity-target 0.2 "
         "--sparsity-target 0.5",
         "edgekit pareto out/radreport-tiny-cpu -o out/pareto-cpu --data data/test --limit 4 --no-default-grid --json",
+        "edgekit pareto out/radreport-tiny-x1 -o out/pareto-batch --data data/test --limit 8 --max-batch 1 "
+        "--max-batch 8",
         "edgekit pareto out/radreport-tiny-x1 -o out/pareto-knob --data data/test --limit 2 --knob sparsity_target=0.5 "
         "--knob max_new_tokens=24",
         "edgekit build --target orin -o out/radreport-tiny-orin --no-parity --force && edgekit pareto "
@@ -115,6 +120,15 @@ def pareto(
     threads: Annotated[
         list[int] | None, typer.Option(min=1, help=f"Threads. {GRID_HELP} Default grid: {_default('threads')}.")
     ] = None,
+    max_batch: Annotated[
+        list[int] | None,
+        typer.Option(
+            min=1,
+            help="Reports in flight at once: the split is reported this many at a time and decoded together (energy "
+            f"per report at a full batch; edgekitd caps its rows at the served point's). {GRID_HELP} Default grid: "
+            f"{_default('max_batch')}.",
+        ),
+    ] = None,
     knob: Annotated[
         list[str] | None,
         typer.Option(
@@ -153,6 +167,7 @@ def pareto(
         "video_max_frames": video_max_frames,
         "sparsity_target": sparsity_target,
         "threads": threads,
+        "max_batch": max_batch,
         "orin_estimate": orin_estimate,
     }
     configs, grid = _plan(loaded, named, knob, use_default=default_grid)

@@ -3,17 +3,22 @@
 Knobs (each a list; one value means "not varied"). The core's, which every target has:
 - `max_new_tokens`: a cap on the report's length (None: the bundle's generation config);
 - `video_max_frames`: frames decoded per clip (the seed's 30 -> 15 fps frame skipping; DICOM studies unchanged);
-- `threads`: ONNX Runtime / emulator threads (None: physical cores).
+- `threads`: ONNX Runtime / emulator threads (None: physical cores);
+- `max_batch`: reports in flight at once. The split is reported this many at a time, and the token engine decodes
+  them together (`edgekit.engine`): energy per report at a full batch, each report's latency with the others
+  beside it, and `Point.power_w` the device's draw while the batch stays full. edgekitd's policy caps its
+  engine's rows at the served point's value. None: one report at a time. In the default grid of the targets that
+  bill a batch as it runs (cpu's host meter, shared per step; x1's emulator, per row), not orin's estimate, which
+  bills each report as if alone.
 And each target's own, declared by its plug-in (`edgekit.target.Target.pareto_knobs`: the runtime setting each
 sets, its default-grid values, whether it names a device): x1's `sparsity_target` (the DSS target), orin's
 `orin_estimate` (`DEVICE:MODE`: the graphs run in ONNX Runtime here and the Orin cost model bills each report, an
-Orin front before anyone holds an Orin). Image size is fixed by the exported vision graph, and batch size by a
-daemon that does not batch yet, so neither is a knob here.
+Orin front before anyone holds an Orin). Image size is fixed by the exported vision graph, so it is not a knob.
 
 A device knob (`orin_estimate`) says which device bills the figures (each value is a front of its own), not what a
 report costs; the others are the cost knobs. With no cost knob given, `edgekit pareto` measures the default grid:
 each bundle at its own settings, then each of `CORE_GRID`'s and its target's default values one at a time from
-there (a star, not every combination: 5 points per cpu or x1 bundle, so the embedded model's full test split
+there (a star, not every combination: 6 points per cpu or x1 bundle, so the embedded model's full test split
 stays a matter of minutes per bundle).
 """
 
@@ -28,7 +33,7 @@ from typing import Any
 from edgekit.plugins import TARGETS, get_target, target_names
 from edgekit.target import ParetoKnob
 
-CORE_KNOBS = ("max_new_tokens", "video_max_frames", "threads")  # every target has these: the core applies them
+CORE_KNOBS = ("max_new_tokens", "video_max_frames", "threads", "max_batch")  # every target's: the core applies them
 # The core knobs' default-grid values, on every target (a target adds its own and the core's it wants varied: cpu's
 # threads, since only a host-timed target's figures see the host's threads)
 CORE_GRID: dict[str, tuple[Any, ...]] = {

@@ -9,7 +9,8 @@ Where each figure comes from: the target's run side says, through each report's 
   (x1's emulator: `emulated:x1`, without the host's ingest and preprocessing; an Orin estimate);
 - energy per report: the target's own cost where it bills one (`emulated:x1`, `estimated:orin-<model>-<mode>`:
   an estimate, never a measurement); elsewhere the best meter this machine has (a sensor: `measured:<sensor>`;
-  else an estimate: `estimated:<model>`), integrated over each report.
+  else an estimate: `estimated:<model>`), integrated over each report's generation and shared evenly with the
+  reports that decoded beside it (`max_batch`: the split is reported that many at a time).
 A target's own knobs reach its run side as the runtime settings its plug-in declares (`Target.pareto_knobs`).
 """
 
@@ -65,11 +66,13 @@ def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) ->
     bundle = load_bundle(config.bundle)
     limits = IngestLimits(video_max_frames=settings["video_max_frames"]) if "video_max_frames" in settings else None
     options = RuntimeOptions(threads=settings.get("threads"), settings=runtime)
-    reporter = Reporter(bundle, runtime=options, meter=meter, limits=limits)
+    batch = {"max_batch": settings["max_batch"]} if "max_batch" in settings else {}
+    reporter = Reporter(bundle, runtime=options, meter=meter, limits=limits, **batch)
     reporter.warm()
     load_ms = (time.perf_counter() - t0) * 1e3
     opts = reporter.options(max_new_tokens=settings.get("max_new_tokens"))
-    result = evaluate(reporter, data_dir, limit=limit, include_video=True, options=opts)
+    in_flight = int(settings.get("max_batch") or 1)  # the split reported this many at a time
+    result = evaluate(reporter, data_dir, limit=limit, include_video=True, options=opts, concurrency=in_flight)
     ok = [r for r in result["records"] if r.get("error") is None]
     if not ok:
         raise RuntimeError(f"{config.id}: every report failed")

@@ -55,9 +55,24 @@ class Point:
     video_count: int = 0  # video clips scored
 
     @property
+    def in_flight(self) -> int:
+        """Reports running at once when it was measured: its `max_batch` knob (the split reported that many at a
+        time, decoded together), else one."""
+        return int(self.settings.get("max_batch") or 1)
+
+    @property
     def power_w(self) -> float:
-        """Average power while a report runs (energy over median latency)."""
-        return self.energy_j / (self.latency_p50_ms / 1e3) if self.latency_p50_ms > 0 else math.inf
+        """Average power while its reports run: the energy of the reports in flight over the median latency (one
+        report's energy over its latency when they run one at a time)."""
+        if self.latency_p50_ms <= 0:
+            return math.inf
+        return self.in_flight * self.energy_j / (self.latency_p50_ms / 1e3)
+
+    @property
+    def drain_p95_ms(self) -> float:
+        """How fast a deep queue drains: p95 latency per report in flight (a batch of 8 whose reports take twice
+        one report's time clears a queue four times as fast). The policy's `fast` objective under load."""
+        return self.latency_p95_ms / self.in_flight
 
     @property
     def lowest_f1(self) -> float:

@@ -36,7 +36,8 @@ class CpuTarget:
     # ONNX Runtime reads every format below; a pass naming none takes the first it can write: ORT's dynamic INT8
     # (int8), MatMulNBits (int4), GatherBlockQuantized (a 4-bit qembed), blocked DequantizeLinear (an 8-bit one)
     weight_formats = ("ort-dynamic", "matmulnbits", "gather-block-quantized", "qdq-blocked")
-    pareto_knobs = {"threads": ParetoKnob(grid=(1,))}  # its latency is this machine's clock: threads change it
+    # its latency is this machine's clock: threads change it; eight reports in flight share the host's steps
+    pareto_knobs = {"threads": ParetoKnob(grid=(1,)), "max_batch": ParetoKnob(grid=(8,))}
     engines = ("onnxruntime",)
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:

@@ -17,7 +17,10 @@ class X1Target:
     weight_formats = ("qdq-blocked",)  # blocked DequantizeLinear, which the compiler reads as XL_GEMM.W4A8 / W8A8
     # the DSS target (`sparsity_target`), and DSS off in the default grid (the bundle's own: 0.38 unless built
     # otherwise)
-    pareto_knobs = {"sparsity_target": ParetoKnob(setting="sparsity_target", grid=(0.0,))}
+    pareto_knobs = {
+        "sparsity_target": ParetoKnob(setting="sparsity_target", grid=(0.0,)),
+        "max_batch": ParetoKnob(grid=(8,)),  # eight rows a machine step: the weights stream once for all
+    }
     engines = ("emulator",)  # the X1 emulator: integer numerics, cycles and energy per instruction
 
     def check_recipe(self, recipe_passes: tuple[str, ...]) -> None:
