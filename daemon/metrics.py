@@ -77,6 +77,12 @@ class Metrics:
         self.active_variant = Gauge(
             "edgekit_active_variant", "1 for the variant new work goes to", ["variant"], registry=r
         )
+        self.engine_rows = Gauge(
+            "edgekitd_engine_rows_max",
+            "Rows a loaded variant's engine may decode together now: the served point's batch size, else max_batch",
+            ["variant"],
+            registry=r,
+        )
         self.policy_broken = Gauge(
             "edgekit_policy_constraint_broken",
             "1 while no profiled point meets this constraint",

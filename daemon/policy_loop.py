@@ -204,7 +204,9 @@ class PolicyLoop:
                 if serving is not None and serving.settings["variant"] == name
                 else None
             )
-            loaded.reporter.engine.cap_rows(cap)
+            engine = loaded.reporter.engine
+            engine.cap_rows(cap)
+            self.metrics.engine_rows.labels(name).set(min(engine.max_batch, cap or engine.max_batch))
 
     def _why(self, d: Decision) -> str:
         s = self.signals

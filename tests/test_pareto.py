@@ -97,7 +97,8 @@ def test_knob_flag_sets_any_targets_knob_and_refuses_one_they_lack(bundles, spli
 def test_max_batch_reports_the_split_that_many_at_a_time_with_the_same_reports(bundles, split, tmp_path, capsys):
     """`--max-batch`: the split reported three at a time and decoded together. Greedy reports are the ones written
     one at a time (the same F1 and hallucination rate), and the point's power is its reports in flight over the
-    median latency. (Each report's share of a host meter's window: tests/test_energy_sampler.py.)"""
+    median latency. (Each report's share of a host meter's window: tests/test_energy_sampler.py; rows sharing
+    steps: tests/test_engine.py.)"""
     from edgekit.eval.runner import evaluate
     from edgekit.reporter import Reporter
 
@@ -121,4 +122,5 @@ def test_max_batch_reports_the_split_that_many_at_a_time_with_the_same_reports(b
     assert [r["id"] for r in together["records"]] == [r["id"] for r in alone["records"]]
     assert [r["text"] for r in together["records"]] == [r["text"] for r in alone["records"]]
     shared = [r["timings"]["decode_batch_mean"] for r in together["records"]]
-    assert max(shared) > 1 and {r["timings"]["decode_batch_mean"] for r in alone["records"]} == {1.0}
+    # whether two reports overlap depends on the host's timing; one at a time, none shares a step
+    assert min(shared) >= 1 and {r["timings"]["decode_batch_mean"] for r in alone["records"]} == {1.0}
