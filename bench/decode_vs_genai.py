@@ -820,6 +820,8 @@ def main() -> None:
     )
     ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)  # one run of one side, for --isolate
     args = ap.parse_args()
+    if args.runs < 1:
+        ap.error(f"--runs must be >= 1, got {args.runs}")
     if args.child:
         return child(*args.child)
     repeats = args.repeats or (2 if args.quick else 5)

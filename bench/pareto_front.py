@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from edgekit.build import build, default_model_dir
@@ -253,7 +254,7 @@ def show(profile, title: str, reference=None) -> tuple[set[str], list[dict], dic
         ratio = p.energy_j / best.energy_j if orin or p.energy_source == best.energy_source else None
         rows.append({**p.to_dict(), "front": p.id in front, "energy_vs_reference": ratio, "reference": best.id})
         table.add_row(
-            p.id, "*" if p.id in front else "", f"{p.f1:.3f} [{lo:.3f}, {hi:.3f}]",
+            escape(p.id), "*" if p.id in front else "", f"{p.f1:.3f} [{lo:.3f}, {hi:.3f}]",
             "-" if p.video_f1 is None else f"{p.video_f1:.3f}", f"{p.latency_p95_ms:.3g}",
             p.latency_source, f"{p.energy_j:.4g}", f"{p.power_w:.3g}", p.energy_source,
             f"{ratio:.3f}x" if ratio else "-",

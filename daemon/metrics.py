@@ -127,6 +127,13 @@ class Metrics:
         for name in known:
             self.active_variant.labels(name).set(1 if name == active else 0)
 
+    def forget_engine(self, variant: str) -> None:
+        """An unloaded variant has no engine to cap."""
+        try:
+            self.engine_rows.remove(variant)
+        except KeyError:
+            pass
+
     def set_broken(self, broken: tuple[str, ...]) -> None:
         for name in ("power_budget_w", "energy_budget_j", "quality_floor_f1", "latency_slo_ms"):
             self.policy_broken.labels(name).set(1 if name in broken else 0)

@@ -198,6 +198,7 @@ class PolicyLoop:
         for name in self.registry.specs:
             loaded = self.registry.peek(name)
             if loaded is None:
+                self.metrics.forget_engine(name)
                 continue
             cap = (
                 serving.settings.get(ENGINE_KNOB)

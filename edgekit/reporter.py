@@ -65,18 +65,19 @@ def split_sections(text: str) -> tuple[str, str]:
     return sections.get("FINDINGS", ""), sections.get("IMPRESSION", "")
 
 
-def report_energy(cost: dict, window, shared: float = 1.0) -> tuple[float | None, str | None]:
+def report_energy(cost: dict, window, share: float = 1.0) -> tuple[float | None, str | None]:
     """A target that emulates or measures its own device's energy (its cost says so: x1's emulator) is billed by
     it, not by a meter of the host that runs the emulator; otherwise the meter's window over generation, if any,
-    split evenly among the `shared` reports (on average) that decoded beside it: a host meter sees the whole
-    machine, and eight reports decoding together would otherwise each be billed the other seven's share."""
+    times the report's `share` of it (`Timings.meter_share`): a host meter sees the whole machine, and eight
+    reports decoding together would otherwise each be billed the other seven's part, a queued one the decoding of
+    those ahead of it."""
     from edgekit.energy.emulated import energy_from_cost
 
     own = energy_from_cost(cost)
     if own is not None:
         return own.joules, own.source
     joules = getattr(window, "joules", None)
-    return (float(joules) / max(1.0, shared), window.source) if joules is not None else (None, None)
+    return (float(joules) * share, window.source) if joules is not None else (None, None)
 
 
 class EmptyPromptError(EdgekitError):
@@ -372,7 +373,7 @@ class Reporter:
         with window:
             result, cost = self.generate(pixels, ids, opts, on_token, layout.image_slot, cancel)
         t3 = time.perf_counter()
-        energy_j, energy_source = report_energy(cost, window, result.timings.decode_batch_mean)
+        energy_j, energy_source = report_energy(cost, window, result.timings.meter_share)
         text = self.tokenizer.decode([int(t) for t in result.token_ids], skip_special_tokens=True).strip()
         findings_text, impression = split_sections(text)
         parsed = parse_report(text)

@@ -115,8 +115,9 @@ def test_overlapping_windows_add_up():
 
 def test_a_report_that_shared_its_decode_steps_is_billed_its_share_of_the_window():
     """A host meter sees the whole machine: a report decoded beside two others (three rows a step on average) is
-    billed a third of its window. A target that bills its own device (x1's emulator) already bills each row its
-    part, so its figure is not divided again."""
+    billed a third of its decode, and none of its wait for a row. A target that bills its own device (x1's
+    emulator) already bills each row its part, so its figure is not divided again."""
+    from edgekit.engine.sequence import Timings
     from edgekit.reporter import report_energy
 
     clock = VClock(0.1)
@@ -126,9 +127,16 @@ def test_a_report_that_shared_its_decode_steps_is_billed_its_share_of_the_window
         s.sample()
     assert w.joules == pytest.approx(6.0 * 0.3)
     assert report_energy({}, w) == (pytest.approx(w.joules), COUNTER)
-    assert report_energy({}, w, shared=3.0) == (pytest.approx(w.joules / 3), COUNTER)
+    shared = Timings(encode_ms=0, prefill_ms=0, decode_ms=300, decode_tokens_per_s=100, decode_batch_mean=3.0)
+    assert report_energy({}, w, shared.meter_share) == (pytest.approx(w.joules / 3), COUNTER)
+    queued = Timings(encode_ms=10, prefill_ms=10, decode_ms=180, decode_tokens_per_s=100, wait_ms=100)
+    assert queued.meter_share == pytest.approx(200 / 300)
+    mixed = Timings(
+        encode_ms=10, prefill_ms=10, decode_ms=180, decode_tokens_per_s=100, wait_ms=100, decode_batch_mean=2
+    )
+    assert mixed.meter_share == pytest.approx((20 + 90) / 300)
     own = {"energy_j": 0.5, "figure_source": "emulated:x1", "latency_ms": 2.0}
-    assert report_energy(own, w, shared=3.0) == (0.5, "emulated:x1")
+    assert report_energy(own, w, shared.meter_share) == (0.5, "emulated:x1")
 
 
 def test_a_dying_meter_falls_back_to_the_next_labelled_as_such_and_logged_once(caplog):

@@ -69,6 +69,14 @@ class Timings:
     wait_ms: float = 0.0  # from submission to the engine's admission (rows or KV budget were taken)
     decode_batch_mean: float = 1.0  # rows of its decode steps, on average (itself included): the batch it shared
 
+    @property
+    def meter_share(self) -> float:
+        """The part of a whole-machine meter's window over this generation that is its own: not the wait for a row
+        (others ran then), and of its decode steps, one row's part."""
+        whole = self.wait_ms + self.encode_ms + self.prefill_ms + self.decode_ms
+        own = self.encode_ms + self.prefill_ms + self.decode_ms / max(1.0, self.decode_batch_mean)
+        return own / whole if whole > 0 else 1.0
+
 
 @dataclass
 class GenerationResult:

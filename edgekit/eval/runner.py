@@ -220,10 +220,14 @@ def _in_flight(reporter, data_dir: Path, rows: list, options, concurrency: int, 
             futures = [
                 pool.submit(_record, reporter, data_dir, s, rel, source, options, workers) for s, rel, source in rows
             ]
-            for done, _ in enumerate(as_completed(futures), 1):
-                if progress:
-                    progress(done, len(rows))
-            return [f.result() for f in futures]
+            try:
+                for done, _ in enumerate(as_completed(futures), 1):
+                    if progress:
+                        progress(done, len(rows))
+                return [f.result() for f in futures]
+            except BaseException:  # Ctrl-C, a failing progress callback, a bug: the studies not started stay so
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     finally:
         workers.close()
 

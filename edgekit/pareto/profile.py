@@ -57,8 +57,8 @@ class Point:
     @property
     def in_flight(self) -> int:
         """Reports running at once when it was measured: its `max_batch` knob (the split reported that many at a
-        time, decoded together), else one."""
-        return int(self.settings.get("max_batch") or 1)
+        time, decoded together; no more than the split held), else one."""
+        return max(1, min(int(self.settings.get("max_batch") or 1), self.count + self.video_count))
 
     @property
     def power_w(self) -> float:
