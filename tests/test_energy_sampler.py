@@ -134,7 +134,7 @@ def test_a_report_that_shared_its_decode_steps_is_billed_its_share_of_the_window
     mixed = Timings(
         encode_ms=10, prefill_ms=10, decode_ms=180, decode_tokens_per_s=100, wait_ms=100, decode_batch_mean=2
     )
-    assert mixed.meter_share == pytest.approx((20 + 90) / 300)
+    assert mixed.meter_share == pytest.approx(200 / 2 / 300)
     own = {"energy_j": 0.5, "figure_source": "emulated:x1", "latency_ms": 2.0}
     assert report_energy(own, w, shared.meter_share) == (0.5, "emulated:x1")
 

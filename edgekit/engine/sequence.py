@@ -72,9 +72,10 @@ class Timings:
     @property
     def meter_share(self) -> float:
         """The part of a whole-machine meter's window over this generation that is its own: not the wait for a row
-        (others ran then), and of its decode steps, one row's part."""
+        (others ran then), and of the rest one row's part of the batch it shared. Encode and prefill are shared by
+        the same rows: a prompt's prefill chunks interleave with their decode steps."""
         whole = self.wait_ms + self.encode_ms + self.prefill_ms + self.decode_ms
-        own = self.encode_ms + self.prefill_ms + self.decode_ms / max(1.0, self.decode_batch_mean)
+        own = (whole - self.wait_ms) / max(1.0, self.decode_batch_mean)
         return own / whole if whole > 0 else 1.0
 
 
