@@ -121,6 +121,5 @@ def test_max_batch_reports_the_split_that_many_at_a_time_with_the_same_reports(b
     assert together["concurrency"] == 3
     assert [r["id"] for r in together["records"]] == [r["id"] for r in alone["records"]]
     assert [r["text"] for r in together["records"]] == [r["text"] for r in alone["records"]]
-    shared = [r["timings"]["decode_batch_mean"] for r in together["records"]]
     # whether two reports overlap depends on the host's timing; one at a time, none shares a step
-    assert min(shared) >= 1 and {r["timings"]["decode_batch_mean"] for r in alone["records"]} == {1.0}
+    assert {r["timings"]["decode_batch_mean"] for r in alone["records"]} == {1.0}
