@@ -156,3 +156,22 @@ def test_new_settings_take_effect_at_the_next_tick_without_the_window():
 def test_past_a_trip_point_the_reason_stays_thermal_whatever_the_board_draws():
     hot = choose(FRONT, PolicySettings(mode="performance"), Signals(thermal_headroom_c=-1.0, power_w=50.0), INT8)
     assert hot.reason == "thermal" and hot.point.power_w < INT8.power_w
+
+
+def test_batch_size_is_chosen_by_power_budget_energy_and_load():
+    """The x1 INT4 sweep of docs/engine.md (bench/pareto_front.py --batches 4 8): `saver` takes the batch with the
+    least energy per report, a power budget below the full batch's draw keeps a smaller one, and under load `fast`
+    takes the batch that drains a queue fastest (p95 per report in flight), not the lowest p95 of one report."""
+    from dataclasses import replace
+
+    def batched(n, mj, p50, p95):
+        base = point(f"x1-int4[max_batch={n}]", 0.981, mj / 1e3, p50, p95)
+        return replace(base, settings={"variant": "x1-int4", "max_batch": n}, count=120)
+
+    one, four, eight = batched(1, 2.398, 0.539, 1.081), batched(4, 1.057, 0.555, 1.098), batched(8, 0.651, 0.567, 1.131)
+    assert [p.power_w for p in (one, four, eight)] == pytest.approx([4.45, 7.62, 9.18], abs=0.01)
+    points = [one, four, eight]
+    assert choose(points, PolicySettings(mode="saver"), Signals(), None).point is eight
+    budget = PolicySettings(mode="saver", constraints=Constraints(power_budget_w=9.0))
+    assert choose(points, budget, Signals(), None).point is four
+    assert choose(points, PolicySettings(mode="performance"), Signals(queue_depth=8), None).point is eight
