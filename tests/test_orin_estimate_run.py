@@ -105,3 +105,7 @@ def test_pareto_refuses_an_unknown_orin_mode_in_one_line(tiny_orin_bundles, synt
     assert "orin-nano-8:15W|7W" in err[0] and not (tmp_path / "p").exists()
     assert main(["pareto", str(cpu), "-o", str(tmp_path / "q"), "--orin-estimate", "agx-orin-64:MAXN"]) == 2
     assert "applies to orin bundles, and none of these is one" in capsys.readouterr().err
+    batch = [*base, "--orin-estimate", "agx-orin-64:MAXN", "--max-batch", "1", "--max-batch", "8"]
+    assert main(batch) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bills each report as if alone" in err[0] and not (tmp_path / "p").exists()

@@ -184,6 +184,13 @@ def _plan(loaded: list, named: dict[str, list[Any] | None], knob: list[str] | No
 
     knobs = merge_knobs(named, parse_knob_flags(knob, sorted({b.target for b in loaded})))
     knobs["orin_estimate"] = _orin_estimates(loaded, knobs.get("orin_estimate"))
+    if knobs["orin_estimate"] and any((v or 1) > 1 for v in knobs.get("max_batch") or ()):
+        from edgekit.errors import ConfigError
+
+        raise ConfigError(
+            "--max-batch above 1 with --orin-estimate: the Orin cost model bills each report as if alone, so a "
+            "batch's power and drain would be wrong; sweep the batch size without an estimate, or on cpu or x1"
+        )
     return plan(loaded, knobs, use_default=use_default)
 
 
