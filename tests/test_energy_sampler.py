@@ -91,12 +91,17 @@ def test_trapezoid_is_exact_for_a_linear_ramp():
     assert w.source == "measured:test:rail" and w.reading.fell_back_from == ()
 
 
-def test_a_counter_meter_is_integrated_by_difference():
-    clock = VClock(0.2)
-    s = Sampler([CounterMeter(7.5, clock)])
+def counter_window(watts: float, step_s: float):
+    """A window over two samples of a counter meter whose clock advances `step_s` a reading."""
+    s = Sampler([CounterMeter(watts, VClock(step_s))])
     with s.window() as w:
         s.sample()
         s.sample()
+    return w
+
+
+def test_a_counter_meter_is_integrated_by_difference():
+    w = counter_window(7.5, 0.2)
     assert w.joules == pytest.approx(7.5 * 0.6)
     assert w.reading.mean_watts == pytest.approx(7.5)
 
@@ -115,16 +120,12 @@ def test_overlapping_windows_add_up():
 
 def test_a_report_that_shared_its_decode_steps_is_billed_its_share_of_the_window():
     """A host meter sees the whole machine: a report decoded beside two others (three rows a step on average) is
-    billed a third of its decode, and none of its wait for a row. A target that bills its own device (x1's
+    billed a third of its time in the engine, and none of its wait for a row. A target that bills its own device (x1's
     emulator) already bills each row its part, so its figure is not divided again."""
     from edgekit.engine.sequence import Timings
     from edgekit.reporter import report_energy
 
-    clock = VClock(0.1)
-    s = Sampler([CounterMeter(6.0, clock)])
-    with s.window() as w:
-        s.sample()
-        s.sample()
+    w = counter_window(6.0, 0.1)
     assert w.joules == pytest.approx(6.0 * 0.3)
     assert report_energy({}, w) == (pytest.approx(w.joules), COUNTER)
     shared = Timings(encode_ms=0, prefill_ms=0, decode_ms=300, decode_tokens_per_s=100, decode_batch_mean=3.0)

@@ -114,6 +114,11 @@ class Engine:
             raise EdgekitError(f"a row cap must be >= 1, got {rows}")
         self.row_cap = rows
 
+    @property
+    def rows_max(self) -> int:
+        """The most rows that may decode together now: `max_batch`, or the cap set while running if lower."""
+        return min(self.max_batch, self.row_cap or self.max_batch)
+
     # submitting --------------------------------------------------------------------------------------------
     def kv_need(self, request: Request) -> int:
         image = self.image_tokens if request.pixel_values is not None else 0
@@ -211,7 +216,7 @@ class Engine:
         if not self._waiting:  # read without the lock: a request queued meanwhile is admitted at the next step
             return
         admitted: list[EngineRow] = []
-        limit = max(1, min(self.max_batch, self.row_cap or self.max_batch, self.controller.batch_size(self.stats)))
+        limit = max(1, min(self.rows_max, self.controller.batch_size(self.stats)))
         with self._lock:
             while self._waiting and self._free_rows and self.in_flight + len(admitted) < limit:
                 ticket = self._waiting[0]
