@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -83,6 +85,8 @@ class Metrics:
             ["variant"],
             registry=r,
         )
+        self._engine_rows_named: set[str] = set()
+        self._engine_rows_lock = threading.Lock()
         self.policy_broken = Gauge(
             "edgekit_policy_constraint_broken",
             "1 while no profiled point meets this constraint",
@@ -127,12 +131,14 @@ class Metrics:
         for name in known:
             self.active_variant.labels(name).set(1 if name == active else 0)
 
-    def forget_engine(self, variant: str) -> None:
-        """An unloaded variant has no engine to cap."""
-        try:
-            self.engine_rows.remove(variant)
-        except KeyError:
-            pass
+    def set_engine_rows(self, rows: dict[str, int]) -> None:
+        """Each loaded variant's row limit; a variant no longer loaded has no engine, so its series goes."""
+        with self._engine_rows_lock:
+            for name in self._engine_rows_named - rows.keys():
+                self.engine_rows.remove(name)
+            for name, n in rows.items():
+                self.engine_rows.labels(name).set(n)
+            self._engine_rows_named = set(rows)
 
     def set_broken(self, broken: tuple[str, ...]) -> None:
         for name in ("power_budget_w", "energy_budget_j", "quality_floor_f1", "latency_slo_ms"):

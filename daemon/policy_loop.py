@@ -80,6 +80,20 @@ def match_profile(cfg: DaemonConfig, registry: VariantRegistry) -> list[Point]:
             )
         points += [replace(p, settings={**p.settings, "variant": name}) for p in mine]
     one_front(points, cfg.policy_profile)
+    for p in points:
+        rows = p.settings.get(ENGINE_KNOB, 1)
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ConfigError(f"point {p.id!r}: max_batch must be an integer >= 1, not {rows!r}", cfg.policy_profile)
+    alone = sum(1 for p in points if ENGINE_KNOB not in p.settings)
+    if alone and cfg.max_batch > 1:
+        log.info(
+            "policy: %d of %d points were measured one report at a time (no max_batch); under load edgekitd decodes "
+            "up to %d rows together, which draws more power than their figures say (`edgekit pareto --max-batch` "
+            "measures it)",
+            alone,
+            len(points),
+            cfg.max_batch,
+        )
     return points
 
 
@@ -191,23 +205,17 @@ class PolicyLoop:
             return decision
 
     def _cap_rows(self) -> None:
-        """The served point's batch size (`max_batch`) caps its variant's engine; every other loaded variant (a
-        request may still name one) decodes up to its configured `max_batch`. Set at every tick, so a variant
-        loaded again after an eviction gets its cap back."""
+        """The served point's batch size (`max_batch`) caps its variant's engine; every other variant (a request may
+        still name one) decodes up to its configured `max_batch`. The registry keeps the cap, so a variant loaded
+        between ticks starts with it, and publishes each change (`edgekitd_engine_rows_max`)."""
         serving = self._serving
         for name in self.registry.specs:
-            loaded = self.registry.peek(name)
-            if loaded is None:
-                self.metrics.forget_engine(name)
-                continue
             cap = (
                 serving.settings.get(ENGINE_KNOB)
                 if serving is not None and serving.settings["variant"] == name
                 else None
             )
-            engine = loaded.reporter.engine
-            engine.cap_rows(cap)
-            self.metrics.engine_rows.labels(name).set(min(engine.max_batch, cap or engine.max_batch))
+            self.registry.cap_rows(name, cap)
 
     def _why(self, d: Decision) -> str:
         s = self.signals

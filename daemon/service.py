@@ -223,6 +223,8 @@ class Daemon:
 
     def _loaded_changed(self, loaded: set[str]) -> None:
         self.metrics.set_loaded(loaded, set(self.registry.specs) if self.registry else loaded)
+        if self.registry is not None:  # called under the registry's (reentrant) lock, in the thread that loaded
+            self.metrics.set_engine_rows(self.registry.rows_max())
 
     def reload(self) -> None:
         """SIGHUP: reread the config file; variants still listed stay loaded; the active one is warm before READY."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit.bundle.signing import manifest_digest
-from edgekit.errors import BundleError, EdgekitError
+from edgekit.errors import BundleError, ConfigError, EdgekitError
 
 from .config import DaemonConfig, Variant
 
@@ -91,6 +91,7 @@ class VariantRegistry:
         self.configured: dict[str, Variant] = {}
         self.installed: dict[str, Path] = {}  # variants serving a rollout's slot instead of the config's bundle
         self._text: dict[str, bool] = {}  # whether a variant's bundle is a text model's, read from its manifest
+        self.row_caps: dict[str, int] = {}  # the policy's batch size per variant, applied whenever it is loaded
         self.active = ""
         self.threads: int | None = None
         # the energy meter each report is billed by (edgekit.energy), where the target has none
@@ -113,9 +114,11 @@ class VariantRegistry:
             specs = {n: replace(v, bundle=self.installed[n]) if n in self.installed else v for n, v in specs.items()}
             self.specs = specs
             self._text.clear()  # a reload may point a name at another bundle
-            for name in list(self.loaded):
-                if name not in specs:
-                    del self.loaded[name]
+            dropped = [name for name in self.loaded if name not in specs]
+            for name in dropped:
+                del self.loaded[name]
+            if dropped:
+                self._on_change()
             if cfg.active_variant in specs:
                 self.active = cfg.active_variant  # the config file wins on reload
             elif self.active not in specs:
@@ -156,8 +159,7 @@ class VariantRegistry:
                 spec = self.specs[name]
             loaded = self._load(spec)
             with self._lock:
-                self.loaded[name] = loaded
-                self._on_change()
+                self._serve(name, loaded)
                 return self._touch(loaded, hold)
 
     def peek(self, name: str) -> Loaded | None:
@@ -204,6 +206,29 @@ class VariantRegistry:
             log.info("variant %s unloaded after %.0f s idle", name, self.keep_alive_s)
         return idle
 
+    def cap_rows(self, name: str, rows: int | None) -> Loaded | None:
+        """Cap variant `name`'s engine at `rows` decoding together (None: its configured `max_batch`), now if it is
+        loaded and whenever it is loaded later, so a variant loaded between policy ticks starts with the cap."""
+        if rows is not None and rows < 1:
+            raise ConfigError(f"a row cap must be >= 1, got {rows} (variant {name!r})")
+        with self._lock:
+            if rows is None:
+                self.row_caps.pop(name, None)
+            else:
+                self.row_caps[name] = rows
+            loaded = self.loaded.get(name)
+            if loaded is not None and loaded.reporter.engine.row_cap != rows:
+                loaded.reporter.engine.cap_rows(rows)
+                self._on_change()
+        return loaded
+
+    def _serve(self, name: str, loaded: Loaded) -> None:
+        """`loaded` serves variant `name` from now on (the caller holds the lock), with the policy's cap at that
+        moment: a tick while it loaded (seconds of warming, a rollout's gate) may have changed it."""
+        loaded.reporter.engine.cap_rows(self.row_caps.get(name))
+        self.loaded[name] = loaded
+        self._on_change()
+
     def _on_change(self) -> None:
         """Hook for metrics: called under the lock whenever the set of loaded variants changes."""
         if self.on_change is not None:
@@ -243,6 +268,7 @@ class VariantRegistry:
             latency_target_s=e.latency_target_ms / 1e3,
             prefill_chunk=e.prefill_chunk,
         )
+        reporter.engine.cap_rows(self.row_caps.get(spec.name))  # warmed as it will serve (`_serve` sets it again)
         load_ms = (time.perf_counter() - t0) * 1e3
         self._say(f"warming variant {spec.name}")
         warm_ms = reporter.warm()
@@ -287,14 +313,19 @@ class VariantRegistry:
             self.specs[name] = replace(self.configured[name], bundle=bundle or self.configured[name].bundle)
             self._text.pop(name, None)
             if loaded is not None:
-                self.loaded[name] = loaded
+                self._serve(name, loaded)
             else:
                 self.loaded.pop(name, None)
-            self._on_change()
+                self._on_change()
 
     def _is_loading(self, name: str) -> bool:
         gate = self._loading.get(name)
         return gate is not None and gate.locked() and name not in self.loaded
+
+    def rows_max(self) -> dict[str, int]:
+        """Each loaded variant's engine's row limit now (`Engine.rows_max`)."""
+        with self._lock:
+            return {name: item.reporter.engine.rows_max for name, item in self.loaded.items()}
 
     def describe(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,7 @@ def test_a_profile_of_other_bundles_is_refused_at_start_naming_the_file(setup, t
     assert "pareto.json" in str(err.value) and "no point for variant 'small'" in str(err.value)
 
 
-def test_one_bundle_listed_dense_and_sparse_gets_each_its_own_points(setup, tmp_path):
+def test_one_bundle_listed_dense_and_sparse_gets_each_its_own_points(setup, tmp_path, caplog):
     from edgekit.daemon.config import load_config
     from edgekit.daemon.policy_loop import match_profile
     from edgekit.daemon.variants import VariantRegistry
@@ -168,15 +169,22 @@ def test_one_bundle_listed_dense_and_sparse_gets_each_its_own_points(setup, tmp_
         return path
 
     cfg = load_config(config(("small", ""), ("small-dss", "settings = { sparsity_target = 0.5 }")))
+    caplog.set_level("INFO", logger="edgekitd")
     by_variant: dict[str, set] = {}
     for p in match_profile(cfg, VariantRegistry(cfg)):
         by_variant.setdefault(p.settings["variant"], set()).add(p.id)
     assert by_variant == {"small": {"small", "short"}, "small-dss": {"dss"}}  # the DSS point is the sparse one's
+    assert "3 of 3 points were measured one report at a time" in caplog.text  # no point has max_batch
     cfg = load_config(config(("small", ""), ("small-dss", "settings = { sparsity_target = 0.38 }")))
     with pytest.raises(ConfigError, match=r"no point for variant 'small-dss' with settings \{'sparsity_target': 0.38"):
         match_profile(cfg, VariantRegistry(cfg))
     with pytest.raises(ConfigError, match=r"variants\[1\].settings must be a table of scalars"):
         load_config(config(("small", ""), ("bad", "settings = { dss = [1] }")))
+    bad = tmp_path / "bad-pareto.json"
+    write_profile(Profile([_point("zero", bundles["small"], 0.96, 3.0, 500, max_batch=0)]), bad)
+    cfg = load_config(config(("small", "")))
+    with pytest.raises(ConfigError, match=r"point 'zero': max_batch must be an integer >= 1, not 0"):
+        match_profile(replace(cfg, policy_profile=bad), VariantRegistry(cfg))
 
 
 def test_the_served_points_batch_size_caps_the_engines_rows(setup, tmp_path):
@@ -226,3 +234,40 @@ def test_the_served_points_batch_size_caps_the_engines_rows(setup, tmp_path):
         while rows_max(d) != 4 and time.monotonic() < deadline:  # set at the next tick
             time.sleep(0.05)
         assert rows_max(d) == 4
+
+
+def test_a_variant_loaded_between_ticks_starts_with_the_policys_row_cap(setup, tmp_path):
+    """The policy's cap lives in the registry, not only in a loaded engine: a variant unloaded and loaded again by a
+    request before the next tick decodes no more rows than the served point allows, and /metrics' gauge follows."""
+    from edgekit.daemon.config import DaemonConfig, Variant
+    from edgekit.daemon.metrics import Metrics
+    from edgekit.daemon.variants import VariantRegistry
+    from edgekit.errors import ConfigError
+
+    _, bundles, _ = setup
+    metrics = Metrics()
+    cfg = DaemonConfig(
+        state_dir=tmp_path,
+        max_batch=6,
+        keep_alive_s=0.0,
+        active_variant="big",
+        variants=(Variant("big", bundles["big"]), Variant("small", bundles["small"])),
+    )
+    reg = VariantRegistry(cfg, on_change=lambda _loaded: metrics.set_engine_rows(reg.rows_max()))
+    assert reg.cap_rows("small", 2) is None  # not loaded: kept for its load
+    assert reg.get("small").reporter.engine.rows_max == 2
+    assert reg.unload_idle(now=time.monotonic() + 1) == ["small"]
+    assert 'variant="small"' not in metrics.render().decode()  # an unloaded variant has no engine to cap
+    reloaded = reg.get("small")
+    assert reloaded.reporter.engine.rows_max == 2
+    assert 'edgekitd_engine_rows_max{variant="small"} 2.0' in metrics.render().decode()
+    assert reg.cap_rows("small", None) is reloaded and reloaded.reporter.engine.rows_max == 6
+    assert 'edgekitd_engine_rows_max{variant="small"} 6.0' in metrics.render().decode()  # a change is published
+    assert reg.get("big").reporter.engine.rows_max == 6
+    slot = reg.load_slot("small", bundles["small"])  # a rollout's gate: loaded while the old one serves
+    reg.cap_rows("small", 3)  # a tick meanwhile
+    reg.install("small", bundles["small"], slot)
+    assert slot.reporter.engine.rows_max == 3  # it serves with the cap in force when it took over
+    with pytest.raises(ConfigError, match="a row cap must be >= 1, got 0"):
+        reg.cap_rows("small", 0)
+    assert reg.row_caps["small"] == 3  # refused before it could reach a later load

@@ -116,7 +116,7 @@ def test_the_daemon_serves_one_device_of_a_profile_with_two_fronts_and_refuses_v
     from edgekit.daemon.policy_loop import match_profile
 
     out, _ = profiled
-    cfg = SimpleNamespace(policy_profile=out / "pareto.json")
+    cfg = SimpleNamespace(policy_profile=out / "pareto.json", max_batch=8)
 
     def registry(*names):
         return SimpleNamespace(specs={n: SimpleNamespace(bundle=bundles[n], settings={}) for n in names})
