@@ -92,6 +92,31 @@ def test_eval_records_an_unreadable_study_and_goes_on(bundle_dir, tmp_path, caps
     assert overall["failed"] == 1 and overall["n"] == 3
 
 
+def test_eval_with_reports_in_flight_gives_the_same_records_in_order(bundle_dir, tmp_path, capsys):
+    """`--concurrency 3`: three reports at a time, decoded together; an unreadable study is still one failure in
+    its place, and the greedy reports are the ones written one at a time."""
+    from edgekit.models.synth import write_split
+
+    data = write_split(tmp_path / "split", "test", 5).parent
+    rows = [json.loads(x) for x in (data / "studies.jsonl").read_text().splitlines()]
+    victim = data / rows[1]["path"]
+    for f in victim.rglob("*.dcm") if victim.is_dir() else [victim]:
+        f.write_bytes(b"not a dicom file")
+    records = {}
+    for n in ("1", "3"):
+        out = tmp_path / f"c{n}.json"
+        assert (
+            main(["eval", str(bundle_dir), "--data", str(data), "--no-video", "--concurrency", n, "-o", str(out)]) == 0
+        )
+        assert ("3 in flight" in capsys.readouterr().out) == (n == "3")
+        result = json.loads(out.read_text())
+        assert result["rows_max"] == (3 if n == "3" else 8)  # its engine took a row for each report in flight
+        records[n] = result["records"]
+    assert [r["id"] for r in records["3"]] == [r["id"] for r in records["1"]] == [r["id"] for r in rows]
+    assert [r["error"] is not None for r in records["3"]] == [False, True, False, False, False]
+    assert [r.get("text") for r in records["3"]] == [r.get("text") for r in records["1"]]
+
+
 def test_profile_writes_a_trace_a_profiler_opens_and_a_plot(bundle_dir, tmp_path, capsys):
     out = tmp_path / "prof"
     assert main(["profile", str(bundle_dir), "--study", str(SAMPLES / "cr_chest"), "-o", str(out), "--json"]) == 0

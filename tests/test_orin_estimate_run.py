@@ -109,3 +109,14 @@ def test_pareto_refuses_an_unknown_orin_mode_in_one_line(tiny_orin_bundles, synt
     assert main(batch) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bills each report as if alone" in err[0] and not (tmp_path / "p").exists()
+
+
+def test_eval_refuses_reports_in_flight_where_the_estimate_bills_each_alone(tiny_orin_bundles, synth_split3, capsys):
+    """Off the Jetson an orin bundle is billed by the Orin estimate, one report as if alone: `eval --concurrency`
+    above 1 would bill reports decoded together wrong, so it is refused in one line naming the bundle."""
+    orin, _ = tiny_orin_bundles
+    args = ["eval", str(orin), "--engine", "onnxruntime", "--data", str(synth_split3), "--no-video"]
+    assert main([*args, "--concurrency", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(orin) in err[0] and "bills each report as if it ran alone" in err[0]
+    assert main([*args, "--limit", "1", "--concurrency", "1", "--json"]) == 0  # one at a time it is billed right

@@ -202,6 +202,14 @@ def test_eval_on_prompts_and_references(llama_cpu, root, capsys):
     assert 0 <= o["bleu4"]["value"] <= 100 and 0 <= o["rouge_l"]["value"] <= 1
     assert o["finding_n"] == 2 and 0 <= o["finding_f1"]["value"] <= 1  # the two references that state findings
     assert o["latency_ms"]["p50"] > 0 and "records" not in result
+    out = root / "notes-val-together.json"
+    rc, together = _cli(
+        ["eval", str(llama_cpu[0]), "--data", str(data), "--concurrency", "3", "-o", str(out), "--json"]
+    )
+    assert rc == 0 and (together["concurrency"], together["rows_max"]) == (3, 3)  # in flight, decoded together
+    assert (together["overall"]["n"], together["overall"]["failed"]) == (3, 1)
+    records = json.loads(out.read_text())["records"]
+    assert [r["id"] for r in records][1] == "nodule" and records[3]["error"] is not None  # in the file's order
 
     bad = root / "bad.jsonl"
     bad.write_text('{"prompt": "w1", "reference": "x"}\n{"prompt": "w2"}\n')

@@ -132,6 +132,7 @@ def table_rows(result: dict) -> list[dict]:
         "edgekit eval out/radreport-tiny-cpu --data data/test --limit 8",
         "edgekit eval out/radreport-tiny-x1 --data data/test --limit 4 --no-video -o out/eval-x1.json",
         "edgekit eval out/radreport-tiny-cpu --data data/test --limit 4 --json | jq .overall.finding_f1",
+        "edgekit eval out/radreport-tiny-cpu --data data/test --limit 8 --no-video --concurrency 4",
         "edgekit eval out/radreport-tiny-x1 --data data/test --limit 2 --no-video --json | jq .overall.dss",
         "edgekit build --target orin -o out/radreport-tiny-orin --no-parity && edgekit eval out/radreport-tiny-orin "
         "--engine onnxruntime --data data/test --limit 2 --no-video",
@@ -154,6 +155,14 @@ def eval(  # noqa: A001 - the subcommand's name
         ),
     ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Only the first N studies.")] = None,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Reports in flight at once, which the token engine decodes together (up to this many rows a step), "
+            "their studies decoded in ingest processes as edgekitd does; records stay in the split's order.",
+        ),
+    ] = 1,
     video: Annotated[bool, typer.Option(help="Also score cine studies from their MP4 copies.")] = True,
     out: Annotated[Path | None, out_option("Write the full result (with per-study records) as JSON here.")] = None,
     force: ForceOption = False,
@@ -168,23 +177,23 @@ def eval(  # noqa: A001 - the subcommand's name
 
     loaded = load_bundle(bundle)
     runtime = RuntimeOptions(threads=threads, engine=engine_name(engine))
-    if loaded.is_text:
-        if data is None:
-            raise ConfigError(
-                'a text model\'s bundle is evaluated on --data PROMPTS.jsonl ({"prompt", "reference"} lines)', bundle
-            )
-        return _eval_text(loaded, data, limit, out, runtime, as_json)
-    if data is not None and data.is_file():
+    if loaded.is_text and data is None:
+        raise ConfigError(
+            'a text model\'s bundle is evaluated on --data PROMPTS.jsonl ({"prompt", "reference"} lines)', bundle
+        )
+    if not loaded.is_text and data is not None and data.is_file():
         raise ConfigError(
             "a file of prompts is for a text model's bundle; this one is a vision-language model's, evaluated on a "
             "split folder (edgekit data synth)",
             data,
         )
+    reporter = in_flight_reporter(loaded, runtime, concurrency, bundle)
+    if loaded.is_text:
+        assert data is not None
+        return _eval_text(reporter, data, limit, concurrency, out, runtime, as_json)
     from edgekit.eval.runner import default_test_split, evaluate
-    from edgekit.reporter import Reporter
 
     data_dir = data if data is not None else default_test_split()
-    reporter = Reporter.from_bundle(loaded, runtime=runtime)
     with progress("reports", as_json=as_json) as task:
         result = evaluate(
             reporter,
@@ -192,6 +201,7 @@ def eval(  # noqa: A001 - the subcommand's name
             limit=limit,
             include_video=video,
             progress=lambda done, total: task.update(completed=done, total=total),
+            concurrency=concurrency,
         )
     result["engine"], where = runs_on(loaded, runtime.engine)
     if out is not None:
@@ -213,20 +223,49 @@ def eval(  # noqa: A001 - the subcommand's name
     )
     for line in cost_notes(result):
         console.print(line, style="dim", markup=False)
-    console.print(f"[dim]{result['notes']['ci95']}; eval wall time {result['wall_s']:.1f} s[/dim]")
+    console.print(footer(result), style="dim", markup=False)
 
 
-def _eval_text(bundle, data: Path, limit: int | None, out: Path | None, runtime, as_json: bool) -> None:
-    """A text model's bundle on a JSON Lines file of prompts and references."""
-    from edgekit.eval.prompts import evaluate_prompts
+def footer(result: dict) -> str:
+    """How the intervals were drawn, and the run's wall time with the reports it had in flight."""
+    n, rows = result.get("concurrency", 1), result.get("rows_max", 1)
+    flight = f", {n} in flight" + (f" ({rows} decoding at a time, the target's most)" if rows < n else "")
+    return f"{result['notes']['ci95']}; eval wall time {result['wall_s']:.1f} s" + (flight if n > 1 else "")
+
+
+def in_flight_reporter(bundle, runtime, concurrency: int, where: Path):
+    """The bundle's reporter for `concurrency` reports in flight: its engine takes as many rows (the default when
+    one at a time; the target may allow fewer: the result's `rows_max`). Refused where the target bills each report
+    as if it ran alone (the Orin estimate), whose figures for reports decoded together would be wrong."""
+    from edgekit.errors import ConfigError
     from edgekit.reporter import Reporter
 
-    reporter = Reporter.from_bundle(bundle, runtime=runtime)
+    reporter = Reporter.from_bundle(bundle, runtime=runtime, **({"max_batch": concurrency} if concurrency > 1 else {}))
+    if concurrency > 1 and getattr(reporter.backend, "bills_alone", False):
+        reporter.close()
+        raise ConfigError(
+            f"--concurrency {concurrency}: this run's cost model bills each report as if it ran alone, so reports "
+            "decoded together would be billed wrong; evaluate one at a time",
+            where,
+        )
+    return reporter
+
+
+def _eval_text(
+    reporter, data: Path, limit: int | None, concurrency: int, out: Path | None, runtime, as_json: bool
+) -> None:
+    """A text model's bundle on a JSON Lines file of prompts and references."""
+    from edgekit.eval.prompts import evaluate_prompts
+
     with progress("reports", as_json=as_json) as task:
         result = evaluate_prompts(
-            reporter, data, limit=limit, progress=lambda done, total: task.update(completed=done, total=total)
+            reporter,
+            data,
+            limit=limit,
+            progress=lambda done, total: task.update(completed=done, total=total),
+            concurrency=concurrency,
         )
-    result["engine"], where = runs_on(bundle, runtime.engine)
+    result["engine"], where = runs_on(reporter.bundle, runtime.engine)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
@@ -238,4 +277,4 @@ def _eval_text(bundle, data: Path, limit: int | None, out: Path | None, runtime,
     emit(text_table_rows(result), False, title=title)
     for line in cost_notes(result):
         console.print(line, style="dim", markup=False)
-    console.print(f"[dim]{result['notes']['ci95']}; eval wall time {result['wall_s']:.1f} s[/dim]")
+    console.print(footer(result), style="dim", markup=False)

@@ -22,6 +22,7 @@ import numpy as np
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.eval.bootstrap import bootstrap_ci
 from edgekit.eval.finding_metrics import prf, score_study
+from edgekit.eval.in_flight import in_order
 from edgekit.eval.jsonl import json_objects
 from edgekit.eval.runner import speed, text_scores
 from edgekit.eval.text_metrics import rouge_l
@@ -73,6 +74,31 @@ def finding_scores(scored: list[dict], *, resamples: int, seed: int) -> dict:
     }
 
 
+def _record(reporter, sample: dict, options) -> dict:
+    """One prompt's report, scored; or the error that kept it from being written."""
+    rec = {"id": sample["id"], "error": None}
+    try:
+        rep = reporter.report_text(sample["prompt"], options)
+    except EdgekitError as e:  # one prompt that does not fit is a finding of the run, not its end
+        rec["error"] = {"code": e.code, "message": str(e)}
+        return rec
+    rec.update(
+        text=rep.text,
+        references=sample["references"],
+        rouge_l=rouge_l(rep.text, sample["references"]),
+        timings=rep.timings,
+        cost=rep.cost,
+        energy_j=rep.energy_j,
+        energy_source=rep.energy_source,
+        warnings=list(rep.warnings),
+    )
+    truth = _truth(sample["references"])
+    if truth is not None:
+        predicted = [Finding(**f) for f in rep.findings]
+        rec["score"] = asdict(score_study(truth[0], truth[1], predicted, list(rep.negatives)))
+    return rec
+
+
 def evaluate_prompts(
     reporter,
     data: Path,
@@ -82,37 +108,17 @@ def evaluate_prompts(
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
     options=None,
+    concurrency: int = 1,
 ) -> dict:
-    """A report for every prompt of `data` (`reporter` holds a text model's bundle), scored. JSON-ready."""
+    """A report for every prompt of `data` (`reporter` holds a text model's bundle), scored. JSON-ready.
+    `concurrency`: prompts in flight at once, which the reporter's engine decodes together; records in order."""
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be >= 1, got {limit}")
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
     samples = load_prompts(data)[:limit]
-    records: list[dict] = []
     t0 = time.perf_counter()
-    for i, sample in enumerate(samples):
-        rec = {"id": sample["id"], "error": None}
-        try:
-            rep = reporter.report_text(sample["prompt"], options)
-        except EdgekitError as e:  # one prompt that does not fit is a finding of the run, not its end
-            rec["error"] = {"code": e.code, "message": str(e)}
-        else:
-            rec.update(
-                text=rep.text,
-                references=sample["references"],
-                rouge_l=rouge_l(rep.text, sample["references"]),
-                timings=rep.timings,
-                cost=rep.cost,
-                energy_j=rep.energy_j,
-                energy_source=rep.energy_source,
-                warnings=list(rep.warnings),
-            )
-            truth = _truth(sample["references"])
-            if truth is not None:
-                predicted = [Finding(**f) for f in rep.findings]
-                rec["score"] = asdict(score_study(truth[0], truth[1], predicted, list(rep.negatives)))
-        records.append(rec)
-        if progress:
-            progress(i + 1, len(samples))
+    records = in_order(lambda sample: _record(reporter, sample, options), samples, concurrency, progress)
     ok = [r for r in records if r["error"] is None]
     overall: dict = {"n": len(ok), "failed": len(records) - len(ok)}
     if ok:
@@ -128,6 +134,8 @@ def evaluate_prompts(
         "prompts_with_warnings": sum(1 for r in records if r.get("warnings")),
         "overall": overall,
         "wall_s": time.perf_counter() - t0,
+        "concurrency": concurrency,
+        "rows_max": reporter.engine.rows_max,  # the most rows its engine may decode together (the target may cap it)
         "machine": {"python": platform.python_version(), "processor": platform.machine()},
         "notes": {
             "bleu4": "sacrebleu corpus BLEU-4 against every reference phrasing",

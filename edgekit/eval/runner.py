@@ -13,7 +13,6 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 from edgekit.errors import ConfigError, EdgekitError
 from edgekit.eval.bootstrap import bootstrap_ci
 from edgekit.eval.finding_metrics import prf, score_study
+from edgekit.eval.in_flight import in_order
 from edgekit.eval.jsonl import json_objects
 from edgekit.eval.text_metrics import bleu_from_statistics, bleu_statistics, rouge_l
 from edgekit.findings import Finding
@@ -58,7 +58,10 @@ def default_test_split(cache_root: Path | None = None, count: int = TEST_SPLIT_S
     return get_model_family().test_split(cache_root or Path.home() / ".cache" / "edgekit", count)
 
 
-def _rows(studies: list[dict], include_video: bool) -> list[tuple[dict, str, str]]:
+Row = tuple[dict, str, str]  # a study, the path of the file or folder to read, and its kind of source
+
+
+def _rows(studies: list[dict], include_video: bool) -> list[Row]:
     rows = []
     for s in studies:
         rows.append((s, s["path"], "dicom"))
@@ -181,10 +184,11 @@ def speed(ok: list[dict]) -> dict:
     }
 
 
-def _record(reporter, data_dir: Path, s: dict, rel: str, source: str, options, workers=None) -> dict:
+def _record(reporter, data_dir: Path, row: Row, options, workers=None) -> dict:
     """One study's report, scored; or the error that kept it from being written. With `workers` (reports in
     flight together) the study is decoded in an ingest process, as edgekitd decodes it, and `total_ms` is the
     wall time of both."""
+    s, rel, source = row
     rec = {"id": s["id"], "kind": s.get("kind", s["modality"]), "source": source, "error": None}
     t0 = time.perf_counter()
     try:
@@ -210,24 +214,13 @@ def _record(reporter, data_dir: Path, s: dict, rel: str, source: str, options, w
     return rec
 
 
-def _in_flight(reporter, data_dir: Path, rows: list, options, concurrency: int, progress) -> list[dict]:
+def _in_flight(reporter, data_dir: Path, rows: list[Row], options, concurrency: int, progress) -> list[dict]:
     """`rows` reported `concurrency` at a time, their studies decoded in ingest processes; in the split's order."""
     from edgekit.ingest.workers import IngestWorkers, default_processes
 
     workers = IngestWorkers(min(concurrency, default_processes()))
     try:
-        with ThreadPoolExecutor(concurrency, thread_name_prefix="edgekit-eval") as pool:
-            futures = [
-                pool.submit(_record, reporter, data_dir, s, rel, source, options, workers) for s, rel, source in rows
-            ]
-            try:
-                for done, _ in enumerate(as_completed(futures), 1):
-                    if progress:
-                        progress(done, len(rows))
-                return [f.result() for f in futures]
-            except BaseException:  # Ctrl-C, a failing progress callback, a bug: the studies not started stay so
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+        return in_order(lambda row: _record(reporter, data_dir, row, options, workers), rows, concurrency, progress)
     finally:
         workers.close()
 
@@ -261,11 +254,7 @@ def evaluate(
 
     t0 = time.perf_counter()
     if concurrency == 1:
-        records = []
-        for row in rows:
-            records.append(_record(reporter, data_dir, *row, options))
-            if progress:
-                progress(len(records), len(rows))
+        records = in_order(lambda row: _record(reporter, data_dir, row, options), rows, 1, progress)
     else:
         records = _in_flight(reporter, data_dir, rows, options, concurrency, progress)
     wall = time.perf_counter() - t0
@@ -287,6 +276,7 @@ def evaluate(
         "video": _summarise(video, resamples=resamples, seed=seed) if video else None,
         "wall_s": wall,
         "concurrency": concurrency,
+        "rows_max": reporter.engine.rows_max,  # the most rows its engine may decode together (the target may cap it)
         "machine": {"python": platform.python_version(), "processor": platform.machine()},
         "notes": {
             "finding_match": "a finding matches on (type, location); count and size scored among matches",

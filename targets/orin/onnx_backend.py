@@ -81,6 +81,8 @@ class OrinOnnxBackend(CpuBackend):
         self.source = bundle.source
         self.profiles = plan_for(bundle, overrides)["profiles"]
         self.billing = billing
+        # the Orin estimate prices each report as if it ran alone: reports decoded together would be billed wrong
+        self.bills_alone = billing is not None
         self.rows = RowBatcher(
             HostKV(super().decode),
             self.profiles[names.DECODER_ROLE],
