@@ -80,6 +80,6 @@ class SequenceCost:
             # waited for) and energy (its share), not the host's running the emulator
             "latency_ms": (total_s + self.waited_s) * 1e3,
             "energy_j": total_j,
-            "decode_batch_mean": self.decode_rows / steps if steps else 0.0,
+            "decode_batch_mean": self.decode_rows / steps if steps else 1.0,  # no decode step: alone (as the engine)
             "phases": {k: {"calls": v.calls, "ms": v.seconds * 1e3, "mj": v.energy_j * 1e3} for k, v in phases.items()},
         }
