@@ -11,7 +11,8 @@ counted: `kill -9` with durable jobs accepted and a restart (every accepted job 
 (answers must be 2xx or 503 only; the daemon's RSS before/after and its peak; healthy afterwards), and RSS (the daemon's
 and its ingest processes', summed) over `--soak` reports at concurrency 8 (sampled every 50; flat means no growth after
 the first 100). `--x1` adds the default model's x1 bundle served at c=1 and c=8: emulated latency and energy per report.
-Prints tables, writes JSON.
+Each row over the socket also says where a report's CPU went: the daemon process, its ingest processes, and this
+bench's client threads (they share the machine), and how many cores were busy. Prints tables, writes JSON.
 
     python bench/daemon_load.py [--model-dir DIR] [--requests 30] [--soak 500] [--x1] [--out bench/daemon_load.json]
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.daemon.client import study_files
-from edgekit.daemon.testing import DaemonProcess, proc_kib, write_tiny_model
+from edgekit.daemon.testing import DaemonProcess, proc_kib, process_tree, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "models" / "samples" / "cr_chest" / "image.dcm"
@@ -76,6 +78,27 @@ def interleaved_c1(d: DaemonProcess, bundle: Path, n: int) -> tuple[dict, dict]:
     return inproc, daemon
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_now(d: DaemonProcess) -> dict:
+    """CPU seconds so far of the daemon process, of its ingest processes (its descendants) and of this bench (the
+    clients' threads): on a machine the daemon shares with its clients, where each report's CPU goes."""
+    pid = d.proc.pid
+    me = os.times()
+    return {
+        "daemon": cpu_s(pid),
+        "ingest": sum(cpu_s(p) for p in process_tree(pid) if p != pid),
+        "client": me.user + me.system,
+    }
+
+
 def over_socket(d: DaemonProcess, n: int, concurrency: int) -> dict:
     files = study_files(STUDY)
 
@@ -86,11 +109,13 @@ def over_socket(d: DaemonProcess, n: int, concurrency: int) -> dict:
 
     for _ in range(3):
         one(0)
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_now(d), time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(one, range(n)))
-    wall = time.perf_counter() - t0
+    wall, cpu1 = time.perf_counter() - t0, cpu_now(d)
     out = stats([lat for lat, _, _ in results], wall)
+    out["cpu_ms_per_report"] = {k: (cpu1[k] - cpu0[k]) / n * 1e3 for k in cpu0}  # an ingest process's restart: 0
+    out["cores_busy"] = sum(cpu1[k] - cpu0[k] for k in cpu0) / wall
     out["statuses"] = {str(s): sum(1 for _, x, _ in results if x == s) for s in {x for _, x, _ in results}}
     out["server_split_p50_ms"] = {
         k: float(np.median([t[k] for _, _, t in results if t])) for k in ("queue_ms", "generate_ms", "total_ms")
@@ -343,15 +368,19 @@ def main() -> None:
     }
     print(
         f"{'mode':<16}{'n':>5}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'req/s':>9}{'x in-proc p50':>15}"
-        f"{'gen p50 ms':>12}{'queue p50 ms':>14}"
+        f"{'gen p50 ms':>12}{'queue p50 ms':>14}{'CPU ms d/i/c':>16}{'cores':>7}"
     )
     for name, r in rows.items():
         split = r.get("server_split_p50_ms", {})
+        cpu = r.get("cpu_ms_per_report")
+        cpu_cell = "/".join(f"{cpu[k]:.1f}" for k in ("daemon", "ingest", "client")) if cpu else "-"
         print(
             f"{name:<16}{r['n']:>5}{r['p50_ms']:>10.1f}{r['p95_ms']:>10.1f}{r['p99_ms']:>10.1f}"
             f"{r['throughput_rps']:>9.2f}{r['p50_ms'] / base:>15.2f}"
             f"{split.get('generate_ms', float('nan')):>12.1f}{split.get('queue_ms', float('nan')):>14.1f}"
+            f"{cpu_cell:>16}{r.get('cores_busy', float('nan')):>7.2f}"
         )
+    print("CPU ms d/i/c: per report, in the daemon process / its ingest processes / this bench's clients")
     sc = result["scaling"]
     print(
         f"scaling: req/s c=8 / c=1 = {sc['daemon_rps_c8_over_c1']:.2f}x (serial daemon: "
