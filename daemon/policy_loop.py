@@ -176,11 +176,16 @@ class PolicyLoop:
             before = self.governor.current
             decision = self.governor.tick(self.clock(), self.signals)
             if decision.switched or before is None:
+                variant = decision.point.settings["variant"]
+                # capped before it serves: a request admitted between the switch and `_cap_rows` would otherwise
+                # decode beside more rows than the point allows
+                self.registry.cap_rows(variant, decision.point.settings.get(ENGINE_KNOB))
                 try:
-                    self.registry.activate(decision.point.settings["variant"])
+                    self.registry.activate(variant)
                 except EdgekitError as err:  # keep serving what was serving; the next tick may try again
                     log.error("policy: cannot switch to %s (%s); staying", decision.point.id, err.code)
                     self.governor.current = before
+                    self._cap_rows()  # the serving point's caps again
                     return decision
                 if decision.switched:
                     self.metrics.policy_switches.labels(

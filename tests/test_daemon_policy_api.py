@@ -271,3 +271,38 @@ def test_a_variant_loaded_between_ticks_starts_with_the_policys_row_cap(setup, t
     with pytest.raises(ConfigError, match="a row cap must be >= 1, got 0"):
         reg.cap_rows("small", 0)
     assert reg.row_caps["small"] == 3  # refused before it could reach a later load
+
+
+def test_a_switch_caps_the_next_variant_before_it_serves(setup, tmp_path, monkeypatch):
+    """The policy's first tick loads and activates the chosen point's variant: it is capped at the point's batch
+    size by the time it is active, not a moment later (a request admitted in between would share more rows)."""
+    from edgekit.daemon.config import load_config
+    from edgekit.daemon.metrics import Metrics
+    from edgekit.daemon.policy import Signals
+    from edgekit.daemon.policy_loop import PolicyLoop
+    from edgekit.daemon.variants import VariantRegistry
+
+    _, bundles, _ = setup
+    write_profile(
+        Profile([_point("alone", bundles["small"], 0.96, 3.0, 500, max_batch=1)], split={"name": "test", "count": 300}),
+        tmp_path / "pareto.json",
+    )
+    config = tmp_path / "edgekitd.toml"
+    config.write_text(
+        f'[[variants]]\nname = "small"\nbundle = "{bundles["small"]}"\n'
+        f'[policy]\nprofile = "{tmp_path / "pareto.json"}"\nmode = "fixed"\nfixed = "alone"\n'
+    )
+    cfg = load_config(config)
+    registry = VariantRegistry(cfg)
+    loop = PolicyLoop(cfg, registry, Metrics(), read_signals=Signals)
+    at_activation = []
+    activate = registry.activate
+
+    def watched(name: str):  # the real switch, observed as it returns
+        loaded = activate(name)
+        at_activation.append(loaded.reporter.engine.rows_max)
+        return loaded
+
+    monkeypatch.setattr(registry, "activate", watched)
+    assert loop.tick().point.id == "alone"
+    assert at_activation == [1] and registry.peek("small").reporter.engine.rows_max == 1
