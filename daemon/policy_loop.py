@@ -80,10 +80,6 @@ def match_profile(cfg: DaemonConfig, registry: VariantRegistry) -> list[Point]:
             )
         points += [replace(p, settings={**p.settings, "variant": name}) for p in mine]
     one_front(points, cfg.policy_profile)
-    for p in points:
-        rows = p.settings.get(ENGINE_KNOB, 1)
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise ConfigError(f"point {p.id!r}: max_batch must be an integer >= 1, not {rows!r}", cfg.policy_profile)
     alone = sum(1 for p in points if ENGINE_KNOB not in p.settings)
     if alone and cfg.max_batch > 1:
         log.info(

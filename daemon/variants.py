@@ -230,7 +230,8 @@ class VariantRegistry:
         self._on_change()
 
     def _on_change(self) -> None:
-        """Hook for metrics: called under the lock whenever the set of loaded variants changes."""
+        """Hook for metrics: called under the lock whenever the set of loaded variants or a loaded engine's row cap
+        changes."""
         if self.on_change is not None:
             self.on_change(set(self.loaded))
 

@@ -183,7 +183,7 @@ def test_one_bundle_listed_dense_and_sparse_gets_each_its_own_points(setup, tmp_
     bad = tmp_path / "bad-pareto.json"
     write_profile(Profile([_point("zero", bundles["small"], 0.96, 3.0, 500, max_batch=0)]), bad)
     cfg = load_config(config(("small", "")))
-    with pytest.raises(ConfigError, match=r"point 'zero': max_batch must be an integer >= 1, not 0"):
+    with pytest.raises(ConfigError, match=r"point 'zero' is malformed \(max_batch must be an integer >= 1, not 0\)"):
         match_profile(replace(cfg, policy_profile=bad), VariantRegistry(cfg))
 
 

@@ -89,7 +89,7 @@ class Point:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: Path | str) -> Point:
         try:
-            return cls(
+            point = cls(
                 **{
                     **data,
                     "settings": dict(data.get("settings") or {}),
@@ -97,8 +97,12 @@ class Point:
                     "video_f1_ci": tuple(data["video_f1_ci"]) if data.get("video_f1_ci") is not None else None,
                 }
             )
+            rows = point.settings.get("max_batch", 1)  # edgekitd caps an engine at it: never below one row
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+                raise ValueError(f"max_batch must be an integer >= 1, not {rows!r}")
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"profile point {data.get('id', '?')!r} is malformed ({exc})", where) from None
+        return point
 
 
 def _energy(p: Point) -> float:
