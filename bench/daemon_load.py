@@ -35,6 +35,7 @@ import numpy as np
 
 from edgekit.daemon.client import study_files
 from edgekit.daemon.testing import DaemonProcess, proc_kib, process_tree, write_tiny_model
+from edgekit.ingest.decode_threads import decode_threads, set_threads
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "models" / "samples" / "cr_chest" / "image.dcm"
@@ -276,6 +277,7 @@ def main() -> None:
     ap.add_argument("--x1", action="store_true", help="also serve the x1 bundle (emulated latency and energy)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "daemon_load.json")
     args = ap.parse_args()
+    set_threads(decode_threads())  # in-process studies decode as under `edgekit run` (daemons start without it)
     with tempfile.TemporaryDirectory(prefix="edgekitd-bench-") as tmp:
         tmp = Path(tmp)
         from edgekit.build import default_model_dir

@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 
 from edgekit import __version__
 from edgekit.cli.errors import env_debug, exit_status, state
+from edgekit.ingest.decode_threads import decode_threads, set_threads
 
 # typer >= 0.2x vendors its own click; take click's class from typer so either kind works.
 _Command = next(c for c in TyperGroup.__mro__ if c.__name__ == "Command")
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for bad input), unless it is a bug."""
     argv = list(sys.argv[1:] if argv is None else argv)
     state.debug = env_debug()  # a fresh run: earlier in-process calls must not leave --debug on
+    set_threads(decode_threads())  # a study decoded here has every CPU; set before any command starts a thread
     try:
         result: Any = app(args=argv, prog_name="edgekit", standalone_mode=False)
     except (Exception, KeyboardInterrupt) as err:

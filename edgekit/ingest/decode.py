@@ -1,13 +1,15 @@
 """Decoding one DICOM image's pixel data into stored values, frame by frame, with the modality LUT and VOI to apply.
 
-Split from header reading (`dicom.py`) because decoding is where transfer syntaxes, decoder plug-ins (pydicom's,
-GDCM for 12-bit JPEG) and truncation inside pixel data are handled; a series is checked from headers first and
-decoded only when it is consistent. Frames come one at a time (`Decoded.frames`), so a multi-frame object never
-exists whole in memory: the series assembler writes each into the study's display array (`budget.py`).
+Split from header reading (`dicom.py`) because decoding is where transfer syntaxes, decoder plug-ins (pydicom's;
+Pillow's OpenJPEG first for JPEG 2000; GDCM for 12-bit JPEG) and truncation inside pixel data are handled; a series
+is checked from headers first and decoded only when it is consistent. Frames come one at a time (`Decoded.frames`),
+so a multi-frame object never exists whole in memory: the series assembler writes each into the study's display
+array (`budget.py`).
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,7 +18,8 @@ import numpy as np
 import pydicom
 import pydicom.pixels as px
 from pydicom.dataset import Dataset
-from pydicom.uid import JPEG2000TransferSyntaxes, JPEGExtended12Bit
+from pydicom.pixels.decoders.base import get_decoder
+from pydicom.uid import UID, JPEG2000TransferSyntaxes, JPEGExtended12Bit
 
 from edgekit.errors import StudyError
 from edgekit.ingest.dicom import DicomImage, SliceError, as_float, functional_attr, short_reason
@@ -78,6 +81,46 @@ def _gdcm_available(img: DicomImage) -> bool:
     except ImportError:
         return False
     return True
+
+
+@functools.cache
+def _pillow_decodes(ts: UID) -> bool:
+    try:
+        return "pillow" in get_decoder(ts).available_plugins
+    except (NotImplementedError, ValueError):
+        return False
+
+
+def _pillow_takes(img: DicomImage, ds: Dataset) -> bool:
+    """Pillow's plugin declines more than 16 bits, and more than 8 in several samples; and Pillow warns about (past
+    twice the size refuses) images above `Image.MAX_IMAGE_PIXELS`, which edgekit's budget has costed from the
+    headers already. Those frames go straight to pydicom's order: every plugin that fails is logged, and pydicom's
+    log lines become the study's warnings."""
+    from PIL import Image
+
+    bits = int(ds.get("BitsStored", 16) or 16)
+    limit = Image.MAX_IMAGE_PIXELS
+    return (
+        _pillow_decodes(img.transfer_syntax)
+        and bits <= (16 if img.samples == 1 else 8)
+        and (limit is None or img.rows * img.columns <= limit)
+    )
+
+
+def _decode_frame(img: DicomImage, ds: Dataset, index: int) -> np.ndarray:
+    """Frame `index`'s stored values. JPEG 2000 goes through Pillow's OpenJPEG first: it decodes at the thread count
+    edgekit sets (`decode_threads.py`), where GDCM, pydicom's first choice, takes one thread per CPU it sees, and it
+    spends less CPU a frame (`bench/j2k_decoders.py`); lossless, they agree pixel for pixel. A frame Pillow fails on
+    goes through pydicom's order of plugins, as anything else does, which names every plugin's reason when none
+    decodes it."""
+    if img.transfer_syntax in JPEG2000TransferSyntaxes and _pillow_takes(img, ds):
+        try:
+            return px.pixel_array(ds, index=index, decoding_plugin="pillow")
+        except MemoryError:
+            raise
+        except Exception:  # noqa: S110 - pydicom's order below decodes it, or raises with every reason
+            pass
+    return px.pixel_array(ds, index=index)
 
 
 def _gdcm_12bit(img: DicomImage, ds: Dataset) -> Iterator[np.ndarray]:
@@ -208,7 +251,7 @@ class _FrameDecoder:
         img, ds = self.img, self.ds
         # One frame at a time by index: pydicom's iter_pixels() hands out read-only buffers that its own
         # signedness fix-up (J2K_pixelrep_mismatch.dcm) then fails to write to.
-        source = _gdcm_12bit(img, ds) if self.use_gdcm else (px.pixel_array(ds, index=k) for k in range(img.frames))
+        source = _gdcm_12bit(img, ds) if self.use_gdcm else (_decode_frame(img, ds, k) for k in range(img.frames))
         count = 0
         while True:
             arr = self._next(source)

@@ -40,6 +40,7 @@ import numpy as np
 
 from edgekit.errors import EdgekitError, StudyError
 from edgekit.ingest.budget import Admit
+from edgekit.ingest.decode_threads import child_env, decode_threads, set_threads
 from edgekit.ingest.study import IngestLimits, Study, frames_allocated_by
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def default_processes() -> int:
     """Half the physical cores, 2 to 4: the rest run the model and its caller. At least two, so a study's decode
     need not wait for the one before it: on 2 cores, with one process, edgekitd's reports at concurrency 8 queued
     for it; two served 1.19x its req/s at 0.71x its p95 (bench/daemon_load.py, one run)."""
-    from edgekit.ort.threads import physical_cores
+    from edgekit.ort.threads import physical_cores  # not at the top: a worker process never needs ONNX Runtime
 
     return max(2, min(4, physical_cores() // 2))
 
@@ -81,15 +82,22 @@ class IngestWorkers:
         self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()  # None: a free slot
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
-        self._started = 0
+        self._started = self._busy = 0
         self._closed = False
 
     def load(self, path: str | os.PathLike, limits: IngestLimits, admit: Admit | None = None) -> Study:
-        """`load_study(path, limits=limits, admit=admit)` in a worker; `admit` runs here, in the caller."""
+        """`load_study(path, limits=limits, admit=admit)` in a worker; `admit` runs here, in the caller.
+
+        The worker decodes JPEG 2000 with the cores shared among the studies decoding at that moment (`j2k.py`)."""
         worker = self._take()
+        with self._lock:
+            self._busy += 1
+            threads = decode_threads(self._busy)
         try:
-            return worker.load(Path(path), limits, admit, self.timeout_s)
+            return worker.load(Path(path), limits, admit, self.timeout_s, threads)
         finally:
+            with self._lock:
+                self._busy -= 1
             self._give_back(worker)
 
     def pids(self) -> list[int]:
@@ -163,7 +171,7 @@ class _Worker:
         ours, theirs = socket.socketpair()
         with ours, theirs:
             # this process's imports; one BLAS thread (ingest does no linear algebra worth a pool of them)
-            env = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **os.environ}
+            env = child_env({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **os.environ})
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
             proc = subprocess.Popen(
                 [sys.executable, "-m", "edgekit.ingest.workers", str(theirs.fileno())],
@@ -183,12 +191,12 @@ class _Worker:
             raise RuntimeError(f"an ingest worker exited at start (status {proc.returncode})") from None
         return worker
 
-    def load(self, path: Path, limits: IngestLimits, admit: Admit | None, timeout_s: float) -> Study:
+    def load(self, path: Path, limits: IngestLimits, admit: Admit | None, timeout_s: float, threads: int) -> Study:
         deadline = time.monotonic() + timeout_s
         refused: BaseException | None = None
         self.in_sync = False
         try:
-            self.conn.send((str(path), limits))
+            self.conn.send((str(path), limits, threads))
             while True:
                 if not self.conn.poll(max(0.0, deadline - time.monotonic())):
                     self.proc.kill()
@@ -324,9 +332,10 @@ def _serve(conn: Connection) -> None:
     conn.send(("ready", _rss(os.getpid())))
     while True:
         try:
-            path, limits = conn.recv()
+            path, limits, threads = conn.recv()
         except (EOFError, OSError):
             return
+        set_threads(threads)  # this process has no other thread that decodes or reads the environment
         frames = _MemfdFrames()
         try:
             _load_one(conn, load_study, path, limits, frames)

@@ -1,0 +1,42 @@
+"""How many threads a study's JPEG 2000 decode may use: every CPU alone, a share when several decode at once.
+
+JPEG 2000 is decoded by Pillow's OpenJPEG first (`decode.py`), which reads its thread count from OPJ_NUM_THREADS at
+each decode; edgekit sets it. pydicom's first choice, GDCM, spreads each frame over as many threads as it sees CPUs:
+sooner alone, but with ingest processes decoding side by side those threads cost CPU that other studies need
+(`bench/j2k_decoders.py`). A deployment that sets OPJ_NUM_THREADS itself (systemd's Environment=, a container's env)
+keeps its value. Free of pydicom and numpy: the CLI sets this before any command runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+THREADS_ENV = "OPJ_NUM_THREADS"
+_SET_BY_OPERATOR = THREADS_ENV in os.environ
+_set_here = False  # set_threads wrote it
+
+
+def decode_threads(busy: int = 1) -> int:
+    """OpenJPEG threads for one study's decode while `busy` studies (this one included) decode at once: the CPUs
+    this process may run on, shared among them, at least one."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // max(1, busy))
+
+
+def set_threads(threads: int) -> None:
+    """OpenJPEG's thread count for the decodes that follow, unless the deployment set OPJ_NUM_THREADS itself.
+
+    setenv races getenv in other threads, so call it only where no other thread of this process decodes: an ingest
+    worker between studies, a command before it starts threads."""
+    global _set_here
+    if not _SET_BY_OPERATOR:
+        os.environ[THREADS_ENV] = str(max(1, threads))
+        _set_here = True
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a process this one starts: without the OPJ_NUM_THREADS this process set for itself, which the child
+    would take for the deployment's own and keep."""
+    if _set_here:
+        env = {k: v for k, v in env.items() if k != THREADS_ENV}
+    return env

@@ -1,0 +1,126 @@
+"""JPEG 2000 through Pillow's OpenJPEG at the thread count edgekit sets: the same pixels as pydicom's first choice
+(GDCM), a frame Pillow declines still decoded by the others, the CPUs shared among studies decoding at once, and a
+deployment's own OPJ_NUM_THREADS kept, in this process and in the processes it starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import pydicom.pixels as px
+import pytest
+from pydicom.uid import JPEG2000, JPEG2000Lossless
+
+from edgekit.ingest import IngestLimits, load_study
+from edgekit.ingest.decode_threads import THREADS_ENV, decode_threads
+from edgekit.ingest.workers import IngestWorkers
+
+SAMPLE = Path(__file__).resolve().parents[1] / "models" / "samples" / "cr_chest" / "image.dcm"
+
+
+def _gdcm_frames(path: Path) -> np.ndarray:
+    pytest.importorskip("gdcm", reason="python-gdcm is not installed: nothing to compare Pillow's decode with")
+    return px.pixel_array(pydicom.dcmread(path), decoding_plugin="gdcm")
+
+
+def _lossy_copy(tmp_path: Path) -> Path:
+    ds = pydicom.dcmread(SAMPLE)
+    ds.compress(JPEG2000, px.pixel_array(ds), encoding_plugin="pylibjpeg", j2k_cr=[20])
+    ds.save_as(tmp_path / "lossy.dcm", enforce_file_format=True)
+    return tmp_path / "lossy.dcm"
+
+
+@pytest.mark.parametrize("lossy", [False, True], ids=["lossless", "lossy"])
+def test_jpeg2000_study_has_gdcms_pixels(tmp_path, lossy):
+    """The study's display frames are what GDCM's stored values make: load_study against the same study re-encoded
+    uncompressed from GDCM's decode."""
+    path = _lossy_copy(tmp_path) if lossy else SAMPLE
+    ds = pydicom.dcmread(path)
+    assert ds.file_meta.TransferSyntaxUID == (JPEG2000 if lossy else JPEG2000Lossless)
+    stored = _gdcm_frames(path)
+    ds.PixelData = stored.astype("<u2").tobytes()
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds.save_as(tmp_path / "native.dcm", enforce_file_format=True)
+    assert np.array_equal(load_study(path).frames, load_study(tmp_path / "native.dcm").frames)
+
+
+def test_frame_pillow_declines_is_decoded_by_the_others(tmp_path):
+    """Pillow refuses 12-bit colour JPEG 2000; pydicom's other plugins decode it: the study is the one its pixels
+    make uncompressed."""
+    ds = pydicom.dcmread(SAMPLE)
+    grey = px.pixel_array(ds)
+    rgb = np.stack([grey, grey // 2, grey // 3], axis=-1).astype(np.uint16)
+    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, "RGB", 0
+    ds.compress(JPEG2000Lossless, rgb, encoding_plugin="pylibjpeg")
+    ds.save_as(tmp_path / "rgb12.dcm", enforce_file_format=True)
+    with pytest.raises(Exception, match="12-bit multi-sample"):
+        px.pixel_array(ds, decoding_plugin="pillow")
+    ds.PixelData = rgb.astype("<u2").tobytes()
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds.save_as(tmp_path / "native.dcm", enforce_file_format=True)
+    study = load_study(tmp_path / "rgb12.dcm")
+    assert np.array_equal(study.frames, load_study(tmp_path / "native.dcm").frames)
+    assert study.warnings == []  # declined up front: no plugin failed, so pydicom logged nothing
+
+
+def test_cpus_are_shared_among_studies_decoding_at_once():
+    cpus = len(os.sched_getaffinity(0))
+    assert decode_threads() == decode_threads(1) == cpus
+    assert decode_threads(2) == max(1, cpus // 2)
+    assert decode_threads(cpus + 1) == 1
+    assert decode_threads(0) == cpus
+
+
+def test_studies_decoded_side_by_side_in_workers_match_in_process(tmp_path):
+    lossy = _lossy_copy(tmp_path)
+    pool = IngestWorkers(2, timeout_s=60)
+    try:
+        results: dict[str, np.ndarray] = {}
+
+        def load(name: str, path: Path) -> None:
+            for _ in range(3):
+                results[name] = pool.load(path, IngestLimits()).frames.copy()
+
+        threads = [threading.Thread(target=load, args=(n, p)) for n, p in (("lossless", SAMPLE), ("lossy", lossy))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        pool.close()
+    assert np.array_equal(results["lossless"], load_study(SAMPLE).frames)
+    assert np.array_equal(results["lossy"], load_study(lossy).frames)
+
+
+PROBE = """
+import json, os
+from edgekit.ingest import decode_threads as dt
+from edgekit.cli.app import main
+main(["--version"])
+seen = os.environ.get(dt.THREADS_ENV)
+child = dt.child_env(dict(os.environ)).get(dt.THREADS_ENV)
+dt.set_threads(1)
+print(json.dumps([seen, child, os.environ.get(dt.THREADS_ENV)]))
+"""
+
+
+def _probe(env: dict[str, str]) -> list:
+    import json
+
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def test_cli_gives_a_study_every_cpu_and_keeps_it_from_its_children():
+    env = {k: v for k, v in os.environ.items() if k != THREADS_ENV}
+    cpus = str(len(os.sched_getaffinity(0)))
+    assert _probe(env) == [cpus, None, "1"]
+
+
+def test_a_deployments_own_setting_is_kept():
+    assert _probe({**os.environ, THREADS_ENV: "3"}) == ["3", "3", "3"]
