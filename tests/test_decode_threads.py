@@ -28,20 +28,20 @@ def _gdcm_frames(path: Path) -> np.ndarray:
     return px.pixel_array(pydicom.dcmread(path), decoding_plugin="gdcm")
 
 
-def _lossy_copy(tmp_path: Path) -> Path:
+def _lossy_copy(tmp_path: Path, ratio: int = 20) -> Path:
     ds = pydicom.dcmread(SAMPLE)
-    ds.compress(JPEG2000, px.pixel_array(ds), encoding_plugin="pylibjpeg", j2k_cr=[20])
+    ds.compress(JPEG2000, px.pixel_array(ds), encoding_plugin="pylibjpeg", j2k_cr=[ratio])
     ds.save_as(tmp_path / "lossy.dcm", enforce_file_format=True)
     return tmp_path / "lossy.dcm"
 
 
-@pytest.mark.parametrize("lossy", [False, True], ids=["lossless", "lossy"])
-def test_jpeg2000_study_has_gdcms_pixels(tmp_path, lossy):
+@pytest.mark.parametrize("ratio", [None, 5, 20, 80], ids=["lossless", "lossy-5", "lossy-20", "lossy-80"])
+def test_jpeg2000_study_has_gdcms_pixels(tmp_path, ratio):
     """The study's display frames are what GDCM's stored values make: load_study against the same study re-encoded
     uncompressed from GDCM's decode."""
-    path = _lossy_copy(tmp_path) if lossy else SAMPLE
+    path = _lossy_copy(tmp_path, ratio) if ratio else SAMPLE
     ds = pydicom.dcmread(path)
-    assert ds.file_meta.TransferSyntaxUID == (JPEG2000 if lossy else JPEG2000Lossless)
+    assert ds.file_meta.TransferSyntaxUID == (JPEG2000 if ratio else JPEG2000Lossless)
     stored = _gdcm_frames(path)
     ds.PixelData = stored.astype("<u2").tobytes()
     ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
