@@ -68,6 +68,28 @@ def test_frame_pillow_declines_is_decoded_by_the_others(tmp_path):
     assert study.warnings == []  # declined up front: no plugin failed, so pydicom logged nothing
 
 
+def test_a_frame_pillow_fails_on_is_gdcms_without_a_word(tmp_path, caplog):
+    """pydicom's GDCMJ2K_TextGBR.dcm: Pillow's OpenJPEG stops at "broken data stream", GDCM decodes it. The study
+    is GDCM's, and Pillow's failure is neither a study warning nor a log line."""
+    from pydicom.data import get_testdata_file
+
+    path = Path(get_testdata_file("GDCMJ2K_TextGBR.dcm", download=False))  # shipped inside pydicom's wheel
+    with pytest.raises(Exception, match="broken data stream"):
+        px.pixel_array(pydicom.dcmread(path), decoding_plugin="pillow")
+    ds = pydicom.dcmread(path)
+    ds.PixelData = (
+        _gdcm_frames(path).astype(f"<{'i' if ds.PixelRepresentation else 'u'}{ds.BitsAllocated // 8}").tobytes()
+    )
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds.save_as(tmp_path / "native.dcm", enforce_file_format=True)
+    caplog.set_level("DEBUG")
+    caplog.clear()  # the check above logged Pillow's failure itself
+    study = load_study(path)
+    assert study.warnings == []
+    assert not [r for r in caplog.records if "broken data stream" in r.getMessage()]
+    assert np.array_equal(study.frames, load_study(tmp_path / "native.dcm").frames)
+
+
 def test_cpus_are_shared_among_studies_decoding_at_once():
     cpus = len(os.sched_getaffinity(0))
     assert decode_threads() == decode_threads(1) == cpus

@@ -23,6 +23,7 @@ from pydicom.uid import UID, JPEG2000TransferSyntaxes, JPEGExtended12Bit
 
 from edgekit.errors import StudyError
 from edgekit.ingest.dicom import DicomImage, SliceError, as_float, functional_attr, short_reason
+from edgekit.ingest.phi import held_log_messages
 
 
 @dataclass
@@ -114,12 +115,15 @@ def _decode_frame(img: DicomImage, ds: Dataset, index: int) -> np.ndarray:
     goes through pydicom's order of plugins, as anything else does, which names every plugin's reason when none
     decodes it."""
     if img.transfer_syntax in JPEG2000TransferSyntaxes and _pillow_takes(img, ds):
-        try:
-            return px.pixel_array(ds, index=index, decoding_plugin="pillow")
-        except MemoryError:
-            raise
-        except Exception:  # noqa: S110 - pydicom's order below decodes it, or raises with every reason
-            pass
+        # pydicom logs a plugin's failure: Pillow's is no news when another plugin decodes the frame, and when none
+        # does, pydicom's error below names it. (pydicom's warnings also go by `warnings`, and still reach the study.)
+        with held_log_messages(quiet=True):
+            try:
+                return px.pixel_array(ds, index=index, decoding_plugin="pillow")
+            except MemoryError:
+                raise
+            except Exception:  # noqa: S110 - pydicom's order below decodes it, or raises with every reason
+                pass
     return px.pixel_array(ds, index=index)
 
 

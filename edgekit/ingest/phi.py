@@ -88,7 +88,8 @@ class ScrubFilter(logging.Filter):
             stack = getattr(_TLS, "stack", None)
             if held is not None:
                 held.append(clean)
-            elif stack:
+                return not getattr(_TLS, "held_quiet", False)
+            if stack:
                 stack[-1].logged.append(clean)
         return True
 
@@ -158,19 +159,20 @@ def install_handlers(handlers: list[logging.Handler]) -> None:
 
 
 @contextmanager
-def held_log_messages() -> Iterator[list[str]]:
+def held_log_messages(*, quiet: bool = False) -> Iterator[list[str]]:
     """Within `phi_guard`, keep this thread's pydicom log warnings (scrubbed) in the yielded list, not the guard's.
 
     For a reader that replaces pydicom's message with its own ("truncated inside its pixel data" for "End of
     file reached before delimiter"): it drops what it replaced and passes the rest on with `warnings.warn`.
+    `quiet`: the records stop there, logged nowhere (an attempt whose failure the caller handles in full).
     """
-    previous = getattr(_TLS, "held", None)
+    previous = getattr(_TLS, "held", None), getattr(_TLS, "held_quiet", False)
     held: list[str] = []
-    _TLS.held = held
+    _TLS.held, _TLS.held_quiet = held, quiet
     try:
         yield held
     finally:
-        _TLS.held = previous
+        _TLS.held, _TLS.held_quiet = previous
 
 
 class Captured:
