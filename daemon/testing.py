@@ -150,7 +150,7 @@ class DaemonProcess:
         if config is not None:
             self.args += ["--config", str(config)]
         self.args += list(extra_args)
-        self.env = child_env({**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
+        self.env = {**child_env(dict(os.environ)), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.client = Client(self.socket, timeout=60)
         self.log = self.state_dir / "daemon.log"

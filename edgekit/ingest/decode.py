@@ -108,25 +108,6 @@ def _pillow_takes(img: DicomImage, ds: Dataset) -> bool:
     )
 
 
-def _decode_frame(img: DicomImage, ds: Dataset, index: int) -> np.ndarray:
-    """Frame `index`'s stored values. JPEG 2000 goes through Pillow's OpenJPEG first: it decodes at the thread count
-    edgekit sets (`decode_threads.py`), where GDCM, pydicom's first choice, takes one thread per CPU it sees, and it
-    spends less CPU a frame (`bench/j2k_decoders.py`); lossless, they agree pixel for pixel. A frame Pillow fails on
-    goes through pydicom's order of plugins, as anything else does, which names every plugin's reason when none
-    decodes it."""
-    if img.transfer_syntax in JPEG2000TransferSyntaxes and _pillow_takes(img, ds):
-        # pydicom logs a plugin's failure: Pillow's is no news when another plugin decodes the frame, and when none
-        # does, pydicom's error below names it. (pydicom's warnings also go by `warnings`, and still reach the study.)
-        with held_log_messages(quiet=True):
-            try:
-                return px.pixel_array(ds, index=index, decoding_plugin="pillow")
-            except MemoryError:
-                raise
-            except Exception:  # noqa: S110 - pydicom's order below decodes it, or raises with every reason
-                pass
-    return px.pixel_array(ds, index=index)
-
-
 def _gdcm_12bit(img: DicomImage, ds: Dataset) -> Iterator[np.ndarray]:
     """12-bit JPEG Extended (1.2.840.10008.1.2.4.51) decoded by python-gdcm, frame by frame.
 
@@ -249,13 +230,14 @@ class _FrameDecoder:
     ):
         self.img, self.ds, self.window, self.notes = img, ds, window, notes
         self.twelve_bit, self.use_gdcm = twelve_bit, use_gdcm
+        self.pillow = img.transfer_syntax in JPEG2000TransferSyntaxes and _pillow_takes(img, ds)
         self.clamped = self.non_finite = 0
 
     def frames(self) -> Iterator[np.ndarray]:
         img, ds = self.img, self.ds
         # One frame at a time by index: pydicom's iter_pixels() hands out read-only buffers that its own
         # signedness fix-up (J2K_pixelrep_mismatch.dcm) then fails to write to.
-        source = _gdcm_12bit(img, ds) if self.use_gdcm else (_decode_frame(img, ds, k) for k in range(img.frames))
+        source = _gdcm_12bit(img, ds) if self.use_gdcm else (self._decode(k) for k in range(img.frames))
         count = 0
         while True:
             arr = self._next(source)
@@ -268,6 +250,24 @@ class _FrameDecoder:
         if count < img.frames:
             raise _fail(img, f"decoded {count} of the {img.frames} frames the header announces")
         self._add_notes()
+
+    def _decode(self, index: int) -> np.ndarray:
+        """Frame `index`'s stored values. JPEG 2000 goes through Pillow's OpenJPEG first: it decodes at the thread
+        count edgekit sets (`decode_threads.py`), where GDCM, pydicom's first choice, takes one thread per online CPU,
+        and it spends less CPU a frame (`bench/j2k_decoders.py`); lossless, they agree pixel for pixel. Once Pillow
+        fails on a frame, this object's frames go through pydicom's order of plugins, as anything else does, which
+        names every plugin's reason when none decodes one."""
+        if self.pillow:
+            # pydicom logs a plugin's failure: Pillow's is no news when another plugin decodes the frame, and when
+            # none does, pydicom's error names it. (pydicom's warnings also go by `warnings`, and reach the study.)
+            with held_log_messages(quiet=True):
+                try:
+                    return px.pixel_array(self.ds, index=index, decoding_plugin="pillow")
+                except MemoryError:
+                    raise
+                except Exception:
+                    self.pillow = False
+        return px.pixel_array(self.ds, index=index)
 
     def _next(self, source: Iterator) -> np.ndarray | None:
         try:

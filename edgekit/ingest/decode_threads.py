@@ -12,13 +12,17 @@ from __future__ import annotations
 import os
 
 THREADS_ENV = "OPJ_NUM_THREADS"
-_SET_BY_OPERATOR = THREADS_ENV in os.environ
-_set_here = False  # set_threads wrote it
+_written: str | None = None  # the value set_threads last wrote; any other value is the deployment's
+
+
+def _deployments() -> bool:
+    value = os.environ.get(THREADS_ENV)
+    return value is not None and value != _written
 
 
 def decode_threads(busy: int = 1) -> int:
     """OpenJPEG threads for one study's decode while `busy` studies (this one included) decode at once: the CPUs
-    this process may run on, shared among them, at least one."""
+    this process may run on (its affinity: a cpuset, not a CPU quota), shared among them, at least one."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cpus // max(1, busy))
 
@@ -28,15 +32,15 @@ def set_threads(threads: int) -> None:
 
     setenv races getenv in other threads, so call it only where no other thread of this process decodes: an ingest
     worker between studies, a command before it starts threads."""
-    global _set_here
-    if not _SET_BY_OPERATOR:
-        os.environ[THREADS_ENV] = str(max(1, threads))
-        _set_here = True
+    global _written
+    if not _deployments():
+        _written = str(max(1, threads))
+        os.environ[THREADS_ENV] = _written
 
 
 def child_env(env: dict[str, str]) -> dict[str, str]:
     """`env` for a process this one starts: without the OPJ_NUM_THREADS this process set for itself, which the child
     would take for the deployment's own and keep."""
-    if _set_here:
+    if _written is not None and env.get(THREADS_ENV) == _written:
         env = {k: v for k, v in env.items() if k != THREADS_ENV}
     return env

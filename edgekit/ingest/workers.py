@@ -88,16 +88,19 @@ class IngestWorkers:
     def load(self, path: str | os.PathLike, limits: IngestLimits, admit: Admit | None = None) -> Study:
         """`load_study(path, limits=limits, admit=admit)` in a worker; `admit` runs here, in the caller.
 
-        The worker decodes JPEG 2000 with the cores shared among the studies decoding at that moment (`j2k.py`)."""
+        The worker decodes JPEG 2000 with the CPUs shared among the studies decoding when it starts
+        (`decode_threads.py`)."""
         worker = self._take()
-        with self._lock:
-            self._busy += 1
-            threads = decode_threads(self._busy)
         try:
-            return worker.load(Path(path), limits, admit, self.timeout_s, threads)
-        finally:
             with self._lock:
-                self._busy -= 1
+                self._busy += 1
+                threads = decode_threads(self._busy)
+            try:
+                return worker.load(Path(path), limits, admit, self.timeout_s, threads)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+        finally:
             self._give_back(worker)
 
     def pids(self) -> list[int]:
@@ -332,10 +335,11 @@ def _serve(conn: Connection) -> None:
     conn.send(("ready", _rss(os.getpid())))
     while True:
         try:
-            path, limits, threads = conn.recv()
+            path, limits, *hint = conn.recv()  # a daemon older than this file (mid-upgrade) sends no thread hint
         except (EOFError, OSError):
             return
-        set_threads(threads)  # this process has no other thread that decodes or reads the environment
+        if hint:
+            set_threads(hint[0])  # this process has no other thread that decodes or reads the environment
         frames = _MemfdFrames()
         try:
             _load_one(conn, load_study, path, limits, frames)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from edgekit.errors import EdgekitError
+from edgekit.ingest.decode_threads import child_env
 from edgekit.pareto.configs import Config
 from edgekit.pareto.measure import spec_for
 from edgekit.pareto.profile import Point, Profile, read_profile, write_profile
@@ -49,6 +50,7 @@ def measure_point(config: Config, data_dir: Path, limit: int | None, meter: str 
             [sys.executable, "-m", "edgekit.pareto.measure", str(spec), str(out)],
             capture_output=True,
             text=True,
+            env=child_env(dict(os.environ)),  # its ingest workers share the CPUs as edgekitd's do
         )
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
