@@ -12,7 +12,8 @@ counted: `kill -9` with durable jobs accepted and a restart (every accepted job 
 and its ingest processes', summed) over `--soak` reports at concurrency 8 (sampled every 50; flat means no growth after
 the first 100). `--x1` adds the default model's x1 bundle served at c=1 and c=8: emulated latency and energy per report.
 Each row over the socket also says where a report's CPU went: the daemon process, its ingest processes, and this
-bench's client threads (they share the machine), and how many cores were busy. Prints tables, writes JSON.
+bench's client threads (they share the machine), how many cores were busy, and how long studies waited for an
+ingest process (the report's `ingest_wait_ms`, p50/p95). Prints tables, writes JSON.
 
     python bench/daemon_load.py [--model-dir DIR] [--requests 30] [--soak 500] [--x1] [--out bench/daemon_load.json]
 
@@ -121,6 +122,9 @@ def over_socket(d: DaemonProcess, n: int, concurrency: int) -> dict:
     out["server_split_p50_ms"] = {
         k: float(np.median([t[k] for _, _, t in results if t])) for k in ("queue_ms", "generate_ms", "total_ms")
     }
+    waits = [t["ingest_wait_ms"] for _, _, t in results if t and "ingest_wait_ms" in t]
+    if waits:  # ingest in worker processes: how long studies queued for one (where a c=8 tail waits)
+        out["ingest_wait_ms"] = {"p50": float(np.percentile(waits, 50)), "p95": float(np.percentile(waits, 95))}
     return out
 
 
@@ -370,17 +374,19 @@ def main() -> None:
     }
     print(
         f"{'mode':<16}{'n':>5}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'req/s':>9}{'x in-proc p50':>15}"
-        f"{'gen p50 ms':>12}{'queue p50 ms':>14}{'CPU ms d/i/c':>16}{'cores':>7}"
+        f"{'gen p50 ms':>12}{'queue p50 ms':>14}{'ingest wait p50/p95':>21}{'CPU ms d/i/c':>16}{'cores':>7}"
     )
     for name, r in rows.items():
         split = r.get("server_split_p50_ms", {})
         cpu = r.get("cpu_ms_per_report")
         cpu_cell = "/".join(f"{cpu[k]:.1f}" for k in ("daemon", "ingest", "client")) if cpu else "-"
+        wait = r.get("ingest_wait_ms")
+        wait_cell = f"{wait['p50']:.1f}/{wait['p95']:.1f}" if wait else "-"
         print(
             f"{name:<16}{r['n']:>5}{r['p50_ms']:>10.1f}{r['p95_ms']:>10.1f}{r['p99_ms']:>10.1f}"
             f"{r['throughput_rps']:>9.2f}{r['p50_ms'] / base:>15.2f}"
             f"{split.get('generate_ms', float('nan')):>12.1f}{split.get('queue_ms', float('nan')):>14.1f}"
-            f"{cpu_cell:>16}{r.get('cores_busy', float('nan')):>7.2f}"
+            f"{wait_cell:>21}{cpu_cell:>16}{r.get('cores_busy', float('nan')):>7.2f}"
         )
     print("CPU ms d/i/c: per report, in the daemon process / its ingest processes / this bench's clients")
     sc = result["scaling"]

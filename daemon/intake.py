@@ -46,8 +46,9 @@ class Ingestor:
     """Owns the ingest threads, the memory pool and the limits from the config (reloaded with it; the pool keeps
     the size it started with)."""
 
-    def __init__(self, cfg: DaemonConfig, on_memory=None):  # noqa: ANN001 - a callable of one int (a gauge)
+    def __init__(self, cfg: DaemonConfig, on_memory=None, on_wait=None):  # noqa: ANN001 - callables of one number
         self.cfg = cfg
+        self.on_wait = on_wait  # seconds a study waited for an ingest process (a histogram's observe)
         self.memory = MemoryPool(cfg.ingest_memory_bytes, on_memory)
         self._pool = ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="edgekitd-ingest")
         processes = ingest_processes(cfg)
@@ -91,6 +92,8 @@ class Ingestor:
         try:
             if self.workers is not None:
                 study = self.workers.load(path, limits, admit)
+                if self.on_wait is not None and study.ingest_wait_ms is not None:
+                    self.on_wait(study.ingest_wait_ms / 1e3)
             else:
                 study = load_study(path, limits=limits, admit=admit)
         except BaseException:

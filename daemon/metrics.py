@@ -7,6 +7,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, *LATENCY_BUCKETS)  # a wait that is often none at all
 
 
 class Metrics:
@@ -44,6 +45,12 @@ class Metrics:
             registry=r,
         )
 
+        self.ingest_wait = Histogram(
+            "edgekitd_ingest_wait_seconds",
+            "Time a study waited for an ingest process before decoding ([scheduler] ingest_processes against the load)",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
         self.ingest_memory = Gauge(
             "edgekitd_ingest_memory_bytes",
             "Bytes of studies in memory (being decoded or waiting for a worker), of limits.ingest_memory_bytes",

@@ -71,7 +71,7 @@ class Daemon:
         self.store = JobStore(cfg.state_dir)
         self.streams = StreamHub()
         self.submissions = Submissions(self)
-        self.ingestor = Ingestor(cfg, self.metrics.ingest_memory.set)
+        self.ingestor = Ingestor(cfg, self.metrics.ingest_memory.set, self.metrics.ingest_wait.observe)
         self.registry: VariantRegistry | None = None
         self.queue: WorkQueue | None = None
         self.runner: ReportRunner | None = None

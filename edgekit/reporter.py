@@ -341,6 +341,8 @@ class Reporter:
         pixels = self.pixel_values(study)
         frames = self.frames_used(study, warnings)
         timings = {"ingest_ms": study.ingest_ms}
+        if study.ingest_wait_ms is not None:
+            timings["ingest_wait_ms"] = study.ingest_wait_ms
         report = self._write(fit.layout, fit.options, pixels, warnings, on_token, cancel, timings, t0, t1)
         return replace(report, modality=study.modality, study=study.uid_hash, frames=frames)
 

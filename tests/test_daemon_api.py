@@ -299,3 +299,7 @@ def test_ingest_time_is_measured_not_a_stub(daemon):
     done = daemon.client.wait_job(job.json()["id"])
     for timings in (sync["timings"], done["report"]["timings"]):
         assert timings["ingest_ms"] > 0.5  # 14 slices read and decoded; a stub around the call measured ~0.001
+        assert 0 <= timings["ingest_wait_ms"] < timings["ingest_ms"]  # one study at a time: a worker was free
+    metrics = daemon.client.get("/metrics").body.decode()
+    count = next(line for line in metrics.splitlines() if line.startswith("edgekitd_ingest_wait_seconds_count"))
+    assert float(count.split()[-1]) >= 2

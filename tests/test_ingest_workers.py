@@ -192,3 +192,24 @@ def test_the_workers_log_carries_no_patient_data(tmp_path, capfd):
     err = capfd.readouterr().err
     for secret in (PHI_NAME, PHI_NAME.replace("^", "_"), "Secretname", str(tmp_path)):
         assert secret not in err and all(secret not in w for w in study.warnings)
+
+
+def test_a_study_says_how_long_it_waited_for_a_worker(pool):
+    """Two studies at once against one worker: one decodes at once, the other waits about the first's decode."""
+    start = threading.Barrier(2)
+    studies = []
+
+    def load() -> None:
+        start.wait()
+        studies.append(pool.load(SAMPLE, IngestLimits()))
+
+    pool.load(SAMPLE, IngestLimits())  # the worker started
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first, second = sorted(studies, key=lambda s: s.ingest_wait_ms)
+    assert first.ingest_wait_ms < 0.5 * second.ingest_wait_ms
+    assert second.ingest_wait_ms > 0.5 * first.ingest_ms  # it waited out (most of) the other's decode
+    assert load_study(SAMPLE).ingest_wait_ms is None  # decoded by its caller: no wait to report

@@ -27,6 +27,7 @@ class Study:
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     ingest_ms: float = 0.0  # wall time `load_study` took, so a report on a loaded study still says it
+    ingest_wait_ms: float | None = None  # time it waited for an ingest process (None: decoded by its caller)
 
     @property
     def num_frames(self) -> int:

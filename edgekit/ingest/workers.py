@@ -89,14 +89,18 @@ class IngestWorkers:
         """`load_study(path, limits=limits, admit=admit)` in a worker; `admit` runs here, in the caller.
 
         The worker decodes JPEG 2000 with the CPUs shared among the studies decoding when it starts
-        (`decode_threads.py`)."""
+        (`decode_threads.py`). The study says how long it waited for a worker (`ingest_wait_ms`)."""
+        t0 = time.perf_counter()
         worker = self._take()
+        waited_ms = (time.perf_counter() - t0) * 1e3
         try:
             with self._lock:
                 self._busy += 1
                 threads = decode_threads(self._busy)
             try:
-                return worker.load(Path(path), limits, admit, self.timeout_s, threads)
+                study = worker.load(Path(path), limits, admit, self.timeout_s, threads)
+                study.ingest_wait_ms = waited_ms
+                return study
             finally:
                 with self._lock:
                     self._busy -= 1
