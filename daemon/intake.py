@@ -10,7 +10,7 @@ Errors about a stored file are renamed to the client's own file name, which only
 from __future__ import annotations
 
 import asyncio
-import functools
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,12 +78,13 @@ class Ingestor:
         )
 
     def load(
-        self, path: Path, video_max_frames: int | None = None, *, force: bool = False
+        self, path: Path, video_max_frames: int | None = None, *, force: bool = False, waited_s: float = 0.0
     ) -> tuple[Study, Reservation]:
         """Blocking: the one ingest call (a recovered job's worker calls it directly, with the config's limits: the
         point that served when the job was accepted is not stored with it). The study's cost is reserved in the
         pool before it decodes; the caller releases the reservation when the study's work ends. `force`: a worker
-        running the job now, which the pool never refuses."""
+        running the job now, which the pool never refuses. `waited_s`: how long the study already waited for this
+        call (an ingest thread), counted in its `ingest_wait_ms` with the wait for an ingest process."""
         from edgekit.ingest import load_study
 
         held: list[Reservation] = []
@@ -92,14 +93,15 @@ class Ingestor:
         try:
             if self.workers is not None:
                 study = self.workers.load(path, limits, admit)
-                if self.on_wait is not None and study.ingest_wait_ms is not None:
-                    self.on_wait(study.ingest_wait_ms / 1e3)
             else:
                 study = load_study(path, limits=limits, admit=admit)
         except BaseException:
             for reservation in held:
                 reservation.release()
             raise
+        study.ingest_wait_ms = (study.ingest_wait_ms or 0.0) + waited_s * 1e3
+        if self.on_wait is not None:
+            self.on_wait(study.ingest_wait_ms / 1e3)
         return study, held[0]
 
     async def take(
@@ -111,7 +113,11 @@ class Ingestor:
         saved = await save_uploads(files, dest, self.cfg.max_upload_bytes, durable=keep_evidence)
         loop = asyncio.get_running_loop()
         try:
-            load = functools.partial(self.load, saved.path, video_max_frames)
+            queued = time.perf_counter()  # an ingest thread may not be free: that wait is the study's too
+
+            def load() -> tuple[Study, Reservation]:
+                return self.load(saved.path, video_max_frames, waited_s=time.perf_counter() - queued)
+
             study, reservation = await loop.run_in_executor(self._pool, load)
         except EdgekitError as err:
             saved.name_for_client(err)

@@ -47,7 +47,7 @@ class Metrics:
 
         self.ingest_wait = Histogram(
             "edgekitd_ingest_wait_seconds",
-            "Time a study waited for an ingest process before decoding ([scheduler] ingest_processes against the load)",
+            "Time a saved study waited for an ingest thread and process before decoding ([scheduler] ingest_processes)",
             buckets=WAIT_BUCKETS,
             registry=r,
         )
