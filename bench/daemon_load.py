@@ -13,7 +13,7 @@ and its ingest processes', summed) over `--soak` reports at concurrency 8 (sampl
 the first 100). `--x1` adds the default model's x1 bundle served at c=1 and c=8: emulated latency and energy per report.
 Each row over the socket also says where a report's CPU went: the daemon process, its ingest processes, and this
 bench's client threads (they share the machine), how many cores were busy, and how long studies waited for an
-ingest process (the report's `ingest_wait_ms`, p50/p95). Prints tables, writes JSON.
+ingest thread and process (the report's `ingest_wait_ms`, p50/p95). Prints tables, writes JSON.
 
     python bench/daemon_load.py [--model-dir DIR] [--requests 30] [--soak 500] [--x1] [--out bench/daemon_load.json]
 
@@ -123,7 +123,7 @@ def over_socket(d: DaemonProcess, n: int, concurrency: int) -> dict:
         k: float(np.median([t[k] for _, _, t in results if t])) for k in ("queue_ms", "generate_ms", "total_ms")
     }
     waits = [t["ingest_wait_ms"] for _, _, t in results if t and "ingest_wait_ms" in t]
-    if waits:  # ingest in worker processes: how long studies queued for one (where a c=8 tail waits)
+    if waits:  # how long studies queued for an ingest thread and process (where a c=8 tail waits)
         out["ingest_wait_ms"] = {"p50": float(np.percentile(waits, 50)), "p95": float(np.percentile(waits, 95))}
     return out
 

@@ -48,7 +48,7 @@ class Ingestor:
 
     def __init__(self, cfg: DaemonConfig, on_memory=None, on_wait=None):  # noqa: ANN001 - callables of one number
         self.cfg = cfg
-        self.on_wait = on_wait  # seconds a study waited for an ingest process (a histogram's observe)
+        self.on_wait = on_wait  # seconds a decoded study waited for an ingest thread and process (a histogram's)
         self.memory = MemoryPool(cfg.ingest_memory_bytes, on_memory)
         self._pool = ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="edgekitd-ingest")
         processes = ingest_processes(cfg)

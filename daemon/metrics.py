@@ -47,7 +47,7 @@ class Metrics:
 
         self.ingest_wait = Histogram(
             "edgekitd_ingest_wait_seconds",
-            "Time a saved study waited for an ingest thread and process before decoding ([scheduler] ingest_processes)",
+            "Time a decoded study waited for an ingest thread and a busy ingest process ([scheduler] ingest_processes)",
             buckets=WAIT_BUCKETS,
             registry=r,
         )

@@ -213,3 +213,15 @@ def test_a_study_says_how_long_it_waited_for_a_worker(pool):
     assert first.ingest_wait_ms < 0.5 * second.ingest_wait_ms
     assert second.ingest_wait_ms > 0.5 * first.ingest_ms  # it waited out (most of) the other's decode
     assert load_study(SAMPLE).ingest_wait_ms is None  # decoded by its caller: no wait to report
+
+
+def test_starting_a_worker_for_a_study_is_not_a_wait():
+    """The first study (or one whose worker was replaced) waits for a process to start: no busy worker held it up."""
+    fresh = IngestWorkers(1, timeout_s=60)
+    try:
+        study = fresh.load(SAMPLE, IngestLimits())
+        (worker,) = fresh._all
+        assert worker.start_s > 0.02  # a Python process importing pydicom
+        assert study.ingest_wait_ms < 0.25 * worker.start_s * 1e3
+    finally:
+        fresh.close()

@@ -27,7 +27,8 @@ class Study:
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     ingest_ms: float = 0.0  # wall time `load_study` took, so a report on a loaded study still says it
-    ingest_wait_ms: float | None = None  # time it waited for an ingest process (None: decoded by its caller)
+    ingest_wait_ms: float | None = None  # time it waited to be decoded: a busy ingest process; edgekitd adds the
+    # wait for an ingest thread (None: decoded by its caller, outside edgekitd)
 
     @property
     def num_frames(self) -> int:
