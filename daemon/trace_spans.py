@@ -133,8 +133,9 @@ def record_report(
 def report_stages(
     work: Work, report: Report, *, started: float, called: float, ingested: tuple[float, float] | None
 ) -> tuple[list[Stage], float, float]:
-    """A report's stages placed back to back from its timings (ingest, queue wait, preprocessing, the engine's
-    wait, image encoding, prefill, decode), with when decoding began and when the report ended."""
+    """A report's stages placed back to back from its timings (the wait to be ingested, ingest, queue wait,
+    preprocessing, the engine's wait, image encoding, prefill, decode), with when decoding began and when the report
+    ended."""
     t = report.timings
     ms = 1e-3
     total_end = called + t.get("total_ms", 0.0) * ms
@@ -146,7 +147,10 @@ def report_stages(
     if ingested is not None:
         stages.append(("ingest", *ingested))
     elif "ingest_ms" in t:
-        stages.append(("ingest", work.accepted - t["ingest_ms"] * ms, work.accepted))
+        ingest_start = work.accepted - t["ingest_ms"] * ms
+        if "ingest_wait_ms" in t:  # for an ingest thread and a busy ingest process, just before
+            stages.append(("ingest_wait", ingest_start - t["ingest_wait_ms"] * ms, ingest_start))
+        stages.append(("ingest", ingest_start, work.accepted))
     stages.append(("queue_wait", work.accepted, started))
     stages.append(("preprocess", called, called + t.get("preprocess_ms", 0.0) * ms))
     if t.get("wait_ms"):

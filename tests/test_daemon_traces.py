@@ -189,6 +189,8 @@ def test_a_stow_rs_study_is_one_trace_from_receipt_to_its_sr_deliveries(traced):
     prefill, decode = by_name["prefill"], by_name["decode"]
     assert prefill.end_time_unix_nano == decode.start_time_unix_nano
     assert by_name["encode_images"].end_time_unix_nano == prefill.start_time_unix_nano
+    wait = by_name["ingest_wait"]  # the received study waited (if at all) for an ingest process, just before
+    assert wait.parent_span_id == gen.span_id and wait.end_time_unix_nano == by_name["ingest"].start_time_unix_nano
     assert by_name["queue_wait"].end_time_unix_nano <= by_name["preprocess"].start_time_unix_nano
     stow_span, hook_span = by_name["STOW-RS pacs"], by_name["webhook hook"]
     for delivery in (stow_span, hook_span):
