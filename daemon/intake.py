@@ -129,6 +129,11 @@ class Ingestor:
             raise
         return Intake(saved, study, reservation, evidence)
 
+    def warm(self) -> None:
+        """Start the ingest processes now (the daemon's start-up), not on the first studies' time."""
+        if self.workers is not None:
+            self.workers.warm()
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.workers is not None:

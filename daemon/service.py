@@ -168,6 +168,9 @@ class Daemon:
             self.delivery.on_outcome = rollout.observe_delivery
             self.queue = WorkQueue(runner, self.metrics, workers=self.cfg.workers, max_queue=self.cfg.max_queue)
             self.signals.attach(self.queue, runner)
+            warming = threading.Thread(target=self.ingestor.warm, name="edgekitd-ingest-warm", daemon=True)
+            if _reads_studies(registry):  # the ingest processes start while the model loads (text models need none)
+                warming.start()
             if self.cfg.policy is not None:  # the policy's first decision picks the variant that loads first
                 self.policy = PolicyLoop(self.cfg, registry, self.metrics, self.signals.read)
                 self.policy.tick()
@@ -181,6 +184,8 @@ class Daemon:
                     continue
                 self.queue.submit(self.submissions.work_for(job, job.variant or registry.active), force=True)
                 self.recovered += 1
+            if warming.is_alive():
+                warming.join()
         except Exception as exc:
             self.failed = str(exc)
             log.error("start failed: %s", exc)
@@ -414,3 +419,15 @@ def free_bytes(path: Path) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def _reads_studies(registry: VariantRegistry) -> bool:
+    """Whether any configured variant reads studies (a policy may switch to it): a text model's does not. A bundle
+    whose manifest cannot be read counts as one that does; loading it will say what is wrong."""
+    for name in registry.specs:
+        try:
+            if not registry.is_text(name):
+                return True
+        except Exception:
+            return True
+    return False

@@ -380,9 +380,10 @@ def test_a_stalled_or_crashed_decoder_fails_its_study_only(tmp_path):
     from edgekit.daemon.testing import process_tree
 
     sample = SAMPLES / "cr_chest" / "image.dcm"
-    with tiny_daemon(tmp_path, "[limits]\ningest_timeout_s = 2.0\n") as d:
-        assert d.client.post_study("/v1/reports", study_files(sample)).status == 200  # starts its ingest process
-        (worker,) = [p for p in process_tree(d.proc.pid) if p != d.proc.pid]
+    config = "[scheduler]\ningest_processes = 1\n[limits]\ningest_timeout_s = 2.0\n"  # one process to stall
+    with tiny_daemon(tmp_path, config) as d:
+        (worker,) = [p for p in process_tree(d.proc.pid) if p != d.proc.pid]  # started with the daemon
+        assert d.client.post_study("/v1/reports", study_files(sample)).status == 200
         os.kill(worker, signal.SIGSTOP)
         reply = d.client.post_study("/v1/reports", study_files(sample))
         assert reply.status == 422 and reply.json()["error"]["code"] == "ingest_timeout", reply.body[:300]

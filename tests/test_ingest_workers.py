@@ -225,3 +225,20 @@ def test_starting_a_worker_for_a_study_is_not_a_wait():
         assert study.ingest_wait_ms < 0.25 * worker.start_s * 1e3
     finally:
         fresh.close()
+
+
+def test_warm_starts_every_worker_before_any_study():
+    """A server's start-up starts the processes; its first studies then neither start one nor wait."""
+    pool = IngestWorkers(2, timeout_s=60)
+    try:
+        pool.warm()
+        started = sorted(pool.pids())
+        assert len(started) == 2
+        first = pool.load(SAMPLE, IngestLimits())
+        assert sorted(pool.pids()) == started  # no process started for it
+        assert first.ingest_wait_ms < 50
+        pool.warm()  # nothing left to start
+        assert sorted(pool.pids()) == started
+    finally:
+        pool.close()
+    assert pool.pids() == []

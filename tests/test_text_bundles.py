@@ -275,3 +275,23 @@ def test_edgekitd_writes_text_reports_for_requests_without_files(root, llama_cpu
             reply = c.post_study(url, files, form)
             assert (reply.status, reply.error_code) == (status, code), (url, reply.body[:300])
         assert c.get("/v2/health/ready").status == 200
+
+
+def test_edgekitd_serving_text_models_only_starts_no_ingest_process(root, llama_cpu, vlm_bundle):
+    """Ingest processes start with edgekitd when a configured variant reads studies, and not for text models alone
+    (they would hold memory for studies nobody can send)."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from edgekit.daemon.testing import DaemonProcess, process_tree
+
+    def ingest_processes(variants: list[tuple[str, str]], state: str) -> int:
+        config = root / f"{state}.toml"
+        lines = ["[models]", f'active = "{variants[0][0]}"']
+        for name, bundle in variants:
+            lines += ["[[variants]]", f'name = "{name}"', f'bundle = "{bundle}"']
+        config.write_text("\n".join(lines) + "\n")
+        with DaemonProcess(root / state, config=config).start() as d:
+            return len([p for p in process_tree(d.proc.pid) if p != d.proc.pid])
+
+    assert ingest_processes([("notes", str(llama_cpu[0]))], "text-only") == 0
+    assert ingest_processes([("notes", str(llama_cpu[0])), ("images", str(vlm_bundle))], "both") >= 1

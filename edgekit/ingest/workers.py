@@ -72,8 +72,8 @@ class IngestTimeoutError(StudyError):
 
 
 class IngestWorkers:
-    """Up to `processes` worker processes, started on first use; `load` is blocking and thread-safe (a caller
-    waits for an idle worker)."""
+    """Up to `processes` worker processes, started on first use or together by `warm`; `load` is blocking and
+    thread-safe (a caller waits for an idle worker)."""
 
     def __init__(self, processes: int, timeout_s: float = 300.0):
         if processes < 1:
@@ -108,6 +108,36 @@ class IngestWorkers:
                     self._busy -= 1
         finally:
             self._give_back(worker)
+
+    def warm(self) -> None:
+        """Start the workers not started yet, side by side, and return once they are up: for a server's start-up
+        (beside loading its model), so that its first studies do not each wait for a process to start. One that
+        fails to start is logged and its slot left free: the study that takes it starts one, or gets the error."""
+        with self._lock:
+            missing = 0 if self._closed else self.processes - self._started
+            self._started += missing
+        starting = [threading.Thread(target=self._start_idle, name="edgekit-ingest-start") for _ in range(missing)]
+        for t in starting:
+            t.start()
+        for t in starting:
+            t.join()
+
+    def _start_idle(self) -> None:
+        try:
+            worker = _Worker.start()
+        except Exception as err:
+            log.warning("an ingest worker did not start: %s", err)
+            self._idle.put(None)
+            return
+        worker.fresh = False  # started ahead of any study: a study that takes it waited for nothing
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._all.append(worker)
+        if closed:  # closed while it started: close() could not stop it
+            worker.stop()
+            return
+        self._idle.put(worker)
 
     def pids(self) -> list[int]:
         """The live workers' process ids."""
@@ -339,8 +369,11 @@ def _serve(conn: Connection) -> None:
     """A worker's life: load each study asked for until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the daemon's terminal is the daemon's to handle
     _log_to_stderr_scrubbed()
+    from PIL import Image
+
     from edgekit.ingest.load import load_study
 
+    Image.init()  # Pillow imports its ~60 format plugins at its first JPEG 2000 open: here, not on a study's time
     conn.send(("ready", _rss(os.getpid())))
     while True:
         try:
