@@ -184,7 +184,7 @@ class Daemon:
                     continue
                 self.queue.submit(self.submissions.work_for(job, job.variant or registry.active), force=True)
                 self.recovered += 1
-            if warming.is_alive():
+            if warming.is_alive():  # READY once they are up (a start that hangs holds it up to START_TIMEOUT_S)
                 warming.join()
         except Exception as exc:
             self.failed = str(exc)

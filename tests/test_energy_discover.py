@@ -90,11 +90,10 @@ def test_the_cpu_time_model():
 
 
 def test_the_cpu_time_meter_bills_busy_time_above_idle():
+    c0, t0 = time.process_time(), time.monotonic()  # the meter's window: CPU any thread of this process spends in it
     m = CpuTimeMeter(vcpus=1)
-    t0 = time.monotonic()
     time.sleep(0.1)
     idle = m.read()
-    c0 = time.process_time()
     sum(i * i for i in range(300_000))
     busy = m.read()
     wall, cpu = busy.t - t0, time.process_time() - c0

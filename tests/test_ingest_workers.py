@@ -242,3 +242,17 @@ def test_warm_starts_every_worker_before_any_study():
     finally:
         pool.close()
     assert pool.pids() == []
+
+
+def test_a_study_that_takes_a_worker_still_warming_up_did_not_wait_for_a_busy_one():
+    """edgekitd's recovered jobs are queued while its processes warm up: the start-up is not a wait."""
+    pool = IngestWorkers(1, timeout_s=60)
+    try:
+        warming = threading.Thread(target=pool.warm)
+        warming.start()
+        study = pool.load(SAMPLE, IngestLimits())
+        warming.join()
+        (worker,) = pool._all
+        assert study.ingest_wait_ms < 0.25 * worker.start_s * 1e3
+    finally:
+        pool.close()

@@ -93,8 +93,10 @@ class IngestWorkers:
         for it (the first study, a replacement) is not counted."""
         t0 = time.perf_counter()
         worker = self._take()
-        waited_ms = max(0.0, time.perf_counter() - t0 - (worker.start_s if worker.fresh else 0.0)) * 1e3
-        worker.fresh = False
+        taken = time.perf_counter()
+        # the part of the wait that the worker it got spent starting (for this study, or ahead of it) is no busy one's
+        starting = max(0.0, min(taken, worker.ready_at) - max(t0, worker.started_at))
+        waited_ms = max(0.0, taken - t0 - starting) * 1e3
         try:
             with self._lock:
                 self._busy += 1
@@ -129,15 +131,8 @@ class IngestWorkers:
             log.warning("an ingest worker did not start: %s", err)
             self._idle.put(None)
             return
-        worker.fresh = False  # started ahead of any study: a study that takes it waited for nothing
-        with self._lock:
-            closed = self._closed
-            if not closed:
-                self._all.append(worker)
-        if closed:  # closed while it started: close() could not stop it
-            worker.stop()
-            return
-        self._idle.put(worker)
+        if self._adopt(worker):
+            self._idle.put(worker)
 
     def pids(self) -> list[int]:
         """The live workers' process ids."""
@@ -178,9 +173,18 @@ class IngestWorkers:
             else:
                 self._idle.put(None)  # the slot stays free for the next caller
             raise
-        with self._lock:
-            self._all.append(worker)
+        if not self._adopt(worker):
+            raise RuntimeError("the ingest workers are closed")
         return worker
+
+    def _adopt(self, worker: _Worker) -> bool:
+        """Count a worker just started in, unless the pool closed meanwhile: then it is stopped (close() could not)."""
+        with self._lock:
+            if not self._closed:
+                self._all.append(worker)
+                return True
+        worker.stop()
+        return False
 
     def _give_back(self, worker: _Worker) -> None:
         """Back to the idle ones when its last exchange ended cleanly and it is still fit, else replaced (later,
@@ -204,7 +208,12 @@ class _Worker:
     def __init__(self, proc: subprocess.Popen, conn: Connection, baseline_rss: int):
         self.proc, self.conn, self.baseline_rss = proc, conn, baseline_rss
         self.in_sync = True  # the last exchange ended where both sides expect the next path
-        self.start_s, self.fresh = 0.0, True  # seconds it took to start; no study taken yet
+        self.started_at = self.ready_at = 0.0  # perf_counter when it was started and when it said it was ready
+
+    @property
+    def start_s(self) -> float:
+        """Seconds it took to start."""
+        return self.ready_at - self.started_at
 
     @classmethod
     def start(cls) -> _Worker:
@@ -230,7 +239,7 @@ class _Worker:
         except (EOFError, ConnectionError):
             worker.stop()
             raise RuntimeError(f"an ingest worker exited at start (status {proc.returncode})") from None
-        worker.start_s = time.perf_counter() - t0
+        worker.started_at, worker.ready_at = t0, time.perf_counter()
         return worker
 
     def load(self, path: Path, limits: IngestLimits, admit: Admit | None, timeout_s: float, threads: int) -> Study:
