@@ -13,7 +13,8 @@ and its ingest processes', summed) over `--soak` reports at concurrency 8 (sampl
 the first 100). `--x1` adds the default model's x1 bundle served at c=1 and c=8: emulated latency and energy per report.
 Each row over the socket also says where a report's CPU went: the daemon process, its ingest processes, and this
 bench's client threads (they share the machine), how many cores were busy, and how long studies waited for an
-ingest thread and process (the report's `ingest_wait_ms`, p50/p95). Prints tables, writes JSON.
+ingest thread and process (the report's `ingest_wait_ms`, p50/p95). Also the first three reports after the batched
+daemon said it was ready (what anything it starts lazily costs a study). Prints tables, writes JSON.
 
     python bench/daemon_load.py [--model-dir DIR] [--requests 30] [--soak 500] [--x1] [--out bench/daemon_load.json]
 
@@ -52,6 +53,19 @@ def stats(latencies_s: list[float], wall_s: float) -> dict:
         "mean_ms": float(ms.mean()),
         "throughput_rps": len(ms) / wall_s,
     }
+
+
+def first_reports(d: DaemonProcess, n: int = 3) -> list[float]:
+    """Milliseconds of the first `n` reports after the daemon said it was ready, one at a time: what a study pays for
+    anything the daemon starts lazily (its ingest processes start with it, beside the model load)."""
+    files = study_files(STUDY)
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        if d.client.post_study("/v1/reports", files).status != 200:
+            raise SystemExit("the first reports after start failed")
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
 
 
 def interleaved_c1(d: DaemonProcess, bundle: Path, n: int) -> tuple[dict, dict]:
@@ -317,6 +331,7 @@ def main() -> None:
             one.stop()
         d = DaemonProcess(tmp / "state", model, extra_args=["--max-queue", "64"]).start(wait_ready=600)
         try:
+            first = first_reports(d)
             rows.update(
                 zip(
                     ("in-process c=1", "daemon c=1"),
@@ -370,6 +385,7 @@ def main() -> None:
         "soak": soaked,
         "faults": faults,
         "overhead_c1_p50": overhead,
+        "first_reports_after_ready_ms": first,
         "overhead_c1_mean": rows["daemon c=1"]["mean_ms"] / rows["in-process c=1"]["mean_ms"] - 1,
     }
     print(
@@ -414,6 +430,7 @@ def main() -> None:
         f"daemon overhead at concurrency 1: {overhead * 100:+.1f}% (p50), "
         f"{result['overhead_c1_mean'] * 100:+.1f}% (mean); model {result['model']}"
     )
+    print("first reports after ready, one at a time: " + ", ".join(f"{ms:.1f}" for ms in first) + " ms")
     k, o = faults["kill9"], faults["overload"]
     print(
         f"kill -9: {k['accepted']} accepted, {k['finished_before_kill']} finished before the kill, "
