@@ -215,3 +215,72 @@ def tiny_daemon(root: Path, config: str = "") -> Iterator[DaemonProcess]:
     path.write_text(config)
     with DaemonProcess(root / "state", write_tiny_model(root / "model"), config=path).start() as d:
         yield d
+
+
+class QuotaCgroup:
+    """A cgroup with a CPU quota for a test or the bench to start processes in (`wrap`), as systemd's CPUQuota=,
+    `docker run --cpus` or a Kubernetes CPU limit leave one: cgroup v1's cpu controller or a v2 hierarchy that
+    delegates cpu. `find()` is None where this machine lets no one make one (not root, a read-only cgroup fs)."""
+
+    def __init__(self, hierarchy: Path, cpus: float, period_us: int = 100_000):
+        self.path = hierarchy / f"edgekit-quota-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+        self.path.mkdir()
+        self.v2 = (self.path / "cpu.max").exists()
+        self.set(cpus, period_us)
+
+    @staticmethod
+    def find() -> Path | None:
+        try:
+            mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        except OSError:
+            return None
+        for line in mounts:
+            head, _, tail = line.partition(" - ")
+            fields, rest = head.split(), tail.split()
+            if len(fields) < 5 or len(rest) < 3 or fields[3] != "/":
+                continue
+            mount = Path(fields[4])
+            v1 = rest[0] == "cgroup" and "cpu" in rest[2].split(",")
+            try:
+                v2 = rest[0] == "cgroup2" and "cpu" in (mount / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                v2 = False
+            if (v1 or v2) and os.access(mount, os.W_OK):
+                return mount
+        return None
+
+    def set(self, cpus: float, period_us: int = 100_000) -> None:
+        quota = int(cpus * period_us)
+        if self.v2:
+            (self.path / "cpu.max").write_text(f"{quota} {period_us}\n")
+        else:
+            (self.path / "cpu.cfs_period_us").write_text(f"{period_us}\n")
+            (self.path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+
+    def wrap(self, args: Sequence[str]) -> list[str]:
+        """`args` started inside this cgroup (the shell joins it, then execs them): its children are in it too."""
+        return ["sh", "-c", f'echo $$ > "{self.path}/cgroup.procs" && exec "$@"', "sh", *args]
+
+    def throttled(self) -> tuple[int, float]:
+        """(periods throttled, seconds throttled) so far."""
+        stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines() if line.strip())
+        if self.v2:
+            return int(stat["nr_throttled"]), int(stat["throttled_usec"]) / 1e6
+        return int(stat["nr_throttled"]), int(stat["throttled_time"]) / 1e9
+
+    def close(self) -> None:
+        """Removed once its processes are gone (the kernel refuses a cgroup with members)."""
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+
+    def __enter__(self) -> QuotaCgroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -17,6 +17,7 @@ import pydicom.pixels as px
 import pytest
 from pydicom.uid import JPEG2000, JPEG2000Lossless
 
+from edgekit.cpus import cpu_budget
 from edgekit.ingest import IngestLimits, load_study
 from edgekit.ingest import workers as workers_module
 from edgekit.ingest.decode_threads import THREADS_ENV, decode_threads
@@ -97,7 +98,7 @@ def test_a_frame_pillow_fails_on_is_gdcms_without_a_word(tmp_path, caplog):
 
 
 def test_cpus_are_shared_among_studies_decoding_at_once():
-    cpus = len(os.sched_getaffinity(0))
+    cpus = cpu_budget().usable  # the affinity, within a CPU quota where the machine has one
     assert decode_threads() == decode_threads(1) == cpus
     assert decode_threads(2) == max(1, cpus // 2)
     assert decode_threads(cpus + 1) == 1
@@ -138,7 +139,7 @@ def _detector_sized(tmp_path: Path, size: int = 2048) -> Path:
     return tmp_path / "big.dcm"
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: a study alone decodes on one thread anyway")
+@pytest.mark.skipif(cpu_budget().usable < 2, reason="one usable CPU: a study alone decodes on one thread anyway")
 def test_a_study_alone_in_a_worker_decodes_on_every_cpu(tmp_path):
     """The pool's hint reaches the worker: while a lone study decodes, its process runs OpenJPEG's extra threads
     (none run when OpenJPEG has one thread)."""
@@ -206,7 +207,7 @@ def _probe(env: dict[str, str]) -> list:
 
 def test_cli_gives_a_study_every_cpu_and_keeps_it_from_its_children():
     env = {k: v for k, v in os.environ.items() if k != THREADS_ENV}
-    cpus = str(len(os.sched_getaffinity(0)))
+    cpus = str(cpu_budget().usable)
     assert _probe(env) == [cpus, None, "1", "5", "5"]
 
 

@@ -15,10 +15,10 @@ example a datasheet TDP spread over its cores: `CpuModel.from_tdp("orin-nano-cpu
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass
 
+from edgekit.cpus import usable_cpus
 from edgekit.energy.reading import PowerReading, estimated
 
 
@@ -45,10 +45,8 @@ CCF_AWS = CpuModel(
 
 
 def process_vcpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """The vCPUs this process holds: its affinity within its CPU quota (a container's `--cpus`)."""
+    return usable_cpus()
 
 
 class CpuTimeMeter:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from edgekit.cpus import usable_cpus
+
 THREADS_ENV = "OPJ_NUM_THREADS"
 _written: str | None = None  # the value set_threads last wrote; any other value is the deployment's
 
@@ -22,9 +24,9 @@ def _deployments() -> bool:
 
 def decode_threads(busy: int = 1) -> int:
     """OpenJPEG threads for one study's decode while `busy` studies (this one included) decode at once: the CPUs
-    this process may run on (its affinity: a cpuset, not a CPU quota), shared among them, at least one."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cpus // max(1, busy))
+    this process may keep busy (its affinity within its CPU quota: `edgekit.cpus`), shared among them, at least
+    one."""
+    return max(1, usable_cpus() // max(1, busy))
 
 
 def set_threads(threads: int) -> None:

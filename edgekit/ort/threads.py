@@ -1,13 +1,17 @@
-"""How many threads ORT should use: one per physical core we may run on.
+"""How many threads ORT should use: one per physical core we may run on, within the cgroup's CPU quota.
 
 Hyper-threads share a core's FMA units, so a GEMV-bound decoder gains nothing from them and loses to contention;
-ORT's own default counts them. We count distinct (package, core) pairs among the CPUs this process may use.
+ORT's own default counts them. We count distinct (package, core) pairs among the CPUs this process may use, and
+never more than its CPU quota allows (`edgekit.cpus`: ORT's pool threads spin, and past the quota they are
+throttled).
 """
 
 from __future__ import annotations
 
 import os
 from functools import lru_cache
+
+from edgekit.cpus import usable_cpus
 
 
 @lru_cache(maxsize=1)
@@ -32,4 +36,4 @@ def physical_cores() -> int:
                     cpu = package = core = None
     except OSError:
         pass
-    return max(1, min(len(cores) or len(allowed), len(allowed)))
+    return max(1, min(len(cores) or len(allowed), len(allowed), usable_cpus()))
