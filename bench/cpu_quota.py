@@ -7,9 +7,11 @@ A CPU quota is what systemd's CPUQuota=, `docker run --cpus` and a Kubernetes CP
 a process: its affinity still shows every CPU. In-process: a child process started in the cgroup loads the default
 model's cpu bundle and writes `--reports` reports on the bundled sample study as `edgekit run` does (after 5 to warm
 up); the sizings alternate, `--rounds` times. `--daemon` adds edgekitd started inside the cgroup (its ingest
-processes with it) and served from this process, outside it, at concurrency 1 and 4. Per row: p50 / p95 ms,
-reports/s, the threads used, and the periods and seconds the kernel throttled the cgroup (its cpu.stat). Needs root
-and a writable cgroup file system with the cpu controller. Prints a table, writes JSON.
+processes with it; "before" also with the ingest processes the affinity gave, half the physical cores, 2 to 4) and
+served from this process, outside it, at concurrency 1 and 4, each sizing first for every other quota. Per row: p50
+/ p95 ms, reports/s, the threads used, and the periods and seconds the kernel throttled the cgroup over the timed
+reports (its cpu.stat). Needs root and a writable cgroup file system with the cpu controller. Prints a table, writes
+JSON.
 
     python bench/cpu_quota.py [--quotas 1 1.5] [--reports 60] [--rounds 2] [--daemon] [--out bench/cpu_quota.json]
 """
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.daemon.client import study_files
-from edgekit.daemon.testing import DaemonProcess, QuotaCgroup
+from edgekit.daemon.testing import DaemonProcess, QuotaCgroup, cgroup_throttled
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "models" / "samples" / "cr_chest" / "image.dcm"
@@ -44,8 +46,9 @@ def affinity_sized() -> tuple[int, int]:
     return physical_cores(), len(os.sched_getaffinity(0))
 
 
-def child(bundle: str, ort_threads: str, decode: str, n: int) -> None:
-    """One sizing's reports, in this process (started inside the cgroup)."""
+def child(bundle: str, ort_threads: str, decode: str, n: int, cgroup: str) -> None:
+    """One sizing's reports, in this process (started inside `cgroup`, "-": none); the throttling is read around
+    the timed reports only."""
     from edgekit.ingest.decode_threads import decode_threads, set_threads
     from edgekit.reporter import Reporter
 
@@ -57,12 +60,15 @@ def child(bundle: str, ort_threads: str, decode: str, n: int) -> None:
     for _ in range(5):
         reporter.report(STUDY)
     lat = []
+    before = cgroup_throttled(Path(cgroup)) if cgroup != "-" else (0, 0.0)
     for _ in range(n):
         t = time.perf_counter()
         reporter.report(STUDY)
         lat.append(time.perf_counter() - t)
+    after = cgroup_throttled(Path(cgroup)) if cgroup != "-" else (0, 0.0)
     used = {"ort": reporter.backend.intra_op_threads, "decode": int(os.environ[DECODE_ENV])}
-    print(json.dumps({"latencies_s": lat, "threads": used}))
+    throttled = [after[0] - before[0], after[1] - before[1]]
+    print(json.dumps({"latencies_s": lat, "threads": used, "throttled": throttled}))
 
 
 def stats(lat_s: list[float], wall_s: float) -> dict:
@@ -76,14 +82,12 @@ def stats(lat_s: list[float], wall_s: float) -> dict:
 
 
 def in_process(group: QuotaCgroup | None, bundle: Path, sizing: tuple[str, str], n: int) -> dict:
-    args = [sys.executable, __file__, "--child", str(bundle), *sizing, str(n)]
-    before = group.throttled() if group else (0, 0.0)
+    args = [sys.executable, __file__, "--child", str(bundle), *sizing, str(n), str(group.path) if group else "-"]
     out = subprocess.run(group.wrap(args) if group else args, capture_output=True, text=True, check=True)
-    after = group.throttled() if group else (0, 0.0)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     row = stats(got["latencies_s"], sum(got["latencies_s"]))
     row["threads"] = got["threads"]
-    row["throttled_periods"], row["throttled_s"] = after[0] - before[0], after[1] - before[1]
+    row["throttled_periods"], row["throttled_s"] = got["throttled"]
     return row
 
 
@@ -124,11 +128,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternations of the sizings per quota")
     ap.add_argument("--daemon", action="store_true", help="also edgekitd inside the cgroup at c=1 and c=4")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        bundle, ort_threads, decode, n = args.child
-        return child(bundle, ort_threads, decode, int(n))
+        bundle, ort_threads, decode, n, cgroup = args.child
+        return child(bundle, ort_threads, decode, int(n), cgroup)
     from edgekit.cpus import cpu_quota
 
     if cpu_quota() is not None:
@@ -137,6 +141,8 @@ def main() -> None:
     if hierarchy is None:
         raise SystemExit("cpu_quota: needs root and a writable cgroup file system with the cpu controller")
     ort_old, decode_old = affinity_sized()
+    # the daemon's ingest processes as the affinity alone gave them too (half the physical cores, 2 to 4)
+    before_args = ["--threads", str(ort_old), "--ingest-processes", str(max(2, min(4, ort_old // 2)))]
     sizings = {"affinity-sized (before)": (str(ort_old), str(decode_old)), "edgekit's choice": ("auto", "auto")}
     result: dict = {"affinity_cpus": len(os.sched_getaffinity(0)), "study": STUDY.name, "quotas": {}}
     with tempfile.TemporaryDirectory(prefix="edgekit-quota-") as tmp:
@@ -147,7 +153,7 @@ def main() -> None:
         build("cpu", bundle, parity=False)
         reference = in_process(None, bundle, ("auto", "auto"), args.reports)
         result["no quota, edgekit's choice"] = reference
-        for quota in args.quotas:
+        for q, quota in enumerate(args.quotas):
             runs: dict[str, list[dict]] = {name: [] for name in sizings}
             with QuotaCgroup(hierarchy, quota) as group:
                 for r in range(args.rounds):
@@ -157,16 +163,14 @@ def main() -> None:
                 entry: dict = {"in_process": runs}
                 if args.daemon:
                     n = args.reports
+                    served = {  # name: (state folder, daemon arguments, environment)
+                        "affinity-sized (before)": ("before", before_args, {DECODE_ENV: str(decode_old)}),
+                        "edgekit's choice": ("now", [], {}),
+                    }
+                    firsts = list(served) if q % 2 == 0 else list(reversed(served))  # each goes first once
                     entry["daemon"] = {
-                        "affinity-sized (before)": daemon_rows(
-                            group,
-                            tmp,
-                            "before",
-                            ["--threads", str(ort_old)],
-                            {DECODE_ENV: str(decode_old)},
-                            args.reports,
-                        ),
-                        "edgekit's choice": daemon_rows(group, tmp / f"now-{quota:g}", [], {}, n),
+                        name: daemon_rows(group, tmp / f"{served[name][0]}-{quota:g}", *served[name][1:], n)
+                        for name in firsts
                     }
             result["quotas"][f"{quota:g}"] = entry
     print(f"{'quota':<7}{'sizing':<26}{'ORT/J2K thr':>12}{'p50 ms':>9}{'p95 ms':>9}{'rep/s':>8}{'throttled':>11}")

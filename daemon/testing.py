@@ -226,7 +226,11 @@ class QuotaCgroup:
         self.path = hierarchy / f"edgekit-quota-{os.getpid()}-{time.monotonic_ns() % 10**9}"
         self.path.mkdir()
         self.v2 = (self.path / "cpu.max").exists()
-        self.set(cpus, period_us)
+        try:
+            self.set(cpus, period_us)
+        except BaseException:
+            self.path.rmdir()
+            raise
 
     @staticmethod
     def find() -> Path | None:
@@ -259,28 +263,39 @@ class QuotaCgroup:
 
     def wrap(self, args: Sequence[str]) -> list[str]:
         """`args` started inside this cgroup (the shell joins it, then execs them): its children are in it too."""
-        return ["sh", "-c", f'echo $$ > "{self.path}/cgroup.procs" && exec "$@"', "sh", *args]
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.path), *args]
 
     def throttled(self) -> tuple[int, float]:
         """(periods throttled, seconds throttled) so far."""
-        stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines() if line.strip())
-        if self.v2:
-            return int(stat["nr_throttled"]), int(stat["throttled_usec"]) / 1e6
-        return int(stat["nr_throttled"]), int(stat["throttled_time"]) / 1e9
+        return cgroup_throttled(self.path)
 
     def close(self) -> None:
-        """Removed once its processes are gone (the kernel refuses a cgroup with members)."""
-        for _ in range(50):
+        """Removed once its processes are gone (the kernel refuses a cgroup with members); any still in it after
+        5 s (a killed daemon's ingest processes) are killed first."""
+        for attempt in range(60):
             try:
                 self.path.rmdir()
                 return
             except FileNotFoundError:
                 return
             except OSError:
+                if attempt == 50:
+                    for pid in (self.path / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
                 time.sleep(0.1)
+        raise RuntimeError(f"cgroup {self.path} could not be removed: its processes did not end")
 
     def __enter__(self) -> QuotaCgroup:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def cgroup_throttled(cgroup: Path) -> tuple[int, float]:
+    """(periods throttled, seconds throttled) of a cgroup so far, from its cpu.stat (v2 or v1)."""
+    stat = dict(line.split() for line in (Path(cgroup) / "cpu.stat").read_text().splitlines() if line.strip())
+    if "throttled_usec" in stat:
+        return int(stat["nr_throttled"]), int(stat["throttled_usec"]) / 1e6
+    return int(stat["nr_throttled"]), int(stat["throttled_time"]) / 1e9

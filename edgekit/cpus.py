@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 
@@ -48,10 +48,19 @@ def cpu_budget(root: Path = Path("/")) -> CpuBudget:
     return CpuBudget(_affinity(), cpu_quota(root))
 
 
-@lru_cache(maxsize=1)
+_REREAD_S = 5.0  # a cpuset or quota changed while the process runs is followed within this (Go re-reads every 1 s)
+_last: tuple[float, int] | None = None  # (when read, usable)
+
+
 def usable_cpus() -> int:
-    """CPUs this process may keep busy: read once (the quota a unit or a container starts with)."""
-    return cpu_budget().usable
+    """CPUs this process may keep busy. Reading them costs about 0.1 ms, so a value is kept for a few seconds: what
+    is sized per study follows a changed cpuset or quota; ONNX Runtime's threads are sized once, at a session's
+    start."""
+    global _last
+    now = time.monotonic()
+    if _last is None or now - _last[0] > _REREAD_S:
+        _last = (now, cpu_budget().usable)
+    return _last[1]
 
 
 def _affinity() -> int:
@@ -74,7 +83,8 @@ def cpu_quota(root: Path = Path("/")) -> float | None:
         q
         for version, mount_root, mount_point in _cgroup_mounts(mounts)
         if (path := paths.get(version)) is not None
-        and (q := _tightest(root / mount_point.lstrip("/"), _relative(path, mount_root), version)) is not None
+        and (relative := _relative(path, mount_root)) is not None
+        and (q := _tightest(root / mount_point.lstrip("/"), relative, version)) is not None
     ]
     return min(found, default=None)
 
@@ -117,14 +127,18 @@ def _unescape(field: str) -> str:
     return field
 
 
-def _relative(path: str, mount_root: str) -> str:
+def _relative(path: str, mount_root: str) -> str | None:
     """The process's cgroup below the mount: a container's mount root is its own cgroup (without a cgroup
-    namespace /proc/self/cgroup still names it from the host's root). A path outside the mount: the mount itself."""
+    namespace /proc/self/cgroup still names it from the host's root). None where the process's cgroup is not under
+    the mount (another cgroup's bind mount, or a path that leaves a cgroup namespace: `/../x`): its quotas are not
+    this process's."""
+    if ".." in path.split("/"):
+        return None
     if mount_root == "/":
         return path
     if path == mount_root or path.startswith(mount_root.rstrip("/") + "/"):
         return path[len(mount_root.rstrip("/")) :] or "/"
-    return "/"
+    return None
 
 
 def _tightest(mount: Path, relative: str, version: str) -> float | None:

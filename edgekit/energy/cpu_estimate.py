@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from edgekit.cpus import usable_cpus
+from edgekit.cpus import cpu_budget
 from edgekit.energy.reading import PowerReading, estimated
 
 
@@ -29,7 +29,7 @@ class CpuModel:
     max_w: float  # per vCPU, 100% busy
     reference: str
 
-    def energy_j(self, cpu_s: float, wall_s: float, vcpus: int) -> float:
+    def energy_j(self, cpu_s: float, wall_s: float, vcpus: float) -> float:
         return vcpus * wall_s * self.min_w + cpu_s * (self.max_w - self.min_w)
 
     @classmethod
@@ -44,16 +44,18 @@ CCF_AWS = CpuModel(
 )
 
 
-def process_vcpus() -> int:
-    """The vCPUs this process holds: its affinity within its CPU quota (a container's `--cpus`)."""
-    return usable_cpus()
+def process_vcpus() -> float:
+    """The vCPUs this process holds: its affinity, or its CPU quota where that is less (a container's `--cpus 1.5`
+    holds 1.5; thread counts round it down, the bill does not)."""
+    budget = cpu_budget()
+    return float(budget.affinity) if budget.quota is None else min(float(budget.affinity), budget.quota)
 
 
 class CpuTimeMeter:
     """This process's estimated energy as a counter meter (joules since it was opened). Never fails: the last
     fallback of every sampler."""
 
-    def __init__(self, model: CpuModel = CCF_AWS, vcpus: int | None = None):
+    def __init__(self, model: CpuModel = CCF_AWS, vcpus: float | None = None):
         self.model = model
         self.vcpus = vcpus or process_vcpus()
         self.source = estimated(f"cpu-time-{model.name}")
