@@ -79,7 +79,8 @@ class DaemonConfig:
     active_variant: str | None = None
     default_model_dir: Path | None = None  # source weights of the embedded default model (None: the packaged ones)
     keep_alive_s: float = 300.0  # idle non-active variants unload after this long (< 0: never), as Ollama's 5 min
-    threads: int | None = None  # ONNX Runtime intra-op threads per loaded variant (None: physical cores)
+    threads: int | None = None  # ONNX Runtime intra-op threads per loaded variant (None: cpu_share.model_threads)
+    ort_spinning: bool = False  # ONNX Runtime's pool threads spin between runs (its own default; cpu_share.py)
     workers: int = 8  # reports in progress at once: ingest and preprocessing overlap, generation batches
     # Processes that decode studies (edgekit.ingest.workers), off the server's GIL; 0: in the daemon's own threads.
     # None: half the physical cores, 2 to 4 (on 2 cores two served c=8 at 1.19x the req/s of one, bench/daemon_load).
@@ -143,6 +144,7 @@ _KEYS: dict[tuple[str, str], tuple[str, type | tuple[type, ...]]] = {
     ("daemon", "state_dir"): ("state_dir", str),
     ("daemon", "log_level"): ("log_level", str),
     ("daemon", "threads"): ("threads", int),
+    ("daemon", "ort_spinning"): ("ort_spinning", bool),
     ("listen", "socket"): ("socket", str),
     ("listen", "socket_mode"): ("socket_mode", (int, str)),
     ("listen", "socket_group"): ("socket_group", str),

@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ingest-processes", type=int, help="processes that decode studies (0: the daemon's own threads)")
     p.add_argument("--max-batch", type=int, help="reports decoding together per variant (1: one at a time)")
     p.add_argument("--batch-controller", choices=["fixed", "bandwidth", "latency"], dest="batch_controller")
-    p.add_argument("--threads", type=int, help="ONNX Runtime threads per variant")
+    p.add_argument("--threads", type=int, help="ONNX Runtime threads per variant (default: half the physical cores)")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s")
     p.add_argument(
         "--keep-alive",

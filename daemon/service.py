@@ -18,7 +18,7 @@ from typing import Any
 
 from edgekit.errors import EdgekitError
 
-from . import telemetry
+from . import cpu_share, telemetry
 from .config import DaemonConfig, load_config
 from .delivery import DeliveryWorker
 from .dicomweb import BodyChunks, StoreResult, StowService
@@ -150,23 +150,12 @@ class Daemon:
             return "state_dir_full"
         return "loading"
 
-    def cpu_plan(self) -> str:
-        """What the threads were sized from: a CPU quota (systemd's CPUQuota=, a container's limit) caps them."""
-        from edgekit.cpus import cpu_budget
-        from edgekit.ort import physical_cores
-
-        threads = self.cfg.threads or physical_cores()
-        processes = self.ingestor.workers.processes if self.ingestor.workers is not None else 0
-        return (
-            f"CPUs: {cpu_budget().describe()}; ONNX Runtime threads per variant: {threads}"
-            f"{' (set in the config)' if self.cfg.threads else ''}; ingest processes: {processes}"
-        )
-
     # --- life -----------------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Blocking: build/load/warm the active variant, start workers, requeue unfinished jobs, then READY=1."""
         try:
-            log.info("%s", self.cpu_plan())
+            processes = self.ingestor.workers.processes if self.ingestor.workers is not None else 0
+            log.info("%s", cpu_share.plan(self.cfg, processes))
             registry = self.registry = VariantRegistry(self.cfg, say=self.say, on_change=self._loaded_changed)
             rollout = self.rollout = Rollout(
                 self.cfg.state_dir, registry, lambda: self.cfg.rollout, self._count_step, telemetry.event

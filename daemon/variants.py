@@ -23,6 +23,7 @@ from edgekit.bundle.signing import manifest_digest
 from edgekit.errors import BundleError, ConfigError, EdgekitError
 
 from .config import DaemonConfig, Variant
+from .cpu_share import model_threads
 
 if TYPE_CHECKING:
     from edgekit.bundle import Bundle
@@ -93,7 +94,7 @@ class VariantRegistry:
         self._text: dict[str, bool] = {}  # whether a variant's bundle is a text model's, read from its manifest
         self.row_caps: dict[str, int] = {}  # the policy's batch size per variant, applied whenever it is loaded
         self.active = ""
-        self.threads: int | None = None
+        self.threads = 1
         # the energy meter each report is billed by (edgekit.energy), where the target has none
         self.meter: Sampler | None = None
         self.keep_alive_s = 0.0
@@ -101,7 +102,8 @@ class VariantRegistry:
 
     def configure(self, cfg: DaemonConfig) -> None:
         """(Re)read the variant list; loaded variants that are still listed stay loaded."""
-        self.threads = cfg.threads
+        self.threads = model_threads(cfg)
+        self.spinning = cfg.ort_spinning
         self.engine = cfg  # the [engine] settings each loaded variant's token engine takes
         self.state_dir = Path(cfg.state_dir)  # where a target keeps what it builds on the device (orin: engines)
         self.keep_alive_s = cfg.keep_alive_s
@@ -257,7 +259,12 @@ class VariantRegistry:
         self._say(f"loading variant {spec.name}")
         t0 = time.perf_counter()
         digest = manifest_digest(spec.bundle)  # before the load reads it: a change after this one reloads it
-        runtime = RuntimeOptions(threads=self.threads, state_dir=self.state_dir, settings=dict(spec.settings))
+        runtime = RuntimeOptions(
+            threads=self.threads,
+            spin_between_runs=self.spinning,
+            state_dir=self.state_dir,
+            settings=dict(spec.settings),
+        )
         e = self.engine
         reporter = Reporter.from_bundle(
             verified or spec.bundle,  # a bundle the caller has just checked file by file is not hashed again

@@ -45,9 +45,11 @@ class RuntimeOptions:
     where a target may keep what it builds on the device (orin: TensorRT engines), so a service's copies live in
     its own state directory; None: the target's default. `engine` names which of the target's engines runs the
     bundle (`Target.engines`: orin's `onnxruntime` runs its ONNX graphs in ONNX Runtime off the device); None: the
-    target's own (`edgekit.plugins.resolve_engine` checks it)."""
+    target's own (`edgekit.plugins.resolve_engine` checks it). `spin_between_runs=False`: ONNX Runtime's pool
+    threads stop spinning at the end of each run, for a process that does other work between runs (edgekitd)."""
 
     threads: int | None = None
+    spin_between_runs: bool = True
     profile_dir: Path | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     state_dir: Path | None = None

@@ -27,8 +27,11 @@ def session_options(
     *,
     intra_op_threads: int | None = None,
     profile_prefix: str | Path | None = None,
+    spin_between_runs: bool = True,
 ) -> ort.SessionOptions:
-    """ORT_ENABLE_ALL, intra-op threads = physical cores unless given, optional chrome-trace profiling."""
+    """ORT_ENABLE_ALL, intra-op threads = physical cores unless given, optional chrome-trace profiling.
+    `spin_between_runs=False`: the pool threads stop spinning at the end of each run (`session.force_spinning_stop`)
+    instead of burning CPU for the next one, for a process that does other work between runs (edgekitd)."""
     if intra_op_threads is not None and intra_op_threads < 1:
         raise ConfigError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
     so = ort.SessionOptions()
@@ -36,6 +39,8 @@ def session_options(
     so.intra_op_num_threads = physical_cores() if intra_op_threads is None else intra_op_threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not spin_between_runs:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = str(profile_prefix)
@@ -66,6 +71,7 @@ class CpuBackend:
         *,
         intra_op_threads: int | None = None,
         profile_dir: str | Path | None = None,
+        spin_between_runs: bool = True,
     ):
         self.profile_dir = Path(profile_dir) if profile_dir is not None else None
         if self.profile_dir is not None:
@@ -76,7 +82,9 @@ class CpuBackend:
 
         def opts(name: str) -> ort.SessionOptions:
             prefix = self.profile_dir / name if self.profile_dir is not None else None
-            return session_options(intra_op_threads=self.intra_op_threads, profile_prefix=prefix)
+            return session_options(
+                intra_op_threads=self.intra_op_threads, profile_prefix=prefix, spin_between_runs=spin_between_runs
+            )
 
         self.vision = None if vision_encoder is None else open_session(Path(vision_encoder), opts("vision_encoder"))
         self.embed_session = open_session(Path(embed_tokens), opts("embed_tokens"))

@@ -51,6 +51,7 @@ def load_backend(bundle, options):
             bundle.component(names.DECODER_ROLE),
             intra_op_threads=options.threads,
             profile_dir=options.profile_dir,
+            spin_between_runs=options.spin_between_runs,
         )
     if FUSED_ROLE not in bundle.manifest.components:
         raise ConfigError("this bundle has no fused cpu decoder (built before it): use decoder = 'portable'", where)
@@ -62,4 +63,5 @@ def load_backend(bundle, options):
         capacity=s["kv_capacity"],
         intra_op_threads=options.threads,
         profile_dir=options.profile_dir,
+        spin_between_runs=options.spin_between_runs,
     )

@@ -95,6 +95,7 @@ class CpuSlotBackend:
         capacity: int = DEFAULT_CAPACITY,
         intra_op_threads: int | None = None,
         profile_dir: str | Path | None = None,
+        spin_between_runs: bool = True,
     ):
         if max_rows < 1:
             raise ConfigError(f"max_rows must be >= 1, got {max_rows}")
@@ -108,7 +109,9 @@ class CpuSlotBackend:
 
         def opts(name: str) -> ort.SessionOptions:
             prefix = self.profile_dir / name if self.profile_dir is not None else None
-            return session_options(intra_op_threads=self.intra_op_threads, profile_prefix=prefix)
+            return session_options(
+                intra_op_threads=self.intra_op_threads, profile_prefix=prefix, spin_between_runs=spin_between_runs
+            )
 
         self._decoder_path = Path(decoder)
         self.decoder = open_session(self._decoder_path, opts("decoder"))

@@ -61,6 +61,7 @@ class OrinTarget:
                 bundle,
                 intra_op_threads=options.threads,
                 profile_dir=options.profile_dir,
+                spin_between_runs=options.spin_between_runs,
                 billing=billing,
                 overrides=run.plan_overrides,  # max_batch only: the others are refused for onnxruntime
             )

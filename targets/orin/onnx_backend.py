@@ -69,7 +69,16 @@ class HostKV:
 
 
 class OrinOnnxBackend(CpuBackend):
-    def __init__(self, bundle, *, intra_op_threads: int | None = None, profile_dir=None, billing=None, overrides=None):
+    def __init__(
+        self,
+        bundle,
+        *,
+        intra_op_threads: int | None = None,
+        profile_dir=None,
+        billing=None,
+        overrides=None,
+        spin_between_runs: bool = True,
+    ):
         """`overrides`: the run's plan settings (`max_batch`: the profiles are remade at it, as for the engines)."""
         super().__init__(
             None if bundle.is_text else bundle.component(names.VISION),
@@ -77,6 +86,7 @@ class OrinOnnxBackend(CpuBackend):
             bundle.component(names.DECODER_ROLE),
             intra_op_threads=intra_op_threads,
             profile_dir=profile_dir,
+            spin_between_runs=spin_between_runs,
         )
         self.source = bundle.source
         self.profiles = plan_for(bundle, overrides)["profiles"]
