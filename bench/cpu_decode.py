@@ -17,7 +17,8 @@ ships. `--variants` adds lowerings with one default changed (`acc0`: accuracy_le
 with the engine making one backend call per step (`greedy_run_steps=1`) instead of its multi-step greedy runs,
 timed in pairs with the default engine on the same backend after the others (`engine_pairs`).
 
-Timing: `--threads` intra-op threads (2), a 32-token prompt per row (row r: other ids), 128 new tokens, greedy, no
+Timing: `--threads` intra-op threads (2; `--no-spin`: their spinning stopped at the end of each run, as edgekitd
+runs them), a 32-token prompt per row (row r: other ids), 128 new tokens, greedy, no
 stop tokens, through the engine (`Engine`, one request per row, `max_batch` = the batch), each token stamped as
 the engine chooses it (`on_token`). Decode tok/s at batch B = tokens chosen while all B rows decode / seconds of
 that stretch (from every row having its first token to the first row having its last: rows whose prefill the
@@ -30,7 +31,7 @@ generated tokens equal to the portable decoder's (random-init SmolLM2 has flat l
 near-ties and a row then diverges; radreport-tiny is trained). Logit error: the largest |fused - portable| over
 the largest |portable| on a teacher-forced prompt + 8 greedy steps.
 
-    python bench/cpu_decode.py [--only radreport|smollm] [--batches 1 8] [--repeats 3] [--threads 2]
+    python bench/cpu_decode.py [--only radreport|smollm] [--batches 1 8] [--repeats 3] [--threads 2] [--no-spin]
                                [--variants acc0 nopack nonorm] [--work out/cpu_decode] [--json bench/cpu_decode.json]
 """
 
@@ -123,10 +124,19 @@ def lower(graphs: Path, variant: str) -> Path:
     return path
 
 
-def backend(graphs: Path, variant: str, decoders: dict, threads: int, rows: int):
+def backend(graphs: Path, variant: str, decoders: dict, threads: int, rows: int, spin: bool = True):
     if variant == "portable":
-        return CpuBackend(None, graphs / names.EMBED_TOKENS, graphs / names.DECODER, intra_op_threads=threads)
-    return CpuSlotBackend(decoders[variant], graphs / names.EMBED_TOKENS, None, max_rows=rows, intra_op_threads=threads)
+        return CpuBackend(
+            None, graphs / names.EMBED_TOKENS, graphs / names.DECODER, intra_op_threads=threads, spin_between_runs=spin
+        )
+    return CpuSlotBackend(
+        decoders[variant],
+        graphs / names.EMBED_TOKENS,
+        None,
+        max_rows=rows,
+        intra_op_threads=threads,
+        spin_between_runs=spin,
+    )
 
 
 # measuring --------------------------------------------------------------------------------------------------
@@ -187,7 +197,7 @@ def run(args) -> dict:
         graphs, vocab = MODELS[model](args.work)
         decoders = {v: lower(graphs, v) for v in lowerings if v != "portable"}
         rows = max(args.batches)
-        backends = {v: backend(graphs, v, decoders, args.threads, rows) for v in lowerings}
+        backends = {v: backend(graphs, v, decoders, args.threads, rows, not args.no_spin) for v in lowerings}
         out = results["models"][model] = {
             "graphs": str(graphs),
             "decoder_bytes": sum(p.stat().st_size for p in graphs.glob("decoder_model_merged.onnx*")),
@@ -292,6 +302,11 @@ def main() -> None:
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--no-spin",
+        action="store_true",
+        help="pool threads stop spinning at the end of each run, as edgekitd runs them (session.force_spinning_stop)",
+    )
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--new", type=int, default=128)
     p.add_argument(

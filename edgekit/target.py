@@ -49,11 +49,11 @@ class RuntimeOptions:
     threads stop spinning at the end of each run, for a process that does other work between runs (edgekitd)."""
 
     threads: int | None = None
-    spin_between_runs: bool = True
     profile_dir: Path | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     state_dir: Path | None = None
     engine: str | None = None
+    spin_between_runs: bool = True
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,26 @@ SAMPLES = REPO / "models" / "samples"
 
 
 # --- config ---------------------------------------------------------------------------------------------------------
+def test_the_example_config_shows_every_key():
+    """Every key of the config's key table (`_KEYS`) is in packaging/edgekitd.toml, set or commented out, under its
+    section."""
+    from edgekit.daemon.config import _KEYS
+
+    text = (REPO / "packaging" / "edgekitd.toml").read_text()
+    sections: dict[str, str] = {}
+    current = ""
+    for line in text.splitlines():
+        if line.startswith("[") and line.rstrip().endswith("]"):
+            current = line.strip("[] \n")
+        sections[current] = sections.get(current, "") + line + "\n"
+    missing = [
+        f"[{section}] {key}"
+        for section, key in _KEYS
+        if not re.search(rf"^#? ?{re.escape(key)} =", sections.get(section, ""), re.MULTILINE)
+    ]
+    assert missing == []
+
+
 def test_the_example_config_parses_and_matches_the_defaults(tmp_path):
     cfg = load_config(REPO / "packaging" / "edgekitd.toml")
     defaults = DaemonConfig()

@@ -37,3 +37,11 @@ def physical_cores() -> int:
     except OSError:
         pass
     return max(1, min(len(cores) or len(allowed), len(allowed), usable_cpus()))
+
+
+def serving_threads() -> int:
+    """ORT threads for a model served beside the studies' decode (edgekitd, and `edgekit pareto`, which measures
+    what edgekitd serves): half the physical cores, at least 1; the ingest processes are sized from half the cores
+    too (`edgekit.ingest.workers.default_processes`). On 2 cores one thread served c=8 at 1.28x the req/s of two
+    (`bench/daemon_threads.py`)."""
+    return max(1, physical_cores() // 2)

@@ -3,7 +3,8 @@
 Knobs (each a list; one value means "not varied"). The core's, which every target has:
 - `max_new_tokens`: a cap on the report's length (None: the bundle's generation config);
 - `video_max_frames`: frames decoded per clip (the seed's 30 -> 15 fps frame skipping; DICOM studies unchanged);
-- `threads`: ONNX Runtime / emulator threads (None: physical cores);
+- `threads`: ONNX Runtime / emulator threads (None: as edgekitd serves a model, half the physical cores, its pool
+  threads not spinning between runs);
 - `max_batch`: reports in flight at once. The split is reported this many at a time, and the token engine decodes
   them together (`edgekit.engine`): energy per report at a full batch, each report's latency with the others
   beside it, and `Point.power_w` the device's draw while the batch stays full. edgekitd's policy caps its

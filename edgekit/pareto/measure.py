@@ -66,6 +66,7 @@ def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) ->
     from edgekit.bundle import load_bundle
     from edgekit.eval.runner import evaluate
     from edgekit.ingest.study import IngestLimits
+    from edgekit.ort import serving_threads
     from edgekit.reporter import Reporter
     from edgekit.target import RuntimeOptions
 
@@ -74,7 +75,11 @@ def measure(config: Config, data_dir: Path, *, limit: int | None, meter=None) ->
     t0 = time.perf_counter()
     bundle = load_bundle(config.bundle)
     limits = IngestLimits(video_max_frames=settings["video_max_frames"]) if "video_max_frames" in settings else None
-    options = RuntimeOptions(threads=settings.get("threads"), settings=runtime)
+    # as edgekitd serves a model beside its ingest (half the physical cores, pool threads not spinning between
+    # runs: `edgekit/daemon/cpu_share.py`), so that the policy's and the canary's figures are the daemon's
+    options = RuntimeOptions(
+        threads=settings.get("threads") or serving_threads(), settings=runtime, spin_between_runs=False
+    )
     batch = {"max_batch": settings["max_batch"]} if "max_batch" in settings else {}
     reporter = Reporter(bundle, runtime=options, meter=meter, limits=limits, **batch)
     reporter.warm()
