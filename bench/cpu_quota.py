@@ -33,6 +33,9 @@ import numpy as np
 from edgekit.daemon.client import study_files
 from edgekit.daemon.testing import DaemonProcess, QuotaCgroup, cgroup_throttled
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from daemon_load import stats  # noqa: E402 - a bench beside this one: latency percentiles and req/s
+
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "models" / "samples" / "cr_chest" / "image.dcm"
 DECODE_ENV = "OPJ_NUM_THREADS"
@@ -69,16 +72,6 @@ def child(bundle: str, ort_threads: str, decode: str, n: int, cgroup: str) -> No
     used = {"ort": reporter.backend.intra_op_threads, "decode": int(os.environ[DECODE_ENV])}
     throttled = [after[0] - before[0], after[1] - before[1]]
     print(json.dumps({"latencies_s": lat, "threads": used, "throttled": throttled}))
-
-
-def stats(lat_s: list[float], wall_s: float) -> dict:
-    ms = np.asarray(lat_s) * 1e3
-    return {
-        "n": len(ms),
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p95_ms": float(np.percentile(ms, 95)),
-        "reports_per_s": len(ms) / wall_s,
-    }
 
 
 def in_process(group: QuotaCgroup | None, bundle: Path, sizing: tuple[str, str], n: int) -> dict:
@@ -177,7 +170,7 @@ def main() -> None:
     r = reference
     print(
         f"{'none':<7}{'edgekit':<26}{r['threads']['ort']:>6}/{r['threads']['decode']:<5}{r['p50_ms']:>9.1f}"
-        f"{r['p95_ms']:>9.1f}{r['reports_per_s']:>8.1f}{'-':>11}"
+        f"{r['p95_ms']:>9.1f}{r['throughput_rps']:>8.1f}{'-':>11}"
     )
     for quota, entry in result["quotas"].items():
         for name, rows in entry["in_process"].items():
@@ -185,7 +178,7 @@ def main() -> None:
                 t = row["threads"]
                 print(
                     f"{quota:<7}{name:<26}{t['ort']:>6}/{t['decode']:<5}{row['p50_ms']:>9.1f}{row['p95_ms']:>9.1f}"
-                    f"{row['reports_per_s']:>8.1f}{row['throttled_periods']:>6} / {row['throttled_s']:.1f}s"
+                    f"{row['throughput_rps']:>8.1f}{row['throttled_periods']:>6} / {row['throttled_s']:.1f}s"
                 )
         mine = np.median([x["p50_ms"] for x in entry["in_process"]["edgekit's choice"]])
         old = np.median([x["p50_ms"] for x in entry["in_process"]["affinity-sized (before)"]])
@@ -195,7 +188,7 @@ def main() -> None:
             for c, row in rows.items():
                 print(
                     f"{quota:<7}edgekitd {c} {name:<17}{row['p50_ms']:>18.1f}{row['p95_ms']:>9.1f}"
-                    f"{row['reports_per_s']:>8.1f}{row['throttled_periods']:>6} / {row['throttled_s']:.1f}s"
+                    f"{row['throughput_rps']:>8.1f}{row['throttled_periods']:>6} / {row['throttled_s']:.1f}s"
                 )
             print(f"        edgekitd plan ({name}): {rows['c=1']['plan']}")
     args.out.write_text(json.dumps(result, indent=2) + "\n")
