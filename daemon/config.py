@@ -82,8 +82,7 @@ class DaemonConfig:
     threads: int | None = None  # ONNX Runtime intra-op threads per loaded variant (None: cpu_share.model_threads)
     ort_spinning: bool = False  # ONNX Runtime's pool threads spin between runs (its own default; cpu_share.py)
     workers: int = 8  # reports in progress at once: ingest and preprocessing overlap, generation batches
-    # Processes that decode studies (edgekit.ingest.workers), off the server's GIL; 0: in the daemon's own threads.
-    # None: half the physical cores, 2 to 4 (on 2 cores two served c=8 at 1.19x the req/s of one, bench/daemon_load).
+    # Processes that decode studies off the server's GIL (0: the daemon's threads; None: half the physical cores, 2-4)
     ingest_processes: int | None = None
     max_queue: int = 16
     # The token engine per loaded variant (edgekit.engine): rows decoding together, their KV budget, the batch
