@@ -131,7 +131,9 @@ class DaemonProcess:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         socket_path: Path | None = None,
+        threads: int | None = 1,
     ):
+        """`threads`: ONNX Runtime's threads (1 keeps tests light; None: the daemon's own default)."""
         self.state_dir = Path(state_dir)
         self.socket = Path(socket_path) if socket_path else self.state_dir / "edgekitd.sock"
         self.args = [
@@ -142,8 +144,7 @@ class DaemonProcess:
             str(self.state_dir),
             "--socket",
             str(self.socket),
-            "--threads",
-            "1",
+            *(["--threads", str(threads)] if threads is not None else []),
         ]
         if model_dir is not None:
             self.args += ["--default-model-dir", str(model_dir)]
@@ -164,6 +165,11 @@ class DaemonProcess:
         if wait_ready:
             self.wait_ready(wait_ready)
         return self
+
+    def cpu_plan(self) -> str:
+        """What the daemon's start-up line says it sized its threads from ("" before it says it)."""
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return next((x.split("CPUs: ", 1)[1] for x in lines if "CPUs: " in x), "")
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         proc = self.proc
@@ -234,22 +240,19 @@ class QuotaCgroup:
 
     @staticmethod
     def find() -> Path | None:
+        from edgekit.cpus import cgroup_mounts
+
         try:
-            mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+            mounts = cgroup_mounts(Path("/proc/self/mountinfo").read_text())
         except OSError:
             return None
-        for line in mounts:
-            head, _, tail = line.partition(" - ")
-            fields, rest = head.split(), tail.split()
-            if len(fields) < 5 or len(rest) < 3 or fields[3] != "/":
-                continue
-            mount = Path(fields[4])
-            v1 = rest[0] == "cgroup" and "cpu" in rest[2].split(",")
+        for version, root, mount_point in mounts:
+            mount = Path(mount_point)
             try:
-                v2 = rest[0] == "cgroup2" and "cpu" in (mount / "cgroup.subtree_control").read_text().split()
+                delegates_cpu = version == "v1" or "cpu" in (mount / "cgroup.subtree_control").read_text().split()
             except OSError:
-                v2 = False
-            if (v1 or v2) and os.access(mount, os.W_OK):
+                delegates_cpu = False
+            if root == "/" and delegates_cpu and os.access(mount, os.W_OK):
                 return mount
         return None
 

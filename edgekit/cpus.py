@@ -81,7 +81,7 @@ def cpu_quota(root: Path = Path("/")) -> float | None:
     paths = _cgroup_paths(cgroups)
     found = [
         q
-        for version, mount_root, mount_point in _cgroup_mounts(mounts)
+        for version, mount_root, mount_point in cgroup_mounts(mounts)
         if (path := paths.get(version)) is not None
         and (relative := _relative(path, mount_root)) is not None
         and (q := _tightest(root / mount_point.lstrip("/"), relative, version)) is not None
@@ -104,7 +104,7 @@ def _cgroup_paths(text: str) -> dict[str, str]:
     return out
 
 
-def _cgroup_mounts(text: str) -> list[tuple[str, str, str]]:
+def cgroup_mounts(text: str) -> list[tuple[str, str, str]]:
     """(version, root, mount point) of each cgroup2 mount and each v1 mount of the cpu controller (mountinfo)."""
     out = []
     for line in text.splitlines():

@@ -187,10 +187,10 @@ def test_edgekitd_in_a_real_one_cpu_quota_sizes_its_threads_to_it_and_says_so(tm
         pytest.skip("needs a writable cgroup hierarchy with the cpu controller (root, not a read-only /sys/fs/cgroup)")
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs at least 2 CPUs in this process's affinity for a 1-CPU quota to change anything")
-    d = DaemonProcess(tmp_path / "state", write_tiny_model(tmp_path / "model"))
-    args = [a for i, a in enumerate(d.args) if "--threads" not in d.args[i - 1 : i + 1]]  # the daemon's own choice
-    with QuotaCgroup(hierarchy, cpus=1.0) as group, d.start(args=group.wrap(args), wait_ready=120):
+    d = DaemonProcess(tmp_path / "state", write_tiny_model(tmp_path / "model"), threads=None)  # its own choice
+    with QuotaCgroup(hierarchy, cpus=1.0) as group, d.start(args=group.wrap(d.args), wait_ready=120):
         assert d.client.report(SAMPLE).status == 200
-        line = next(x for x in d.log.read_text().splitlines() if "ONNX Runtime threads per variant" in x)
         affinity = len(os.sched_getaffinity(0))
-        assert f"CPUs: 1 CPU (affinity {affinity}, cgroup CPU quota 1); ONNX Runtime threads per variant: 1," in line
+        assert d.cpu_plan().startswith(
+            f"1 CPU (affinity {affinity}, cgroup CPU quota 1); ONNX Runtime threads per variant: 1,"
+        )
