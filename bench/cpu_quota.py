@@ -7,11 +7,11 @@ A CPU quota is what systemd's CPUQuota=, `docker run --cpus` and a Kubernetes CP
 a process: its affinity still shows every CPU. In-process: a child process started in the cgroup loads the default
 model's cpu bundle and writes `--reports` reports on the bundled sample study as `edgekit run` does (after 5 to warm
 up); the sizings alternate, `--rounds` times. `--daemon` adds edgekitd started inside the cgroup (its ingest
-processes with it; "before" also with the ingest processes the affinity gave, half the physical cores, 2 to 4) and
-served from this process, outside it, at concurrency 1 and 4, each sizing first for every other quota. Per row: p50
-/ p95 ms, reports/s, the threads used, and the periods and seconds the kernel throttled the cgroup over the timed
-reports (its cpu.stat). Needs root and a writable cgroup file system with the cpu controller. Prints a table, writes
-JSON.
+processes with it; "before" also with the ingest processes the affinity gave, half the physical cores, 2 to 4, and
+ONNX Runtime's threads spinning between runs, as before `daemon/cpu_share.py`) and served from this process, outside
+it, at concurrency 1 and 4, each sizing first for every other quota. Per row: p50 / p95 ms, reports/s, the threads
+used, and the periods and seconds the kernel throttled the cgroup over the timed reports (its cpu.stat). Needs root
+and a writable cgroup file system with the cpu controller. Prints a table, writes JSON.
 
     python bench/cpu_quota.py [--quotas 1 1.5] [--reports 60] [--rounds 2] [--daemon] [--out bench/cpu_quota.json]
 """
@@ -25,16 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from edgekit.daemon.client import study_files
 from edgekit.daemon.testing import DaemonProcess, QuotaCgroup, cgroup_throttled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from daemon_load import stats  # noqa: E402 - a bench beside this one: latency percentiles and req/s
+from daemon_load import over_socket, stats  # noqa: E402 - a bench beside this one: serving and its figures
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "models" / "samples" / "cr_chest" / "image.dcm"
@@ -84,32 +82,31 @@ def in_process(group: QuotaCgroup | None, bundle: Path, sizing: tuple[str, str],
     return row
 
 
-def daemon_rows(group: QuotaCgroup, state: Path, extra: list[str], env: dict, n: int) -> dict:
+def daemon_rows(group: QuotaCgroup, state: Path, extra: list[str], env: dict, settings: str, n: int) -> dict:
+    """edgekitd started in the cgroup (its own thread choice unless `extra` sets one; `settings`: its [daemon]
+    section), served from outside it."""
     from edgekit.build import default_model_dir
 
-    d = DaemonProcess(state, default_model_dir(), extra_args=["--max-queue", "64"], env=env)
-    args = [a for i, a in enumerate(d.args) if "--threads" not in d.args[i - 1 : i + 1]] + extra
-    files = study_files(STUDY)
-
-    def one(_) -> float:
-        t = time.perf_counter()
-        if d.client.post_study("/v1/reports", files, timeout=600).status != 200:
-            raise SystemExit(f"{state.name}: a report failed")
-        return time.perf_counter() - t
-
+    state.mkdir(parents=True)
+    (state / "edgekitd.toml").write_text(f"[daemon]\n{settings}\n")
+    d = DaemonProcess(
+        state,
+        default_model_dir(),
+        config=state / "edgekitd.toml",
+        extra_args=["--max-queue", "64", *extra],
+        env=env,
+        threads=None,
+    )
     rows = {}
-    with d.start(args=group.wrap(args), wait_ready=600):
-        for _ in range(5):
-            one(0)
+    with d.start(args=group.wrap(d.args), wait_ready=600):
         for c in (1, 4):
-            before, t0 = group.throttled(), time.perf_counter()
-            with ThreadPoolExecutor(c) as pool:
-                lat = list(pool.map(one, range(n * (2 if c > 1 else 1))))
-            wall, after = time.perf_counter() - t0, group.throttled()
-            row = stats(lat, wall)
+            before = group.throttled()
+            row = over_socket(d, n * (2 if c > 1 else 1), c)
+            after = group.throttled()
+            if row["statuses"] != {"200": row["n"]}:
+                raise SystemExit(f"{state.name}: reports failed: {row['statuses']}")
             row["throttled_periods"], row["throttled_s"] = after[0] - before[0], after[1] - before[1]
-            plan = next((x for x in d.log.read_text().splitlines() if "ONNX Runtime threads per variant" in x), "")
-            row["plan"] = plan.split("CPUs: ", 1)[-1]
+            row["plan"] = d.cpu_plan()
             rows[f"c={c}"] = row
     return rows
 
@@ -135,6 +132,7 @@ def main() -> None:
         raise SystemExit("cpu_quota: needs root and a writable cgroup file system with the cpu controller")
     ort_old, decode_old = affinity_sized()
     # the daemon's ingest processes as the affinity alone gave them too (half the physical cores, 2 to 4)
+    # and its pool threads spinning between runs, as every edgekitd did before daemon/cpu_share.py
     before_args = ["--threads", str(ort_old), "--ingest-processes", str(max(2, min(4, ort_old // 2)))]
     sizings = {"affinity-sized (before)": (str(ort_old), str(decode_old)), "edgekit's choice": ("auto", "auto")}
     result: dict = {"affinity_cpus": len(os.sched_getaffinity(0)), "study": STUDY.name, "quotas": {}}
@@ -156,9 +154,14 @@ def main() -> None:
                 entry: dict = {"in_process": runs}
                 if args.daemon:
                     n = args.reports
-                    served = {  # name: (state folder, daemon arguments, environment)
-                        "affinity-sized (before)": ("before", before_args, {DECODE_ENV: str(decode_old)}),
-                        "edgekit's choice": ("now", [], {}),
+                    served = {  # name: (state folder, daemon arguments, environment, [daemon] settings)
+                        "affinity-sized (before)": (
+                            "before",
+                            before_args,
+                            {DECODE_ENV: str(decode_old)},
+                            "ort_spinning = true",
+                        ),
+                        "edgekit's choice": ("now", [], {}, ""),
                     }
                     firsts = list(served) if q % 2 == 0 else list(reversed(served))  # each goes first once
                     entry["daemon"] = {

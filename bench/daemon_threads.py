@@ -4,9 +4,9 @@ the same threads with spinning stopped at the end of each run (`session.force_sp
 default now (half the physical cores, not spinning: `daemon/cpu_share.py`).
 
 Each configuration is a daemon serving the trained default model over its Unix socket: `--requests` reports at
-concurrency 1, then twice as many at 8 (after 4 to warm up), the configurations alternated `--rounds` times. Per
-row: p50 / p95 ms and req/s, and the CPU the daemon and its ingest processes spent per report. Prints a table,
-writes JSON.
+concurrency 1, then twice as many at 8 (each after 3 to warm up: `bench/daemon_load.py`'s `over_socket`), the
+configurations alternated `--rounds` times. Per row: p50 / p95 ms and req/s, and the CPU the daemon and its ingest
+processes spent per report. Prints a table, writes JSON.
 
     python bench/daemon_threads.py [--requests 60] [--rounds 2] [--out bench/daemon_threads.json]
 """
@@ -15,54 +15,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from edgekit.daemon.client import study_files
-from edgekit.daemon.testing import DaemonProcess, process_tree
+from edgekit.daemon.testing import DaemonProcess
 
-REPO = Path(__file__).resolve().parents[1]
-STUDY = REPO / "models" / "samples" / "cr_chest" / "image.dcm"
-
-
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / 100  # utime + stime, clock ticks of 10 ms
-    return total
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from daemon_load import over_socket  # noqa: E402 - a bench beside this one: serving and its figures
 
 
 def serve(d: DaemonProcess, concurrency: int, n: int) -> dict:
-    files = study_files(STUDY)
-
-    def one(_) -> float:
-        t = time.perf_counter()
-        if d.client.post_study("/v1/reports", files, timeout=600).status != 200:
-            raise SystemExit("a report failed")
-        return time.perf_counter() - t
-
-    for _ in range(4):
-        one(0)
-    pids = process_tree(d.proc.pid)
-    cpu0, t0 = cpu_s(pids), time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        lat = np.asarray(list(pool.map(one, range(n)))) * 1e3
-    wall, cpu1 = time.perf_counter() - t0, cpu_s(pids)
-    return {
-        "n": n,
-        "p50_ms": float(np.percentile(lat, 50)),
-        "p95_ms": float(np.percentile(lat, 95)),
-        "req_per_s": n / wall,
-        "cpu_ms_per_report": (cpu1 - cpu0) / n * 1e3,
-    }
+    row = over_socket(d, n, concurrency)
+    if row["statuses"] != {"200": n}:
+        raise SystemExit(f"reports failed: {row['statuses']}")
+    row["daemon_cpu_ms_per_report"] = row["cpu_ms_per_report"]["daemon"] + row["cpu_ms_per_report"]["ingest"]
+    return row
 
 
 def main() -> None:
@@ -88,14 +58,15 @@ def main() -> None:
                 root.mkdir()
                 (root / "edgekitd.toml").write_text(f"[daemon]\n{setting}\n")
                 d = DaemonProcess(
-                    root / "state", default_model_dir(), config=root / "edgekitd.toml", extra_args=["--max-queue", "64"]
+                    root / "state",
+                    default_model_dir(),
+                    config=root / "edgekitd.toml",
+                    extra_args=["--max-queue", "64", *extra],
+                    threads=None,
                 )
-                argv = [a for j, a in enumerate(d.args) if "--threads" not in d.args[j - 1 : j + 1]] + extra
-                with d.start(args=argv, wait_ready=600):
+                with d.start(wait_ready=600):
                     row = {"c=1": serve(d, 1, args.requests), "c=8": serve(d, 8, args.requests * 2)}
-                    row["plan"] = next(
-                        (x.split("CPUs: ", 1)[1] for x in d.log.read_text().splitlines() if "CPUs: " in x), ""
-                    )
+                    row["plan"] = d.cpu_plan()
                 runs[name].append(row)
     head = f"{'c=1 p50/p95 ms':>18}{'req/s':>8}{'c=8 p50/p95 ms':>18}{'req/s':>8}{'CPU ms c=8':>12}"
     print(f"{'configuration':<44}{head}")
@@ -103,15 +74,15 @@ def main() -> None:
         for row in rows:
             a, b = row["c=1"], row["c=8"]
             print(
-                f"{name:<44}{a['p50_ms']:>9.1f}/{a['p95_ms']:<8.1f}{a['req_per_s']:>8.1f}"
-                f"{b['p50_ms']:>9.1f}/{b['p95_ms']:<8.1f}{b['req_per_s']:>8.1f}{b['cpu_ms_per_report']:>12.1f}"
+                f"{name:<44}{a['p50_ms']:>9.1f}/{a['p95_ms']:<8.1f}{a['throughput_rps']:>8.1f}"
+                f"{b['p50_ms']:>9.1f}/{b['p95_ms']:<8.1f}{b['throughput_rps']:>8.1f}{b['daemon_cpu_ms_per_report']:>12.1f}"
             )
     before, now = (runs[k] for k in (next(iter(configs)), "edgekitd's default now"))
     ratios = {
         "c1_p50_before_over_now": float(np.median([x["c=1"]["p50_ms"] for x in before]))
         / float(np.median([x["c=1"]["p50_ms"] for x in now])),
-        "c8_rps_now_over_before": float(np.median([x["c=8"]["req_per_s"] for x in now]))
-        / float(np.median([x["c=8"]["req_per_s"] for x in before])),
+        "c8_rps_now_over_before": float(np.median([x["c=8"]["throughput_rps"] for x in now]))
+        / float(np.median([x["c=8"]["throughput_rps"] for x in before])),
     }
     print(
         f"before / now: c=1 p50 {ratios['c1_p50_before_over_now']:.2f}x slower before; "
